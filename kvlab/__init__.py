@@ -1,0 +1,38 @@
+"""kvlab: the helper package of a course on fast LLM decoding, from naive loops to graph-safe static caches."""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+PINNED_TRANSFORMERS = "5.24.0"
+TORCH_RANGE = (">=2.6", "<2.14")
+
+
+def _check_versions() -> None:
+    try:
+        found = version("transformers")
+    except PackageNotFoundError:
+        found = None
+    if found != PINNED_TRANSFORMERS:
+        raise ImportError(
+            f"kvlab teaches the cache API of transformers {PINNED_TRANSFORMERS}, but {found or 'no transformers'} is "
+            f"installed; the lessons would silently change meaning. Run: pip install transformers=={PINNED_TRANSFORMERS} "
+            "(or pip install -r requirements.txt from the course folder), then restart the kernel."
+        )
+    import torch
+
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    if not (2, 6) <= (major, minor) < (2, 14):
+        raise ImportError(
+            f"kvlab needs torch >=2.6,<2.14; torch {torch.__version__} is installed. "
+            "Run: pip install 'torch>=2.6,<2.14' (on Colab, keep the preinstalled torch if it is in range)."
+        )
+
+
+_check_versions()
+
+from .decoding import STRATEGIES, decode  # noqa: E402
+from .models import load_model  # noqa: E402
+from .runtime import environment, hardware, quick_mode, size  # noqa: E402
+
+__all__ = ["STRATEGIES", "decode", "environment", "hardware", "load_model", "quick_mode", "size"]

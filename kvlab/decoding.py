@@ -1,0 +1,88 @@
+"""One entry point for every decoding strategy of the course, and the naive loop it starts from.
+
+Each lesson adds a strategy: a function ``fn(model, input_ids, max_new_tokens, *, on_token=None, **kw)``
+that returns the new token ids, shape ``[batch, max_new_tokens]``, chosen greedily.
+``on_token(step, token_ids)`` is called after each new token; the timers of ``kvlab.measure`` use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import import_module
+
+import torch
+
+# name -> "module:function"; imported on first use so that a lesson only loads what it uses.
+STRATEGIES: dict[str, str] = {
+    "naive": "kvlab.decoding:decode_naive",
+    "handwritten": "kvlab.handwritten:decode_handwritten",
+    "dynamic": "kvlab.hf_caches:decode_dynamic",
+    "static": "kvlab.hf_caches:decode_static",
+    "static-graph": "kvlab.hf_caches:decode_static_graph",
+    "graph-safe": "kvlab.graph_safe:decode_graph_safe",
+}
+
+OnToken = Callable[[int, torch.Tensor], None] | None
+
+
+def check_inputs(model, input_ids: torch.Tensor, max_new_tokens: int) -> None:
+    """Reject what would otherwise fail deep inside the model, or silently decode the wrong thing."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype != torch.long or input_ids.dim() != 2:
+        raise ValueError(
+            "input_ids must be a LongTensor of shape [batch, prompt_len]; got "
+            f"{type(input_ids).__name__} {getattr(input_ids, 'dtype', '')} {tuple(getattr(input_ids, 'shape', ()))}. "
+            "Use tokenizer(text, return_tensors='pt').input_ids."
+        )
+    if input_ids.shape[1] == 0:
+        raise ValueError("the prompt is empty: give at least one token")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    device = next(model.parameters()).device
+    if input_ids.device != device:
+        raise ValueError(f"input_ids are on {input_ids.device} but the model is on {device}: call input_ids.to({str(device)!r})")
+    vocab = model.config.get_text_config().vocab_size
+    if int(input_ids.max()) >= vocab or int(input_ids.min()) < 0:
+        raise ValueError(f"input_ids hold ids outside the model's vocabulary [0, {vocab}): was the prompt tokenized for another model?")
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and input_ids.shape[1] + max_new_tokens > limit:
+        raise ValueError(
+            f"prompt ({input_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+            f"max_position_embeddings ({limit}): shorten one of them"
+        )
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """The next token of each sequence: argmax over the last position's logits. [batch, seq, vocab] -> [batch, 1]."""
+    return logits[:, -1, :].argmax(dim=-1, keepdim=True)
+
+
+@torch.inference_mode()
+def decode_naive(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None) -> torch.Tensor:
+    """No cache: every step runs the model over the whole sequence so far, prompt included (O(n^2) work)."""
+    seq = input_ids  # [batch, prompt_len]
+    for step in range(max_new_tokens):
+        logits = model(seq, use_cache=False).logits  # [batch, len(seq), vocab]: every position recomputed
+        next_id = greedy(logits)  # [batch, 1]
+        seq = torch.cat([seq, next_id], dim=1)
+        if on_token is not None:
+            on_token(step, next_id)
+    return seq[:, input_ids.shape[1]:]
+
+
+def strategy_function(strategy: str) -> Callable:
+    """The function behind a strategy name."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {sorted(STRATEGIES)}")
+    module, name = STRATEGIES[strategy].split(":")
+    return getattr(import_module(module), name)
+
+
+def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str = "naive", **kwargs) -> torch.Tensor:
+    """Greedy-decode ``max_new_tokens`` tokens after ``input_ids`` with the named strategy.
+
+    Returns a LongTensor ``[batch, max_new_tokens]`` of new token ids. Every strategy returns the same
+    tokens as ``"naive"`` (in fp32); the course's checks assert it.
+    """
+    fn = strategy_function(strategy)
+    check_inputs(model, input_ids, max_new_tokens)
+    return fn(model, input_ids, max_new_tokens, **kwargs)
