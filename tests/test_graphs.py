@@ -1,0 +1,169 @@
+"""kvlab.graphs: the capture/replay contract, emulated on CPU and (on a GPU) real, with the same results."""
+
+import pytest
+import torch
+
+from kvlab.graphs import CaptureError, ReplayError, capture
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: run on Colab/GPU machine")
+
+# (device, emulate): the emulation everywhere; on a GPU also the real graph and the emulation on CUDA tensors.
+MODES = [("cpu", None)] + ([("cuda", False), ("cuda", True)] if CUDA else [])
+MODE_IDS = ["cpu-emulated"] + (["cuda-real", "cuda-emulated"] if CUDA else [])
+
+
+@pytest.fixture(params=MODES, ids=MODE_IDS)
+def mode(request):
+    return request.param
+
+
+def test_emulation_is_labelled_on_cpu():
+    x = torch.ones(3)
+    g = capture(lambda t: t * 2, x, warmup=0)
+    assert g.emulated and "EMULATED" in g.describe() and "EMULATED" in repr(g)
+    assert g.capture_seconds >= 0
+
+
+def test_replay_reads_inputs_by_address_and_writes_the_same_outputs(mode):
+    device, emulate = mode
+    x = torch.zeros(4, device=device)
+    g = capture(lambda t: (t + 1, {"sq": t * t}), x, warmup=1, emulate=emulate)
+    first = g.replay()
+    assert torch.equal(first[0], torch.ones(4, device=device))
+    x.copy_(torch.arange(4.0, device=device))  # refill in place
+    second = g.replay()
+    assert second[0] is first[0] and second[1]["sq"] is first[1]["sq"]  # the same static output tensors
+    assert torch.equal(second[0], torch.arange(4.0, device=device) + 1)
+    assert torch.equal(second[1]["sq"], torch.arange(4.0, device=device) ** 2)
+    assert g.replays == 2
+
+
+def test_replay_mutates_the_original_tensors_not_copies(mode):
+    device, emulate = mode
+    counter = torch.zeros((), dtype=torch.long, device=device)
+    buf = torch.zeros(8, device=device)
+    x = torch.ones(1, device=device)
+
+    def step(v):
+        buf.index_copy_(0, counter.view(1), v)  # write at the counter, like StaticLayer.update
+        counter.add_(1)
+        return buf.sum().view(1)
+
+    g = capture(step, x, warmup=2, emulate=emulate)
+    assert int(counter) == 2, "warm-up calls are real: their side effects stay"
+    assert buf[:2].tolist() == [1.0, 1.0] and buf[2:].abs().sum() == 0, "capturing itself ran nothing"
+    x.fill_(5.0)
+    out = g.replay()
+    assert int(counter) == 3 and buf[2].item() == 5.0 and out.item() == 7.0
+
+
+def test_python_values_are_frozen_at_capture(mode):
+    device, emulate = mode
+    scale = {"k": 2.0}
+    x = torch.ones(2, device=device)
+    g = capture(lambda t: t * scale["k"], x, warmup=0, emulate=emulate)
+    scale["k"] = 10.0  # eager code would see this; the graph does not
+    assert g.replay().tolist() == [2.0, 2.0]
+
+
+def test_rebinding_a_tensor_the_graph_read_leaves_the_graph_on_the_old_one(mode):
+    device, emulate = mode
+    holder = {"w": torch.full((2,), 3.0, device=device)}
+    x = torch.ones(2, device=device)
+    g = capture(lambda t: t * holder["w"], x, warmup=0, emulate=emulate)
+    old = holder["w"]
+    holder["w"] = torch.full((2,), 7.0, device=device)  # a new tensor: eager would use it
+    assert g.replay().tolist() == [3.0, 3.0]
+    old.fill_(4.0)  # the old buffer, mutated in place, is what the graph reads
+    assert g.replay().tolist() == [4.0, 4.0]
+
+
+@pytest.mark.parametrize("how", ["item", "bool", "branch", "nonzero"])
+def test_host_sync_during_capture_is_an_error(how):
+    x = torch.ones(3)
+
+    def step(t):
+        if how == "item":
+            return t * t.sum().item()
+        if how == "bool":
+            return t * bool(t.sum() > 0)
+        if how == "branch":
+            return t + 1 if (t > 0).all() else t - 1
+        return t[torch.nonzero(t > 0).flatten()]
+
+    with pytest.raises(CaptureError, match="host synchronization"):
+        capture(step, x, warmup=0)
+
+
+def test_failed_capture_leaves_no_side_effect():
+    counter = torch.zeros((), dtype=torch.long)
+
+    def step(t):
+        counter.add_(1)
+        return t * counter.item()
+
+    with pytest.raises(CaptureError):
+        capture(step, torch.ones(1), warmup=0)
+    assert int(counter) == 0
+
+
+def test_static_input_rebound_or_resized_is_refused():
+    x = torch.ones(3)
+    g = capture(lambda t: t + 1, x, warmup=0)
+    x.resize_(10)
+    with pytest.raises(ReplayError, match="in place"):
+        g.replay()
+
+
+def test_out_of_range_write_is_an_error_on_cpu_with_the_gpu_explained():
+    counter = torch.tensor(3)
+    buf = torch.zeros(4)
+
+    def step(v):
+        buf.index_copy_(0, counter.view(1), v)
+        counter.add_(1)
+        return buf
+
+    g = capture(step, torch.ones(1), warmup=0)
+    g.replay()  # slot 3: the last one
+    with pytest.raises(ReplayError, match="device-side assert"):
+        g.replay()  # slot 4 does not exist
+
+
+def test_before_replay_guard_runs_on_the_host_before_every_replay(mode):
+    device, emulate = mode
+    counter = torch.zeros((), dtype=torch.long, device=device)
+
+    def room():
+        if int(counter) >= 2:
+            raise ValueError("cache full")
+
+    g = capture(lambda t: counter.add_(1) + t, torch.zeros((), dtype=torch.long, device=device), warmup=0,
+                emulate=emulate, before_replay=room)
+    g.replay()
+    g.replay()
+    with pytest.raises(ValueError, match="cache full"):
+        g.replay()
+    assert int(counter) == 2
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(CaptureError, match="tensor input"):
+        capture(lambda: 1)
+    with pytest.raises(CaptureError, match="warmup"):
+        capture(lambda t: t, torch.ones(1), warmup=-1)
+    with pytest.raises(CaptureError, match="return tensors"):
+        capture(lambda t: 3, torch.ones(1), warmup=0)
+    if not CUDA:
+        with pytest.raises(CaptureError, match="emulate=False"):
+            capture(lambda t: t, torch.ones(1), emulate=False)
+
+
+@needs_cuda
+def test_real_graph_is_labelled_and_refuses_host_sync():
+    x = torch.ones(3, device="cuda")
+    g = capture(lambda t: t * 2, x, warmup=1)
+    assert not g.emulated and "real CUDA graph on" in g.describe()
+    with pytest.raises(CaptureError):
+        capture(lambda t: t * t.sum().item(), x, warmup=0)
