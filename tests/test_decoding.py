@@ -1,0 +1,85 @@
+"""kvlab.decoding: input validation, the strategy table, and the naive loop against model.generate."""
+
+import pytest
+import torch
+
+import kvlab
+from kvlab import decoding
+from kvlab.models import TINY_CONFIGS, tiny_model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("tiny-llama")
+
+
+def prompt(batch=1, length=6, seed=0):
+    return torch.randint(1, 256, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", sorted(TINY_CONFIGS))
+def test_naive_equals_generate_without_cache(name):
+    model = tiny_model(name)
+    ids = prompt(batch=2, length=7)
+    expected = model.generate(ids, max_new_tokens=10, do_sample=False, use_cache=False)[:, ids.shape[1]:]
+    new = kvlab.decode(model, ids, 10, strategy="naive")
+    assert new.dtype == torch.long and new.shape == (2, 10)
+    assert torch.equal(new, expected)
+
+
+def test_decode_defaults_to_naive_and_calls_on_token(model):
+    ids = prompt()
+    seen = []
+    new = kvlab.decode(model, ids, 5, on_token=lambda step, tok: seen.append((step, tok.clone())))
+    assert [s for s, _ in seen] == [0, 1, 2, 3, 4]
+    assert all(t.shape == (1, 1) for _, t in seen)
+    assert torch.equal(torch.cat([t for _, t in seen], dim=1), new)
+    assert torch.equal(new, decoding.decode_naive(model, ids, 5))
+
+
+def test_greedy_picks_the_last_positions_argmax():
+    logits = torch.zeros(2, 3, 5)
+    logits[0, -1, 4] = 1.0
+    logits[1, -1, 2] = 1.0
+    logits[0, 0, 1] = 9.0  # earlier positions do not count
+    assert torch.equal(decoding.greedy(logits), torch.tensor([[4], [2]]))
+
+
+@pytest.mark.parametrize(
+    ("ids", "n", "match"),
+    [
+        ([[1, 2, 3]], 3, "LongTensor"),  # a list
+        (torch.tensor([[1.0, 2.0]]), 3, "LongTensor"),  # floats
+        (torch.tensor([1, 2, 3]), 3, "LongTensor"),  # 1-D
+        (torch.zeros(1, 0, dtype=torch.long), 3, "empty"),
+        (torch.tensor([[1, 2]]), 0, "positive int"),
+        (torch.tensor([[1, 2]]), -2, "positive int"),
+        (torch.tensor([[1, 2]]), 2.0, "positive int"),
+        (torch.tensor([[1, 256]]), 2, "vocabulary"),
+        (torch.tensor([[1, -1]]), 2, "vocabulary"),
+        (torch.tensor([[1, 2]]), 1023, "max_position_embeddings"),
+        (torch.tensor([[1, 2]], device="meta"), 2, "input_ids.to"),
+    ],
+)
+def test_decode_rejects_bad_inputs(model, ids, n, match):
+    with pytest.raises(ValueError, match=match):
+        kvlab.decode(model, ids, n)
+
+
+def test_check_inputs_accepts_the_longest_allowed(model):
+    decoding.check_inputs(model, torch.tensor([[1, 2]]), 1022)  # 2 + 1022 == max_position_embeddings
+
+
+def test_unknown_strategy(model):
+    with pytest.raises(ValueError, match="naive"):
+        kvlab.decode(model, prompt(), 2, strategy="speculative")
+    with pytest.raises(ValueError, match="unknown strategy"):
+        decoding.strategy_function("nope")
+
+
+def test_strategy_table():
+    assert "naive" in kvlab.STRATEGIES and "handwritten" in kvlab.STRATEGIES
+    for name, target in kvlab.STRATEGIES.items():
+        module, _, fn = target.partition(":")
+        assert module.startswith("kvlab.") and fn, name
+    assert decoding.strategy_function("naive") is decoding.decode_naive
