@@ -32,7 +32,10 @@ def _check_versions() -> None:
 _check_versions()
 
 from .decoding import STRATEGIES, decode  # noqa: E402
-from .models import load_model  # noqa: E402
+from .models import ModelUnavailableError, load_model, tiny_model  # noqa: E402
 from .runtime import environment, hardware, quick_mode, size  # noqa: E402
 
-__all__ = ["STRATEGIES", "decode", "environment", "hardware", "load_model", "quick_mode", "size"]
+__all__ = [
+    "STRATEGIES", "ModelUnavailableError", "decode", "environment", "hardware", "load_model", "quick_mode", "size",
+    "tiny_model",
+]

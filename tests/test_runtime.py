@@ -98,3 +98,8 @@ def test_torch_out_of_range_says_how_to_fix(monkeypatch, found):
     with pytest.raises(ImportError, match=r"pip install 'torch>=2.6,<2.14'") as info:
         kvlab._check_versions()
     assert found in str(info.value)
+
+
+def test_exports():
+    assert all(hasattr(kvlab, name) for name in kvlab.__all__)
+    assert kvlab.ModelUnavailableError is kvlab.models.ModelUnavailableError and kvlab.size is runtime.size
