@@ -209,6 +209,9 @@ def _convert_smollm2(target: Path) -> None:
     # interrupted run leaves no half-written target, and two processes converting at once do not collide.
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
+        for stale in target.parent.glob(f".{target.name}-*"):  # left by a killed process (a conversion takes ~1 min)
+            if time.time() - stale.stat().st_mtime > 3600:
+                shutil.rmtree(stale, ignore_errors=True)
         work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     except OSError as e:
         raise _no_model_error(f"cannot write to the cache folder {target.parent} ({e.strerror or e}); "

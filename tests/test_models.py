@@ -268,6 +268,16 @@ def test_interrupted_conversion_is_not_taken_for_finished(empty_cache, fake_whee
     assert len(calls) == 1
 
 
+def test_stale_work_folders_are_removed(empty_cache, fake_wheel, monkeypatch):
+    stale, fresh = empty_cache / f".{models.DEFAULT_MODEL}-killed", empty_cache / f".{models.DEFAULT_MODEL}-running"
+    for folder in (stale, fresh):
+        folder.mkdir(parents=True)
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))  # two hours old: its process is gone
+    monkeypatch.setattr(models, "_load_gguf", fake_gguf_loader([]))
+    models.smollm2_folder()
+    assert not stale.exists() and fresh.exists()
+
+
 def test_half_written_folder_is_converted_again(empty_cache, fake_wheel, monkeypatch):
     target = empty_cache / models.DEFAULT_MODEL
     target.mkdir(parents=True)
