@@ -154,3 +154,24 @@ def time_call(fn, *, label: str = "", min_run_time: float = 0.5, device=None) ->
     fn()  # warm-up outside the measurement
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, label=label, num_threads=torch.get_num_threads())
     return timer.blocked_autorange(min_run_time=min_run_time)
+
+
+def time_interleaved(fns: dict, *, rounds: int = 5, device=None) -> dict[str, float]:
+    """Median seconds of each ``fn()`` of ``fns``, timed in turns: round 1 runs a, b, c; round 2 a, b, c; ...
+
+    On a shared machine a slowdown then hits every function alike, so their ratios stay honest.
+    Each function runs once untimed first (warm-up).
+    """
+    if not fns or rounds < 1:
+        raise ValueError("give at least one function and rounds >= 1")
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            synchronize(device or "cpu")
+            t0 = time.perf_counter()
+            fn()
+            synchronize(device or "cpu")
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
