@@ -134,7 +134,11 @@ class GraphSafeStaticCache(StaticCache):
         which rebinds it), and the same tensor object every layer holds as ``cumulative_length``.
         """
         counter = self.layers[0].cumulative_length
-        assert all(layer.cumulative_length is counter for layer in self.layers), "layers do not share one counter"
+        if any(layer.cumulative_length is not counter for layer in self.layers):
+            raise GraphSafeError(
+                "the layers no longer share one counter: some layer's cumulative_length was rebound to a new tensor "
+                "(a captured graph keeps the old one). Never assign cumulative_length; use cache.reset() or set_position()."
+            )
         return counter
 
     def _counter_on(self, device: torch.device) -> None:
@@ -217,7 +221,7 @@ class GraphSafeStaticCache(StaticCache):
     # ---- what a captured graph depends on ----------------------------------------------------------
     def fingerprint(self) -> tuple:
         """The addresses a captured graph reads: every buffer and the counter."""
-        return (self.cache_position.data_ptr(),) + tuple(
+        return tuple(layer.cumulative_length.data_ptr() for layer in self.layers) + tuple(
             t.data_ptr() if t is not None else None for layer in self.layers for t in (layer.keys, layer.values)
         )
 
@@ -362,14 +366,20 @@ class GraphSafeDecoder:
         if max_new_tokens > 1 and self.use_graph and self.step_graph is None:
             self.step_graph = self._capture(self._run_step, self.token)
         for i in range(1, max_new_tokens):
-            if self.step_graph is not None:
-                self.step_graph.replay()  # reads self.token and the cache by address, writes the next token
-            else:
-                self._run_step(self.token)
+            self.step()
             out[:, i : i + 1].copy_(self.token)
             if on_token is not None:
                 on_token(i, out[:, i : i + 1])
         return out
+
+    @torch.inference_mode()
+    def step(self) -> torch.Tensor:
+        """One decode step: replay the captured graph (or run the step eagerly); returns ``self.token`` [batch, 1]."""
+        if self.step_graph is not None:
+            self.step_graph.replay()  # reads self.token and the cache by address, writes the next token
+        else:
+            self._run_step(self.token)
+        return self.token
 
     def describe(self) -> str:
         graphs = [g.describe() for g in (self.prefill_graph, self.step_graph) if g is not None]
@@ -396,6 +406,90 @@ def step_op_counts(model, cache, token: torch.Tensor) -> Counter:
             t.copy_(old)
     names = (getattr(n.target, "__name__", str(n.target)).split(".")[0] for n in traced.graph.nodes if n.op == "call_function")
     return Counter(name for name in names if name not in VIEW_OPS)
+
+
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchCooperativeKernel")
+
+
+def cuda_launches(fn, device) -> dict:
+    """Profile one call of ``fn`` on CUDA: kernel launches the host made, graph launches, kernels the GPU ran,
+    and the GPU's busy time (sum of kernel times, ms)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize(device)
+    events = prof.events()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    return {
+        "kernel_launch_calls": sum(e.name in LAUNCH_CALLS for e in events),
+        "graph_launch_calls": sum(e.name == "cudaGraphLaunch" for e in events),
+        "kernels_run": len(kernels),
+        "gpu_busy_ms": sum(e.device_time_total for e in kernels) / 1e3,
+    }
+
+
+def eager_vs_replay(model, input_ids: torch.Tensor, *, steps: int = 32, rounds: int = 5) -> dict:
+    """The same graph-safe decode step run eagerly and replayed from its captured graph, timed in turns.
+
+    Returns per-token medians (ms), the ratio, capture seconds, cache and peak memory, and the work per
+    step: on CUDA the kernel launches (profiler), elsewhere the aten operations of the traced step.
+    """
+    from .measure import cache_bytes, peak_memory_bytes, reset_peak_memory, time_interleaved
+    from .runtime import environment
+
+    device = input_ids.device
+    length = input_ids.shape[1] + steps + 8
+    eager = GraphSafeDecoder(model, length, input_ids.shape[0], graph=False)
+    replay = GraphSafeDecoder(model, length, input_ids.shape[0])
+    cuda = device.type == "cuda"
+    before = torch.cuda.memory_allocated(device) if cuda else 0
+    for decoder in (eager, replay):
+        decoder.generate(input_ids, 2)  # prefill + (replay) capture; both caches now hold prompt + 1 token
+    start = int(replay.cache.cache_position)
+
+    def run(decoder, one_step):
+        def fn():
+            for _ in range(steps):
+                one_step()
+            decoder.cache.set_position(start)  # in place: the next round decodes the same positions
+        return fn
+
+    fns = {"eager": run(eager, eager.step), "replay": run(replay, replay.step)}
+    seconds = time_interleaved(fns, rounds=rounds, device=device)
+    peaks = {}
+    for name, fn in fns.items():
+        reset_peak_memory(device)
+        fn()
+        peaks[name] = peak_memory_bytes(device)
+    if cuda:
+        work = {"eager": cuda_launches(eager.step, device), "replay": cuda_launches(replay.step, device)}
+        replay.cache.set_position(start)
+        eager.cache.set_position(start)
+    else:
+        ops = sum(step_op_counts(model, replay.cache, replay.token).values())
+        work = {"eager": {"aten_ops": ops}, "replay": {"aten_ops": ops}}
+    eager_ms, replay_ms = (1e3 * seconds[k] / steps for k in ("eager", "replay"))
+    return {
+        "what": "graph-safe decode step: eager vs replay of its captured graph",
+        "graph": replay.step_graph.describe(),
+        "emulated": replay.step_graph.emulated,
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "prompt_len": input_ids.shape[1],
+        "batch": input_ids.shape[0],
+        "steps_per_round": steps,
+        "rounds": rounds,
+        "eager_ms_per_token": eager_ms,
+        "replay_ms_per_token": replay_ms,
+        "speedup": eager_ms / replay_ms,
+        "capture_seconds": replay.step_graph.capture_seconds,
+        "cache_bytes": cache_bytes(replay.cache),
+        "peak_memory_bytes": peaks,
+        "graph_memory_bytes": (torch.cuda.memory_allocated(device) - before - 2 * cache_bytes(replay.cache)) if cuda else None,
+        "work_per_step": work,
+        "env": environment(device),
+    }
 
 
 _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
