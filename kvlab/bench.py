@@ -1,0 +1,270 @@
+"""``python -m kvlab.bench``: every decode path of the course on the same model, prompt and machine, in one process.
+
+For each batch size and strategy: a token check, a warm-up (compile, capture, autotune: timed apart), then
+the steady-state time per decode step (``kvlab.bench_tools``: ``(T(n) - T(1)) / (n - 1)``, no host sync per
+token), tokens/s, peak memory, kernels and GPU busy time per step from ``torch.profiler``, the bandwidth floor
+(weights + KV cache read once per step, over a measured copy bandwidth), and ratios to ``naive`` and to the
+``torch.compile(mode="reduce-overhead")`` path. Results go to ``--out``.json and .csv with the environment and
+the exact command.
+
+Why the check runs in float32 and the timing in bfloat16: greedy decoding picks the largest logit, and two
+correct implementations that add the same numbers in a different order (a fused matmul, another kernel, a
+cache instead of a recompute) round differently. In bfloat16 (8 bits of mantissa) that moves logits by about
+1e-2, enough to flip a near-tie within a few dozen tokens, so "same tokens" would not tell a correct cache
+from a broken one. In float32 the same reorderings move logits by about 1e-6 and ties that close are rare,
+while a real bug (a wrong position, a stale slot) changes the tokens at once. So every strategy is first run on
+an fp32 copy of the same weights and compared token by token with ``"naive"``; then the bf16 model is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .bench_tools import (
+    DEFAULT_STRATEGIES,
+    GRAPH_SAFE,
+    RANDOM_SMOLLM2,
+    STRATEGIES,
+    build_model,
+    cast,
+    copy_bandwidth_gbps,
+    first_mismatch,
+    floor_ms,
+    git_state,
+    model_facts,
+    profile_steps,
+    round16,
+    time_decode,
+    wall,
+)
+from .decoding import decode_naive
+from .runtime import _cpu_name, environment, pick_device, pick_dtype, quick_mode
+
+GOAL = {"tokens_per_s": 1200.0, "x_reduce_overhead": 2.0}  # issue 5, for the configuration below on an H200
+GOAL_CONFIG = {"model": RANDOM_SMOLLM2, "prompt_len": 64, "new_tokens": 256, "batch": 1, "dtype": "bfloat16"}
+TABLE = ["strategy", "batch", "ms_per_token", "tokens_per_s", "x_naive", "x_reduce_overhead", "compile_or_capture_s",
+         "peak_memory_mb", "exact", "kernels_per_step", "busy_ms_per_step", "x_floor"]
+
+
+def skip_reason(strategy, device, quick: bool, elapsed: float, budget: float | None) -> str | None:
+    if budget is not None and elapsed > budget:
+        return f"time budget spent ({elapsed:.0f} s > --time-budget {budget:.0f} s)"
+    if strategy.cuda_only and device.type != "cuda":
+        return ("needs CUDA: kvlab captures the compiled step in a real CUDA graph; on CPU there is no graph to "
+                "capture it into (see graph-safe, emulated)")
+    if strategy.compiled and device.type != "cuda" and quick:
+        return "torch.compile on a 2-core CPU takes minutes; quick mode skips it (run without --quick to include it)"
+    return None
+
+
+def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: int = 256, batches=(1,),
+              strategies=None, dtype=None, check_tokens: int = 32, check_compiled: bool = True, repeats: int = 3,
+              profile_k: int = 16, time_budget: float | None = None, device=None, seed: int = 0,
+              quick: bool = False, progress: bool = True, command: str | None = None, out=None) -> dict:
+    """Run the benchmark and return its record (what ``--out`` stores). Arguments mirror the command line.
+
+    ``out``: also write the record there after every strategy, so a run stopped early keeps what it measured.
+    """
+    from tqdm.auto import tqdm
+
+    started = time.perf_counter()
+    strategies = list(strategies or DEFAULT_STRATEGIES)
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown:
+        raise ValueError(f"unknown strategies {unknown}; choose from {sorted(STRATEGIES)}")
+    if new_tokens < 2:
+        raise ValueError("new_tokens must be >= 2: the step time is (T(n) - T(1)) / (n - 1)")
+    device = pick_device(device)
+    dtype = pick_dtype(device, dtype)
+    for knob in ("recompile_limit", "cache_size_limit"):  # fp32 + bf16 + batch sizes: more than the default 8
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 64)
+    env = environment(device) | {"cpu": _cpu_name(), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
+    check_model = build_model(model, device, seed=seed)
+    timed_model = cast(check_model, dtype)
+    facts = model_facts(timed_model, dtype)
+    gbps = copy_bandwidth_gbps(device)
+    dynamic = True if len(batches) > 1 else None  # one compile of reduce-overhead for all batch sizes
+    state: dict = {}
+    results, skipped, traces = [], [], {}
+    record = {
+        "kvlab_bench": 1, "command": command or "kvlab.bench.run_bench(...)", "env": env, "git": git_state(),
+        "settings": {"model": model, "prompt_len": prompt_len, "new_tokens": new_tokens, "batches": list(batches),
+                     "strategies": strategies, "dtype": str(dtype).removeprefix("torch."), "check_dtype": "float32",
+                     "check_tokens": check_tokens, "check_compiled": check_compiled, "repeats": repeats,
+                     "profile_steps": profile_k, "seed": seed, "quick": quick, "reduce_overhead_dynamic": dynamic},
+        "model": facts, "copy_bandwidth_gbps": gbps, "results": results, "skipped": skipped, "traces": traces,
+    }
+
+    def finish(complete: bool) -> dict:
+        add_ratios(results)
+        record.update(seconds=time.perf_counter() - started, complete=complete, goal=goal(record))
+        if out is not None:
+            write(record, out)
+        return record
+
+    bar = tqdm(total=len(batches) * len(strategies), desc="kvlab.bench", disable=not progress)
+    for batch in batches:
+        gen = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, facts["vocab"], (batch, prompt_len), generator=gen).to(device)  # [batch, prompt_len]
+        length, check_length = round16(prompt_len + new_tokens), round16(prompt_len + check_tokens)
+        reference = decode_naive(check_model, ids, check_tokens) if check_tokens else None
+        for name in strategies:
+            strategy = STRATEGIES[name]
+            bar.set_postfix_str(f"batch {batch}: {name}")
+            reason = skip_reason(strategy, device, quick, time.perf_counter() - started, time_budget)
+            if reason:
+                skipped.append({"strategy": name, "batch": batch, "reason": reason})
+                bar.update()
+                continue
+            row = {"strategy": name, "batch": batch, "about": strategy.about, "prompt_len": prompt_len,
+                   "new_tokens": new_tokens, "dtype": str(dtype).removeprefix("torch."), "max_cache_len": length}
+            try:
+                if strategy.ablation:
+                    row.update(exact=None, first_mismatch=None, check="ablation: timed only (graph-safe-compiled is checked)")
+                elif check_tokens and (check_compiled or not strategy.compiled):
+                    t0 = time.perf_counter()
+                    tokens = strategy.run(check_model, ids, check_tokens, max_cache_len=check_length, state=state, dynamic=dynamic)
+                    mismatch = first_mismatch(tokens, reference)
+                    row.update(exact=mismatch is None, first_mismatch=mismatch, check_s=time.perf_counter() - t0,
+                               check=f"float32, {check_tokens} tokens vs naive")
+                else:
+                    row.update(exact=None, first_mismatch=None, check="not checked in this run (--no-check-compiled)")
+
+                def run(n, strategy=strategy, ids=ids, length=length):
+                    return strategy.run(timed_model, ids, n, max_cache_len=length, state=state, dynamic=dynamic)
+
+                warm = wall(lambda run=run, s=strategy: run(new_tokens if s.warm_full else min(new_tokens, 4)), device)
+                timing = time_decode(run, new_tokens, device, repeats=repeats if strategy.warm_full else 1)
+                row.update(timing, warmup_s=warm,
+                           compile_or_capture_s=max(0.0, warm - timing["total_ms"] / 1e3) if strategy.warm_full else 0.0)
+                row["tokens_per_s"] = batch * 1e3 / timing["ms_per_token"]
+                if profile_k:
+                    prof = profile_steps(run, profile_k, device)
+                    traces[f"{name}@{batch}"] = {"timeline": prof.pop("timeline"), "top_kernels": prof.pop("top_kernels")}
+                    row.update(prof, idle_fraction=max(0.0, 1 - prof["busy_ms_per_step"] / timing["ms_per_token"]))
+                context = prompt_len + (new_tokens - 1) / 2  # average tokens in the cache during the decode
+                row["floor_ms_per_token"] = floor_ms(facts["weight_bytes"], facts["kv_bytes_per_token"], batch, context, gbps)
+                row["x_floor"] = timing["ms_per_token"] / row["floor_ms_per_token"]
+                results.append(row)
+                bar.write(f"  batch {batch:>3} {name:<36} {timing['ms_per_token']:9.3f} ms/token "
+                          f"{row['tokens_per_s']:10.1f} tok/s  exact={row['exact']}")
+            except Exception as err:  # one failing strategy must not lose the others' results
+                skipped.append({"strategy": name, "batch": batch, "reason": f"error: {type(err).__name__}: {err}"[:600]})
+                bar.write(f"  batch {batch:>3} {name:<36} FAILED: {type(err).__name__}: {str(err)[:200]}")
+            bar.update()
+            finish(complete=False)
+    bar.close()
+    return finish(complete=True)
+
+
+def add_ratios(results: list[dict]) -> None:
+    """x_naive and x_reduce_overhead: tokens/s over those of naive / reduce-overhead at the same batch size."""
+    for row in results:
+        base = {r["strategy"]: r["tokens_per_s"] for r in results if r["batch"] == row["batch"]}
+        row["x_naive"] = row["tokens_per_s"] / base["naive"] if "naive" in base else None
+        row["x_reduce_overhead"] = row["tokens_per_s"] / base["reduce-overhead"] if "reduce-overhead" in base else None
+
+
+def goal(record: dict) -> dict:
+    """Issue 5's goal: the fastest exact graph-safe path at batch 1 vs 1,200 tokens/s and 2x reduce-overhead."""
+    s = record["settings"]
+    applies = (s["model"] == GOAL_CONFIG["model"] and s["prompt_len"] == GOAL_CONFIG["prompt_len"]
+               and s["new_tokens"] == GOAL_CONFIG["new_tokens"] and s["dtype"] == GOAL_CONFIG["dtype"]
+               and "H200" in (record["env"].get("gpu") or ""))
+    rows = [r for r in record["results"] if r["batch"] == 1]
+    fast = [r for r in rows if r["strategy"] in GRAPH_SAFE and r.get("exact")]
+    ro = next((r for r in rows if r["strategy"] == "reduce-overhead"), None)
+    if not fast or ro is None:
+        return {"applies": applies, "met": False, "why": "needs an exact graph-safe row and a reduce-overhead row at batch 1"}
+    best = max(fast, key=lambda r: r["tokens_per_s"])
+    ratio = best["tokens_per_s"] / ro["tokens_per_s"]
+    met = best["tokens_per_s"] >= GOAL["tokens_per_s"] and ratio >= GOAL["x_reduce_overhead"]
+    return {"applies": applies, "met": met, "fastest": best["strategy"], "tokens_per_s": best["tokens_per_s"],
+            "reduce_overhead_tokens_per_s": ro["tokens_per_s"], "x_reduce_overhead": ratio, "target": GOAL}
+
+
+def write(record: dict, out: str | Path) -> tuple[Path, Path]:
+    """``out``.json (everything) and ``out``.csv (one row per result, with environment and command)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    json_path, csv_path = out.with_suffix(".json"), out.with_suffix(".csv")
+    json_path.write_text(json.dumps(record, indent=1, default=str))
+    extra = {f"env_{k}": v for k, v in record["env"].items()} | {"command": record["command"], "model": record["settings"]["model"]}
+    rows = [r | extra for r in record["results"]] + [r | extra for r in record["skipped"]]
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    with open(csv_path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    return json_path, csv_path
+
+
+def load(path: str | Path) -> dict:
+    """A record written by ``write`` (the .json)."""
+    return json.loads(Path(path).with_suffix(".json").read_text())
+
+
+def format_table(record: dict) -> str:
+    def cell(v):
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+        return "-" if v is None else str(v)
+
+    lines = [" | ".join(TABLE)]
+    lines += [" | ".join(cell(r.get(k)) for k in TABLE) for r in record["results"]]
+    lines += [f"skipped {s['strategy']} (batch {s['batch']}): {s['reason']}" for s in record["skipped"]]
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m kvlab.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=RANDOM_SMOLLM2, help=f"{RANDOM_SMOLLM2} (default, no download), smollm2-135m, tiny-llama, ...")
+    p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 64; quick: 16)")
+    p.add_argument("--new-tokens", type=int, default=None, help="new tokens per decode (default 256; quick: 16)")
+    p.add_argument("--batch", default="1", help="batch size, or a comma list for a sweep, e.g. 1,2,4,8,16,32,64")
+    p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES), help=f"comma list or 'all'; known: {', '.join(STRATEGIES)}")
+    p.add_argument("--dtype", default=None, help="timing dtype (default bfloat16 on CUDA, float32 on CPU); checks run in float32")
+    p.add_argument("--check-tokens", type=int, default=None, help="tokens of the fp32 check against naive (default 32; quick: 8; 0: no check)")
+    p.add_argument("--no-check-compiled", action="store_true", help="skip the fp32 check of compiled strategies (saves their fp32 compile)")
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats of compiled/graph strategies (default 3; quick: 1)")
+    p.add_argument("--profile-steps", type=int, default=None, help="decode steps traced by torch.profiler (default 16; quick: 2; 0: none)")
+    p.add_argument("--time-budget", type=float, default=None, help="seconds after which remaining strategies are skipped")
+    p.add_argument("--device", default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="short run (also KVLAB_QUICK=1); skips torch.compile on CPU")
+    p.add_argument("--out", default=None, help="output path without suffix (default out/bench-<time>)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    quick = args.quick or quick_mode()
+    pick = lambda value, full, short: value if value is not None else (short if quick else full)  # noqa: E731
+    strategies = list(STRATEGIES) if args.strategies == "all" else [s.strip() for s in args.strategies.split(",") if s.strip()]
+    command = "python -m kvlab.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
+    out = args.out or f"out/bench-{time.strftime('%Y%m%d-%H%M%S')}"
+    record = run_bench(
+        args.model, prompt_len=pick(args.prompt_len, 64, 16), new_tokens=pick(args.new_tokens, 256, 16),
+        batches=[int(b) for b in str(args.batch).split(",")], strategies=strategies, dtype=args.dtype,
+        check_tokens=pick(args.check_tokens, 32, 8), check_compiled=not args.no_check_compiled,
+        repeats=pick(args.repeats, 3, 1), profile_k=pick(args.profile_steps, 16, 2), time_budget=args.time_budget,
+        device=args.device, seed=args.seed, quick=quick, command=command, out=out,
+    )
+    json_path, csv_path = write(record, out)
+    print(format_table(record))
+    print(f"goal: {record['goal']}")
+    print(f"wrote {json_path} and {csv_path} ({record['env']['hardware']}, {record['seconds']:.0f} s)")
+    return record
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""The fastest graph-safe decode of the course: the graph-safe cache, fewer kernels, several steps per replay.
+
+Built on ``kvlab.graph_safe.GraphSafeDecoder`` (the cache with one shared counter, argmax inside the step,
+no host sync per token). What this module adds, each measured by ``python -m kvlab.bench``:
+
+- the model runs as ``kvlab.fusion.fused_copy(model)``: one q/k/v matmul, one gate/up matmul, and an
+  attention that reads the cache without ``repeat_kv`` copies (fewer kernels per layer);
+- the step is compiled without cudagraphs (``compile_mode``, e.g. ``"max-autotune-no-cudagraphs"``) and
+  captured by kvlab, ``steps`` decode steps in ONE graph: one replay makes ``steps`` tokens, so the host
+  launches one graph per ``steps`` tokens and the GPU never waits between them;
+- ``max_cache_len`` exactly what the run needs (rounded up to 16), so attention reads no slot it cannot use.
+
+Tokens stay exact: every step is the same computation as ``"graph-safe"``; checked against ``"naive"``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from contextlib import nullcontext
+
+import torch
+
+from .decoding import OnToken
+from .fusion import fused_copy
+from .graph_safe import GraphSafeDecoder
+
+
+def inductor_options(tune: bool = True):
+    """Inductor settings for the fast step (gpt-fast's): coordinate-descent tuning of each kernel's block sizes,
+    and programmatic dependent launch (Hopper+: a kernel starts while the previous one drains) where available."""
+    if not tune:
+        return nullcontext()
+    config = torch._inductor.config
+    options = {"coordinate_descent_tuning": True}
+    if hasattr(config.triton, "enable_pdl"):
+        options["triton.enable_pdl"] = True
+    return config.patch(options)
+
+
+class MultiStepDecoder(GraphSafeDecoder):
+    """A GraphSafeDecoder whose graph holds ``steps`` decode steps and writes their tokens into a static buffer."""
+
+    def __init__(self, model, max_cache_len: int, batch: int = 1, *, steps: int = 16, graph: bool = True,
+                 compile_mode: str | None = None):
+        if not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps must be a positive int (decode steps per captured graph), got {steps!r}")
+        super().__init__(model, max_cache_len, batch, graph=graph, compile_mode=compile_mode)
+        self.steps = steps
+        self.chunks: dict[int, object] = {}  # number of steps -> captured graph (at most two: steps and the rest)
+
+    def _step(self, token: torch.Tensor) -> torch.Tensor:
+        """``GraphSafeDecoder._step`` without its own ``inference_mode`` decorator: torch.compile cannot trace views
+        of the cache inside an inference-mode region it enters itself ("Cannot set version_counter for inference
+        tensor"); ``generate`` already runs in inference mode."""
+        return GraphSafeDecoder._step.__wrapped__(self, token)
+
+    def _chunk(self, n: int):
+        """A function of the static token that runs ``n`` steps and returns their tokens ``[batch, n]``."""
+        out = torch.zeros(self.batch, n, dtype=torch.long, device=self.device)  # static output of the graph
+
+        def run(token: torch.Tensor) -> torch.Tensor:
+            for k in range(n):
+                self._run_step(token)  # writes the next token into `token`, advances the cache's one counter
+                out[:, k : k + 1].copy_(token)
+            return out
+
+        return run
+
+    def _next_tokens(self, n: int) -> torch.Tensor:
+        if not self.use_graph:
+            return self._chunk(n)(self.token)
+        if n not in self.chunks:
+            self.chunks[n] = self._capture(self._chunk(n), self.token)
+        return self.chunks[n].replay()
+
+    @torch.inference_mode()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None) -> torch.Tensor:
+        """Greedy-decode ``max_new_tokens`` after ``input_ids`` [batch, prompt_len] -> ``[batch, max_new_tokens]``."""
+        self._check(input_ids, max_new_tokens)
+        out = torch.empty(self.batch, max_new_tokens, dtype=torch.long, device=self.device)
+        out[:, :1].copy_(self.prefill(input_ids))
+        if on_token is not None:
+            on_token(0, out[:, :1])
+        done = 1
+        while done < max_new_tokens:
+            n = min(self.steps, max_new_tokens - done)
+            out[:, done : done + n].copy_(self._next_tokens(n))  # one replay, n tokens, no host sync
+            if on_token is not None:
+                for k in range(done, done + n):
+                    on_token(k, out[:, k : k + 1])
+            done += n
+        return out
+
+    def describe(self) -> str:
+        graphs = ", ".join(f"{n} steps" for n in sorted(self.chunks)) or "none yet"
+        return f"MultiStepDecoder(batch={self.batch}, max_cache_len={self.max_cache_len}, compile_mode={self.compile_mode!r}, graphs: {graphs})"
+
+
+_DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def decode_graph_safe_fast(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None,
+                           compile_mode: str | None = "max-autotune-no-cudagraphs", steps: int = 16, fuse: bool = True,
+                           gemv: bool = True, max_cache_len: int | None = None, graph: bool | None = None,
+                           tune: bool = True) -> torch.Tensor:
+    """The ``"graph-safe-fast"`` strategy: fused model copy, compiled step, ``steps`` steps per captured graph.
+
+    On CPU the step is neither compiled nor captured unless asked (``compile_mode`` needs CUDA for capture;
+    the emulated graph is no faster than eager there). The decoder is kept per model and settings, so later
+    calls (a new prompt, the timed runs of the benchmark) replay the graphs captured by the first.
+    """
+    cuda = input_ids.device.type == "cuda"
+    use_graph = cuda if graph is None else graph
+    if not cuda:
+        compile_mode = None  # CPU: an inductor compile takes minutes on 2 cores, and a compiled step cannot be captured
+    fast = fused_copy(model, fuse=fuse, attention=fuse, gemv=gemv)
+    need = input_ids.shape[1] + max_new_tokens
+    length = max_cache_len or 16 * -(-need // 16)
+    key = (input_ids.shape[0], length, compile_mode, steps, use_graph, next(model.parameters()).dtype)
+    decoders = _DECODERS.setdefault(fast, {})
+    if key not in decoders:
+        decoders[key] = MultiStepDecoder(fast, length, input_ids.shape[0], steps=steps, graph=use_graph,
+                                         compile_mode=compile_mode)
+    with inductor_options(tune) if compile_mode else nullcontext():
+        return decoders[key].generate(input_ids, max_new_tokens, on_token=on_token)

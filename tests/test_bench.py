@@ -1,0 +1,136 @@
+"""kvlab.bench: the side-by-side benchmark, run as CI runs it (``python -m kvlab.bench --quick`` on CPU, tiny model)."""
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvlab import bench
+from kvlab.bench_tools import (
+    SMOLLM2_SHAPE,
+    STRATEGIES,
+    first_mismatch,
+    floor_ms,
+    kv_bytes_per_token,
+    round16,
+    time_decode,
+)
+
+QUICK = ["--quick", "--model", "tiny-llama", "--strategies", "naive,static,graph-safe,reduce-overhead,graph-safe-compiled"]
+
+
+@pytest.fixture(scope="module")
+def record(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "quick"
+    proc = subprocess.run([sys.executable, "-m", "kvlab.bench", *QUICK, "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "wrote" in proc.stdout and "naive" in proc.stdout
+    return json.loads(out.with_suffix(".json").read_text()), out
+
+
+def test_json_has_environment_command_and_settings(record):
+    rec, _ = record
+    assert rec["command"] == "python -m kvlab.bench " + " ".join(QUICK) + f" --out {record[1]}"
+    for key in ("hardware", "cpu", "torch", "transformers", "python", "platform"):
+        assert rec["env"][key], key
+    assert rec["env"]["torch"] == torch.__version__
+    assert rec["settings"]["quick"] is True and rec["settings"]["batches"] == [1]
+    assert rec["settings"]["check_dtype"] == "float32" and rec["settings"]["dtype"] == "float32"
+    assert rec["model"]["layers"] == 2 and rec["model"]["weight_bytes"] > 0
+    assert rec["copy_bandwidth_gbps"] > 0 and "commit" in rec["git"]
+
+
+def test_every_timed_strategy_is_exact_and_measured(record):
+    rec, _ = record
+    rows = {r["strategy"]: r for r in rec["results"]}
+    assert set(rows) == {"naive", "static", "graph-safe"}
+    for row in rows.values():
+        assert row["exact"] is True and row["first_mismatch"] is None
+        assert row["ms_per_token"] > 0 and row["tokens_per_s"] == pytest.approx(1e3 / row["ms_per_token"])
+        assert row["kernels_per_step"] > 0 and row["floor_ms_per_token"] > 0 and row["peak_memory_mb"] > 0
+        assert row["x_naive"] == pytest.approx(row["tokens_per_s"] / rows["naive"]["tokens_per_s"])
+        assert row["x_reduce_overhead"] is None  # reduce-overhead was skipped
+    assert rows["naive"]["x_naive"] == pytest.approx(1.0)
+    assert "graph-safe@1" in rec["traces"] and rec["traces"]["graph-safe@1"]["timeline"]
+
+
+def test_skipped_strategies_say_why(record):
+    rec, _ = record
+    reasons = {s["strategy"]: s["reason"] for s in rec["skipped"]}
+    assert "quick mode skips it" in reasons["reduce-overhead"]
+    assert "needs CUDA" in reasons["graph-safe-compiled"]
+    assert rec["goal"]["met"] is False and rec["goal"]["applies"] is False
+
+
+def test_csv_rows_carry_environment_and_command(record):
+    rec, out = record
+    with open(out.with_suffix(".csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["strategy"] for r in rows] == ["naive", "static", "graph-safe", "reduce-overhead", "graph-safe-compiled"]
+    assert all(r["command"] == rec["command"] and r["env_torch"] == torch.__version__ for r in rows)
+    assert rows[3]["reason"] and not rows[0]["reason"]
+    assert float(rows[0]["ms_per_token"]) == pytest.approx(rec["results"][0]["ms_per_token"])
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="unknown strategies"):
+        bench.run_bench("tiny-llama", strategies=["fastest"], progress=False)
+    with pytest.raises(ValueError, match="new_tokens must be >= 2"):
+        bench.run_bench("tiny-llama", new_tokens=1, progress=False)
+
+
+def test_time_budget_skips_the_rest():
+    rec = bench.run_bench("tiny-llama", prompt_len=4, new_tokens=3, strategies=["naive", "static"], check_tokens=2,
+                          repeats=1, profile_k=0, time_budget=0.0, progress=False)
+    assert rec["results"] == [] and all("time budget" in s["reason"] for s in rec["skipped"])
+    assert "skipped naive" in bench.format_table(rec)
+
+
+def test_helpers():
+    a = torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4]])
+    b = a.clone()
+    assert first_mismatch(a, b) is None
+    b[1, 2] = 9
+    assert first_mismatch(a, b) == 2 and first_mismatch(a, a[:, :3]) == 0
+    assert round16(1) == 16 and round16(320) == 320 and round16(321) == 336
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(**SMOLLM2_SHAPE)
+    assert kv_bytes_per_token(config, torch.bfloat16) == 2 * 30 * 3 * 64 * 2 == 23040
+    assert floor_ms(1e9, 0, 1, 0, 1000.0) == pytest.approx(1.0)  # 1 GB at 1000 GB/s: 1 ms
+    assert floor_ms(0, 1000, 4, 250, 1.0) == pytest.approx(1.0)  # 4 x 250 tokens x 1 kB at 1 GB/s
+
+
+def test_time_decode_subtracts_the_prefill():
+    calls = []
+
+    def run(n):
+        calls.append(n)
+
+    timing = time_decode(run, 5, "cpu", repeats=2)
+    assert calls == [1, 1, 5, 5] and timing["ms_per_token"] == pytest.approx((timing["total_ms"] - timing["prefill_ms"]) / 4)
+
+
+def test_goal_needs_exact_graph_safe_and_reduce_overhead():
+    settings = {"model": "smollm2-135m-random", "prompt_len": 64, "new_tokens": 256, "dtype": "bfloat16"}
+    rows = [{"strategy": "reduce-overhead", "batch": 1, "tokens_per_s": 600.0, "exact": True},
+            {"strategy": "graph-safe-compiled", "batch": 1, "tokens_per_s": 1300.0, "exact": True},
+            {"strategy": "graph-safe-compiled/no-graph", "batch": 1, "tokens_per_s": 5000.0, "exact": None}]
+    rec = {"settings": settings, "env": {"gpu": "NVIDIA H200"}, "results": rows}
+    result = bench.goal(rec)
+    assert result["applies"] and result["met"] and result["fastest"] == "graph-safe-compiled"  # ablations do not count
+    rows[1]["exact"] = False
+    assert bench.goal(rec)["met"] is False
+    rows[1].update(exact=True, tokens_per_s=1100.0)
+    assert bench.goal(rec)["met"] is False  # under 1,200 tokens/s even though 1.8x
+
+
+def test_every_strategy_is_described():
+    assert set(bench.DEFAULT_STRATEGIES) <= set(STRATEGIES)
+    assert all(s.about for s in STRATEGIES.values())
+    assert Path(bench.__file__).name == "bench.py"

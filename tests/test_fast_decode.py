@@ -1,0 +1,71 @@
+"""kvlab.fusion and kvlab.fast_decode: fewer kernels, several steps per graph, the same tokens as naive."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kvlab
+from kvlab import fusion
+from kvlab.fast_decode import MultiStepDecoder, decode_graph_safe_fast
+from kvlab.models import tiny_model
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mistral", "tiny-qwen2"])
+def test_fused_model_is_token_exact(name):
+    model = tiny_model(name)
+    ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(1))
+    fast = fusion.fused_copy(model)
+    assert fast is not model and fusion.fused_copy(model) is fast  # made once, kept
+    assert hasattr(fast.model.layers[0].self_attn, "qkv_proj") and not hasattr(fast.model.layers[0].self_attn, "q_proj")
+    assert hasattr(model.model.layers[0].self_attn, "q_proj")  # the original is untouched
+    assert torch.equal(kvlab.decode(fast, ids, 24), kvlab.decode(model, ids, 24))
+
+
+def test_fusion_refuses_other_layouts():
+    with pytest.raises(ValueError, match="Llama-style"):
+        fusion.fuse_projections(tiny_model("tiny-qwen3"))  # q_norm/k_norm per head
+
+
+def test_gemv_path_matches_linear(monkeypatch):
+    layer = torch.nn.Linear(16, 24, bias=True)
+    x = torch.randn(2, 1, 16)
+    fusion.use_gemv(layer)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))  # the reduction form
+    big = torch.randn(3, fusion.GEMV_MAX_ROWS, 16)  # too many rows: back to F.linear
+    torch.testing.assert_close(layer(big), F.linear(big, layer.weight, layer.bias))
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+def test_multi_step_graphs_are_exact_across_prompts(name):
+    model = tiny_model(name)
+    gen = torch.Generator().manual_seed(2)
+    for prompt_len, n in [(7, 11), (3, 11), (12, 11)]:  # several prompts through the same captured graphs
+        ids = torch.randint(0, 256, (2, prompt_len), generator=gen)
+        out = decode_graph_safe_fast(model, ids, n, steps=4, graph=True, max_cache_len=32)  # emulated on CPU
+        assert torch.equal(out, kvlab.decode(model, ids, n)), (name, prompt_len)
+
+
+def test_unfused_and_eager_variants_are_exact():
+    model = tiny_model("tiny-qwen3")  # not fusable: fuse=False keeps the model's own layers
+    ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(3))
+    ref = kvlab.decode(model, ids, 9)
+    assert torch.equal(decode_graph_safe_fast(model, ids, 9, fuse=False, steps=3), ref)
+    assert torch.equal(decode_graph_safe_fast(model, ids, 9, fuse=False, steps=1, gemv=False), ref)
+
+
+def test_bad_settings_are_refused():
+    model = tiny_model("tiny-llama")
+    with pytest.raises(ValueError, match="steps must be a positive int"):
+        MultiStepDecoder(model, 32, 1, steps=0)
+    with pytest.raises(Exception, match="max_cache_len"):
+        decode_graph_safe_fast(model, torch.ones(1, 30, dtype=torch.long), 10, max_cache_len=32)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run on Colab/GPU machine")
+def test_compiled_multi_step_graph_on_cuda():
+    model = tiny_model("tiny-llama").cuda()
+    ids = torch.randint(0, 256, (1, 8), device="cuda")
+    ref = kvlab.decode(model, ids, 40)
+    assert torch.equal(decode_graph_safe_fast(model, ids, 40, steps=8), ref)
+    assert torch.equal(decode_graph_safe_fast(model, ids, 40, steps=8), ref)  # replayed, not recaptured
