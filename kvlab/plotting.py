@@ -37,4 +37,6 @@ def figure(title: str, xlabel: str, ylabel: str, *, env: dict | None = None, nco
                 stamp += " | quick mode (shortened)"
             fig.text(0.99, 0.005, stamp, ha="right", va="bottom", fontsize=7, color="0.4")
         fig.tight_layout(rect=(0, 0.03, 1, 1))
+        interactive = plt.isinteractive()  # the first figure may load a backend (Jupyter's inline) that turns it on
+    plt.interactive(interactive)  # rc_context would reset it, and later figures would then never be shown
     return fig, axes
