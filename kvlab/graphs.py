@@ -12,16 +12,20 @@ The contract of a captured step, on every machine:
 
 On CUDA, ``capture`` runs ``warmup`` calls of the step on a side stream (their side effects are real: a cache's
 counters advance) and then records one call into a ``torch.cuda.CUDAGraph`` (recording runs no kernel).
-Without CUDA, it runs the same warm-up calls, then traces one call with
-``torch.fx.experimental.proxy_tensor.make_fx`` into a graph of aten operations; the tracing call's own side
-effects are undone so that, as on CUDA, capturing itself changes nothing. Emulation gives the same tokens as a
-real graph; it is not faster than eager (it still launches every operation from Python).
+Without CUDA, it runs the same warm-up calls, then records one call as a list of aten operations (a
+``TorchDispatchMode``, like ``make_fx`` but light): each operation with its Python arguments frozen and its
+tensor arguments either the result of an earlier operation or a tensor that existed before (a static input, a
+weight, a cache buffer), held by reference, so replay reads and mutates it where it lives. The recording call's
+own writes are undone so that, as on CUDA, capturing itself changes nothing. Emulation gives the same tokens as
+a real graph; it skips the model's Python code at replay, but still launches every operation one by one.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import torch
 from torch.utils import _pytree as pytree
@@ -54,13 +58,45 @@ class ReplayError(RuntimeError):
     """A replay was refused or failed; the message says why and what to do."""
 
 
-class _CaptureGuard(TorchDispatchMode):
-    """Sits under make_fx while it traces: refuses host syncs and remembers every tensor before its first write."""
+class _Ref:
+    """An argument that is the ``leaf``-th tensor output of recorded operation ``node``."""
+
+    __slots__ = ("node", "leaf")
+
+    def __init__(self, node: int, leaf: int):
+        self.node, self.leaf = node, leaf
+
+
+def _leaves(out) -> list:
+    """The outputs of one aten op as a flat list (the same positions at record and at replay)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)) and not any(isinstance(y, (tuple, list)) for y in out):
+        return list(out)
+    return pytree.tree_leaves(out)
+
+
+def _has_ref(x) -> bool:
+    return type(x) is _Ref or (type(x) in (list, tuple) and any(type(y) is _Ref for y in x))
+
+
+class _Recorder(TorchDispatchMode):
+    """Records every aten operation of one call; refuses host syncs; remembers each tensor before its first write.
+
+    A tensor argument is encoded as a ``_Ref`` when an earlier operation produced it, else kept as the tensor
+    itself (a fixed address, as in a CUDA graph). Python values (ints, shapes, flags) stay as they were: frozen.
+    """
 
     def __init__(self):
         super().__init__()
+        self.nodes: list[tuple] = []  # (op, args, kwargs) with tensors encoded
+        self.producer: dict[int, _Ref] = {}  # id(tensor) -> where it came from
+        self.alive: list[torch.Tensor] = []  # keeps recorded tensors alive so that ids stay unique
         self.saved: list[tuple[torch.Tensor, torch.Tensor]] = []  # (tensor as written, its value before)
         self._seen: set = set()
+
+    def encode(self, x):
+        return self.producer.get(id(x), x) if isinstance(x, torch.Tensor) else x
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -80,12 +116,71 @@ class _CaptureGuard(TorchDispatchMode):
                 if key not in self._seen:
                     self._seen.add(key)
                     self.saved.append((value, value.detach().clone()))
-        return func(*args, **kwargs)
+        enc_args, enc_kwargs = pytree.tree_map_only(torch.Tensor, self.encode, (args, kwargs))
+        out = func(*args, **kwargs)
+        index = len(self.nodes)
+        self.nodes.append((func, tuple(enc_args), dict(enc_kwargs)))
+        for leaf_i, leaf in enumerate(_leaves(out)):
+            if isinstance(leaf, torch.Tensor):
+                self.producer[id(leaf)] = _Ref(index, leaf_i)
+                self.alive.append(leaf)
+        return out
 
     def undo(self) -> None:
-        """Put every tensor the traced call wrote back as it was (newest first, so overlaps end right)."""
+        """Put every tensor the recorded call wrote back as it was (newest first, so overlaps end right)."""
         for tensor, before in reversed(self.saved):
             tensor.copy_(before)
+
+
+class RecordedOps:
+    """The emulated graph: a list of aten operations replayed in order, without the model's Python code."""
+
+    def __init__(self, nodes, outputs):
+        self.nodes = nodes
+        self.outputs = outputs  # flat: a _Ref or a tensor, per output
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def op_counts(self) -> dict[str, int]:
+        """How many times each aten operation runs per replay (the CPU's stand-in for a kernel count)."""
+        counts: dict[str, int] = {}
+        for func, _, _ in self.nodes:
+            counts[str(func)] = counts.get(str(func), 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+    def __call__(self) -> list[torch.Tensor]:
+        results: list[list] = []
+
+        def decode(x):
+            if type(x) is _Ref:
+                return results[x.node][x.leaf]
+            if type(x) in (list, tuple):
+                return type(x)(decode(y) for y in x)
+            return x
+
+        for func, args, kwargs, arg_slots, kwarg_slots in self._plan:
+            if arg_slots:
+                args = list(args)
+                for i in arg_slots:
+                    args[i] = decode(args[i])
+            if kwarg_slots:
+                kwargs = dict(kwargs)
+                for k in kwarg_slots:
+                    kwargs[k] = decode(kwargs[k])
+            results.append(_leaves(func(*args, **kwargs)))
+        return [decode(x) for x in self.outputs]
+
+    @property
+    def _plan(self):
+        """Per op: which arguments refer to earlier results (worked out once)."""
+        if self.__dict__.get("_plan_cache") is None:
+            self._plan_cache = [
+                (func, args, kwargs, [i for i, a in enumerate(args) if _has_ref(a)],
+                 [k for k, v in kwargs.items() if _has_ref(v)])
+                for func, args, kwargs in self.nodes
+            ]
+        return self._plan_cache
 
 
 def _flat_tensors(out, what: str) -> tuple[list[torch.Tensor], pytree.TreeSpec]:
@@ -109,7 +204,7 @@ class CapturedStep:
         self.device = device
         self.warmup = warmup
         self.graph = graph  # torch.cuda.CUDAGraph, or None when emulated
-        self.traced = traced  # torch.fx.GraphModule, or None on CUDA
+        self.traced = traced  # RecordedOps when emulated, else None
         self.before_replay = before_replay
         self.pool = pool
         self.replays = 0
@@ -124,8 +219,7 @@ class CapturedStep:
         """One line for notebooks: which kind of graph this is, and where."""
         if self.emulated:
             where = "CPU" if self.device.type == "cpu" else str(self.device)
-            n = len(self.traced.graph.nodes)
-            return (f"EMULATED (no CUDA graph: make_fx trace of {n} nodes on {where}, same contract, no speedup); "
+            return (f"EMULATED (no CUDA here: {len(self.traced)} recorded aten ops replayed on {where}, same contract); "
                     f"{self.warmup} warm-up call(s), captured in {self.capture_seconds:.2f} s")
         return (f"real CUDA graph on {torch.cuda.get_device_name(self.device)}; {self.warmup} warm-up call(s) on a "
                 f"side stream, captured in {self.capture_seconds:.2f} s")
@@ -150,10 +244,10 @@ class CapturedStep:
             self.before_replay()  # host-side check, outside the graph: may sync and raise
         if self.emulated:
             try:
-                fresh = self.traced(*self.static_inputs)
+                fresh = self.traced()  # static inputs are read where they live, like every other tensor
             except (IndexError, RuntimeError) as e:
                 raise ReplayError(f"replay failed: {e}\n{DEVICE_ASSERT_NOTE}") from e
-            for out, new in zip(self.static_outputs, pytree.tree_leaves(fresh), strict=True):
+            for out, new in zip(self.static_outputs, fresh, strict=True):
                 if out.data_ptr() != new.data_ptr():
                     out.copy_(new)
         else:
@@ -196,29 +290,40 @@ def _capture_cuda(fn, static_inputs, warmup, before_replay, device) -> CapturedS
                         before_replay=before_replay)
 
 
-def _capture_emulated(fn, static_inputs, warmup, before_replay, device) -> CapturedStep:
-    from torch.fx.experimental.proxy_tensor import make_fx
+@contextmanager
+def _libraries_see_a_capture():
+    """While a CUDA stream captures, libraries skip their host-side checks: transformers' ``is_tracing()`` asks
+    ``torch.cuda.is_current_stream_capturing()`` and then leaves out, e.g., the mask-skipping test that reads a
+    tensor. The emulation gives transformers the same answer, so it records the same operations a real capture does."""
+    utils = sys.modules.get("transformers.utils.import_utils")
+    if utils is None or not hasattr(utils, "is_cuda_stream_capturing"):
+        yield
+        return
+    original = utils.is_cuda_stream_capturing
+    utils.is_cuda_stream_capturing = lambda: True
+    try:
+        yield
+    finally:
+        utils.is_cuda_stream_capturing = original
 
+
+def _capture_emulated(fn, static_inputs, warmup, before_replay, device) -> CapturedStep:
     t0 = time.perf_counter()
     for _ in range(warmup):
         fn(*static_inputs)  # real calls, as on CUDA: every side effect happens
 
-    found = {}
-
-    def flat_fn(*inputs):
-        leaves, found["spec"] = _flat_tensors(fn(*inputs), "the captured function")
-        found["meta"] = [(t.shape, t.dtype, t.device) for t in leaves]  # reading metadata records nothing
-        return leaves
-
-    guard = _CaptureGuard()
+    recorder = _Recorder()
     try:
-        with guard:
-            traced = make_fx(flat_fn, tracing_mode="real")(*static_inputs)
+        with recorder, _libraries_see_a_capture():
+            leaves, spec = _flat_tensors(fn(*static_inputs), "the captured function")
+        outputs = [recorder.encode(t) for t in leaves]
+        meta = [(t.shape, t.dtype, t.device) for t in leaves]
     finally:
-        guard.undo()  # CUDA's capture runs no kernel: undo what tracing ran, so capturing has no side effect
+        recorder.undo()  # CUDA's capture runs no kernel: undo what recording ran, so capturing has no side effect
+    traced = RecordedOps(recorder.nodes, outputs)
+    del recorder, leaves  # the recording call's intermediates are not needed any more
     # Like a CUDA graph's outputs right after capture, the static outputs exist but hold nothing yet.
-    static_outputs = [torch.zeros(shape, dtype=dtype, device=dev) for shape, dtype, dev in found["meta"]]
-    spec = found["spec"]
+    static_outputs = [torch.zeros(shape, dtype=dtype, device=dev) for shape, dtype, dev in meta]
     seconds = time.perf_counter() - t0
     return CapturedStep(static_inputs=static_inputs, static_outputs=static_outputs, spec=spec, emulated=True,
                         capture_seconds=seconds, device=device, warmup=warmup, traced=traced,
@@ -248,3 +353,48 @@ def capture(fn: Callable, *static_inputs: torch.Tensor, warmup: int = 3, emulate
     if real and not emulate:
         return _capture_cuda(fn, static_inputs, warmup, before_replay, device)
     return _capture_emulated(fn, static_inputs, warmup, before_replay, device)
+
+
+class EagerStep:
+    """The same calls as :func:`capture` and ``replay()``, but run eagerly: the contrast lesson 04 needs.
+
+    ``warmup`` real calls first (like capture), then every ``replay()`` calls ``fn`` again in Python, so it sees
+    whatever Python state holds *now* (rebinding a cache, a changed int). Outputs are copied into static tensors.
+    """
+
+    emulated = False
+    capture_seconds = 0.0
+
+    def __init__(self, fn: Callable, *static_inputs: torch.Tensor, warmup: int = 3, before_replay=None):
+        self.fn, self.static_inputs, self.warmup, self.before_replay = fn, static_inputs, warmup, before_replay
+        for _ in range(warmup):
+            fn(*static_inputs)
+        self.static_outputs = None
+        self.replays = 0
+
+    def describe(self) -> str:
+        return f"EAGER (nothing captured: the step re-runs in Python at every call); {self.warmup} warm-up call(s)"
+
+    def replay(self):
+        if self.before_replay is not None:
+            self.before_replay()
+        out = self.fn(*self.static_inputs)
+        leaves, spec = _flat_tensors(out, "the step")
+        if self.static_outputs is None:
+            self.static_outputs = [t.detach().clone() for t in leaves]
+        else:
+            for static, new in zip(self.static_outputs, leaves, strict=True):
+                static.copy_(new)
+        self.replays += 1
+        return pytree.tree_unflatten(self.static_outputs, spec)
+
+
+def step_runner(kind: str, fn: Callable, *static_inputs: torch.Tensor, warmup: int = 3, before_replay=None):
+    """``kind``: ``"graph"`` (real CUDA graph where possible, else emulated), ``"emulated"`` (always the
+    emulation) or ``"eager"`` (no capture, :class:`EagerStep`). All three have ``replay()`` and ``describe()``."""
+    if kind == "eager":
+        return EagerStep(fn, *static_inputs, warmup=warmup, before_replay=before_replay)
+    if kind not in ("graph", "emulated"):
+        raise ValueError(f"unknown runner {kind!r}: choose 'graph', 'emulated' or 'eager'")
+    return capture(fn, *static_inputs, warmup=warmup, emulate=True if kind == "emulated" else None,
+                   before_replay=before_replay)

@@ -1,0 +1,140 @@
+"""kvlab.failures: each lesson-04 scenario really fails, the emulation fails exactly like eager code (state
+failures) or unlike it (frozen failures), and on a GPU a real CUDA graph gives the emulation's tokens.
+
+Scenarios: padding-pollution, warmup-advance, cache-recreated, reset-out-of-range, reset-rebinds-counter,
+frozen-position, host-counter-drift, layer0-only-rewind, and the control (control-rewound), which must not fail.
+"""
+
+import pytest
+import torch
+
+from kvlab import failures as F
+from kvlab.models import tiny_model
+
+CUDA = torch.cuda.is_available()
+N = 24
+NAMES = list(F.SCENARIOS)
+
+
+def prompt(length, seed, device="cpu"):
+    return torch.randint(1, 256, (1, length), generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    # tiny-qwen3: small, and sensitive enough to RoPE positions that every scenario shows within N tokens
+    model = tiny_model("tiny-qwen3")
+    a, b = prompt(11, 0), prompt(7, 1)
+    slots = F.slots_for(11, N)
+    return model, a, b, {"a": F.reference(model, a, N, slots=slots), "b": F.reference(model, b, N, slots=slots)}
+
+
+def run(setup, name, runner, **kw):
+    model, a, b, refs = setup
+    two = F.SCENARIOS.get(name, {}).get("needs_next", False)
+    return F.run(name, model, a, N, next_ids=b if two else None, ref=refs["b" if two else "a"], runner=runner, **kw)
+
+
+def test_reference_is_the_naive_loop(setup):
+    from kvlab.decoding import decode
+
+    model, a, _, refs = setup
+    assert torch.equal(refs["a"].tokens, decode(model, a, N, strategy="naive"))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_scenario_really_fails_when_replayed(setup, name):
+    result = run(setup, name, "graph")
+    assert result.failed, f"{name} did not fail: if a new transformers fixed it, lesson 04 must say so"
+    assert result.runner.startswith("EMULATED" if not CUDA else "real CUDA graph")
+    assert result.heatmap(0).shape[1] == result.expected_heatmap(0).shape[1]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_emulation_matches_the_eager_behaviour_it_stands_for(setup, name):
+    graph, eager = run(setup, name, "emulated"), run(setup, name, "eager")
+    if F.SCENARIOS[name]["frozen"]:
+        # eager Python re-reads the new cache / counter / int: right; only the replayed graph is wrong
+        assert eager.first_wrong is None and graph.failed
+    else:
+        # the same calls made eagerly do the same damage: the emulation adds nothing and hides nothing
+        assert torch.equal(graph.tokens, eager.tokens) and graph.first_wrong == eager.first_wrong
+        assert (graph.error is None) == (eager.error is None)
+
+
+@pytest.mark.parametrize("runner", ["graph", "emulated", "eager"])
+def test_control_is_token_exact(setup, runner):
+    result = run(setup, F.CONTROL, runner)
+    assert result.first_wrong is None and not result.failed and result.error is None
+
+
+def test_padding_writes_and_counts_the_padding(setup):
+    result = run(setup, "padding-pollution", "graph", pad_id=32)  # id 0 is this model's padding_idx: zero keys
+    bucket = result.extra["bucket"]
+    assert result.recorder.counters[0] == [bucket] * len(result.recorder.counters[0])
+    assert int((result.heatmap(0)[0] > 0).sum()) == bucket  # prompt and padding rows all written
+
+
+def test_warmup_leaves_three_copies_ahead(setup):
+    result = run(setup, "warmup-advance", "graph")
+    assert result.recorder.counters[0][0] == 11  # after the prefill
+    assert result.recorder.counters[1][0] == 11 + F.WARMUP + 1  # after the first replay: 3 ahead
+
+
+def test_layer0_only_rewind_desynchronises_layers(setup):
+    result = run(setup, "layer0-only-rewind", "graph")
+    first = result.recorder.counters[0]
+    assert first[0] == 11 and all(c == 11 + F.WARMUP for c in first[1:])
+
+
+def test_reset_out_of_range_is_a_plain_error_on_cpu_without_the_guard(setup):
+    model, a, b, refs = setup
+    result = F.reset_out_of_range(model, a, N, next_ids=b, ref=refs["b"], guard=False)
+    assert result.error and ("out of bounds" in result.error or "out of range" in result.error)
+    assert result.extra["counters_after_reset"] == [refs["b"].slots] * model.config.num_hidden_layers
+    guarded = F.reset_out_of_range(model, a, N, next_ids=b, ref=refs["b"])
+    assert "device-side assert" in guarded.error
+
+
+def test_report_and_texts(setup):
+    from kvlab.models import ByteTokenizer
+
+    result = run(setup, "warmup-advance", "graph")
+    text = result.report(ByteTokenizer())
+    assert "first wrong token at step" in text and "expected:" in text
+    got, want = result.texts(ByteTokenizer())
+    assert got != want
+
+
+def test_bad_calls_are_refused(setup):
+    model, a, b, refs = setup
+    with pytest.raises(ValueError, match="unknown scenario"):
+        F.run("nope", model, a, N)
+    with pytest.raises(ValueError, match="second prompt"):
+        F.run("cache-recreated", model, a, N)
+    with pytest.raises(ValueError, match="another run"):
+        F.warmup_advance(model, a, N, ref=refs["b"])
+    with pytest.raises(ValueError, match="bucket"):
+        F.padding_pollution(model, a, N, bucket=8)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: run on Colab/GPU machine")
+@pytest.mark.parametrize("name", NAMES + [F.CONTROL])
+def test_real_cuda_graph_gives_the_emulations_tokens(name):
+    model = tiny_model("tiny-qwen3").cuda()
+    a, b = prompt(11, 0, "cuda"), prompt(7, 1, "cuda")
+    two = F.SCENARIOS.get(name, {}).get("needs_next", False)
+    slots = F.slots_for(11, N)
+    ref = F.reference(model, b if two else a, N, slots=slots)
+    real = F.run(name, model, a, N, next_ids=b if two else None, ref=ref, runner="graph")
+    emulated = F.run(name, model, a, N, next_ids=b if two else None, ref=ref, runner="emulated")
+    assert real.runner.startswith("real CUDA graph") and emulated.runner.startswith("EMULATED")
+    assert torch.equal(real.tokens, emulated.tokens), name
+    assert real.first_wrong == emulated.first_wrong and (real.error is None) == (emulated.error is None)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: run on Colab/GPU machine")
+def test_unguarded_out_of_range_is_refused_on_a_gpu():
+    model = tiny_model("tiny-qwen3").cuda()
+    with pytest.raises(ValueError, match="device-side assert"):
+        F.reset_out_of_range(model, prompt(11, 0, "cuda"), 4, next_ids=prompt(7, 1, "cuda"), guard=False)

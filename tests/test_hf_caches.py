@@ -1,0 +1,119 @@
+"""kvlab.hf_caches and kvlab.cache_view: HF caches in the course's loop, token-exact against the naive loop."""
+
+import matplotlib
+import pytest
+import torch
+
+from kvlab.cache_view import (
+    CacheRecorder,
+    counters,
+    describe_layer,
+    plot_cache_heatmaps,
+    plot_memory_per_step,
+    slot_norms,
+)
+from kvlab.decoding import decode
+from kvlab.graphs import ReplayError
+from kvlab.hf_caches import (
+    check_room,
+    decode_compiled,
+    decode_generate,
+    decode_static,
+    decode_static_graph,
+    make_static_cache,
+    room_guard,
+)
+from kvlab.models import tiny_model
+
+matplotlib.use("Agg")
+
+
+def prompt(batch=1, length=9, seed=0):
+    return torch.randint(1, 256, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_model("tiny-llama")
+
+
+@pytest.mark.parametrize("arch", ["tiny-llama", "tiny-qwen3", "tiny-mistral", "tiny-gemma"])
+@pytest.mark.parametrize("strategy", ["dynamic", "static"])
+def test_hf_cache_strategies_are_token_exact_against_naive(arch, strategy):
+    model = tiny_model(arch)
+    ids = prompt(batch=2, length=7)
+    assert torch.equal(decode(model, ids, 20, strategy=strategy), decode(model, ids, 20, strategy="naive"))
+
+
+def test_static_graph_without_warmup_is_exact_and_with_warmup_matches_eager_replay(llama):
+    ids = prompt()
+    naive = decode(llama, ids, 24, strategy="naive")
+    keep = {}
+    assert torch.equal(decode(llama, ids, 24, strategy="static-graph", warmup=0, keep=keep), naive)
+    assert keep["graph"].emulated == (not torch.cuda.is_available()) and keep["graph"].replays == 23
+    # warm-up calls advance the counters: the same calls made eagerly give the same (wrong) tokens
+    graph = decode(llama, ids, 24, strategy="static-graph", warmup=3)
+    eager = decode(llama, ids, 24, strategy="static-graph", warmup=3, runner="eager")
+    assert torch.equal(graph, eager)
+
+
+def test_static_graph_warmup_advances_every_counter(llama):
+    ids = prompt(length=5)
+    keep = {}
+    decode_static_graph(llama, ids, 4, warmup=3, keep=keep)
+    # prompt 5 + 3 warm-up writes + 3 replays
+    assert counters(keep["cache"]) == [11] * llama.config.num_hidden_layers
+
+
+def test_static_cache_is_preallocated_and_written_in_place(llama):
+    ids = prompt(length=6)
+    cache = make_static_cache(llama, 32)
+    rec = CacheRecorder(cache, layers=(0, 1))
+    decode_static(llama, ids, 5, cache=cache, on_token=rec)
+    info = describe_layer(cache.layers[0])
+    assert info["keys.shape"] == (1, 2, 32, 16) and info["cumulative_length"] == 6 + 4
+    assert info["slots written (nonzero keys)"] == 10
+    assert rec.matrix.shape == (5, 32) and rec.matrix_of(1).shape == (5, 32)
+    assert [int((row > 0).sum()) for row in rec.matrix] == [6, 7, 8, 9, 10]
+    assert rec.token_ids.shape == (1, 5)
+    assert describe_layer(make_static_cache(llama, 8).layers[0])["initialized"] is False
+    assert slot_norms(cache.layers[0]).shape == (32,)
+
+
+def test_bad_sizes_are_refused(llama):
+    with pytest.raises(ValueError, match="max_cache_len"):
+        make_static_cache(llama, 0)
+    cache = make_static_cache(llama, 8)
+    with pytest.raises(ValueError, match="needs 10 cache slots"):
+        check_room(cache, 6, 5)
+    with pytest.raises(ValueError, match="max_cache_len >= 10"):
+        decode_static(llama, prompt(length=6), 5, cache=cache)
+
+
+def test_room_guard_stops_a_write_past_the_end(llama):
+    cache = make_static_cache(llama, 8)
+    decode_static(llama, prompt(length=7), 2, cache=cache)  # 8 slots now full
+    with pytest.raises(ReplayError, match="device-side assert"):
+        room_guard(cache)()
+
+
+def test_generate_static_and_dynamic_match_naive(llama):
+    ids = prompt()
+    naive = decode(llama, ids, 12, strategy="naive")
+    for impl in ("dynamic", "static"):
+        assert torch.equal(decode_generate(llama, ids, 12, cache_implementation=impl), naive)
+
+
+def test_compiled_step_matches_naive(llama):
+    ids = prompt()
+    assert torch.equal(decode_compiled(llama, ids, 8, mode="default"), decode(llama, ids, 8, strategy="naive"))
+
+
+def test_plots_draw(llama):
+    cache = make_static_cache(llama, 16)
+    rec = CacheRecorder(cache)
+    decode_static(llama, prompt(length=4), 4, cache=cache, on_token=rec)
+    fig, axes = plot_cache_heatmaps({"a": rec.matrix, "b": rec.matrix}, title="t", frontier=[4, 5, 6, 7])
+    assert len(axes) == 2
+    fig2, ax = plot_memory_per_step({"x": [1024, 2048]}, title="m")
+    assert len(ax.lines) == 1
