@@ -21,6 +21,7 @@ GPU, an emulation elsewhere) and replays it for any number of prompts; ``decode_
 
 from __future__ import annotations
 
+import types
 import weakref
 from collections import Counter
 from contextlib import contextmanager
@@ -76,9 +77,10 @@ class GraphSafeLayer(StaticLayer):
         self.batch_size, self.num_heads = key_states.shape[:2]
         self.k_head_dim, self.v_head_dim = key_states.shape[-1], value_states.shape[-1]
         slots = self.max_cache_len + 1  # + the trash slot
-        # [batch, kv_heads, max_cache_len + 1, head_dim]
-        self.keys = torch.zeros((self.batch_size, self.num_heads, slots, self.k_head_dim), dtype=key_states.dtype, device=self.device)
-        self.values = torch.zeros((self.batch_size, self.num_heads, slots, self.v_head_dim), dtype=value_states.dtype, device=self.device)
+        with torch.inference_mode(False):  # ordinary tensors: reset() and replays work in and out of inference mode
+            # [batch, kv_heads, max_cache_len + 1, head_dim]
+            self.keys = torch.zeros((self.batch_size, self.num_heads, slots, self.k_head_dim), dtype=key_states.dtype, device=self.device)
+            self.values = torch.zeros((self.batch_size, self.num_heads, slots, self.v_head_dim), dtype=value_states.dtype, device=self.device)
         owner._counter_on(self.device)  # moves the ONE counter (once) and rebinds every layer to it
         torch._dynamo.mark_static_address(self.keys)
         torch._dynamo.mark_static_address(self.values)
@@ -116,11 +118,12 @@ class GraphSafeStaticCache(StaticCache):
                 f"GraphSafeStaticCache supports full-attention layers only; this config also has {others}. "
                 "Use a model without sliding-window/linear layers (e.g. Mistral with sliding_window=None)."
             )
-        self._counter = torch.tensor(0, dtype=torch.long)  # THE position counter (override 3)
+        with torch.inference_mode(False):
+            self._counter = torch.tensor(0, dtype=torch.long)  # THE position counter (override 3)
         self.valid_length: torch.Tensor | None = None  # device tensor while a padded input runs (override 1)
         self._positions: torch.Tensor | None = None  # write positions of the current forward
         self.frozen = False  # True once a graph captured this cache's buffers
-        self.check_room = True  # eager forwards refuse to overflow (off during capture warm-ups, which are undone)
+        self.check_room = True  # eager forwards refuse to overflow (GraphSafeDecoder checks once per generate instead)
         layers = [GraphSafeLayer(max_cache_len, self) for _ in layer_types]
         super(StaticCache, self).__init__(layers=layers, **kwargs)  # Cache.__init__: skip StaticCache's layer dispatch
         self.max_cache_len = max_cache_len
@@ -143,7 +146,8 @@ class GraphSafeStaticCache(StaticCache):
 
     def _counter_on(self, device: torch.device) -> None:
         if self._counter.device != device:
-            self._counter = self._counter.to(device)
+            with torch.inference_mode(False):
+                self._counter = self._counter.to(device)
             torch._dynamo.mark_static_address(self._counter)
         for layer in self.layers:
             layer.cumulative_length = self._counter
@@ -257,11 +261,16 @@ class GraphSafeDecoder:
         self.dtype, self.device = param.dtype, param.device
         self.compile_mode, self.prefill_bucket = compile_mode, prefill_bucket
         self.cache = GraphSafeStaticCache(config=model.config, max_cache_len=max_cache_len)
+        self.cache.check_room = False  # generate() checks room once on the host: no sync per eager step
         self.token = torch.zeros(batch, 1, dtype=torch.long, device=self.device)  # static input AND output of a step
         self.step_graph = None
         self.prefill_graph = None
-        step = self._step if compile_mode is None else torch.compile(self._step, mode=compile_mode, fullgraph=True)
-        self._run_step = step
+        if compile_mode is None:
+            self._run_step = self._step
+        else:  # compile the step without its inference_mode decorator (dynamo cannot enter it); callers are in inference mode
+            raw = getattr(self._step, "__wrapped__", None)
+            target = types.MethodType(raw, self) if raw is not None else self._step
+            self._run_step = torch.compile(target, mode=compile_mode, fullgraph=True)
         if prefill_bucket is not None:
             self.prompt = torch.zeros(batch, prefill_bucket, dtype=torch.long, device=self.device)  # [batch, bucket]
             self.valid = torch.zeros((), dtype=torch.long, device=self.device)  # valid prompt length, on the device
@@ -318,17 +327,21 @@ class GraphSafeDecoder:
             )
 
     def _capture(self, fn, static: torch.Tensor):
-        """Capture ``fn(static)`` and undo the warm-up calls' side effects in place (counter and token)."""
+        """Capture ``fn(static)`` and undo the warm-up calls' side effects in place: counter, token, slots they wrote."""
         if not self.cache.is_initialized:
             raise GraphSafeError("capture before the cache is initialized: run a prefill (or cache.early_initialization) first")
         position, token = self.cache.cache_position.clone(), self.token.clone()
-        self.cache.check_room = False  # warm-ups may run past the end: those rows go to the trash slot
+        checks, self.cache.check_room = self.cache.check_room, False  # warm-ups may run past the end: to the trash slot
         try:
             graph = capture(fn, static, warmup=self.warmup, emulate=self.emulate)
         finally:
-            self.cache.check_room = True
+            self.cache.check_room = checks
             self.cache.set_position(position)  # warm-ups advanced the counter: put it back, in place
             self.token.copy_(token)
+            start = int(position)
+            for layer in self.cache.layers:  # and erase what they wrote past it (the mask hid it; now it is gone)
+                layer.keys[:, :, start:].zero_()
+                layer.values[:, :, start:].zero_()
         self.cache.frozen = True
         self._fingerprint = self.cache.fingerprint()
         return graph
@@ -516,6 +529,7 @@ def decode_graph_safe(model, input_ids: torch.Tensor, max_new_tokens: int, *, on
             decoder = GraphSafeDecoder(model, cache.max_cache_len, input_ids.shape[0], graph=use_graph,
                                        compile_mode=compile_mode, prefill_bucket=prefill_bucket)
             decoder.cache = cache
+            cache.check_room = False
         else:
             need = input_ids.shape[1] + max_new_tokens
             length = max_cache_len or 256 * -(-need // 256)  # round up: nearby lengths reuse one decoder

@@ -57,6 +57,28 @@ TINY_COMMON = dict(
 )
 
 
+# SmolLM2-135M's layout, for random-weight stand-ins where the real weights cannot be fetched (e.g. an offline GPU box).
+SMOLLM2_SHAPE = dict(
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+    num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0, tie_word_embeddings=True,
+    bos_token_id=None, eos_token_id=None, pad_token_id=None,
+)
+
+
+def random_smollm2(*, device=None, dtype=None, seed: int = 0):
+    """A LlamaForCausalLM of SmolLM2-135M's shape with random weights (same for the same seed), in eval mode.
+
+    Timings and cache mechanics match the real model; its text is meaningless, so label results made with it."""
+    import transformers
+
+    device = pick_device(device)
+    dtype = pick_dtype(device, dtype)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMOLLM2_SHAPE)).to(dtype)
+    return model.to(device).eval()
+
+
 class ModelUnavailableError(RuntimeError):
     """The model could not be found offline nor fetched; the message lists what to do."""
 

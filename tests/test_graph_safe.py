@@ -332,3 +332,27 @@ def test_other_bad_arguments():
     with pytest.raises(GraphSafeError, match="offloaded"):
         GraphSafeStaticCache(config=model.config, max_cache_len=8).layers[0].offload()
     assert not capturing()
+
+
+def test_cache_made_in_inference_mode_can_be_reset_outside_it():
+    model = model_on("tiny-llama", "cpu")
+    with torch.inference_mode():
+        cache = GraphSafeStaticCache(config=model.config, max_cache_len=16)
+        model(prompt(4), cache=cache)
+    cache.set_position(2)
+    cache.reset()
+    assert int(cache.cache_position) == 0 and not cache.layers[0].keys.is_inference()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_capture_leaves_no_trace(device):
+    """After capture the counter, the token and every slot past the prompt are as before the warm-up calls."""
+    model = model_on("tiny-qwen3", device)
+    decoder = GraphSafeDecoder(model, max_cache_len=32)
+    ids = prompt(6, device=device)
+    decoder.prefill(ids)
+    before = state(decoder.cache)
+    token = decoder.token.clone()
+    decoder.step_graph = decoder._capture(decoder._run_step, decoder.token)
+    assert_unchanged(decoder.cache, before)
+    assert torch.equal(decoder.token, token)
