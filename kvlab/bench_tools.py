@@ -115,6 +115,7 @@ class Strategy:
 # The fastest graph-safe path and its ablations: each drops one of its changes (same compiled step where possible).
 FAST_VARIANTS = {
     "graph-safe-compiled": {},
+    "graph-safe-compiled/reduction-attention": {"attention": "reduction"},
     "graph-safe-compiled/no-tuning": {"tune": False},
     "graph-safe-compiled/1-step-graphs": {"steps": 1},
     "graph-safe-compiled/no-graph": {"graph": False},
@@ -133,6 +134,9 @@ STRATEGIES = {s.name: s for s in [
     Strategy("graph-safe-compiled", "graph-safe + fused projections, GEMV reductions, step compiled "
              '(max-autotune-no-cudagraphs, coordinate descent), 16 steps per captured graph', compiled=True,
              cuda_only=True, warm_full=True),
+    Strategy("graph-safe-compiled/reduction-attention", "graph-safe-compiled with attention as fused float32 "
+             "reductions instead of cuDNN flash attention (one query row per head)", compiled=True, cuda_only=True,
+             warm_full=True),
     Strategy("graph-safe-compiled/no-tuning", "ablation: without coordinate-descent tuning and programmatic dependent "
              "launch", compiled=True, cuda_only=True, warm_full=True, ablation=True),
     Strategy("graph-safe-compiled/1-step-graphs", "ablation: one decode step per captured graph", compiled=True,
@@ -158,6 +162,8 @@ def git_state() -> dict:
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "kvlab"], cwd=root, capture_output=True, text=True,
                                timeout=10).stdout.split("\n")
     except (OSError, subprocess.SubprocessError):
+        commit, dirty = "", []
+    if len(commit) != 40:  # no repository, or one without commits (a copied working tree)
         commit, dirty = "", []
     return {"commit": commit or os.environ.get("KVLAB_GIT_COMMIT", "unknown"),
             "uncommitted": [line[3:] for line in dirty if line.strip()] if commit else os.environ.get("KVLAB_GIT_DIRTY", "unknown")}

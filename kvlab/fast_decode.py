@@ -101,8 +101,8 @@ _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def decode_graph_safe_fast(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None,
                            compile_mode: str | None = "max-autotune-no-cudagraphs", steps: int = 16, fuse: bool = True,
-                           gemv: bool = True, max_cache_len: int | None = None, graph: bool | None = None,
-                           tune: bool = True) -> torch.Tensor:
+                           gemv: bool = True, attention: bool | str = True, max_cache_len: int | None = None,
+                           graph: bool | None = None, tune: bool = True) -> torch.Tensor:
     """The ``"graph-safe-fast"`` strategy: fused model copy, compiled step, ``steps`` steps per captured graph.
 
     On CPU the step is neither compiled nor captured unless asked (``compile_mode`` needs CUDA for capture;
@@ -113,7 +113,7 @@ def decode_graph_safe_fast(model, input_ids: torch.Tensor, max_new_tokens: int, 
     use_graph = cuda if graph is None else graph
     if not cuda:
         compile_mode = None  # CPU: an inductor compile takes minutes on 2 cores, and a compiled step cannot be captured
-    fast = fused_copy(model, fuse=fuse, attention=fuse, gemv=gemv)
+    fast = fused_copy(model, fuse=fuse, attention=attention if fuse else False, gemv=gemv)
     need = input_ids.shape[1] + max_new_tokens
     length = max_cache_len or 16 * -(-need // 16)
     key = (input_ids.shape[0], length, compile_mode, steps, use_graph, next(model.parameters()).dtype)

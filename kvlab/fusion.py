@@ -10,6 +10,10 @@ without changing what is computed:
 - ``"kvlab-decode"`` attention: for one query token, the query heads that share a key/value head are
   packed as rows of one attention call (what transformers does in eager mode, but not under
   ``torch.compile``, where it copies the whole cache with ``repeat_kv`` in every layer at every step).
+- ``"kvlab-decode-reduction"`` attention (``attention="reduction"``): under ``torch.compile``, one query
+  token's attention written as two broadcast-multiply-sums and a softmax, in float32. Inductor makes a
+  few small fused kernels of it, the mask included; a flash-attention kernel (cuDNN) spends most of its
+  time on tiles of 64 query rows when there are 3. Outside compile it is ``"kvlab-decode"``.
 - GEMV as a reduction (``gemv=True``): under ``torch.compile``, a linear layer applied to a handful of rows
   is written ``(x * W).sum(-1)``. Inductor turns that into one reduction kernel over all output rows at
   once (hundreds of thread blocks streaming the weight), with the producer of ``x`` (SiLU*up) and the
@@ -31,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 ATTENTION_NAME = "kvlab-decode"
+REDUCTION_ATTENTION_NAME = "kvlab-decode-reduction"
 _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(fuse, attention): copy}
 
 
@@ -50,13 +55,36 @@ def decode_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     return out.reshape(b, heads, 1, d).transpose(1, 2), None  # [b, 1, heads, d]
 
 
+def reduction_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """Compiled, one query token: softmax(q.k * scale + mask) . v as broadcast multiply-sums, in float32.
+
+    query [b, heads, 1, d], key/value [b, kv_heads, L, d], bool mask [b, 1, 1, L] (True: attend) -> [b, 1, heads, d].
+    Eager, or several query tokens (the prefill): ``decode_attention``.
+    """
+    b, heads, q_len, d = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    if q_len != 1 or not torch.compiler.is_compiling():
+        return decode_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    group = heads // kv_heads
+    q = query.reshape(b, kv_heads, group, 1, d).float()  # [b, kv_heads, group, 1, d]
+    scores = (q * key.unsqueeze(2).float()).sum(-1) * scaling  # [b, kv_heads, group, L]: reduction over d
+    if attention_mask is not None:
+        mask = attention_mask.reshape(b, 1, 1, length)  # the same mask for every head
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    probs = scores.softmax(dim=-1)  # [b, kv_heads, group, L]
+    out = (probs.unsqueeze(-1) * value.unsqueeze(2).float()).sum(-2)  # [b, kv_heads, group, d]: reduction over L
+    return out.to(query.dtype).reshape(b, heads, 1, d).transpose(1, 2), None  # [b, 1, heads, d]
+
+
 def register_decode_attention() -> None:
-    """Make ``"kvlab-decode"`` a transformers attention implementation (masks built as for ``"sdpa"``)."""
+    """Make ``"kvlab-decode"`` and ``"kvlab-decode-reduction"`` transformers attention implementations
+    (their masks are built as for ``"sdpa"``)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(ATTENTION_NAME, decode_attention)
-    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    for name, fn in ((ATTENTION_NAME, decode_attention), (REDUCTION_ATTENTION_NAME, reduction_attention)):
+        AttentionInterface.register(name, fn)
+        AttentionMaskInterface.register(name, sdpa_mask)
 
 
 def _fused_attention_forward(self, hidden_states, position_embeddings=None, attention_mask=None, cache=None, **kwargs):
@@ -140,8 +168,11 @@ def fuse_projections(model):
     return model
 
 
-def fused_copy(model, *, fuse: bool = True, attention: bool = True, gemv: bool = False):
-    """A copy of ``model`` with fused projections, the ``"kvlab-decode"`` attention and/or GEMV reductions, made once and kept."""
+def fused_copy(model, *, fuse: bool = True, attention: bool | str = True, gemv: bool = False):
+    """A copy of ``model`` with fused projections, a decode attention (``True``: ``"kvlab-decode"``,
+    ``"reduction"``: ``"kvlab-decode-reduction"``) and/or GEMV reductions, made once per settings and kept."""
+    if attention not in (True, False, "reduction"):
+        raise ValueError(f"attention must be True, False or 'reduction', got {attention!r}")
     key = (fuse, attention, gemv)
     stash = _COPIES.setdefault(model, {})
     if key not in stash:
@@ -150,7 +181,7 @@ def fused_copy(model, *, fuse: bool = True, attention: bool = True, gemv: bool =
             fuse_projections(fast)
         if attention:
             register_decode_attention()
-            fast.config._attn_implementation = ATTENTION_NAME
+            fast.config._attn_implementation = REDUCTION_ATTENTION_NAME if attention == "reduction" else ATTENTION_NAME
         if gemv:
             use_gemv(fast)
         stash[key] = fast

@@ -69,3 +69,17 @@ def test_compiled_multi_step_graph_on_cuda():
     ref = kvlab.decode(model, ids, 40)
     assert torch.equal(decode_graph_safe_fast(model, ids, 40, steps=8), ref)
     assert torch.equal(decode_graph_safe_fast(model, ids, 40, steps=8), ref)  # replayed, not recaptured
+
+
+def test_reduction_attention_matches_sdpa(monkeypatch):
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 6, 1, 8, generator=gen), torch.randn(2, 2, 10, 8, generator=gen), torch.randn(2, 2, 10, 8, generator=gen))
+    mask = (torch.arange(10) <= 6).reshape(1, 1, 1, 10).expand(2, 1, 1, 10)  # 7 slots written, 3 hidden
+    module = torch.nn.Module()
+    expected, _ = fusion.decode_attention(module, q, k, v, mask, scaling=8**-0.5)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    got, _ = fusion.reduction_attention(module, q, k, v, mask, scaling=8**-0.5)
+    assert got.shape == (2, 1, 6, 8)
+    torch.testing.assert_close(got, expected)
+    with pytest.raises(ValueError, match="attention must be"):
+        fusion.fused_copy(tiny_model("tiny-llama"), attention="flash")
