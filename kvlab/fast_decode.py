@@ -48,12 +48,6 @@ class MultiStepDecoder(GraphSafeDecoder):
         self.steps = steps
         self.chunks: dict[int, object] = {}  # number of steps -> captured graph (at most two: steps and the rest)
 
-    def _step(self, token: torch.Tensor) -> torch.Tensor:
-        """``GraphSafeDecoder._step`` without its own ``inference_mode`` decorator: torch.compile cannot trace views
-        of the cache inside an inference-mode region it enters itself ("Cannot set version_counter for inference
-        tensor"); ``generate`` already runs in inference mode."""
-        return GraphSafeDecoder._step.__wrapped__(self, token)
-
     def _chunk(self, n: int):
         """A function of the static token that runs ``n`` steps and returns their tokens ``[batch, n]``."""
         out = torch.zeros(self.batch, n, dtype=torch.long, device=self.device)  # static output of the graph
