@@ -23,26 +23,15 @@ from .decoding import decode_naive, greedy
 from .measure import peak_memory_bytes, reset_peak_memory, tensor_bytes, time_call
 from .runtime import synchronize
 
-# SmolLM2-135M's configuration (the course's default model), for random weights where the real ones are absent.
-SMOLLM2_SHAPE = dict(
-    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-    num_key_value_heads=3, head_dim=64, rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
-    tie_word_embeddings=True, max_position_embeddings=8192, rms_norm_eps=1e-5,
-)
 RANDOM_SMOLLM2 = "smollm2-135m-random"
 
 
 def build_model(name: str, device: torch.device, *, seed: int = 0):
     """The fp32 model to check with: the real SmolLM2, its shape with random weights, a tiny model, or any other name."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    from .models import TINY_CONFIGS, load_model, tiny_model
+    from .models import TINY_CONFIGS, load_model, random_smollm2, tiny_model
 
     if name == RANDOM_SMOLLM2:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = AutoModelForCausalLM.from_config(LlamaConfig(**SMOLLM2_SHAPE), dtype=torch.float32)
-        return model.to(device).eval()
+        return random_smollm2(device=device, dtype=torch.float32, seed=seed)
     if name in TINY_CONFIGS:
         return tiny_model(name, seed=seed).to(device).eval()
     return load_model(name, device=device, dtype=torch.float32)[0]

@@ -11,7 +11,6 @@ import torch
 
 from kvlab import bench
 from kvlab.bench_tools import (
-    SMOLLM2_SHAPE,
     STRATEGIES,
     first_mismatch,
     floor_ms,
@@ -99,6 +98,8 @@ def test_helpers():
     assert first_mismatch(a, b) == 2 and first_mismatch(a, a[:, :3]) == 0
     assert round16(1) == 16 and round16(320) == 320 and round16(321) == 336
     from transformers import LlamaConfig
+
+    from kvlab.models import SMOLLM2_SHAPE
 
     config = LlamaConfig(**SMOLLM2_SHAPE)
     assert kv_bytes_per_token(config, torch.bfloat16) == 2 * 30 * 3 * 64 * 2 == 23040
