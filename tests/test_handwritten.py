@@ -110,6 +110,6 @@ def test_naive_and_handwritten_agree_with_generate():
     """Both loops against HF's own greedy generate (no EOS stop, so every token is compared)."""
     model = tiny_model("tiny-qwen3")
     ids = prompt(batch=1)
-    ref = model.generate(ids, do_sample=False, max_new_tokens=12, eos_token_id=None)[:, ids.shape[1]:]
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12, eos_token_id=None)[:, ids.shape[1]:]
     assert torch.equal(decode_naive(model, ids, 12), ref)
     assert torch.equal(decode_handwritten(model, ids, 12), ref)
