@@ -39,3 +39,12 @@ __all__ = [
     "STRATEGIES", "ModelUnavailableError", "decode", "environment", "hardware", "load_model", "quick_mode", "size",
     "tiny_model",
 ]
+
+
+def __getattr__(name: str):
+    """``kvlab.GraphSafeStaticCache`` / ``kvlab.GraphSafeDecoder``, imported on first use (they import transformers)."""
+    if name in ("GraphSafeStaticCache", "GraphSafeDecoder"):
+        from . import graph_safe
+
+        return getattr(graph_safe, name)
+    raise AttributeError(f"module 'kvlab' has no attribute {name!r}")

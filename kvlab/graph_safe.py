@@ -339,9 +339,10 @@ class GraphSafeDecoder:
             self.cache.set_position(position)  # warm-ups advanced the counter: put it back, in place
             self.token.copy_(token)
             start = int(position)
+            end = self.max_cache_len  # the trash slot keeps its garbage: nothing reads it
             for layer in self.cache.layers:  # and erase what they wrote past it (the mask hid it; now it is gone)
-                layer.keys[:, :, start:].zero_()
-                layer.values[:, :, start:].zero_()
+                layer.keys[:, :, start:end].zero_()
+                layer.values[:, :, start:end].zero_()
         self.cache.frozen = True
         self._fingerprint = self.cache.fingerprint()
         return graph
@@ -457,7 +458,6 @@ def eager_vs_replay(model, input_ids: torch.Tensor, *, steps: int = 32, rounds: 
     eager = GraphSafeDecoder(model, length, input_ids.shape[0], graph=False)
     replay = GraphSafeDecoder(model, length, input_ids.shape[0])
     cuda = device.type == "cuda"
-    before = torch.cuda.memory_allocated(device) if cuda else 0
     for decoder in (eager, replay):
         decoder.generate(input_ids, 2)  # prefill + (replay) capture; both caches now hold prompt + 1 token
     start = int(replay.cache.cache_position)
@@ -499,7 +499,6 @@ def eager_vs_replay(model, input_ids: torch.Tensor, *, steps: int = 32, rounds: 
         "capture_seconds": replay.step_graph.capture_seconds,
         "cache_bytes": cache_bytes(replay.cache),
         "peak_memory_bytes": peaks,
-        "graph_memory_bytes": (torch.cuda.memory_allocated(device) - before - 2 * cache_bytes(replay.cache)) if cuda else None,
         "work_per_step": work,
         "env": environment(device),
     }

@@ -66,17 +66,17 @@ SMOLLM2_SHAPE = dict(
 
 
 def random_smollm2(*, device=None, dtype=None, seed: int = 0):
-    """A LlamaForCausalLM of SmolLM2-135M's shape with random weights (same for the same seed), in eval mode.
+    """A LlamaForCausalLM of SmolLM2-135M's shape with random weights (same for the same seed and device), in eval mode.
 
     Timings and cache mechanics match the real model; its text is meaningless, so label results made with it."""
     import transformers
 
     device = pick_device(device)
     dtype = pick_dtype(device, dtype)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
         torch.manual_seed(seed)
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMOLLM2_SHAPE)).to(dtype)
-    return model.to(device).eval()
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMOLLM2_SHAPE)).to(dtype)  # made on the device: fast
+    return model.eval()
 
 
 class ModelUnavailableError(RuntimeError):
