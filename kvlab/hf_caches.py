@@ -185,3 +185,40 @@ def decode_compiled(model, input_ids, max_new_tokens, *, on_token: OnToken = Non
 def compile_step(model, cache, *, mode: str = "reduce-overhead"):
     """``torch.compile`` of the decode step over ``cache`` (one graph, no break allowed: ``fullgraph=True``)."""
     return torch.compile(decode_step_fn(model, cache), mode=mode, fullgraph=True)
+
+
+def time_paths(paths: dict, max_new_tokens: int, *, device, repeats: int = 2) -> list[dict]:
+    """Time decode paths: ``paths[name](on_token) -> tokens``. The first call (compile, capture, lazy setup) is
+    timed apart; then ``repeats`` calls give the median decode step (when the path calls ``on_token``) and the
+    median end-to-end time. Returns one JSON-ready dict per path, with the tokens of the last call."""
+    import statistics
+    import time
+
+    from .measure import StepClock
+    from .runtime import synchronize
+
+    rows = []
+    for name, run in paths.items():
+        synchronize(device)
+        t0 = time.perf_counter()
+        run(None)
+        synchronize(device)
+        first = time.perf_counter() - t0
+        totals, steps = [], []
+        for _ in range(max(1, repeats)):
+            clock = StepClock(device)
+            t0 = time.perf_counter()
+            tokens = run(clock)
+            synchronize(device)
+            totals.append(time.perf_counter() - t0)
+            steps.extend(clock.times[1:])  # step 0 is the prefill
+        total = statistics.median(totals)
+        step = statistics.median(steps) if steps else None
+        rows.append({
+            "path": name, "new_tokens": max_new_tokens, "first_call_s": first,
+            "median_total_s": total, "end_to_end_tokens_per_s": max_new_tokens / total,
+            "median_step_ms": 1e3 * step if step else None,
+            "decode_tokens_per_s": 1.0 / step if step else None,
+            "tokens": tokens,
+        })
+    return rows
