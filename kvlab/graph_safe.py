@@ -156,7 +156,10 @@ class GraphSafeStaticCache(StaticCache):
         """Put the counter at ``position`` with an in-place write (the tensor a graph captured stays the same)."""
         if isinstance(position, int) and not 0 <= position <= self.max_cache_len:
             raise ValueError(f"position must be in [0, {self.max_cache_len}], got {position}")
-        self.cache_position.copy_(torch.as_tensor(position)) if isinstance(position, torch.Tensor) else self.cache_position.fill_(position)
+        if isinstance(position, torch.Tensor):
+            self.cache_position.copy_(position)
+        else:
+            self.cache_position.fill_(position)
 
     # ---- override 1: write only the valid window ---------------------------------------------------
     @contextmanager
