@@ -213,6 +213,15 @@ def load(path: str | Path) -> dict:
     return json.loads(Path(path).with_suffix(".json").read_text())
 
 
+DATA = Path(__file__).resolve().parent.parent / "data"  # the course's recorded results
+
+
+def recorded(name: str) -> dict | None:
+    """A record the course keeps in ``data/`` (e.g. ``"h200_batch1"``), or None if that file is not there."""
+    path = DATA / f"{name}.json"
+    return load(path) if path.is_file() else None
+
+
 def format_table(record: dict) -> str:
     def cell(v):
         if isinstance(v, float):

@@ -1,0 +1,44 @@
+"""Lesson 06 checkers: right answers pass, wrong ones get a hint, None says not answered."""
+
+import pytest
+
+from kvlab import bench
+from kvlab.exercises import lesson06
+from kvlab.exercises.common import NOT_ANSWERED
+
+
+@pytest.fixture(scope="module")
+def record():
+    rec = bench.recorded("h200_batch1")
+    assert rec is not None, "data/h200_batch1.json is part of the course"
+    return rec
+
+
+def test_floor(record):
+    right = lesson06.floor_ms(record)
+    row = next(r for r in record["results"] if r["strategy"] == "naive")
+    assert right == pytest.approx(row["floor_ms_per_token"])  # the same formula as the benchmark's
+    assert lesson06.check_floor(None, record) == NOT_ANSWERED
+    assert lesson06.check_floor(right * 1.01, record).startswith("correct")
+    assert lesson06.check_floor(right * 2, record).startswith("not quite") and "Hint" in lesson06.check_floor(right * 2, record)
+    assert lesson06.check_floor("fast", record).startswith("not quite")
+
+
+def test_idle_fraction(record):
+    right = lesson06.idle_fraction(record, "static")
+    assert 0 < right < 1
+    assert lesson06.check_idle_fraction(round(right, 2), record).startswith("correct")
+    assert lesson06.check_idle_fraction(right / 2, record).startswith("not quite")
+    assert lesson06.check_idle_fraction(None, record) == NOT_ANSWERED
+    with pytest.raises(ValueError, match="no 'flash'"):
+        lesson06.check_idle_fraction(0.5, record, "flash")
+
+
+def test_padding_rows():
+    assert lesson06.bucket_for(5, (1, 2, 4, 8)) == 8 and lesson06.bucket_for(8, (8, 1)) == 8
+    assert lesson06.check_padding_rows(None) == NOT_ANSWERED
+    assert lesson06.check_padding_rows(3).startswith("correct") and "valid window" in lesson06.check_padding_rows(3)
+    assert lesson06.check_padding_rows(5).startswith("not quite")
+    assert lesson06.check_padding_rows(0, running=16).startswith("correct")
+    with pytest.raises(ValueError, match="do not fit"):
+        lesson06.bucket_for(40, (1, 2, 4, 8, 16, 32))
