@@ -210,7 +210,7 @@ def profile_steps(run, k: int, device) -> dict:
     """Kernels (GPU) or leaf ops (CPU) per decode step and their busy time, from traces of 1 and 1 + k tokens."""
     one, many = trace(lambda: run(1), device), trace(lambda: run(1 + k), device)
     per_step = (len(many) - len(one)) / k
-    busy = (sum(e[1] for e in many) - sum(e[1] for e in one)) / k
+    busy = max(0.0, (sum(e[1] for e in many) - sum(e[1] for e in one)) / k)  # a difference: noise can push it below 0
     last = many[-max(1, round(per_step)):]  # the last step's events (one step of the last graph replay)
     t0 = last[0][0]
     top = Counter()
