@@ -46,6 +46,7 @@ def plot_strategies(*records, batch: int = 1, titles=None):
             ax.text(r["tokens_per_s"], y, f" {r['tokens_per_s']:,.1f}" if r["tokens_per_s"] < 100 else f" {r['tokens_per_s']:,.0f}",
                     va="center", fontsize=8)
         ax.set_xscale("log")
+        ax.set_xlim(right=max(r["tokens_per_s"] for r in data) * 4)
         ax.invert_yaxis()
         ax.set_title((titles[i] if titles else "") + f"\n{_label(record)}, batch {batch}", fontsize=10)
     fig.tight_layout()
@@ -60,13 +61,14 @@ def plot_floor(record: dict, batch: int = 1):
     names = [r["strategy"] for r in data]
     ax.barh(names, [r["ms_per_token"] for r in data], color=[KIND_COLORS[kind(n)] for n in names])
     floor = data[0]["floor_ms_per_token"]
-    ax.axvline(floor, color="tab:red", linestyle="--", label=f"floor {floor:.3f} ms ({record['copy_bandwidth_gbps']:.0f} GB/s)")
+    ax.axvline(floor, color="tab:red", linestyle="--")
     for y, r in enumerate(data):
         ax.text(r["ms_per_token"], y, f" {r['x_floor']:.0f}x floor", va="center", fontsize=8)
     ax.set_xscale("log")
+    ax.set_xlim(floor / 2, max(r["ms_per_token"] for r in data) * 6)
     ax.invert_yaxis()
-    ax.legend(loc="lower right")
-    ax.set_title(_label(record), fontsize=10)
+    ax.set_title(f"{_label(record)}; red: floor {floor:.3f} ms at {record['copy_bandwidth_gbps']:,.0f} GB/s", fontsize=10)
+    fig.tight_layout()
     return fig
 
 
@@ -84,6 +86,7 @@ def plot_timelines(record: dict, strategies, batch: int = 1):
     ax.set_ylim(-0.6, len(strategies) - 0.1)
     ax.invert_yaxis()
     ax.set_title(_label(record), fontsize=10)
+    fig.tight_layout()
     return fig
 
 
@@ -99,4 +102,5 @@ def plot_batch_sweep(record: dict, strategies=None):
     ax.set_yscale("log")
     ax.legend()
     ax.set_title(f"{_label(record)}, {record['settings']['new_tokens']} new tokens", fontsize=10)
+    fig.tight_layout()
     return fig
