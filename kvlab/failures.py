@@ -72,7 +72,8 @@ class FailureResult:
     def first_wrong(self) -> int | None:
         """The first step whose token differs from the correct run (or where it stopped); None if all are right."""
         n = min(self.tokens.shape[1], self.expected.shape[1])
-        bad = (self.tokens[:, :n] != self.expected[:, :n]).any(dim=0).nonzero()
+        got, want = self.tokens[:, :n].cpu(), self.expected[:, :n].cpu()  # a run stopped early has CPU placeholders
+        bad = (got != want).any(dim=0).nonzero()
         if len(bad):
             return int(bad[0, 0])
         return n if (self.error is not None or n < self.expected.shape[1]) else None

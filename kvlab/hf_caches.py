@@ -147,11 +147,12 @@ def decode_static_graph(model, input_ids, max_new_tokens, *, on_token: OnToken =
 
 @torch.inference_mode()
 def decode_generate(model, input_ids, max_new_tokens, *, cache_implementation: str = "static") -> torch.Tensor:
-    """``model.generate`` (greedy, no early stop). With ``"static"`` it compiles the decode step on its own."""
-    out = model.generate(
-        input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-        do_sample=False, cache_implementation=cache_implementation, pad_token_id=model.config.eos_token_id or 0,
-    )
+    """``model.generate``, greedy, at most ``max_new_tokens``: it stops at the end-of-sequence token, so its tokens
+    are a prefix of the course's loops (which never stop early). With ``"static"`` on a GPU it compiles the step."""
+    pad = model.generation_config.pad_token_id
+    out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                         do_sample=False, cache_implementation=cache_implementation,
+                         pad_token_id=pad if pad is not None else 0)
     return out[:, input_ids.shape[1]:]
 
 
@@ -190,7 +191,8 @@ def compile_step(model, cache, *, mode: str = "reduce-overhead"):
 def time_paths(paths: dict, max_new_tokens: int, *, device, repeats: int = 2) -> list[dict]:
     """Time decode paths: ``paths[name](on_token) -> tokens``. The first call (compile, capture, lazy setup) is
     timed apart; then ``repeats`` calls give the median decode step (when the path calls ``on_token``) and the
-    median end-to-end time. Returns one JSON-ready dict per path, with the tokens of the last call."""
+    median end-to-end time (over the tokens actually made). Returns one JSON-ready dict per path, with the tokens
+    of the last call."""
     import statistics
     import time
 
@@ -214,9 +216,10 @@ def time_paths(paths: dict, max_new_tokens: int, *, device, repeats: int = 2) ->
             steps.extend(clock.times[1:])  # step 0 is the prefill
         total = statistics.median(totals)
         step = statistics.median(steps) if steps else None
+        made = int(tokens.shape[1])  # generate may stop early at end-of-sequence
         rows.append({
-            "path": name, "new_tokens": max_new_tokens, "first_call_s": first,
-            "median_total_s": total, "end_to_end_tokens_per_s": max_new_tokens / total,
+            "path": name, "new_tokens": made, "first_call_s": first,
+            "median_total_s": total, "end_to_end_tokens_per_s": made / total,
             "median_step_ms": 1e3 * step if step else None,
             "decode_tokens_per_s": 1.0 / step if step else None,
             "tokens": tokens,
