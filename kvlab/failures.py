@@ -4,7 +4,7 @@ Each scenario is a function ``fn(model, prompt_ids, max_new_tokens, *, runner="g
 that decodes greedily the way a user would first write it, records what the cache holds after every step,
 and compares the tokens with an eager StaticCache run (``reference``), which is token-exact against the naive loop.
 
-``runner``: ``"graph"`` (a real CUDA graph on a GPU, the make_fx emulation elsewhere), ``"emulated"`` (always the
+``runner``: ``"graph"`` (a real CUDA graph on a GPU, kvlab.graphs' emulation elsewhere), ``"emulated"`` (always the
 emulation) or ``"eager"`` (nothing captured). Two kinds of failure:
 
 - *state* failures (padding pollution, warm-up side effects, a reset out of range, drifting counters) come from
