@@ -133,7 +133,7 @@ def measure_decode(model, input_ids, max_new_tokens: int, *, strategy: str = "na
         clock = StepClock(device)
         tokens = decode(model, input_ids, max_new_tokens, strategy=strategy, on_token=clock, **kwargs)
         runs.append(clock.times)
-    step_seconds = [statistics.median(col) for col in zip(*runs)]
+    step_seconds = [statistics.median(col) for col in zip(*runs, strict=True)]
     return DecodeRun(
         strategy=strategy,
         prompt_len=input_ids.shape[1],
