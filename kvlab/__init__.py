@@ -5,7 +5,8 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 PINNED_TRANSFORMERS = "5.24.0"
-TORCH_RANGE = (">=2.6", "<2.14")
+TORCH_MIN, TORCH_BELOW = (2, 6), (2, 14)  # the torch range of requirements.txt
+TORCH_RANGE = (f">={TORCH_MIN[0]}.{TORCH_MIN[1]}", f"<{TORCH_BELOW[0]}.{TORCH_BELOW[1]}")
 
 
 def _check_versions() -> None:
@@ -22,10 +23,11 @@ def _check_versions() -> None:
     import torch
 
     major, minor = (int(x) for x in torch.__version__.split(".")[:2])
-    if not (2, 6) <= (major, minor) < (2, 14):
+    if not TORCH_MIN <= (major, minor) < TORCH_BELOW:
+        wanted = ",".join(TORCH_RANGE)
         raise ImportError(
-            f"kvlab needs torch >=2.6,<2.14; torch {torch.__version__} is installed. "
-            "Run: pip install 'torch>=2.6,<2.14' (on Colab, keep the preinstalled torch if it is in range)."
+            f"kvlab needs torch {wanted}; torch {torch.__version__} is installed. "
+            f"Run: pip install 'torch{wanted}' (on Colab, keep the preinstalled torch if it is in range)."
         )
 
 

@@ -46,7 +46,7 @@ from .bench_tools import (
     wall,
 )
 from .decoding import decode_naive
-from .runtime import _cpu_name, environment, pick_device, pick_dtype, quick_mode
+from .runtime import cpu_name, environment, pick_device, pick_dtype, quick_mode
 
 GOAL = {"tokens_per_s": 1200.0, "x_reduce_overhead": 2.0}  # issue 5, for the configuration below on an H200
 GOAL_CONFIG = {"model": RANDOM_SMOLLM2, "prompt_len": 64, "new_tokens": 256, "batch": 1, "dtype": "bfloat16"}
@@ -87,7 +87,7 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
     for knob in ("recompile_limit", "cache_size_limit"):  # fp32 + bf16 + batch sizes: more than the default 8
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 64)
-    env = environment(device) | {"cpu": _cpu_name(), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
+    env = environment(device) | {"cpu": cpu_name(), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
     check_model = build_model(model, device, seed=seed)
     timed_model = cast(check_model, dtype)
     facts = model_facts(timed_model, dtype)

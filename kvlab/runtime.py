@@ -50,7 +50,8 @@ def synchronize(device: torch.device | str) -> None:
 
 
 @cache
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The processor's model name, e.g. 'Intel(R) Xeon(R) Processor'."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -66,7 +67,7 @@ def hardware(device: torch.device | str | None = None) -> str:
     device = pick_device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"CPU: {_cpu_name()} ({torch.get_num_threads()} threads)"
+    return f"CPU: {cpu_name()} ({torch.get_num_threads()} threads)"
 
 
 def environment(device: torch.device | str | None = None) -> dict:
