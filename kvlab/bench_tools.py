@@ -104,7 +104,7 @@ class Strategy:
 # The fastest graph-safe path and its ablations: each drops one of its changes (same compiled step where possible).
 FAST_VARIANTS = {
     "graph-safe-compiled": {},
-    "graph-safe-compiled/reduction-attention": {"attention": "reduction"},
+    "graph-safe-compiled/sdpa-attention": {"attention": True},
     "graph-safe-compiled/no-tuning": {"tune": False},
     "graph-safe-compiled/1-step-graphs": {"steps": 1},
     "graph-safe-compiled/no-graph": {"graph": False},
@@ -120,12 +120,12 @@ STRATEGIES = {s.name: s for s in [
     Strategy("reduce-overhead", 'torch.compile(step, mode="reduce-overhead", fullgraph=True), StaticCache, Python loop',
              compiled=True, warm_full=True),
     Strategy("graph-safe", "GraphSafeStaticCache, eager kernels captured in one graph by kvlab", warm_full=True),
-    Strategy("graph-safe-compiled", "graph-safe + fused projections, GEMV reductions, step compiled "
-             '(max-autotune-no-cudagraphs, coordinate descent), 16 steps per captured graph', compiled=True,
+    Strategy("graph-safe-compiled", "graph-safe + fused projections, GEMV and attention as fused reductions, step "
+             "compiled (max-autotune-no-cudagraphs, coordinate descent), 16 steps per captured graph", compiled=True,
              cuda_only=True, warm_full=True),
-    Strategy("graph-safe-compiled/reduction-attention", "graph-safe-compiled with attention as fused float32 "
-             "reductions instead of cuDNN flash attention (one query row per head)", compiled=True, cuda_only=True,
-             warm_full=True),
+    Strategy("graph-safe-compiled/sdpa-attention", "ablation: scaled_dot_product_attention (cuDNN flash attention on "
+             "the GPU) instead of the attention as fused reductions", compiled=True, cuda_only=True, warm_full=True,
+             ablation=True),
     Strategy("graph-safe-compiled/no-tuning", "ablation: without coordinate-descent tuning and programmatic dependent "
              "launch", compiled=True, cuda_only=True, warm_full=True, ablation=True),
     Strategy("graph-safe-compiled/1-step-graphs", "ablation: one decode step per captured graph", compiled=True,
@@ -155,7 +155,8 @@ def git_state() -> dict:
     if len(commit) != 40:  # no repository, or one without commits (a copied working tree)
         commit, dirty = "", []
     return {"commit": commit or os.environ.get("KVLAB_GIT_COMMIT", "unknown"),
-            "uncommitted": [line[3:] for line in dirty if line.strip()] if commit else os.environ.get("KVLAB_GIT_DIRTY", "unknown")}
+            "uncommitted": [line[3:] for line in dirty if line.strip()] if commit
+            else [p for p in os.environ.get("KVLAB_GIT_DIRTY", "unknown").split(",") if p]}
 
 
 # ------------------------------------------------------------------------------------------------ timing

@@ -3,8 +3,9 @@
 Built on ``kvlab.graph_safe.GraphSafeDecoder`` (the cache with one shared counter, argmax inside the step,
 no host sync per token). What this module adds, each measured by ``python -m kvlab.bench``:
 
-- the model runs as ``kvlab.fusion.fused_copy(model)``: one q/k/v matmul, one gate/up matmul, and an
-  attention that reads the cache without ``repeat_kv`` copies (fewer kernels per layer);
+- the model runs as ``kvlab.fusion.fused_copy(model)``: one q/k/v matmul, one gate/up matmul, linear layers
+  as fused reductions, and the decode attention as a few fused float32 reductions that read the cache without
+  ``repeat_kv`` copies instead of a flash-attention kernel built for many query rows (fewer, shorter kernels);
 - the step is compiled without cudagraphs (``compile_mode``, e.g. ``"max-autotune-no-cudagraphs"``) and
   captured by kvlab, ``steps`` decode steps in ONE graph: one replay makes ``steps`` tokens, so the host
   launches one graph per ``steps`` tokens and the GPU never waits between them;
@@ -61,29 +62,12 @@ class MultiStepDecoder(GraphSafeDecoder):
         return run
 
     def _next_tokens(self, n: int) -> torch.Tensor:
+        """The next ``n`` tokens ``[batch, n]``: one replay of the n-step graph (captured on first use)."""
         if not self.use_graph:
             return self._chunk(n)(self.token)
         if n not in self.chunks:
             self.chunks[n] = self._capture(self._chunk(n), self.token)
         return self.chunks[n].replay()
-
-    @torch.inference_mode()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None) -> torch.Tensor:
-        """Greedy-decode ``max_new_tokens`` after ``input_ids`` [batch, prompt_len] -> ``[batch, max_new_tokens]``."""
-        self._check(input_ids, max_new_tokens)
-        out = torch.empty(self.batch, max_new_tokens, dtype=torch.long, device=self.device)
-        out[:, :1].copy_(self.prefill(input_ids))
-        if on_token is not None:
-            on_token(0, out[:, :1])
-        done = 1
-        while done < max_new_tokens:
-            n = min(self.steps, max_new_tokens - done)
-            out[:, done : done + n].copy_(self._next_tokens(n))  # one replay, n tokens, no host sync
-            if on_token is not None:
-                for k in range(done, done + n):
-                    on_token(k, out[:, k : k + 1])
-            done += n
-        return out
 
     def describe(self) -> str:
         graphs = ", ".join(f"{n} steps" for n in sorted(self.chunks)) or "none yet"
@@ -95,7 +79,7 @@ _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def decode_graph_safe_fast(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None,
                            compile_mode: str | None = "max-autotune-no-cudagraphs", steps: int = 16, fuse: bool = True,
-                           gemv: bool = True, attention: bool | str = True, max_cache_len: int | None = None,
+                           gemv: bool = True, attention: bool | str = "reduction", max_cache_len: int | None = None,
                            graph: bool | None = None, tune: bool = True) -> torch.Tensor:
     """The ``"graph-safe-fast"`` strategy: fused model copy, compiled step, ``steps`` steps per captured graph.
 

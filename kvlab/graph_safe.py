@@ -372,21 +372,30 @@ class GraphSafeDecoder:
         self.prefill_graph.replay()
         return self.token
 
+    steps = 1  # decode steps per replay of the step graph (kvlab.fast_decode.MultiStepDecoder: more)
+
+    def _next_tokens(self, n: int) -> torch.Tensor:
+        """The next ``n`` tokens ``[batch, n]``; here n is 1: one replay (the first call captures the step)."""
+        if self.use_graph and self.step_graph is None:
+            self.step_graph = self._capture(self._run_step, self.token)
+        return self.step()
+
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None) -> torch.Tensor:
         """Greedy-decode ``max_new_tokens`` after ``input_ids`` [batch, prompt_len]; returns ``[batch, max_new_tokens]``."""
         self._check(input_ids, max_new_tokens)
         out = torch.empty(self.batch, max_new_tokens, dtype=torch.long, device=self.device)
         out[:, :1].copy_(self.prefill(input_ids))
+        done = 1
         if on_token is not None:
             on_token(0, out[:, :1])
-        if max_new_tokens > 1 and self.use_graph and self.step_graph is None:
-            self.step_graph = self._capture(self._run_step, self.token)
-        for i in range(1, max_new_tokens):
-            self.step()
-            out[:, i : i + 1].copy_(self.token)
+        while done < max_new_tokens:
+            n = min(self.steps, max_new_tokens - done)
+            out[:, done : done + n].copy_(self._next_tokens(n))  # replay: n new tokens, no host sync
             if on_token is not None:
-                on_token(i, out[:, i : i + 1])
+                for k in range(done, done + n):
+                    on_token(k, out[:, k : k + 1])
+            done += n
         return out
 
     @torch.inference_mode()
