@@ -105,6 +105,7 @@ class Strategy:
 FAST_VARIANTS = {
     "graph-safe-compiled": {},
     "graph-safe-compiled/sdpa-attention": {"attention": True},
+    "graph-safe-compiled/reduction-attention": {"attention": "reduction"},
     "graph-safe-compiled/no-tuning": {"tune": False},
     "graph-safe-compiled/1-step-graphs": {"steps": 1},
     "graph-safe-compiled/no-graph": {"graph": False},
@@ -120,12 +121,13 @@ STRATEGIES = {s.name: s for s in [
     Strategy("reduce-overhead", 'torch.compile(step, mode="reduce-overhead", fullgraph=True), StaticCache, Python loop',
              compiled=True, warm_full=True),
     Strategy("graph-safe", "GraphSafeStaticCache, eager kernels captured in one graph by kvlab", warm_full=True),
-    Strategy("graph-safe-compiled", "graph-safe + fused projections, GEMV and attention as fused reductions, step "
-             "compiled (max-autotune-no-cudagraphs, coordinate descent), 16 steps per captured graph", compiled=True,
-             cuda_only=True, warm_full=True),
+    Strategy("graph-safe-compiled", "graph-safe + fused projections, GEMV reductions, split-K Triton decode attention, "
+             "step compiled (max-autotune-no-cudagraphs, coordinate descent), 16 steps per captured graph",
+             compiled=True, cuda_only=True, warm_full=True),
     Strategy("graph-safe-compiled/sdpa-attention", "ablation: scaled_dot_product_attention (cuDNN flash attention on "
-             "the GPU) instead of the attention as fused reductions", compiled=True, cuda_only=True, warm_full=True,
-             ablation=True),
+             "the GPU) instead of the Triton decode kernel", compiled=True, cuda_only=True, warm_full=True, ablation=True),
+    Strategy("graph-safe-compiled/reduction-attention", "ablation: attention written as float32 reductions for inductor "
+             "instead of the Triton decode kernel", compiled=True, cuda_only=True, warm_full=True, ablation=True),
     Strategy("graph-safe-compiled/no-tuning", "ablation: without coordinate-descent tuning and programmatic dependent "
              "launch", compiled=True, cuda_only=True, warm_full=True, ablation=True),
     Strategy("graph-safe-compiled/1-step-graphs", "ablation: one decode step per captured graph", compiled=True,

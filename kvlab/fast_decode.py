@@ -4,8 +4,8 @@ Built on ``kvlab.graph_safe.GraphSafeDecoder`` (the cache with one shared counte
 no host sync per token). What this module adds, each measured by ``python -m kvlab.bench``:
 
 - the model runs as ``kvlab.fusion.fused_copy(model)``: one q/k/v matmul, one gate/up matmul, linear layers
-  as fused reductions, and the decode attention as a few fused float32 reductions that read the cache without
-  ``repeat_kv`` copies instead of a flash-attention kernel built for many query rows (fewer, shorter kernels);
+  as fused reductions, and attention as ``kvlab.decode_kernel``'s split-K Triton kernel, which reads the cache
+  in place, instead of a flash-attention kernel built for many query rows (fewer, shorter kernels);
 - the step is compiled without cudagraphs (``compile_mode``, e.g. ``"max-autotune-no-cudagraphs"``) and
   captured by kvlab, ``steps`` decode steps in ONE graph: one replay makes ``steps`` tokens, so the host
   launches one graph per ``steps`` tokens and the GPU never waits between them;
@@ -79,7 +79,7 @@ _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def decode_graph_safe_fast(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None,
                            compile_mode: str | None = "max-autotune-no-cudagraphs", steps: int = 16, fuse: bool = True,
-                           gemv: bool = True, attention: bool | str = "reduction", max_cache_len: int | None = None,
+                           gemv: bool = True, attention: bool | str = "triton", max_cache_len: int | None = None,
                            graph: bool | None = None, tune: bool = True) -> torch.Tensor:
     """The ``"graph-safe-fast"`` strategy: fused model copy, compiled step, ``steps`` steps per captured graph.
 

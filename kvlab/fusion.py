@@ -14,6 +14,8 @@ without changing what is computed:
   token's attention written as two broadcast-multiply-sums and a softmax, in float32. Inductor makes a
   few small fused kernels of it, the mask included; a flash-attention kernel (cuDNN) spends most of its
   time on tiles of 64 query rows when there are 3. Outside compile it is ``"kvlab-decode"``.
+- ``"kvlab-decode-triton"`` attention (``attention="triton"``): one query token's attention as a hand-written
+  split-K Triton kernel (``kvlab.decode_kernel``): many programs share the cache slots, two short kernels.
 - GEMV as a reduction (``gemv=True``): under ``torch.compile``, a linear layer applied to a handful of rows
   is written ``(x * W).sum(-1)``. Inductor turns that into one reduction kernel over all output rows at
   once (hundreds of thread blocks streaming the weight), with the producer of ``x`` (SiLU*up) and the
@@ -36,6 +38,8 @@ from torch import nn
 
 ATTENTION_NAME = "kvlab-decode"
 REDUCTION_ATTENTION_NAME = "kvlab-decode-reduction"
+TRITON_ATTENTION_NAME = "kvlab-decode-triton"
+ATTENTIONS = {True: ATTENTION_NAME, "reduction": REDUCTION_ATTENTION_NAME, "triton": TRITON_ATTENTION_NAME}
 _COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(fuse, attention): copy}
 
 
@@ -76,13 +80,27 @@ def reduction_attention(module, query, key, value, attention_mask, dropout=0.0, 
     return out.to(query.dtype).reshape(b, heads, 1, d).transpose(1, 2), None  # [b, 1, heads, d]
 
 
+def triton_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """One query token: ``kvlab.decode_kernel``'s split-K Triton kernel, reading the cache in place.
+
+    Where it cannot run (no Triton, no CUDA, the prefill, other shapes): ``decode_attention``.
+    """
+    from . import decode_kernel
+
+    if not (decode_kernel.available(query) and decode_kernel.supports(query, key, attention_mask)):
+        return decode_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    return decode_kernel.decode_attention(query, key, value, attention_mask, scaling), None
+
+
 def register_decode_attention() -> None:
-    """Make ``"kvlab-decode"`` and ``"kvlab-decode-reduction"`` transformers attention implementations
-    (their masks are built as for ``"sdpa"``)."""
+    """Make ``"kvlab-decode"``, ``"kvlab-decode-reduction"`` and ``"kvlab-decode-triton"`` transformers attention
+    implementations (their masks are built as for ``"sdpa"``)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    for name, fn in ((ATTENTION_NAME, decode_attention), (REDUCTION_ATTENTION_NAME, reduction_attention)):
+    functions = {ATTENTION_NAME: decode_attention, REDUCTION_ATTENTION_NAME: reduction_attention,
+                 TRITON_ATTENTION_NAME: triton_attention}
+    for name, fn in functions.items():
         AttentionInterface.register(name, fn)
         AttentionMaskInterface.register(name, sdpa_mask)
 
@@ -170,9 +188,10 @@ def fuse_projections(model):
 
 def fused_copy(model, *, fuse: bool = True, attention: bool | str = True, gemv: bool = False):
     """A copy of ``model`` with fused projections, a decode attention (``True``: ``"kvlab-decode"``,
-    ``"reduction"``: ``"kvlab-decode-reduction"``) and/or GEMV reductions, made once per settings and kept."""
-    if attention not in (True, False, "reduction"):
-        raise ValueError(f"attention must be True, False or 'reduction', got {attention!r}")
+    ``"reduction"``: ``"kvlab-decode-reduction"``, ``"triton"``: ``"kvlab-decode-triton"``) and/or GEMV
+    reductions, made once per settings and kept."""
+    if attention is not False and attention not in ATTENTIONS:
+        raise ValueError(f"attention must be False or one of {list(ATTENTIONS)}, got {attention!r}")
     key = (fuse, attention, gemv)
     stash = _COPIES.setdefault(model, {})
     if key not in stash:
@@ -181,7 +200,7 @@ def fused_copy(model, *, fuse: bool = True, attention: bool | str = True, gemv: 
             fuse_projections(fast)
         if attention:
             register_decode_attention()
-            fast.config._attn_implementation = REDUCTION_ATTENTION_NAME if attention == "reduction" else ATTENTION_NAME
+            fast.config._attn_implementation = ATTENTIONS[attention]
         if gemv:
             use_gemv(fast)
         stash[key] = fast
