@@ -31,6 +31,7 @@ except ImportError:  # the CPU wheel of torch comes without Triton
 
 BLOCK_L = 32  # cache slots per inner step of one program
 MAX_SPLITS = 32  # programs per kv head; longer caches give each program several blocks (ITERS)
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton reads it once, at import
 
 
 def available(query: torch.Tensor) -> bool:
@@ -42,7 +43,7 @@ def available(query: torch.Tensor) -> bool:
         return False
     if query.device.type == "cuda":
         return True
-    return os.environ.get("TRITON_INTERPRET") == "1" and not _get_current_dispatch_mode_stack()
+    return INTERPRET and (torch.compiler.is_compiling() or not _get_current_dispatch_mode_stack())
 
 
 def supports(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> bool:
@@ -108,11 +109,13 @@ if triton is not None:
                  mask=(g < GROUP)[:, None])
 
 
+@torch.library.custom_op("kvlab::decode_attention", mutates_args=())
 def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
                      scale: float) -> torch.Tensor:
     """softmax(q.k * scale, masked) . v for one query token -> ``[batch, 1, heads, head_dim]``.
 
     query [b, heads, 1, d]; key/value [b, kv_heads, L, d] (the cache, read in place); mask bool [b, 1, 1, L] or None.
+    A custom op: ``torch.compile`` calls it as it is, and the graph kvlab captures launches its two kernels.
     """
     b, heads, _, d = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
@@ -135,3 +138,9 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
         partial_o, partial_m, partial_l, out, out.stride(0), kv_heads, splits,
         GROUP=group, BLOCK_G=block_g, BLOCK_S=triton.next_power_of_2(splits), D=d)
     return out
+
+
+@decode_attention.register_fake
+def _(query, key, value, mask, scale):
+    b, heads, _, d = query.shape
+    return query.new_empty(b, 1, heads, d)

@@ -16,7 +16,7 @@ import torch
 
 import kvlab
 from kvlab import decode_kernel, fusion
-from kvlab.fast_decode import decode_graph_safe_fast
+from kvlab.fast_decode import MultiStepDecoder, decode_graph_safe_fast
 from kvlab.models import tiny_model
 
 pytestmark = pytest.mark.skipif(
@@ -65,10 +65,21 @@ def check_decode(name: str, graph: bool) -> None:
     assert calls, "the Triton kernel never ran: the check would only have tested the fallback"
 
 
+def check_compiled_decode() -> None:
+    """The kernel inside a torch.compile'd step (a custom op: inductor calls it as it is), several steps per call."""
+    model = tiny_model("tiny-llama").to(DEVICE)
+    ids = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    fast = fusion.fused_copy(model, attention="triton", gemv=True)
+    decoder = MultiStepDecoder(fast, 32, 1, steps=4, graph=DEVICE == "cuda", compile_mode="default")
+    with torch.inference_mode():
+        assert torch.equal(decoder.generate(ids, 20), kvlab.decode(model, ids, 20))
+
+
 def run_checks() -> dict[str, str]:
     """Every check, by id: "ok" or the error (what the interpreter subprocess reports)."""
     checks = {f"kernel-{case}-mask{m}": (check_kernel, case, m) for case in CASES for m in (True, False)}
     checks |= {f"decode-{name}-graph{g}": (check_decode, name, g) for name, g in DECODES}
+    checks["compiled-decode"] = (check_compiled_decode,)
     results = {}
     for key, (fn, *args) in checks.items():
         try:
@@ -108,6 +119,10 @@ def test_kernel_matches_sdpa(interpreted, case, with_mask):
 @pytest.mark.parametrize(("name", "graph"), DECODES)
 def test_decode_with_the_kernel_is_token_exact(interpreted, name, graph):
     outcome(interpreted, f"decode-{name}-graph{graph}", check_decode, name, graph)
+
+
+def test_compiled_step_with_the_kernel_is_token_exact(interpreted):
+    outcome(interpreted, "compiled-decode", check_compiled_decode)
 
 
 def test_unsupported_shapes_fall_back():
