@@ -143,10 +143,14 @@ GRAPH_SAFE = [name for name, s in STRATEGIES.items() if name.startswith("graph-s
 
 
 def git_state() -> dict:
-    """The commit the code ran from (``$KVLAB_GIT_COMMIT`` where the checkout has no .git) and any uncommitted kvlab file."""
+    """The commit the code ran from and any uncommitted kvlab file. ``$KVLAB_GIT_COMMIT`` (and ``$KVLAB_GIT_DIRTY``,
+    comma-separated) win when set: a copied working tree (the GPU machine) may carry a stale or no .git."""
     import os
     import subprocess
 
+    if os.environ.get("KVLAB_GIT_COMMIT"):
+        return {"commit": os.environ["KVLAB_GIT_COMMIT"],
+                "uncommitted": [p for p in os.environ.get("KVLAB_GIT_DIRTY", "").split(",") if p]}
     root = Path(__file__).resolve().parent.parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
@@ -154,11 +158,9 @@ def git_state() -> dict:
                                timeout=10).stdout.split("\n")
     except (OSError, subprocess.SubprocessError):
         commit, dirty = "", []
-    if len(commit) != 40:  # no repository, or one without commits (a copied working tree)
-        commit, dirty = "", []
-    return {"commit": commit or os.environ.get("KVLAB_GIT_COMMIT", "unknown"),
-            "uncommitted": [line[3:] for line in dirty if line.strip()] if commit
-            else [p for p in os.environ.get("KVLAB_GIT_DIRTY", "unknown").split(",") if p]}
+    if len(commit) != 40:  # no repository, or one without commits
+        return {"commit": "unknown", "uncommitted": "unknown"}
+    return {"commit": commit, "uncommitted": [line[3:] for line in dirty if line.strip()]}
 
 
 # ------------------------------------------------------------------------------------------------ timing

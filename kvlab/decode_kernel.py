@@ -31,6 +31,7 @@ except ImportError:  # the CPU wheel of torch comes without Triton
 
 BLOCK_L = 32  # cache slots per inner step of one program
 MAX_SPLITS = 32  # programs per kv head; longer caches give each program several blocks (ITERS)
+NUM_WARPS = (4, 4)  # warps per program of the partial and the combine kernel (Triton's default)
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton reads it once, at import
 
 
@@ -133,10 +134,10 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     _partial_kernel[(b * kv_heads, splits)](
         query, key, value, mask_arg, partial_o, partial_m, partial_l, query.stride(0), query.stride(1), key.stride(0),
         key.stride(1), key.stride(2), mask_arg.stride(0) if has_mask else 0, kv_heads, length, splits, scale,
-        GROUP=group, BLOCK_G=block_g, BLOCK_L=BLOCK_L, ITERS=iters, D=d, HAS_MASK=has_mask)
+        GROUP=group, BLOCK_G=block_g, BLOCK_L=BLOCK_L, ITERS=iters, D=d, HAS_MASK=has_mask, num_warps=NUM_WARPS[0])
     _combine_kernel[(b * kv_heads,)](
         partial_o, partial_m, partial_l, out, out.stride(0), kv_heads, splits,
-        GROUP=group, BLOCK_G=block_g, BLOCK_S=triton.next_power_of_2(splits), D=d)
+        GROUP=group, BLOCK_G=block_g, BLOCK_S=triton.next_power_of_2(splits), D=d, num_warps=NUM_WARPS[1])
     return out
 
 
