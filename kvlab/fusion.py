@@ -11,11 +11,13 @@ without changing what is computed:
   packed as rows of one attention call (what transformers does in eager mode, but not under
   ``torch.compile``, where it copies the whole cache with ``repeat_kv`` in every layer at every step).
 - ``"kvlab-decode-reduction"`` attention (``attention="reduction"``): under ``torch.compile``, one query
-  token's attention written as two broadcast-multiply-sums and a softmax, in float32. Inductor makes a
-  few small fused kernels of it, the mask included; a flash-attention kernel (cuDNN) spends most of its
-  time on tiles of 64 query rows when there are 3. Outside compile it is ``"kvlab-decode"``.
+  token's attention written as two broadcast-multiply-sums and a softmax, in float32, for inductor to fuse.
+  Kept as an ablation that did not pay: on the H200 inductor fused the softmax statistics into the score
+  reduction, ran it on 9 thread blocks, and the step got slower than with cuDNN's flash attention
+  (``data/attempts/``). Outside compile it is ``"kvlab-decode"``.
 - ``"kvlab-decode-triton"`` attention (``attention="triton"``): one query token's attention as a hand-written
-  split-K Triton kernel (``kvlab.decode_kernel``): many programs share the cache slots, two short kernels.
+  split-K Triton kernel (``kvlab.decode_kernel``): many programs share the cache slots, two short kernels;
+  the fastest path's attention on GPUs.
 - GEMV as a reduction (``gemv=True``): under ``torch.compile``, a linear layer applied to a handful of rows
   is written ``(x * W).sum(-1)``. Inductor turns that into one reduction kernel over all output rows at
   once (hundreds of thread blocks streaming the weight), with the producer of ``x`` (SiLU*up) and the
