@@ -2,7 +2,7 @@
 
 Why by hand: at batch 1 a decode step gives attention 1 query row per head. A flash-attention kernel (cuDNN,
 the SDPA default on an H200) is built for tiles of 64+ query rows and spends ~9 µs per layer on 3; inductor,
-given the same math as reductions, fuses the softmax into the score reduction and runs it on 9 thread blocks.
+given the same math as reductions, fused the softmax into the score reduction and was slower still.
 This kernel instead splits the *keys* among many programs, the idea of flash-decoding
 (https://crfm.stanford.edu/2023/10/12/flashdecoding.html):
 
