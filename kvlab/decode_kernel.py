@@ -47,11 +47,14 @@ def available(query: torch.Tensor) -> bool:
     return INTERPRET and (torch.compiler.is_compiling() or not _get_current_dispatch_mode_stack())
 
 
-def supports(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> bool:
-    """Shapes the kernel handles: one query token, head_dim a power of two, rows contiguous, a boolean mask (or none)."""
-    d = query.shape[-1]
+def supports(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    """Shapes the kernel handles: one query token, head_dim a power of two, rows contiguous, keys and values laid
+    out alike, and a boolean mask ``[batch or 1, 1, 1, slots]`` (or none)."""
+    d, slots = query.shape[-1], key.shape[2]
+    mask_ok = mask is None or (mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1:] == (1, 1, slots)
+                               and mask.shape[0] in (1, query.shape[0]))
     return (query.shape[2] == 1 and d & (d - 1) == 0 and query.stride(-1) == 1 and key.stride(-1) == 1
-            and (mask is None or mask.dtype == torch.bool))
+            and value.stride() == key.stride() and value.shape == key.shape and mask_ok)
 
 
 if triton is not None:
@@ -130,7 +133,7 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     partial_l = torch.empty_like(partial_m)
     out = torch.empty(b, 1, heads, d, dtype=query.dtype, device=query.device)  # what transformers expects back
     has_mask = mask is not None
-    mask_arg = mask.reshape(b, -1)[:, -length:] if has_mask else partial_m  # [b, L]; unused when there is none
+    mask_arg = mask.expand(b, 1, 1, length)[:, 0, 0] if has_mask else partial_m  # [b, L]; unused when there is none
     _partial_kernel[(b * kv_heads, splits)](
         query, key, value, mask_arg, partial_o, partial_m, partial_l, query.stride(0), query.stride(1), key.stride(0),
         key.stride(1), key.stride(2), mask_arg.stride(0) if has_mask else 0, kv_heads, length, splits, scale,

@@ -89,7 +89,7 @@ def triton_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     """
     from . import decode_kernel
 
-    if not (decode_kernel.available(query) and decode_kernel.supports(query, key, attention_mask)):
+    if not (decode_kernel.available(query) and decode_kernel.supports(query, key, value, attention_mask)):
         return decode_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     return decode_kernel.decode_attention(query, key, value, attention_mask, scaling), None
 

@@ -40,8 +40,8 @@ def check_kernel(case: str, with_mask: bool) -> None:
     b, heads, kv_heads, length, d, valid, dtype = CASES[case]
     gen = torch.Generator().manual_seed(length)
     q, k, v = (torch.randn(b, n, s, d, generator=gen).to(DEVICE, dtype) for n, s in ((heads, 1), (kv_heads, length), (kv_heads, length)))
-    mask = (torch.arange(length, device=DEVICE) < valid).reshape(1, 1, 1, length).expand(b, 1, 1, length) if with_mask else None
-    assert decode_kernel.available(q) and decode_kernel.supports(q, k, mask)
+    mask = (torch.arange(length, device=DEVICE) < valid).reshape(1, 1, 1, length) if with_mask else None  # batch broadcast
+    assert decode_kernel.available(q) and decode_kernel.supports(q, k, v, mask)
     got = decode_kernel.decode_attention(q, k, v, mask, d**-0.5)
     expected, _ = fusion.decode_attention(torch.nn.Module(), q, k, v, mask, scaling=d**-0.5)
     assert got.shape == expected.shape == (b, 1, heads, d)
@@ -128,10 +128,14 @@ def test_compiled_step_with_the_kernel_is_token_exact(interpreted):
 def test_unsupported_shapes_fall_back():
     q = torch.randn(1, 4, 3, 16)  # three query tokens: the prefill
     k = torch.randn(1, 2, 8, 16)
-    assert not decode_kernel.supports(q, k, None)
-    assert not decode_kernel.supports(torch.randn(1, 4, 1, 24), torch.randn(1, 2, 8, 24), None)  # head_dim 24
-    assert not decode_kernel.supports(q[:, :, :1], k, torch.zeros(1, 1, 1, 8))  # an additive float mask
-    assert decode_kernel.supports(q[:, :, :1], k, None)
+    assert not decode_kernel.supports(q, k, k, None)
+    one = q[:, :, :1]
+    assert decode_kernel.supports(one, k, k, None)
+    assert decode_kernel.supports(one, k, k, torch.ones(1, 1, 1, 8, dtype=torch.bool))
+    assert not decode_kernel.supports(torch.randn(1, 4, 1, 24), torch.randn(1, 2, 8, 24), torch.randn(1, 2, 8, 24), None)  # head_dim 24
+    assert not decode_kernel.supports(one, k, k, torch.zeros(1, 1, 1, 8))  # an additive float mask
+    assert not decode_kernel.supports(one, k, k, torch.ones(1, 1, 1, 7, dtype=torch.bool))  # a mask of other length
+    assert not decode_kernel.supports(one, k, k.transpose(1, 2).contiguous().transpose(1, 2), None)  # values laid out unlike keys
 
 
 if __name__ == "__main__":  # the interpreter subprocess of the `interpreted` fixture
