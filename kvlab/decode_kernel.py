@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 try:
     import triton
@@ -38,8 +39,6 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton reads it once, a
 def available(query: torch.Tensor) -> bool:
     """Whether the kernel can run on ``query``'s device: CUDA with Triton, or Triton's CPU interpreter (not while
     kvlab's CPU graph emulation records aten ops: it cannot see a Triton launch)."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
     if triton is None:
         return False
     if query.device.type == "cuda":
