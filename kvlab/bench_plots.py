@@ -18,7 +18,7 @@ def kind(strategy: str) -> str:
 
 
 ORDER = ["naive", "handwritten", "dynamic", "static", "generate-static", "reduce-overhead", "graph-safe",
-         "graph-safe-compiled"]
+         "graph-safe-compiled", "graph-safe-kernels"]
 
 
 def rows(record: dict, batch: int = 1) -> list[dict]:

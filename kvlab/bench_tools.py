@@ -80,7 +80,7 @@ class Strategy:
 
     def run(self, model, ids, n, *, max_cache_len: int, state: dict, dynamic=None):
         """Greedy-decode ``n`` tokens -> ``[batch, n]``. ``max_cache_len`` is fixed per run so graphs are reused."""
-        from . import fast_decode, graph_safe, handwritten, hf_caches
+        from . import fast_decode, graph_safe, handwritten, hf_caches, kernel_step
 
         name = self.name
         if name == "naive":
@@ -97,6 +97,8 @@ class Strategy:
             return run_reduce_overhead(model, ids, n, max_cache_len=max_cache_len, dynamic=dynamic, state=state)
         if name == "graph-safe":
             return graph_safe.decode_graph_safe(model, ids, n, max_cache_len=max_cache_len)
+        if name == "graph-safe-kernels":
+            return kernel_step.decode_graph_safe_kernels(model, ids, n, max_cache_len=max_cache_len)
         variant = FAST_VARIANTS[name]
         return fast_decode.decode_graph_safe_fast(model, ids, n, max_cache_len=max_cache_len, **variant)
 
@@ -124,6 +126,9 @@ STRATEGIES = {s.name: s for s in [
     Strategy("graph-safe-compiled", "graph-safe + fused projections, GEMV reductions, split-K Triton decode attention, "
              "step compiled (max-autotune-no-cudagraphs, coordinate descent), 16 steps per captured graph",
              compiled=True, cuda_only=True, warm_full=True),
+    Strategy("graph-safe-kernels", "graph-safe cache, the step as kvlab's own Triton kernels (5 per layer: norm+matmul, "
+             "RoPE+cache write+attention, matmul+residual, norm+matmul, SiLU+matmul+residual), 16 steps per captured "
+             "graph, no torch.compile (CPU: the same math in PyTorch, graph emulated)", warm_full=True),
     Strategy("graph-safe-compiled/sdpa-attention", "ablation: scaled_dot_product_attention (cuDNN flash attention on "
              "the GPU) instead of the Triton decode kernel", compiled=True, cuda_only=True, warm_full=True, ablation=True),
     Strategy("graph-safe-compiled/reduction-attention", "ablation: attention written as float32 reductions for inductor "
@@ -138,7 +143,7 @@ STRATEGIES = {s.name: s for s in [
              cuda_only=True, warm_full=True, ablation=True),
 ]}
 DEFAULT_STRATEGIES = ["naive", "handwritten", "dynamic", "static", "generate-static", "reduce-overhead", "graph-safe",
-                      "graph-safe-compiled"]
+                      "graph-safe-compiled", "graph-safe-kernels"]
 GRAPH_SAFE = [name for name, s in STRATEGIES.items() if name.startswith("graph-safe") and not s.ablation]
 
 

@@ -28,7 +28,7 @@ try:
     import triton
     import triton.language as tl
 except ImportError:  # the CPU wheel of torch comes without Triton
-    triton = None
+    triton = tl = None
 
 BLOCK_L = 32  # cache slots per inner step of one program
 MAX_SPLITS = 32  # programs per kv head; longer caches give each program several blocks (ITERS)
