@@ -7,12 +7,19 @@ too short to fill the GPU, so a step costs about its number of kernels. Written 
 
 1. ``gemv(x, W_qkv, norm=w)``: RMSNorm fused into the q/k/v matmul. Every program recomputes the row's mean
    square (576 numbers, from L2): no norm kernel, no normed copy of x in memory.
-2. ``rope_cache_attention``: RoPE on q and the new k, the new k and v written into the graph-safe cache at
-   the cache's one counter, and split-K attention over the slots ``<= counter``; the last program of each kv
-   head to finish combines the splits (a counter in memory instead of a second kernel).
+2. ``rope_cache_attention``: RoPE on q and the new k (cos/sin computed in the kernel from the cache's counter),
+   the new k and v written into the graph-safe cache at the counter, and split-K attention over the slots
+   ``<= counter``; the last program of each kv head to finish combines the splits (an arrival counter in memory
+   instead of a second kernel).
 3. ``gemv(attn, W_o, residual=x)``: o_proj and the residual add.
 4. ``gemv(x, W_gate_up, norm=w)``: RMSNorm fused into the gate/up matmul.
 5. ``gemv(gate_up, W_down, silu_mul=True, residual=x)``: SiLU(gate) * up fused into down_proj, and the residual.
+
+After the last layer, ``greedy_head``: the final norm and LM head GEMV keep only each program's largest logit, and
+one small kernel picks the token and advances the cache's counter (the logits never reach memory). On Hopper and
+later every kernel is launched with programmatic dependent launch: it starts while the previous one drains,
+loads what does not depend on it (weights, the cache) and waits (``gdc_wait``) before reading its output.
+On the H200 this step is 154 kernels and 0.57 ms for SmolLM2-135M at batch 1 (``data/h200_batch1.json``).
 
 A GEMV is ``x[rows, K] @ W[N, K]^T``: each program owns ``BLOCK_N`` outputs of one row and streams their weight
 rows. Between operations the values are rounded to the model's dtype where transformers' Llama code rounds

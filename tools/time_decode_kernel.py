@@ -6,7 +6,8 @@ SmolLM2-135M's attention shape (9 heads, 3 kv heads, head_dim 64), bf16, a cache
 valid (the average of the benchmark's 64-token prompt + 256 new tokens). Compares SDPA (cuDNN flash attention,
 what ``graph-safe-compiled/sdpa-attention`` uses) with ``kvlab.decode_kernel`` at several block sizes and warp
 counts, and prints µs per call (graph replay, median of 20 replays of 30 calls; the inter-kernel gaps count).
-Written for issue 5's next GPU session; not yet run on a GPU (the session's device time was spent).
+Its sweep has not been run on a GPU: the fastest path's attention moved into ``kvlab.kernel_step`` (swept by
+``tools/time_kernel_step.py``, which reuses ``per_call_us`` from here) before device time was spent on it.
 """
 
 import itertools
