@@ -42,3 +42,15 @@ def test_padding_rows():
     assert lesson06.check_padding_rows(0, running=16).startswith("correct")
     with pytest.raises(ValueError, match="do not fit"):
         lesson06.bucket_for(40, (1, 2, 4, 8, 16, 32))
+
+
+def test_norm_matmul():
+    import torch
+
+    def right(x, norm_weight, weight, eps):
+        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight) @ weight.T
+
+    assert lesson06.check_norm_matmul(None) == NOT_ANSWERED
+    assert lesson06.check_norm_matmul(right).startswith("correct")
+    assert lesson06.check_norm_matmul(lambda x, nw, w, eps: (x * nw) @ w.T).startswith("not quite")  # no normalization
+    assert lesson06.check_norm_matmul(lambda x, nw, w, eps: x @ w).startswith("not quite")  # wrong shapes: reported

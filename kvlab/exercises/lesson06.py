@@ -67,3 +67,30 @@ def check_padding_rows(answer, *, running: int = 5, buckets=(1, 2, 4, 8, 16, 32)
     if verdict.startswith("correct"):
         verdict += ": their writes must not enter the cache, which is what override 1 (the valid window) guarantees"
     return verdict
+
+
+def check_norm_matmul(fn) -> str:
+    """Exercise: write ``norm_matmul(x, norm_weight, weight, eps) -> [rows, N]``, what the first kernel of every layer of
+    ``graph-safe-kernels`` computes: LlamaRMSNorm of x ``[rows, K]``, then ``@ weight.T`` (weight ``[N, K]``). Checked
+    against ``kvlab.kernel_step.gemv(x, weight, norm=norm_weight, eps=eps)`` in float32 on the CPU."""
+    import torch
+
+    from .. import kernel_step
+
+    if fn is None:
+        return NOT_ANSWERED
+    gen = torch.Generator().manual_seed(6)
+    for rows, k, n, eps in [(1, 64, 48, 1e-6), (3, 576, 96, 1e-5)]:
+        x, weight = torch.randn(rows, k, generator=gen) * 3, torch.randn(n, k, generator=gen) / k**0.5
+        norm_weight = torch.rand(k, generator=gen) + 0.5
+        expected = kernel_step.gemv(x, weight, norm=norm_weight, eps=eps)
+        try:
+            got = torch.as_tensor(fn(x, norm_weight, weight, eps))
+        except Exception as e:  # a student's bug: report it, never raise
+            return f"not quite: norm_matmul raised {type(e).__name__}: {e}"
+        if got.shape != expected.shape or not torch.allclose(got, expected, rtol=1e-4, atol=1e-5):
+            return (f"not quite: for x {list(x.shape)} and weight {list(weight.shape)} your result differs from the kernel's "
+                    f"(shape {list(got.shape)}, expected {list(expected.shape)}). Hint: rms = sqrt(mean(x^2 over the last "
+                    "dim) + eps); (x / rms * norm_weight) @ weight.T.")
+    return ("correct: your norm + matmul equals kernel_step.gemv(..., norm=...). In the kernel each program recomputes "
+            "the row's rms itself, so the normed x never goes to memory and no separate norm kernel runs")
