@@ -311,11 +311,6 @@ def greedy_head(x: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor, eps: 
     return token
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: float, keys: torch.Tensor,
                          values: torch.Tensor, position: torch.Tensor, heads: int, scale: float,
                          done: torch.Tensor | None = None) -> torch.Tensor:
@@ -329,6 +324,8 @@ def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: 
     """
     b, kv_heads, slots, d = keys.shape[0], keys.shape[1], keys.shape[2] - 1, keys.shape[3]
     if not _use_triton(qkv):
+        from transformers.models.llama.modeling_llama import rotate_half
+
         freqs = position.float() * inv_freq  # [d / 2], as transformers' rotary embedding
         angle = torch.cat((freqs, freqs))
         cos, sin = ((f(angle) * rope_scale).to(qkv.dtype) for f in (torch.cos, torch.sin))
