@@ -245,6 +245,14 @@ def _use_triton(x: torch.Tensor) -> bool:
     return decode_kernel.available(x)
 
 
+def _require_dense_rows(**tensors: torch.Tensor) -> None:
+    """The kernels index rows with one stride and elements with none: refuse other layouts instead of reading wrong."""
+    for name, t in tensors.items():
+        if t is not None and t.stride(-1) != 1:
+            raise ValueError(f"{name} must have contiguous rows (stride 1 in its last dimension), got strides "
+                             f"{tuple(t.stride())}: pass {name}.contiguous()")
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """LlamaRMSNorm's arithmetic: float32 statistics, rounded back to x's dtype before the weight."""
     x32 = x.float()
@@ -271,9 +279,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | None = N
     return out
 
 
-def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index) -> int:
-    """Launch ``_gemv_kernel``; with ``index``, the argmax form (per-program maxima into out/index). Returns the
-    number of programs per row."""
+def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index) -> None:
+    """Launch ``_gemv_kernel``; with ``index``, the argmax form (per-program maxima into out/index)."""
+    _require_dense_rows(x=x, residual=residual)
+    if not weight.is_contiguous():
+        raise ValueError("weight must be contiguous ([N, K], rows of K): pass weight.contiguous()")
     rows, (n, k) = x.shape[0], weight.shape
     block_n, block_k, warps = gemv_config(n, k)
     blocks = triton.cdiv(n, block_n)
@@ -284,7 +294,6 @@ def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index) -> 
         PROLOGUE=SILU_MUL if silu_mul else RMS_NORM if norm is not None else NO_NORM, HAS_BIAS=bias is not None,
         HAS_RES=residual is not None, ARGMAX=index is not None, BLOCK_N=block_n, BLOCK_K=block_k,
         PDL=pdl(x.device), num_warps=warps, **_launch_options(x.device))
-    return blocks
 
 
 def _launch_options(device: torch.device) -> dict:
@@ -340,6 +349,9 @@ def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: 
                                              values[:, :, :slots].repeat_interleave(group, 1), attn_mask=mask,
                                              scale=scale)
         return out.reshape(b, heads * d)
+    _require_dense_rows(qkv=qkv, keys=keys, values=values)
+    if values.stride() != keys.stride():
+        raise ValueError("keys and values must be laid out alike (the cache's buffers are)")
     group = heads // kv_heads
     block_g = triton.next_power_of_2(group)
     blocks = triton.cdiv(slots, BLOCK_L)

@@ -44,3 +44,10 @@ def test_a_length_dependent_rope_is_refused():
     model.model.rotary_emb.rope_type = "dynamic"
     with pytest.raises(ValueError, match="dynamic"):
         kernel_step.check_supported(model)
+
+
+def test_kernels_refuse_layouts_they_would_misread():
+    x = torch.randn(4, 2).t()  # rows of stride 1 element apart: not contiguous rows
+    with pytest.raises(ValueError, match="contiguous rows"):
+        kernel_step._require_dense_rows(x=x)
+    kernel_step._require_dense_rows(x=x.contiguous(), residual=None)  # accepted
