@@ -103,7 +103,7 @@ class Strategy:
         return fast_decode.decode_graph_safe_fast(model, ids, n, max_cache_len=max_cache_len, **variant)
 
 
-# The fastest graph-safe path and its ablations: each drops one of its changes (same compiled step where possible).
+# The compiled graph-safe path and its ablations: each drops one of its changes (same compiled step where possible).
 FAST_VARIANTS = {
     "graph-safe-compiled": {},
     "graph-safe-compiled/sdpa-attention": {"attention": True},

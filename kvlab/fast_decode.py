@@ -1,4 +1,5 @@
-"""The fastest graph-safe decode of the course: the graph-safe cache, fewer kernels, several steps per replay.
+"""The compiled graph-safe decode (``"graph-safe-compiled"``): the graph-safe cache, fewer kernels, several steps per
+replay. (The fastest path, ``kvlab.kernel_step``, reuses its ``MultiStepDecoder`` with hand-written kernels.)
 
 Built on ``kvlab.graph_safe.GraphSafeDecoder`` (the cache with one shared counter, argmax inside the step,
 no host sync per token). What this module adds, each measured by ``python -m kvlab.bench``:

@@ -17,7 +17,7 @@ without changing what is computed:
   got slower than with cuDNN's flash attention (``data/attempts/``). Outside compile it is ``"kvlab-decode"``.
 - ``"kvlab-decode-triton"`` attention (``attention="triton"``): one query token's attention as a hand-written
   split-K Triton kernel (``kvlab.decode_kernel``): many programs share the cache slots, two short kernels;
-  the fastest path's attention on GPUs.
+  ``graph-safe-compiled``'s attention on GPUs.
 - GEMV as a reduction (``gemv=True``): under ``torch.compile``, a linear layer applied to a handful of rows
   is written ``(x * W).sum(-1)``. Inductor turns that into one reduction kernel over all output rows at
   once (hundreds of thread blocks streaming the weight), with the producer of ``x`` (SiLU*up) and the

@@ -31,6 +31,7 @@ kernels are tested against, and what a CPU runs (with the graph capture emulated
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 import torch
@@ -64,7 +65,12 @@ def gemv_config(n: int, k: int) -> tuple[int, int, int]:
 def pdl(device: torch.device) -> bool:
     """Programmatic dependent launch (Hopper and later): a kernel is launched while the previous one still runs, loads
     what does not depend on it (weights, the cache), and waits (``gdc_wait``) before it reads the previous output."""
-    return (device.type == "cuda" and not decode_kernel.INTERPRET and torch.cuda.get_device_capability(device)[0] >= 9
+    return device.type == "cuda" and _pdl_capable(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.cache
+def _pdl_capable(index: int) -> bool:  # asked once per GPU, not at every launch
+    return (not decode_kernel.INTERPRET and torch.cuda.get_device_capability(index)[0] >= 9
             and hasattr(tl.extra.cuda, "gdc_wait"))
 
 
