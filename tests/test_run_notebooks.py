@@ -1,0 +1,61 @@
+"""tools/run_notebooks.py on two tiny generated notebooks: one passes, one fails an assertion; rows merge by hardware."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import torch
+
+import kvlab
+
+SCRIPT = Path(__file__).resolve().parent.parent / "tools" / "run_notebooks.py"
+
+
+def notebook(path: Path, *sources: str) -> None:
+    v4 = nbformat.v4
+    nb = v4.new_notebook(cells=[v4.new_markdown_cell(f"# {path.stem}")] + [v4.new_code_cell(s) for s in sources])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+
+
+def test_runs_each_notebook_reports_failures_and_merges_by_hardware(tmp_path):
+    folder, out = tmp_path / "nbs", tmp_path / "out" / "runs"
+    folder.mkdir()
+    notebook(folder / "a_pass.ipynb", "import os\nx = 1",
+             f"assert os.path.samefile(os.getcwd(), {str(folder)!r}) and os.environ['KVLAB_QUICK'] == '1'")
+    notebook(folder / "b_fail.ipynb", "y = 2", "assert y == 3, 'y is not three\\nsecond line'", "print('never')")
+    stored = {p.name: p.read_bytes() for p in folder.iterdir()}
+    here = kvlab.hardware()
+    out.parent.mkdir()
+    old = [{"notebook": "a_pass.ipynb", "hardware": "NVIDIA H200", "passed": True, "wall_s": 9.0},  # kept
+           {"notebook": "a_pass.ipynb", "hardware": here, "passed": False, "wall_s": -1.0},  # replaced
+           {"notebook": "c_other.ipynb", "hardware": here, "passed": True, "wall_s": 5.0}]  # kept: not run now
+    out.with_suffix(".json").write_text(json.dumps({"runs": old}))
+
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--notebooks-dir", str(folder), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "KVLAB_RANDOM_WEIGHTS": "1"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]  # one notebook failed
+    assert "a_pass.ipynb" in proc.stdout and "FAIL" in proc.stdout
+
+    runs = json.loads(out.with_suffix(".json").read_text())["runs"]
+    rows = {(r["notebook"], r["hardware"]): r for r in runs}
+    assert len(runs) == 4 and set(rows) == {("a_pass.ipynb", "NVIDIA H200"), ("a_pass.ipynb", here),
+                                            ("b_fail.ipynb", here), ("c_other.ipynb", here)}
+    assert rows["a_pass.ipynb", "NVIDIA H200"]["wall_s"] == 9.0 and rows["c_other.ipynb", here]["wall_s"] == 5.0
+    ok, bad = rows["a_pass.ipynb", here], rows["b_fail.ipynb", here]
+    assert ok["passed"] is True and ok["error"] is None and ok["failed_cell"] is None
+    assert bad["passed"] is False and bad["failed_cell"] == 2
+    assert bad["error"] == "AssertionError: y is not three (cell 2)"
+    cuda = torch.cuda.is_available()
+    for row in (ok, bad):  # the report cell ran after the failure too
+        assert row["wall_s"] > 0 and row["peak_rss_mb"] > 0
+        assert (row["cuda_max_allocated_mb"] is not None) == cuda and (row["cuda_max_reserved_mb"] is not None) == cuda
+        assert row["device"] == ("cuda" if cuda else "cpu") and row["model"] == "random" and row["quick"] is True
+        assert row["dtype"] == str(kvlab.runtime.pick_dtype(torch.device(row["device"]))).removeprefix("torch.")
+        assert row["python"] and row["torch"] == torch.__version__ and row["transformers"] and row["commit"] and row["date"]
+    csv_lines = out.with_suffix(".csv").read_text().splitlines()
+    assert csv_lines[0].startswith("notebook,passed,error,failed_cell,wall_s,peak_rss_mb") and len(csv_lines) == 5
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == stored  # the notebooks were not rewritten
