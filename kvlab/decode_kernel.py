@@ -13,8 +13,10 @@ This kernel instead splits the *keys* among many programs, the idea of flash-dec
    divides: ``out = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s``.
 
 Everything is accumulated in float32 whatever the cache dtype, so the float32 token check against ``"naive"``
-stays meaningful. The mask is the boolean one transformers builds (True: attend). Runs on CUDA, and on CPU only
-under Triton's interpreter (``TRITON_INTERPRET=1``, for tests); elsewhere ``available`` is False.
+stays meaningful. The mask is the boolean one transformers builds (True: attend). Runs on CUDA GPUs of compute
+capability 8.0 and newer (Ampere: the kernels are written and checked for it), and on CPU only under Triton's
+interpreter (``TRITON_INTERPRET=1``, for tests); elsewhere (a T4, a CPU) ``available`` is False and the callers run
+the same math in PyTorch.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import os
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+from .runtime import TRITON_KERNELS, gpu_supports
 
 try:
     import triton
@@ -37,12 +41,13 @@ INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton reads it once, a
 
 
 def available(query: torch.Tensor) -> bool:
-    """Whether the kernel can run on ``query``'s device: CUDA with Triton, or Triton's CPU interpreter (not while
-    kvlab's CPU graph emulation records aten ops: it cannot see a Triton launch)."""
+    """Whether kvlab's Triton kernels run on ``query``'s device: a CUDA GPU of compute capability 8.0 or newer with
+    Triton (``runtime.TRITON_KERNELS``; not a T4, 7.5), or Triton's CPU interpreter (not while kvlab's CPU graph
+    emulation records aten ops: it cannot see a Triton launch)."""
     if triton is None:
         return False
     if query.device.type == "cuda":
-        return True
+        return gpu_supports(query.device, TRITON_KERNELS)
     return INTERPRET and (torch.compiler.is_compiling() or not _get_current_dispatch_mode_stack())
 
 

@@ -6,7 +6,8 @@ no host sync per token). What this module adds, each measured by ``python -m kvl
 
 - the model runs as ``kvlab.fusion.fused_copy(model)``: one q/k/v matmul, one gate/up matmul, linear layers
   as fused reductions, and attention as ``kvlab.decode_kernel``'s split-K Triton kernel, which reads the cache
-  in place, instead of a flash-attention kernel built for many query rows (fewer, shorter kernels);
+  in place, instead of a flash-attention kernel built for many query rows (fewer, shorter kernels; on GPUs older
+  than Ampere, e.g. a T4, attention stays SDPA);
 - the step is compiled without cudagraphs (``compile_mode``, e.g. ``"max-autotune-no-cudagraphs"``) and
   captured by kvlab, ``steps`` decode steps in ONE graph: one replay makes ``steps`` tokens, so the host
   launches one graph per ``steps`` tokens and the GPU never waits between them;
@@ -25,16 +26,18 @@ import torch
 from .decoding import OnToken
 from .fusion import fused_copy
 from .graph_safe import GraphSafeDecoder
+from .runtime import PDL, gpu_supports
 
 
-def inductor_options(tune: bool = True):
+def inductor_options(tune: bool = True, device: torch.device | str = "cuda"):
     """Inductor settings for the fast step (gpt-fast's): coordinate-descent tuning of each kernel's block sizes,
-    and programmatic dependent launch (Hopper+: a kernel starts while the previous one drains) where available."""
+    and programmatic dependent launch (a kernel starts while the previous one drains) where ``device`` has it
+    (compute capability 9.0, Hopper, and newer: ``runtime.PDL``) and this torch offers it."""
     if not tune:
         return nullcontext()
     config = torch._inductor.config
     options = {"coordinate_descent_tuning": True}
-    if hasattr(config.triton, "enable_pdl"):
+    if hasattr(config.triton, "enable_pdl") and gpu_supports(device, PDL):
         options["triton.enable_pdl"] = True
     return config.patch(options)
 
@@ -100,5 +103,5 @@ def decode_graph_safe_fast(model, input_ids: torch.Tensor, max_new_tokens: int, 
     if key not in decoders:
         decoders[key] = MultiStepDecoder(fast, length, input_ids.shape[0], steps=steps, graph=use_graph,
                                          compile_mode=compile_mode)
-    with inductor_options(tune) if compile_mode else nullcontext():
+    with inductor_options(tune, input_ids.device) if compile_mode else nullcontext():
         return decoders[key].generate(input_ids, max_new_tokens, on_token=on_token)

@@ -17,7 +17,7 @@ without changing what is computed:
   got slower than with cuDNN's flash attention (``data/attempts/``). Outside compile it is ``"kvlab-decode"``.
 - ``"kvlab-decode-triton"`` attention (``attention="triton"``): one query token's attention as a hand-written
   split-K Triton kernel (``kvlab.decode_kernel``): many programs share the cache slots, two short kernels;
-  ``graph-safe-compiled``'s attention on GPUs.
+  ``graph-safe-compiled``'s attention on GPUs of compute capability 8.0 and newer (``"kvlab-decode"`` on older ones).
 - GEMV as a reduction (``gemv=True``): under ``torch.compile``, a linear layer applied to a handful of rows
   is written ``(x * W).sum(-1)``. Inductor turns that into one reduction kernel over all output rows at
   once (hundreds of thread blocks streaming the weight), with the producer of ``x`` (SiLU*up) and the
@@ -85,7 +85,8 @@ def reduction_attention(module, query, key, value, attention_mask, dropout=0.0, 
 def triton_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """One query token: ``kvlab.decode_kernel``'s split-K Triton kernel, reading the cache in place.
 
-    Where it cannot run (no Triton, no CUDA, the prefill, other shapes): ``decode_attention``.
+    Where it cannot run (no Triton, no CUDA, a GPU older than Ampere such as a T4, the prefill, other shapes):
+    ``decode_attention``.
     """
     from . import decode_kernel
 

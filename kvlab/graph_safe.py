@@ -32,6 +32,7 @@ from transformers.cache_utils import StaticLayer, get_layer_types_and_kwargs
 
 from .decoding import OnToken, check_inputs, greedy
 from .graphs import capture
+from .runtime import check_dtype
 
 
 class GraphSafeError(RuntimeError):
@@ -258,6 +259,8 @@ class GraphSafeDecoder:
                 f"compile_mode={compile_mode!r} with graph capture needs CUDA (the CPU emulation traces eager ops and "
                 "cannot trace a compiled function). On CPU, pass graph=False to run the compiled step eagerly."
             )
+        if compile_mode is not None:
+            check_dtype(param.device, param.dtype)  # bf16 on a GPU without it (a T4): say to use float16
         if prefill_bucket is not None and not 1 <= prefill_bucket <= max_cache_len:
             raise ValueError(f"prefill_bucket must be in [1, max_cache_len={max_cache_len}], got {prefill_bucket}")
         self.model, self.batch, self.use_graph, self.warmup, self.emulate = model, batch, graph, warmup, emulate

@@ -13,6 +13,7 @@ from transformers import DynamicCache, StaticCache
 
 from .decoding import OnToken, greedy
 from .graphs import ReplayError, step_runner
+from .runtime import check_dtype
 
 
 def make_static_cache(model, max_cache_len: int) -> StaticCache:
@@ -185,6 +186,8 @@ def decode_compiled(model, input_ids, max_new_tokens, *, on_token: OnToken = Non
 
 def compile_step(model, cache, *, mode: str = "reduce-overhead"):
     """``torch.compile`` of the decode step over ``cache`` (one graph, no break allowed: ``fullgraph=True``)."""
+    param = next(model.parameters())
+    check_dtype(param.device, param.dtype)  # bf16 on a GPU without it (a T4): say to use float16
     return torch.compile(decode_step_fn(model, cache), mode=mode, fullgraph=True)
 
 

@@ -25,13 +25,13 @@ A GEMV is ``x[rows, K] @ W[N, K]^T``: each program owns ``BLOCK_N`` outputs of o
 rows. Between operations the values are rounded to the model's dtype where transformers' Llama code rounds
 them, so the tokens stay exact in float32 (checked against ``"naive"``).
 
-Without CUDA (and outside Triton's interpreter) each function runs the same math in PyTorch: the reference the
-kernels are tested against, and what a CPU runs (with the graph capture emulated, like every graph-safe path).
+Without CUDA (and outside Triton's interpreter), and on GPUs older than Ampere (compute capability < 8.0, e.g. a
+T4: ``decode_kernel.available``), each function runs the same math in PyTorch: the reference the kernels are tested
+against, and what a CPU runs (with the graph capture emulated, like every graph-safe path).
 """
 
 from __future__ import annotations
 
-import functools
 import weakref
 
 import torch
@@ -42,6 +42,7 @@ from .decode_kernel import tl, triton
 from .decoding import OnToken
 from .fast_decode import MultiStepDecoder
 from .fusion import fused_copy
+from .runtime import PDL, gpu_supports
 
 MAX_SPLITS = 16  # attention programs per kv head (a longer cache gives each program several blocks)
 BLOCK_L = 32  # cache slots per inner step of an attention program
@@ -64,14 +65,12 @@ def gemv_config(n: int, k: int) -> tuple[int, int, int]:
 
 def pdl(device: torch.device) -> bool:
     """Programmatic dependent launch (Hopper and later): a kernel is launched while the previous one still runs, loads
-    what does not depend on it (weights, the cache), and waits (``gdc_wait``) before it reads the previous output."""
-    return device.type == "cuda" and _pdl_capable(torch.cuda.current_device() if device.index is None else device.index)
+    what does not depend on it (weights, the cache), and waits (``gdc_wait``) before it reads the previous output.
+    Only on compute capability 9.0 and newer (``runtime.PDL``; the capability is asked once per GPU)."""
+    return not decode_kernel.INTERPRET and _HAS_GDC and gpu_supports(device, PDL)
 
 
-@functools.cache
-def _pdl_capable(index: int) -> bool:  # asked once per GPU, not at every launch
-    return (not decode_kernel.INTERPRET and torch.cuda.get_device_capability(index)[0] >= 9
-            and hasattr(tl.extra.cuda, "gdc_wait"))
+_HAS_GDC = hasattr(getattr(getattr(tl, "extra", None), "cuda", None), "gdc_wait")  # this Triton can wait (PDL)
 
 
 if triton is not None:

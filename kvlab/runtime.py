@@ -34,13 +34,75 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def pick_dtype(device: torch.device, dtype: torch.dtype | str | None = None) -> torch.dtype:
-    """CUDA: bf16 where the GPU supports it (Ampere and newer), else fp16. CPU: fp32."""
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "float": torch.float32, "fp16": torch.float16,
+          "float16": torch.float16, "half": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+
+
+def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """A torch dtype from itself or a name: ``"bf16"``, ``"fp16"``, ``"float32"``, ``"torch.bfloat16"``, ..."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype).strip().lower().removeprefix("torch.")
+    found = DTYPES.get(name, getattr(torch, name, None))
+    if not isinstance(found, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}: use a torch.dtype or one of {', '.join(DTYPES)}")
+    return found
+
+
+def check_dtype(device: torch.device | str, dtype: torch.dtype) -> None:
+    """Refuse bfloat16 on a GPU that does not compute it natively (a T4: compute capability 7.5 < 8.0): torch
+    would emulate it slowly in eager mode, and torch.compile's Triton kernels cannot use it at all."""
+    if (torch.device(device).type == "cuda" and dtype == torch.bfloat16
+            and not torch.cuda.is_bf16_supported(including_emulation=False)):
+        raise ValueError(
+            "bfloat16 was asked for, but this GPU has no native bfloat16 (that needs compute capability 8.0, Ampere "
+            "or newer; a T4 is 7.5). Use dtype=torch.float16 ('fp16'), what kvlab picks on this GPU by default."
+        )
+
+
+def pick_dtype(device: torch.device | str, dtype: torch.dtype | str | None = None) -> torch.dtype:
+    """CUDA: bf16 where the GPU supports it natively (Ampere and newer), else fp16 (a T4). CPU: fp32.
+
+    An explicit ``dtype`` (a torch dtype or a name such as ``"bf16"``) is used as given, except bf16 on a GPU
+    without native bf16, which is refused with what to use instead."""
+    device = torch.device(device)
     if dtype is not None:
-        return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        dtype = as_dtype(dtype)
+        check_dtype(device, dtype)
+        return dtype
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
     return torch.float32
+
+
+# Compute capabilities (major, minor) that kvlab's GPU paths need; ``gpu_supports`` is the one rule that checks them.
+TRITON_KERNELS = (8, 0)  # kvlab's own Triton kernels (decode_kernel, kernel_step): Ampere (A100, RTX 30xx) and newer
+PDL = (9, 0)  # programmatic dependent launch: Hopper (H100, H200) and newer
+_CAPABILITY: dict[int, tuple[int, int]] = {}  # GPU index -> its compute capability, asked once
+
+
+def gpu_supports(device: torch.device | str, capability: tuple[int, int]) -> bool:
+    """True on a CUDA GPU of compute capability ``capability`` or newer (e.g. ``TRITON_KERNELS``, ``PDL``); False
+    on a CPU and on older GPUs (a T4 is 7.5). Under ``torch.compile`` the answer is a constant of the graph."""
+    device = torch.device(device)
+    return device.type == "cuda" and _at_least(device.index, *capability)
+
+
+@torch.compiler.assume_constant_result
+def _at_least(index: int | None, major: int, minor: int) -> bool:
+    found = gpu_capability(index)
+    return found is not None and found >= (major, minor)
+
+
+def gpu_capability(index: int | None = None) -> tuple[int, int] | None:
+    """(major, minor) compute capability of CUDA GPU ``index`` (None: the current one), asked once per GPU; None
+    without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    index = torch.cuda.current_device() if index is None else index
+    if index not in _CAPABILITY:
+        _CAPABILITY[index] = tuple(torch.cuda.get_device_capability(index))
+    return _CAPABILITY[index]
 
 
 def synchronize(device: torch.device | str) -> None:
@@ -96,3 +158,35 @@ def environment(device: torch.device | str | None = None) -> dict:
         except (OSError, IndexError, subprocess.SubprocessError):
             env["driver"] = "unknown"
     return env
+
+
+def runtime_summary(device: torch.device | str | None = None) -> str:
+    """What a lesson will use here, in three lines: versions, the GPU (or what to do without one), the dtype and
+    which of kvlab's GPU paths run. Printed by the Colab set-up cell at the top of every notebook."""
+    import sys
+
+    import transformers
+
+    device = pick_device(device)
+    dtype = pick_dtype(device)
+    lines = [f"python {sys.version.split()[0]} | torch {torch.__version__} | transformers {transformers.__version__}"]
+    if device.type != "cuda":
+        lines.append("GPU: none. The lessons run on the CPU (slowly, no graph speedups); for a GPU pick Runtime > "
+                     "Change runtime type > T4 GPU, then run this cell again")
+        lines.append("dtype: float32 (what the course computes in on a CPU)")
+        return "\n".join(lines)
+    major, minor = gpu_capability(device.index)
+    lines.append(f"GPU: {torch.cuda.get_device_name(device)}, compute capability {major}.{minor}")
+    name = str(dtype).removeprefix("torch.")
+    if dtype == torch.bfloat16:
+        line = f"dtype: {name}"
+    else:
+        line = f"dtype: {name} (this GPU has no native bfloat16: bf16 is refused here, use float16)"
+    if gpu_supports(device, TRITON_KERNELS):
+        line += "; kvlab's Triton kernels run" + ("" if gpu_supports(device, PDL) else
+                                                 " (programmatic dependent launch needs 9.0, Hopper: off)")
+    else:
+        line += ("; kvlab's Triton kernels need compute capability 8.0 (Ampere): their PyTorch form runs instead, "
+                 "and graph-safe-compiled keeps SDPA attention")
+    lines.append(line)
+    return "\n".join(lines)

@@ -1,0 +1,163 @@
+"""What runs on which GPU, with the GPU queries faked (no GPU here): bf16 only where it is native, kvlab's Triton
+kernels from compute capability 8.0 (Ampere), programmatic dependent launch from 9.0 (Hopper); a T4 (7.5) gets
+float16 and the PyTorch form of the kernels. One rule, ``runtime.gpu_supports``, decides for every caller."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kvlab import decode_kernel, fast_decode, kernel_step, runtime
+
+T4, A100, H200, BLACKWELL = (7, 5), (8, 0), (9, 0), (10, 0)
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """``gpu(capability, bf16=...)``: make torch report one CUDA GPU of that compute capability."""
+
+    def fake(capability, *, bf16=None):
+        monkeypatch.setattr(runtime, "_CAPABILITY", {})  # asked once per GPU: forget the real answer
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+        native = capability >= (8, 0) if bf16 is None else bf16
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native or including_emulation)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: f"fake GPU sm{capability[0]}{capability[1]}")
+
+    return fake
+
+
+@pytest.mark.parametrize(("name", "dtype"), [
+    ("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16), ("torch.bfloat16", torch.bfloat16), ("BF16", torch.bfloat16),
+    ("fp16", torch.float16), ("float16", torch.float16), ("half", torch.float16),
+    ("fp32", torch.float32), ("float32", torch.float32), ("float", torch.float32), ("float64", torch.float64),
+    (torch.float16, torch.float16),
+])
+def test_dtype_names(name, dtype):
+    assert runtime.as_dtype(name) == dtype
+    assert runtime.pick_dtype("cpu", name) == dtype
+
+
+@pytest.mark.parametrize("name", ["bf32", "fp8", "cuda", ""])
+def test_unknown_dtype_names_are_refused(name):
+    with pytest.raises(ValueError, match="unknown dtype"):
+        runtime.pick_dtype("cpu", name)
+
+
+def test_a_t4_gets_float16_and_refuses_bf16_saying_what_to_use(gpu):
+    gpu(T4)
+    assert runtime.pick_dtype(CUDA) == torch.float16
+    assert runtime.pick_dtype(CUDA, "fp16") == torch.float16
+    assert runtime.pick_dtype(CUDA, torch.float32) == torch.float32
+    for asked in ("bf16", "bfloat16", torch.bfloat16):
+        with pytest.raises(ValueError, match=r"no native bfloat16.*dtype=torch\.float16"):
+            runtime.pick_dtype(CUDA, asked)
+    with pytest.raises(ValueError, match="float16"):
+        runtime.check_dtype("cuda:0", torch.bfloat16)  # what compile_step and GraphSafeDecoder(compile_mode=...) ask
+    runtime.check_dtype("cuda", torch.float16)
+    assert runtime.pick_dtype("cpu", "bf16") == torch.bfloat16  # a CPU computes bf16 (slowly); not refused
+
+
+@pytest.mark.parametrize("capability", [A100, H200])
+def test_ampere_and_newer_get_bf16(gpu, capability):
+    gpu(capability)
+    assert runtime.pick_dtype(CUDA) == torch.bfloat16
+    assert runtime.pick_dtype(CUDA, "bf16") == torch.bfloat16
+
+
+@pytest.mark.parametrize(("capability", "triton_kernels", "pdl"), [
+    (T4, False, False), ((7, 0), False, False), (A100, True, False), ((8, 6), True, False), ((8, 9), True, False),
+    (H200, True, True), (BLACKWELL, True, True), ((12, 0), True, True),
+])
+def test_the_capability_rule(gpu, capability, triton_kernels, pdl):
+    gpu(capability)
+    assert runtime.gpu_capability() == capability
+    for device in ("cuda", "cuda:0", CUDA):
+        assert runtime.gpu_supports(device, runtime.TRITON_KERNELS) is triton_kernels
+        assert runtime.gpu_supports(device, runtime.PDL) is pdl
+    assert not runtime.gpu_supports("cpu", runtime.TRITON_KERNELS)
+
+
+def test_no_cuda_supports_nothing(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert runtime.gpu_capability() is None
+    assert not runtime.gpu_supports("cuda", (1, 0))
+
+
+def test_the_capability_is_asked_once_per_gpu(gpu, monkeypatch):
+    gpu(H200)
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: asked.append(device) or H200)
+    for _ in range(3):
+        runtime.gpu_supports("cuda:0", runtime.PDL)
+        runtime.gpu_supports("cuda:1", runtime.PDL)
+    assert asked == [0, 1]
+
+
+def test_the_rule_is_a_constant_under_torch_compile(monkeypatch):
+    """graph-safe-compiled asks it inside its compiled step (fullgraph=True): it must not break the graph. Faked one
+    level lower than the others, since dynamo itself calls torch.cuda.is_available."""
+    capability = {"now": T4}
+    monkeypatch.setattr(runtime, "gpu_capability", lambda index=None: capability["now"])
+
+    def step(x):
+        return x + 1 if runtime.gpu_supports(CUDA, runtime.TRITON_KERNELS) else x - 1
+
+    for capability["now"], expected in ((T4, -1.0), (A100, 1.0)):
+        torch._dynamo.reset()
+        assert torch.compile(step, backend="eager", fullgraph=True)(torch.zeros(2)).tolist() == [expected] * 2
+    torch._dynamo.reset()
+
+
+@pytest.mark.skipif(decode_kernel.triton is None, reason="needs Triton (the course installs it on Linux)")
+@pytest.mark.parametrize(("capability", "kernels"), [(T4, False), (A100, True), (H200, True)])
+def test_triton_kernels_only_from_ampere(gpu, capability, kernels):
+    """decode_kernel.available is what graph-safe-compiled's attention and every kernel_step function ask: False on a
+    T4, so the attention stays SDPA and kernel_step runs the PyTorch form of the same math."""
+    gpu(capability)
+    query = SimpleNamespace(device=CUDA)  # only its device is looked at
+    assert decode_kernel.available(query) is kernels
+    assert kernel_step._use_triton(query) is kernels
+
+
+@pytest.mark.parametrize(("capability", "expected"), [(T4, False), (A100, False), (H200, True), (BLACKWELL, True)])
+def test_pdl_only_from_hopper(gpu, capability, expected):
+    gpu(capability)
+    assert kernel_step.pdl(CUDA) is (expected and kernel_step._HAS_GDC and not decode_kernel.INTERPRET)
+    assert kernel_step._launch_options(CUDA) == ({"launch_pdl": True} if kernel_step.pdl(CUDA) else {})
+    assert not kernel_step.pdl(torch.device("cpu"))
+
+
+@pytest.mark.parametrize(("capability", "expected"), [(T4, False), (A100, False), (H200, True)])
+def test_inductor_pdl_only_from_hopper(gpu, capability, expected):
+    config = torch._inductor.config
+    if not hasattr(config.triton, "enable_pdl"):
+        pytest.skip("this torch's inductor has no enable_pdl")
+    gpu(capability)
+    before = config.triton.enable_pdl
+    with fast_decode.inductor_options(True, CUDA):
+        assert config.coordinate_descent_tuning
+        assert config.triton.enable_pdl is (expected or before)
+    assert config.triton.enable_pdl == before
+
+
+@pytest.mark.parametrize(("capability", "says"), [
+    (T4, ["compute capability 7.5", "dtype: float16", "bf16 is refused", "PyTorch form runs instead"]),
+    (A100, ["compute capability 8.0", "dtype: bfloat16", "Triton kernels run", "launch needs 9.0"]),
+    (H200, ["compute capability 9.0", "dtype: bfloat16", "Triton kernels run"]),
+])
+def test_runtime_summary_on_gpus(gpu, capability, says):
+    gpu(capability)
+    summary = runtime.runtime_summary("cuda")
+    assert summary.count("\n") == 2 and f"GPU: fake GPU sm{capability[0]}{capability[1]}" in summary
+    for words in says:
+        assert words in summary, (words, summary)
+    assert ("launch needs" in summary) is (capability == A100)
+
+
+def test_runtime_summary_without_gpu_says_how_to_get_one():
+    summary = runtime.runtime_summary("cpu")
+    assert "Runtime > Change runtime type > T4 GPU" in summary and "dtype: float32" in summary
+    assert f"torch {torch.__version__}" in summary
