@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from .decoding import decode_naive, greedy
-from .measure import peak_memory_bytes, reset_peak_memory, tensor_bytes, time_call
+from .measure import peak_memory_bytes, reset_peak_memory, tensor_bytes, time_call, trace
 from .runtime import synchronize
 
 RANDOM_SMOLLM2 = "smollm2-135m-random"
@@ -197,25 +197,6 @@ def first_mismatch(a: torch.Tensor, b: torch.Tensor) -> int | None:
 
 
 # ------------------------------------------------------------------------------------------------ profiler
-def trace(fn, device) -> list[tuple[float, float, str]]:
-    """(start µs, duration µs, name) of every GPU kernel/copy (CUDA) or every leaf aten op (CPU) that ``fn()`` ran."""
-    from torch.profiler import ProfilerActivity, profile
-
-    cuda = torch.device(device).type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    synchronize(device)
-    with profile(activities=activities) as prof:
-        fn()
-        synchronize(device)
-    if cuda:
-        events = [(e.start_ns() / 1e3, e.duration_ns() / 1e3, e.name()) for e in prof.profiler.kineto_results.events()
-                  if e.device_type() == torch.autograd.DeviceType.CUDA]
-    else:
-        events = [(e.time_range.start, e.time_range.elapsed_us(), e.name) for e in prof.events()
-                  if e.name.startswith("aten::") and not any(c.name.startswith("aten::") for c in e.cpu_children)]
-    return sorted(events)
-
-
 def profile_steps(run, k: int, device) -> dict:
     """Kernels (GPU) or leaf ops (CPU) per decode step and their busy time, from traces of 1 and 1 + k tokens."""
     one, many = trace(lambda: run(1), device), trace(lambda: run(1 + k), device)

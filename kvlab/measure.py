@@ -6,6 +6,7 @@ counted where it runs, not where it was launched.
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import statistics
 import sys
@@ -175,3 +176,45 @@ def time_interleaved(fns: dict, *, rounds: int = 5, device=None) -> dict[str, fl
             synchronize(device or "cpu")
             times[name].append(time.perf_counter() - t0)
     return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def trace(fn, device) -> list[tuple[float, float, str]]:
+    """(start µs, duration µs, name) of every GPU kernel/copy (CUDA) or every leaf aten op (CPU) that ``fn()`` ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.device(device).type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    synchronize(device)
+    with profile(activities=activities) as prof:
+        fn()
+        synchronize(device)
+    if cuda:
+        events = [(e.start_ns() / 1e3, e.duration_ns() / 1e3, e.name()) for e in prof.profiler.kineto_results.events()
+                  if e.device_type() == torch.autograd.DeviceType.CUDA]
+    else:
+        events = [(e.time_range.start, e.time_range.elapsed_us(), e.name) for e in prof.events()
+                  if e.name.startswith("aten::") and not any(c.name.startswith("aten::") for c in e.cpu_children)]
+    return sorted(events)
+
+
+def busy_seconds(fn, device) -> float:
+    """Seconds the GPU spent in the kernels and copies of one ``fn()`` call (torch.profiler), after a warm-up call.
+
+    Wall time minus this is time the GPU sat idle, waiting for the host to launch the next kernel. CUDA only: on a
+    CPU the operators run where they are launched, so their busy time is the wall time.
+    """
+    if torch.device(device).type != "cuda":
+        raise ValueError("busy_seconds measures GPU kernel time; on a CPU the wall time is the busy time")
+    fn()
+    return sum(duration for _, duration, _ in trace(fn, device)) / 1e6
+
+
+def memory_held(device) -> dict:
+    """Memory in use now, in MB: CUDA's allocated and reserved bytes and the peak so far; on CPU the process's RSS."""
+    if torch.device(device).type == "cuda":
+        return {"allocated_mb": torch.cuda.memory_allocated(device) / 2**20,
+                "reserved_mb": torch.cuda.memory_reserved(device) / 2**20,
+                "peak_mb": torch.cuda.max_memory_allocated(device) / 2**20}
+    with open("/proc/self/statm") if sys.platform.startswith("linux") else contextlib.nullcontext(None) as f:
+        rss = int(f.read().split()[1]) * resource.getpagesize() if f else process_peak_rss_bytes()
+    return {"rss_mb": rss / 2**20, "peak_rss_mb": process_peak_rss_bytes() / 2**20}

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import inspect
 import os
 from dataclasses import dataclass
 
 import torch
 
+from .measure import memory_held
 from .models import ModelUnavailableError, load_model, random_smollm2
 
 RANDOM_ENV = "KVLAB_RANDOM_WEIGHTS"
@@ -66,3 +68,17 @@ def show_source(*objects) -> None:
 
     for obj in objects:
         display(Code(inspect.getsource(obj), language="python"))
+
+
+def release(device) -> dict:
+    """Free what the previous section left: collect garbage, return CUDA's cached blocks, print what is still held.
+
+    Call it after ``del`` of the section's models, caches and graphs; a CUDA graph keeps its memory pool until the
+    graph object itself is gone. Returns ``kvlab.measure.memory_held(device)``.
+    """
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+    held = memory_held(device)
+    print("memory held now: " + ", ".join(f"{k.removesuffix('_mb').replace('_', ' ')} {v:,.0f} MB" for k, v in held.items()))
+    return held

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from time_decode_kernel import per_call_us  # noqa: E402
 
 from kvlab import kernel_step  # noqa: E402
-from kvlab.bench_tools import trace  # noqa: E402
+from kvlab.measure import trace  # noqa: E402
 from kvlab.models import random_smollm2  # noqa: E402
 
 SHAPES = {  # name: N, K, what the kernel does before and after the matmul
