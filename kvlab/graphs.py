@@ -261,6 +261,19 @@ class CapturedStep:
         return self.outputs
 
 
+# The errors torch raises for a failed CUDA call (torch >= 2.8: AcceleratorError), as opposed to an exception
+# that Python code of the step raised on purpose (kvlab's own GraphSafeError, say), which goes through unchanged.
+_CUDA_ERRORS = (RuntimeError, getattr(torch, "AcceleratorError", RuntimeError))
+
+
+def _refused(e: BaseException) -> CaptureError:
+    return CaptureError(
+        f"CUDA refused the capture: {e}\nUsually a host synchronization inside the step (.item(), "
+        "bool(tensor), a branch on a tensor's value, a CPU tensor created from GPU data). Keep such work "
+        "outside the captured function."
+    )
+
+
 def _capture_cuda(fn, static_inputs, warmup, before_replay, device) -> CapturedStep:
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
@@ -270,18 +283,34 @@ def _capture_cuda(fn, static_inputs, warmup, before_replay, device) -> CapturedS
             fn(*static_inputs)  # real calls: every side effect (counters, cache writes) happens
     torch.cuda.current_stream(device).wait_stream(side)
     torch.cuda.synchronize(device)
+    with torch.cuda.device(device):
+        # cuBLAS makes its handle at the first matmul of the process (cublasCreate), which a capture refuses
+        # (CUBLAS_STATUS_NOT_INITIALIZED): with warmup=0 in a fresh process, make it here, outside the capture.
+        torch.cuda.current_blas_handle()
     graph = torch.cuda.CUDAGraph()
+    raised, end_failed = None, False  # what the step itself raised while being captured; capture_end() failed
     try:
-        with torch.cuda.graph(graph):
-            out = fn(*static_inputs)  # recorded, not run
-    except RuntimeError as e:
-        if "capturing" in str(e) or "capture" in str(e).lower():
-            raise CaptureError(
-                f"CUDA refused the capture: {e}\nUsually a host synchronization inside the step (.item(), "
-                "bool(tensor), a branch on a tensor's value, a CPU tensor created from GPU data). Keep such work "
-                "outside the captured function."
-            ) from e
-        raise
+        # torch.cuda.graph's __exit__ restores the current stream only when capture_end() succeeds; this outer
+        # context puts the caller's stream (and device) back however the capture ends.
+        with torch.cuda.stream(torch.cuda.current_stream(device)), torch.cuda.graph(graph):
+            try:
+                out = fn(*static_inputs)  # recorded, not run
+            except BaseException as e:  # leave the block normally, so that the capture ends; raised below
+                raised = e
+    except RuntimeError as e:  # capture_begin() or capture_end() failed (an invalidated capture, ...)
+        if raised is None:
+            if "captur" in str(e).lower():
+                raise _refused(e) from e
+            raise
+        # The capture was spoilt by what the step did before it raised: the step's own error says why, not this.
+        end_failed = True
+        if hasattr(raised, "add_note"):  # Python 3.11+
+            raised.add_note(f"(kvlab.graphs.capture: ending the abandoned CUDA capture then failed too: "
+                            f"{(str(e).strip().splitlines() or [type(e).__name__])[0]})")
+    if raised is not None:
+        if type(raised) in _CUDA_ERRORS and (end_failed or "captur" in str(raised).lower()):
+            raise _refused(raised) from raised  # a CUDA call of the step was refused (a host sync, ...)
+        raise raised  # the step's own exception (e.g. GraphSafeError), with its traceback
     torch.cuda.synchronize(device)
     seconds = time.perf_counter() - t0
     leaves, spec = _flat_tensors(out, "the captured function")

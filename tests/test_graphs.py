@@ -167,3 +167,81 @@ def test_real_graph_is_labelled_and_refuses_host_sync():
     assert not g.emulated and "real CUDA graph on" in g.describe()
     with pytest.raises(CaptureError):
         capture(lambda t: t * t.sum().item(), x, warmup=0)
+
+
+class FakeCuda:
+    """The few torch.cuda calls of ``graphs._capture_cuda``, on CPU. Like torch.cuda.graph, the fake capture's
+    exit restores the current stream only when capture_end() succeeds; ``end_error`` makes capture_end() fail."""
+
+    class Stream(str):
+        def wait_stream(self, other):
+            pass
+
+    def __init__(self, end_error=None):
+        self.end_error, self.current = end_error, self.Stream("caller's stream")
+
+    def install(self, monkeypatch):
+        from contextlib import contextmanager
+
+        @contextmanager
+        def stream(s):
+            before, self.current = self.current, s
+            try:
+                yield
+            finally:
+                self.current = before
+
+        @contextmanager
+        def graph(g):
+            before, self.current = self.current, self.Stream("capture stream")
+            try:
+                yield
+            finally:  # __exit__: capture_end(), then the stream's restore, which a failing capture_end() skips
+                if self.end_error:
+                    raise RuntimeError(self.end_error)
+                self.current = before
+
+        for name, value in {"Stream": lambda device=None: self.Stream("side stream"), "stream": stream, "graph": graph,
+                            "current_stream": lambda device=None: self.current, "synchronize": lambda device=None: None,
+                            "CUDAGraph": object, "current_blas_handle": lambda: 0,
+                            "device": lambda d: __import__("contextlib").nullcontext()}.items():
+            monkeypatch.setattr(torch.cuda, name, value)
+
+
+INVALIDATED = "CUDA error: operation failed due to a previous error during capture"
+
+
+@pytest.mark.parametrize("end_error", [None, INVALIDATED], ids=["capture-ends", "capture-invalidated"])
+def test_cuda_capture_raises_the_steps_own_error_and_restores_the_stream(monkeypatch, end_error):
+    from kvlab import graphs
+
+    class Refused(RuntimeError):  # like GraphSafeError: raised on purpose inside the captured step
+        pass
+
+    def step(t):
+        raise Refused("the cache is not initialized yet and a step is being captured")
+
+    cuda = FakeCuda(end_error)
+    cuda.install(monkeypatch)
+    with pytest.raises(Refused, match="not initialized yet") as info:
+        graphs._capture_cuda(step, (torch.ones(1),), 0, None, torch.device("cpu"))
+    assert cuda.current == "caller's stream"  # the capture ended and the caller's stream is back
+    notes = getattr(info.value, "__notes__", [])
+    assert (end_error is not None) == any("previous error during capture" in n for n in notes)
+
+
+def test_cuda_capture_refusals_become_capture_errors(monkeypatch):
+    from kvlab import graphs
+
+    cuda = FakeCuda(INVALIDATED)
+    cuda.install(monkeypatch)
+    for step, says in [(lambda t: t, "previous error during capture"),  # only capture_end() failed
+                       (lambda t: (_ for _ in ()).throw(RuntimeError("CUDA error: operation not permitted when "
+                                                                     "stream is capturing")), "not permitted")]:
+        with pytest.raises(CaptureError, match=says):
+            graphs._capture_cuda(step, (torch.ones(1),), 0, None, torch.device("cpu"))
+        assert cuda.current == "caller's stream"
+    cuda.end_error = None
+    with pytest.raises(ValueError, match="a bug of the step"):  # not a CUDA error: unchanged
+        graphs._capture_cuda(lambda t: (_ for _ in ()).throw(ValueError("a bug of the step")), (torch.ones(1),), 0,
+                             None, torch.device("cpu"))
