@@ -322,8 +322,8 @@ def test_concurrent_first_loads_do_not_corrupt_the_cache(empty_cache, fake_wheel
 
 
 @pytest.mark.real_model
-def test_real_model_knows_the_capital_of_france():
-    model, tok = kvlab.load_model(device="cpu")
+def test_real_model_knows_the_capital_of_france(real_model):
+    model, tok = real_model
     assert type(model).__name__ == "LlamaForCausalLM" and model.config.num_hidden_layers == 30
     ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                   add_generation_prompt=True, return_tensors="pt")["input_ids"]
