@@ -11,6 +11,7 @@ import torch
 
 import kvlab
 
+OTHER = "another machine (a row this run must keep)"
 SCRIPT = Path(__file__).resolve().parent.parent / "tools" / "run_notebooks.py"
 
 
@@ -30,7 +31,7 @@ def test_runs_each_notebook_reports_failures_and_merges_by_hardware(tmp_path):
     stored = {p.name: p.read_bytes() for p in folder.iterdir()}
     here = kvlab.hardware()
     out.parent.mkdir()
-    old = [{"notebook": "a_pass.ipynb", "hardware": "NVIDIA H200", "passed": True, "wall_s": 9.0},  # kept
+    old = [{"notebook": "a_pass.ipynb", "hardware": OTHER, "passed": True, "wall_s": 9.0},  # kept
            {"notebook": "a_pass.ipynb", "hardware": here, "passed": False, "wall_s": -1.0},  # replaced
            {"notebook": "c_other.ipynb", "hardware": here, "passed": True, "wall_s": 5.0}]  # kept: not run now
     out.with_suffix(".json").write_text(json.dumps({"runs": old}))
@@ -42,9 +43,9 @@ def test_runs_each_notebook_reports_failures_and_merges_by_hardware(tmp_path):
 
     runs = json.loads(out.with_suffix(".json").read_text())["runs"]
     rows = {(r["notebook"], r["hardware"]): r for r in runs}
-    assert len(runs) == 4 and set(rows) == {("a_pass.ipynb", "NVIDIA H200"), ("a_pass.ipynb", here),
+    assert len(runs) == 4 and set(rows) == {("a_pass.ipynb", OTHER), ("a_pass.ipynb", here),
                                             ("b_fail.ipynb", here), ("c_other.ipynb", here)}
-    assert rows["a_pass.ipynb", "NVIDIA H200"]["wall_s"] == 9.0 and rows["c_other.ipynb", here]["wall_s"] == 5.0
+    assert rows["a_pass.ipynb", OTHER]["wall_s"] == 9.0 and rows["c_other.ipynb", here]["wall_s"] == 5.0
     ok, bad = rows["a_pass.ipynb", here], rows["b_fail.ipynb", here]
     assert ok["passed"] is True and ok["error"] is None and ok["failed_cell"] is None
     assert bad["passed"] is False and bad["failed_cell"] == 2

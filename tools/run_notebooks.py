@@ -36,6 +36,7 @@ import argparse
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -193,7 +194,8 @@ def run_notebook(path: Path, *, timeout: float, env: dict) -> tuple[dict, dict |
     if not errors:
         return {"passed": True, "error": None, "failed_cell": None, "wall_s": wall}, report
     cell, name, message = errors[0]
-    first = message.strip().splitlines()[0] if message.strip() else ""
+    message = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", message).strip()  # terminal colours, as in pip's output
+    first = message.splitlines()[0] if message else ""
     where = f" (cell {cell})" if cell is not None else " (before the first cell)"
     return {"passed": False, "error": f"{name}{': ' + first if first else ''}{where}", "failed_cell": cell,
             "wall_s": wall}, report
