@@ -18,9 +18,11 @@ on CUDA ``torch.cuda.max_memory_allocated()`` and ``max_memory_reserved()`` sinc
 device, ``kvlab.hardware()``, ``kvlab.runtime.pick_dtype(device)``, the versions, ``kvlab.bench_tools.git_state()``
 (it honours ``KVLAB_GIT_COMMIT``/``KVLAB_GIT_DIRTY``) and which model the lessons could use. ``model`` is
 "random" when ``KVLAB_RANDOM_WEIGHTS=1`` in the kernel or when, after the notebook ran, the real SmolLM2 is not
-converted in the cache (``kvlab.models.is_converted(cache_dir() / DEFAULT_MODEL)``): then lessons 03-05 fell
-back to random weights (their label says "RANDOM WEIGHTS") and lessons 00-02, which need the real model,
-failed. Otherwise "real". Lesson 06's benchmark uses random weights in SmolLM2's shape either way.
+converted in the cache (``kvlab.models.is_converted(cache_dir() / DEFAULT_MODEL)``): then the lessons that
+use ``kvlab.notebook.course_model`` ran on random weights (their label says "RANDOM WEIGHTS") and those that
+call ``kvlab.load_model()`` itself failed. Otherwise "real". Lesson 06's benchmark uses random weights in
+SmolLM2's shape either way. ``dtype`` is ``pick_dtype(device)``, the course's default for the device, not
+necessarily what a lesson chose (several run in float32 everywhere).
 
 Output: ``--out`` (default data/notebook_runs) .json and .csv, one row per notebook and hardware. Rows already
 there for other hardware are kept; a row for the same (notebook, hardware) is replaced, so a CPU run and an
