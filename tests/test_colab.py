@@ -1,0 +1,259 @@
+"""The Colab path: every notebook's badge and set-up cell exactly as ``tools/colab_cells.py`` writes them, the set-up
+cell inert outside Colab, and a simulated Colab: a fresh virtual environment holding torch and an older transformers
+(Colab has 5.15.0), a stub ``google.colab``, and the set-up cell installing the course from a clone of this
+repository. The simulation clones the committed HEAD (CI runs in a fresh clone): commit before running it."""
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import kvlab
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("colab_cells", ROOT / "tools" / "colab_cells.py")
+colab_cells = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(colab_cells)
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+REPOSITORY = colab_cells.repository_url()
+
+
+def cells(path: Path) -> list[dict]:
+    return json.loads(path.read_text(encoding="utf-8"))["cells"]
+
+
+def setup_cell(path: Path) -> str:
+    """The source of a notebook's Colab set-up cell (what the tests run)."""
+    found = [c for c in cells(path) if colab_cells.SETUP_TAG in c["metadata"].get("tags", [])]
+    assert len(found) == 1, f"{path.name}: no cell tagged {colab_cells.SETUP_TAG!r}: run python tools/colab_cells.py {path}"
+    return "".join(found[0]["source"])
+
+
+def a_notebook_with_the_cells() -> Path:
+    for path in NOTEBOOKS:
+        if any(colab_cells.SETUP_TAG in c["metadata"].get("tags", []) for c in cells(path)):
+            return path
+    pytest.fail("no notebook has a Colab set-up cell: run python tools/colab_cells.py")
+
+
+# ------------------------------------------------------------------------------------------- the cells, as written
+def test_the_repository_url_is_in_pyproject():
+    assert REPOSITORY.startswith("https://github.com/") and REPOSITORY.count("/") == 4
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_has_the_colab_badge_and_setup_cells(path):
+    """Cell 0 the badge, the first code cell the set-up cell, both exactly as the tool writes them (no outputs)."""
+    fix = f"run: python tools/colab_cells.py {path.relative_to(ROOT)}"
+    nb = cells(path)
+    assert colab_cells.BADGE_TAG in nb[0]["metadata"].get("tags", []), f"cell 0 is not the Colab badge; {fix}"
+    assert "".join(nb[0]["source"]) == colab_cells.badge(REPOSITORY, path.name), fix
+    first_code = next(c for c in nb if c["cell_type"] == "code")
+    assert colab_cells.SETUP_TAG in first_code["metadata"].get("tags", []), f"the first code cell is not Colab's; {fix}"
+    assert "".join(first_code["source"]) == colab_cells.setup_source(REPOSITORY), fix
+    assert first_code["outputs"] == [] and first_code["execution_count"] is None
+    assert path.read_text(encoding="utf-8") == colab_cells.render_notebook(path, REPOSITORY), fix
+
+
+def test_the_readme_badge_opens_lesson_00():
+    readme = ROOT / "README.md"
+    assert readme.read_text(encoding="utf-8") == colab_cells.render_readme(readme, REPOSITORY), \
+        "run: python tools/colab_cells.py"
+    assert colab_cells.colab_url(REPOSITORY, "00_setup.ipynb") in readme.read_text(encoding="utf-8")
+
+
+def test_the_tool_changes_nothing_the_second_time(tmp_path):
+    for path in NOTEBOOKS:
+        copy = tmp_path / path.name
+        copy.write_text(colab_cells.render_notebook(path, REPOSITORY), encoding="utf-8")
+        once = copy.read_text(encoding="utf-8")
+        assert colab_cells.render_notebook(copy, REPOSITORY) == once, path.name
+        assert sum(c["metadata"].get("tags", []) == [colab_cells.SETUP_TAG] for c in cells(copy)) == 1
+
+
+def test_check_mode_reports_a_stale_notebook(tmp_path, capsys, monkeypatch):
+    stale = tmp_path / "notebooks" / "99_stale.ipynb"
+    stale.parent.mkdir()
+    stale.write_text(json.dumps({"cells": [{"cell_type": "markdown", "id": "t", "metadata": {}, "source": ["# 99"]}],
+                                 "metadata": {}, "nbformat": 4, "nbformat_minor": 5}, indent=1) + "\n")
+    readme = tmp_path / "README.md"
+    readme.write_text(colab_cells.render_readme(ROOT / "README.md", REPOSITORY))
+    monkeypatch.setattr(colab_cells, "README", readme)
+    before = stale.read_text()
+    assert colab_cells.main(["--check", str(stale)]) == 1
+    assert stale.read_text() == before and "99_stale.ipynb" in capsys.readouterr().out
+    assert colab_cells.main([str(stale)]) == 0
+    assert colab_cells.main(["--check", str(stale)]) == 0
+    assert [c["id"] for c in cells(stale)] == [colab_cells.BADGE_TAG, "t", colab_cells.SETUP_TAG]
+
+
+# --------------------------------------------------------------------------------------- the cell outside Colab
+def _forbid(*args, **kwargs):
+    raise AssertionError(f"the set-up cell started a process outside Colab: {args}")
+
+
+def test_the_setup_cell_does_nothing_outside_colab(monkeypatch, capsys):
+    monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    for name in ("run", "Popen", "call", "check_call", "check_output"):
+        monkeypatch.setattr(subprocess, name, _forbid)
+    cwd, path = os.getcwd(), list(sys.path)
+    namespace = {"__name__": "__main__"}
+    exec(compile(setup_cell(a_notebook_with_the_cells()), "colab-setup", "exec"), namespace)
+    assert capsys.readouterr() == ("", "")
+    assert os.getcwd() == cwd and sys.path == path
+    assert set(namespace) - {"__builtins__", "__name__"} == {"sys"}  # it defines nothing a lesson could trip on
+
+
+# ----------------------------------------------------- the cell on a faked Colab, pip and git faked (fast, here)
+@pytest.fixture
+def fake_colab(monkeypatch, tmp_path):
+    """google.colab imported, a course folder at $KVLAB_COLAB_HOME, subprocess.run recording what it is asked."""
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.chdir(tmp_path)  # restored afterwards: the cell changes into the clone's notebooks folder
+    home = tmp_path / "content" / "kvlab"
+    monkeypatch.setenv("KVLAB_COLAB_HOME", str(home))
+    monkeypatch.setenv("KVLAB_COLAB_SOURCE", "https://example.invalid/kvlab")
+    calls = []
+
+    def run(command, **kwargs):
+        constraints = None
+        if "--constraint" in command:
+            constraints = Path(command[command.index("--constraint") + 1]).read_text()
+        calls.append((command, constraints))
+        if command[:2] == ["git", "clone"]:
+            if "fail" in os.environ.get("KVLAB_TEST_CLONE", ""):
+                return subprocess.CompletedProcess(command, 128, "", "fatal: repository not found")
+            (home / "kvlab").mkdir(parents=True)
+            (home / "notebooks").mkdir()
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    return home, calls
+
+
+def test_on_colab_the_cell_clones_installs_with_constraints_and_reports(fake_colab, capsys):
+    home, calls = fake_colab
+    exec(compile(setup_cell(a_notebook_with_the_cells()), "colab-setup", "exec"), {"__name__": "__main__"})
+    (clone, _), (pip, constraints) = calls
+    assert clone == ["git", "clone", "--quiet", "--depth", "1", "https://example.invalid/kvlab", str(home)]
+    assert pip == [sys.executable, "-m", "pip", "install", "--quiet", "--constraint", pip[6], "--editable", str(home)]
+    assert not Path(pip[6]).exists()  # the constraints file is removed after pip
+    kept = dict(line.split("==") for line in constraints.splitlines())
+    assert kept["torch"] == importlib.metadata.version("torch")  # pip may not replace Colab's torch...
+    for name in ("ipywidgets", "jupyter-core", "ipykernel", "triton"):  # ...nor its widgets and jupyter
+        if importlib.util.find_spec(name.replace("-", "_")) is not None:
+            assert kept[name] == importlib.metadata.version(name), name
+    assert not {"transformers", "kvlab", "numpy"} & set(kept)  # transformers is upgraded to the pin
+    assert os.getcwd() == str(home / "notebooks") and sys.path[0] == str(home)
+    out = capsys.readouterr().out
+    assert f"kvlab installed from https://example.invalid/kvlab into {home}" in out
+    assert f"torch {torch.__version__}" in out and "dtype: float32" in out and "T4 GPU" in out  # no GPU here
+
+
+def test_on_colab_a_second_run_does_not_clone_again(fake_colab):
+    home, calls = fake_colab
+    source = setup_cell(a_notebook_with_the_cells())
+    for _ in range(2):
+        exec(compile(source, "colab-setup", "exec"), {"__name__": "__main__"})
+    assert [c[0][:2] for c in calls] == [["git", "clone"], [sys.executable, "-m"], [sys.executable, "-m"]]
+    assert sys.path.count(str(home)) == 1
+
+
+def test_on_colab_a_failed_clone_says_what_to_do(fake_colab, monkeypatch, capsys):
+    monkeypatch.setenv("KVLAB_TEST_CLONE", "fail")
+    with pytest.raises(RuntimeError, match="could not clone https://example.invalid/kvlab.*KVLAB_COLAB_SOURCE"):
+        exec(compile(setup_cell(a_notebook_with_the_cells()), "colab-setup", "exec"), {"__name__": "__main__"})
+    assert "repository not found" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------- Colab simulated in a fresh environment (slow)
+DRIVER = textwrap.dedent('''\
+    """Run as Colab would: google.colab imported at start-up, then the notebook's set-up cell."""
+    import importlib.metadata, importlib.util, json, os, sys
+
+    import google.colab  # the stub; Colab's kernel imports the real one before any cell
+
+    def torch_state():
+        origin = importlib.util.find_spec("torch").origin
+        stat = os.stat(origin)
+        return {"version": importlib.metadata.version("torch"), "file": origin, "inode": stat.st_ino,
+                "mtime_ns": stat.st_mtime_ns}
+
+    before = {"torch": torch_state(), "transformers": importlib.metadata.version("transformers"),
+              "ipywidgets": importlib.util.find_spec("ipywidgets") is not None}
+    assert "torch" not in sys.modules and "transformers" not in sys.modules
+    exec(compile(open(sys.argv[1]).read(), "colab-setup", "exec"), {"__name__": "__main__"})
+
+    import kvlab  # in the same process, as the next cell of the notebook does
+    import torch
+    import transformers
+
+    after = {"torch": torch_state(), "torch_imported": torch.__version__, "transformers": transformers.__version__,
+             "kvlab": kvlab.__file__, "cwd": os.getcwd(), "pinned": kvlab.PINNED_TRANSFORMERS,
+             "ipywidgets": importlib.util.find_spec("ipywidgets") is not None}
+    assert after["transformers"] == "5.24.0" == after["pinned"], after
+    assert after["torch"] == before["torch"] and after["torch_imported"] == before["torch"]["version"], (before, after)
+    print("RESULT " + json.dumps({"before": before, "after": after}))
+''')
+
+
+def _git_head() -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=60)
+    except OSError:
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _run(command, *, env, timeout=900):
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{command} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    return done.stdout
+
+
+@pytest.mark.skipif(_git_head() is None, reason="needs this repository's .git (it clones the committed HEAD)")
+def test_colab_install_in_a_fresh_environment(tmp_path):
+    """About 2 minutes with pip's cache warm: most of it is installing torch, then the course's dependencies."""
+    head = _git_head()
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    env |= {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "KVLAB_COLAB_SOURCE": ROOT.as_uri(),
+            "KVLAB_COLAB_HOME": str(tmp_path / "content" / "kvlab")}
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = str(venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python"))
+    # Colab before the cell: its torch (any in the course's range) and an older transformers, nothing of the course
+    _run([python, "-m", "pip", "install", "--quiet", "--no-compile", f"torch{','.join(kvlab.TORCH_RANGE)}",
+          "transformers==5.15.0"], env=env)
+    site = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], env=env).strip()
+    stub = Path(site) / "google" / "colab"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text('"""A stand-in for Colab\'s google.colab: the set-up cell only asks whether it is imported."""\n')
+    cell = tmp_path / "colab_setup.py"
+    shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{head}:notebooks/{a_notebook_with_the_cells().name}"],
+                           capture_output=True, text=True, check=True).stdout
+    found = [c for c in json.loads(shown)["cells"] if colab_cells.SETUP_TAG in c["metadata"].get("tags", [])]
+    assert found, "the committed notebooks have no Colab set-up cell: commit them first"
+    cell.write_text("".join(found[0]["source"]))
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    out = _run([python, str(driver), str(cell)], env=env)
+    result = json.loads(out.split("RESULT ", 1)[1])
+    before, after = result["before"], result["after"]
+    assert before["transformers"] == "5.15.0" and after["transformers"] == kvlab.PINNED_TRANSFORMERS
+    assert after["torch"] == before["torch"]  # same version, same files: pip did not reinstall torch
+    home = tmp_path / "content" / "kvlab"
+    assert Path(after["kvlab"]).resolve() == (home / "kvlab" / "__init__.py").resolve()
+    assert Path(after["cwd"]).resolve() == (home / "notebooks").resolve()
+    assert not after["ipywidgets"]  # the course itself pulls in no widgets (Colab keeps its own)
+    cloned = subprocess.run(["git", "-C", str(home), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert cloned in (head, _git_head())  # this repository's HEAD (a commit made meanwhile is HEAD by then)
+    assert f"kvlab installed from {ROOT.as_uri()}" in out and "dtype: float32" in out
