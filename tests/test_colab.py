@@ -14,7 +14,6 @@ import types
 from pathlib import Path
 
 import pytest
-import torch
 
 import kvlab
 
@@ -117,6 +116,10 @@ def test_the_setup_cell_does_nothing_outside_colab(monkeypatch, capsys):
 def fake_colab(monkeypatch, tmp_path):
     """google.colab imported, a course folder at $KVLAB_COLAB_HOME, subprocess.run recording what it is asked."""
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    # A fresh Colab kernel has not imported transformers (this test process has); the summary is tested elsewhere
+    # (test_gpu_rules.py) and would import it again.
+    monkeypatch.delitem(sys.modules, "transformers", raising=False)
+    monkeypatch.setattr(kvlab.runtime, "runtime_summary", lambda device=None: "<runtime summary>")
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.chdir(tmp_path)  # restored afterwards: the cell changes into the clone's notebooks folder
     home = tmp_path / "content" / "kvlab"
@@ -156,7 +159,14 @@ def test_on_colab_the_cell_clones_installs_with_constraints_and_reports(fake_col
     assert os.getcwd() == str(home / "notebooks") and sys.path[0] == str(home)
     out = capsys.readouterr().out
     assert f"kvlab installed from https://example.invalid/kvlab into {home}" in out
-    assert f"torch {torch.__version__}" in out and "dtype: float32" in out and "T4 GPU" in out  # no GPU here
+    assert f"torch {importlib.metadata.version('torch')} and ipywidgets" in out and "<runtime summary>" in out
+
+
+def test_on_colab_a_kernel_that_imported_transformers_is_told_to_restart(fake_colab, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "transformers", types.ModuleType("transformers"))  # the old one, in memory
+    exec(compile(setup_cell(a_notebook_with_the_cells()), "colab-setup", "exec"), {"__name__": "__main__"})
+    out = capsys.readouterr().out
+    assert "Runtime > Restart session" in out and "<runtime summary>" not in out
 
 
 def test_on_colab_a_second_run_does_not_clone_again(fake_colab):
