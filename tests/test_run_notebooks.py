@@ -60,3 +60,26 @@ def test_runs_each_notebook_reports_failures_and_merges_by_hardware(tmp_path):
     csv_lines = out.with_suffix(".csv").read_text().splitlines()
     assert csv_lines[0].startswith("notebook,passed,error,failed_cell,wall_s,peak_rss_mb") and len(csv_lines) == 5
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == stored  # the notebooks were not rewritten
+
+
+def _tool():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_notebooks", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_record_has_every_lesson_passing_at_full_size_on_a_cpu_and_an_h200_and_the_readme_shows_it():
+    tool = _tool()
+    root = SCRIPT.parent.parent
+    rows = json.loads((root / "data" / "notebook_runs.json").read_text())["runs"]
+    lessons = sorted(p.name for p in (root / "notebooks").glob("*.ipynb"))
+    for machine in ("CPU", "H200"):
+        done = {r["notebook"] for r in rows if machine in r["hardware"] and r["passed"] and r["model"] == "real"
+                and not r["quick"]}
+        assert done == set(lessons), f"{machine}: re-record with tools/run_notebooks.py; missing {set(lessons) - done}"
+    readme = (root / "README.md").read_text()
+    block = readme[readme.index(tool.README_START) + len(tool.README_START):readme.index(tool.README_END)]
+    assert block.strip() == tool.readme_table(rows), "run `python tools/run_notebooks.py --readme`"
