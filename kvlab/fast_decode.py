@@ -18,7 +18,6 @@ Tokens stay exact: every step is the same computation as ``"graph-safe"``; check
 
 from __future__ import annotations
 
-import weakref
 from contextlib import nullcontext
 
 import torch
@@ -26,6 +25,7 @@ import torch
 from .decoding import OnToken
 from .fusion import fused_copy
 from .graph_safe import GraphSafeDecoder
+from .memo import per_model
 from .runtime import PDL, gpu_supports
 
 
@@ -78,9 +78,6 @@ class MultiStepDecoder(GraphSafeDecoder):
         return f"MultiStepDecoder(batch={self.batch}, max_cache_len={self.max_cache_len}, compile_mode={self.compile_mode!r}, graphs: {graphs})"
 
 
-_DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def decode_graph_safe_fast(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None,
                            compile_mode: str | None = "max-autotune-no-cudagraphs", steps: int = 16, fuse: bool = True,
                            gemv: bool = True, attention: bool | str = "triton", max_cache_len: int | None = None,
@@ -99,9 +96,7 @@ def decode_graph_safe_fast(model, input_ids: torch.Tensor, max_new_tokens: int, 
     need = input_ids.shape[1] + max_new_tokens
     length = max_cache_len or 16 * -(-need // 16)
     key = (input_ids.shape[0], length, compile_mode, steps, use_graph, next(model.parameters()).dtype)
-    decoders = _DECODERS.setdefault(fast, {})
-    if key not in decoders:
-        decoders[key] = MultiStepDecoder(fast, length, input_ids.shape[0], steps=steps, graph=use_graph,
-                                         compile_mode=compile_mode)
+    decoder = per_model(fast, "graph-safe-compiled", key, lambda: MultiStepDecoder(
+        fast, length, input_ids.shape[0], steps=steps, graph=use_graph, compile_mode=compile_mode))
     with inductor_options(tune, input_ids.device) if compile_mode else nullcontext():
-        return decoders[key].generate(input_ids, max_new_tokens, on_token=on_token)
+        return decoder.generate(input_ids, max_new_tokens, on_token=on_token)

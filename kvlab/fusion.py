@@ -32,17 +32,17 @@ from __future__ import annotations
 import copy
 import sys
 import types
-import weakref
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .memo import per_model
+
 ATTENTION_NAME = "kvlab-decode"
 REDUCTION_ATTENTION_NAME = "kvlab-decode-reduction"
 TRITON_ATTENTION_NAME = "kvlab-decode-triton"
 ATTENTIONS = {True: ATTENTION_NAME, "reduction": REDUCTION_ATTENTION_NAME, "triton": TRITON_ATTENTION_NAME}
-_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(fuse, attention): copy}
 
 
 def decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -195,10 +195,9 @@ def fused_copy(model, *, fuse: bool = True, attention: bool | str = True, gemv: 
     reductions, made once per settings and kept."""
     if attention is not False and attention not in ATTENTIONS:
         raise ValueError(f"attention must be False or one of {list(ATTENTIONS)}, got {attention!r}")
-    key = (fuse, attention, gemv)
-    stash = _COPIES.setdefault(model, {})
-    if key not in stash:
-        fast = copy.deepcopy(model)
+
+    def make():
+        fast = copy.deepcopy(model)  # the copy's own memo starts empty (kvlab.memo.PerModel)
         if fuse:
             fuse_projections(fast)
         if attention:
@@ -206,5 +205,6 @@ def fused_copy(model, *, fuse: bool = True, attention: bool | str = True, gemv: 
             fast.config._attn_implementation = ATTENTIONS[attention]
         if gemv:
             use_gemv(fast)
-        stash[key] = fast
-    return stash[key]
+        return fast
+
+    return per_model(model, "fused-copy", (fuse, attention, gemv), make)

@@ -32,6 +32,7 @@ from transformers.cache_utils import StaticLayer, get_layer_types_and_kwargs
 
 from .decoding import OnToken, check_inputs, greedy
 from .graphs import capture
+from .memo import per_model
 from .runtime import check_dtype
 
 
@@ -519,9 +520,6 @@ def eager_vs_replay(model, input_ids: torch.Tensor, *, steps: int = 32, rounds: 
     }
 
 
-_DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def decode_graph_safe(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None,
                       cache: GraphSafeStaticCache | None = None, graph: bool | None = None, compile_mode: str | None = None,
                       decoder: GraphSafeDecoder | None = None, max_cache_len: int | None = None,
@@ -548,9 +546,7 @@ def decode_graph_safe(model, input_ids: torch.Tensor, max_new_tokens: int, *, on
             need = input_ids.shape[1] + max_new_tokens
             length = max_cache_len or 256 * -(-need // 256)  # round up: nearby lengths reuse one decoder
             key = (input_ids.shape[0], use_graph, compile_mode, prefill_bucket, length, next(model.parameters()).dtype)
-            decoders = _DECODERS.setdefault(model, {})
-            if key not in decoders:
-                decoders[key] = GraphSafeDecoder(model, length, input_ids.shape[0], graph=use_graph,
-                                                 compile_mode=compile_mode, prefill_bucket=prefill_bucket)
-            decoder = decoders[key]
+            decoder = per_model(model, "graph-safe", key, lambda: GraphSafeDecoder(
+                model, length, input_ids.shape[0], graph=use_graph, compile_mode=compile_mode,
+                prefill_bucket=prefill_bucket))
     return decoder.generate(input_ids, max_new_tokens, on_token=on_token)

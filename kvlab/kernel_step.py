@@ -32,8 +32,6 @@ against, and what a CPU runs (with the graph capture emulated, like every graph-
 
 from __future__ import annotations
 
-import weakref
-
 import torch
 import torch.nn.functional as F
 
@@ -42,6 +40,7 @@ from .decode_kernel import tl, triton
 from .decoding import OnToken
 from .fast_decode import MultiStepDecoder
 from .fusion import fused_copy
+from .memo import per_model
 from .runtime import PDL, gpu_supports
 
 MAX_SPLITS = 16  # attention programs per kv head (a longer cache gives each program several blocks)
@@ -440,9 +439,6 @@ class KernelStepDecoder(MultiStepDecoder):
                            position)  # the next token, in place; the counter advanced
 
 
-_DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def decode_graph_safe_kernels(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None,
                               steps: int = 16, max_cache_len: int | None = None, graph: bool | None = None) -> torch.Tensor:
     """The ``"graph-safe-kernels"`` strategy: kvlab's kernels for the step, ``steps`` steps per captured graph.
@@ -453,7 +449,6 @@ def decode_graph_safe_kernels(model, input_ids: torch.Tensor, max_new_tokens: in
     need = input_ids.shape[1] + max_new_tokens
     length = max_cache_len or 16 * -(-need // 16)
     key = (input_ids.shape[0], length, steps, use_graph, next(model.parameters()).dtype)
-    decoders = _DECODERS.setdefault(model, {})
-    if key not in decoders:
-        decoders[key] = KernelStepDecoder(model, length, input_ids.shape[0], steps=steps, graph=use_graph)
-    return decoders[key].generate(input_ids, max_new_tokens, on_token=on_token)
+    decoder = per_model(model, "graph-safe-kernels", key, lambda: KernelStepDecoder(
+        model, length, input_ids.shape[0], steps=steps, graph=use_graph))
+    return decoder.generate(input_ids, max_new_tokens, on_token=on_token)

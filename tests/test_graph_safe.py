@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, StaticCache
 
 import kvlab
+from kvlab import memo
 from kvlab.graph_safe import (
     GraphSafeDecoder,
     GraphSafeError,
@@ -120,9 +121,7 @@ def test_strategy_reuses_its_decoder_and_calls_on_token(device):
     assert torch.equal(got_a, kvlab.decode(model, a, NEW))
     assert [s for s, _ in seen] == list(range(NEW)) and torch.equal(torch.cat([t for _, t in seen], 1), got_a)
     assert torch.equal(kvlab.decode(model, b, NEW, strategy="graph-safe"), kvlab.decode(model, b, NEW))
-    from kvlab.graph_safe import _DECODERS
-
-    (decoder,) = _DECODERS[model].values()  # one decoder (one graph) served both calls
+    (decoder,) = memo.kept(model, "graph-safe")  # one decoder (one graph) served both calls
     assert decoder.step_graph.replays == 2 * (NEW - 1)
     own = GraphSafeDecoder(model, 40)
     assert torch.equal(decode_graph_safe(model, b, 5, decoder=own), kvlab.decode(model, b, 5))

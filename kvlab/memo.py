@@ -1,0 +1,42 @@
+"""What kvlab keeps per model (decoders with their caches and graphs, fused copies), held by the model itself.
+
+A ``weakref.WeakKeyDictionary`` keyed by the model cannot hold these: its value (a decoder) refers to the model,
+so the entry keeps its own key alive and the model, its caches and its CUDA graphs' memory pools are never freed.
+Stored in the model's ``__dict__`` instead, the model and what was made for it form one cycle that
+``gc.collect()`` frees once nothing else refers to the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+
+ATTRIBUTE = "_kvlab_memo"
+
+
+class PerModel(dict):
+    """The memo of one model: ``(kind, key) -> object``. A copy of the model (``copy.deepcopy``, pickling) starts
+    with an empty one: a decoder is bound to the model, cache and graph it was made for."""
+
+    def __deepcopy__(self, memo):
+        return PerModel()
+
+    def __reduce__(self):
+        return PerModel, ()
+
+
+def per_model(model, kind: str, key: Hashable, make: Callable[[], object]):
+    """The object memoised for ``(kind, key)`` on ``model``, made by ``make()`` on first use."""
+    store = model.__dict__.setdefault(ATTRIBUTE, PerModel())
+    if (kind, key) not in store:
+        store[(kind, key)] = make()
+    return store[(kind, key)]
+
+
+def forget(model) -> None:
+    """Drop everything kvlab keeps for ``model`` (its decoders, caches, graphs and fused copies)."""
+    model.__dict__.pop(ATTRIBUTE, None)
+
+
+def kept(model, kind: str) -> list:
+    """The objects memoised on ``model`` under ``kind`` (e.g. the ``"graph-safe"`` decoders), oldest first."""
+    return [obj for (k, _), obj in model.__dict__.get(ATTRIBUTE, {}).items() if k == kind]
