@@ -59,6 +59,18 @@ def room_guard(cache, tokens_per_step: int = 1):
     return check
 
 
+def require_empty(cache) -> None:
+    """Refuse a cache that already holds tokens: decoding into it would silently continue its earlier sequence."""
+    held = int(cache.get_seq_length())
+    if held:
+        raise ValueError(
+            f"this cache already holds {held} tokens of an earlier decode: decoding into it would continue that "
+            "sequence, not start yours (re-running a notebook cell that reuses a cache does exactly this). Pass a "
+            "fresh cache, or empty this one first: `with torch.inference_mode(): cache.reset()` (kvlab's loops made "
+            "its tensors in inference mode, and only there can they be written in place)."
+        )
+
+
 def _prefill_and_loop(model, input_ids, max_new_tokens, cache, on_token: OnToken) -> torch.Tensor:
     """Prefill once, then feed one token per step; the cache keeps everything else."""
     logits = model(input_ids, cache=cache).logits  # [batch, prompt_len, vocab]
@@ -79,6 +91,7 @@ def _prefill_and_loop(model, input_ids, max_new_tokens, cache, on_token: OnToken
 def decode_dynamic(model, input_ids, max_new_tokens, *, on_token: OnToken = None, cache=None) -> torch.Tensor:
     """Own loop over ``transformers.DynamicCache``: each layer's keys/values grow by one token per step (torch.cat)."""
     cache = DynamicCache(config=model.config) if cache is None else cache
+    require_empty(cache)
     return _prefill_and_loop(model, input_ids, max_new_tokens, cache, on_token)
 
 
@@ -91,6 +104,7 @@ def decode_static(model, input_ids, max_new_tokens, *, on_token: OnToken = None,
     """
     if cache is None:
         cache = make_static_cache(model, max_cache_len or input_ids.shape[1] + max_new_tokens)
+    require_empty(cache)
     check_room(cache, input_ids.shape[1], max_new_tokens)
     return _prefill_and_loop(model, input_ids, max_new_tokens, cache, on_token)
 
@@ -121,6 +135,7 @@ def decode_static_graph(model, input_ids, max_new_tokens, *, on_token: OnToken =
     prompt_len = input_ids.shape[1]
     if cache is None:
         cache = make_static_cache(model, max_cache_len or prompt_len + max_new_tokens + warmup)
+    require_empty(cache)
     check_room(cache, prompt_len, max_new_tokens)
     logits = model(input_ids, cache=cache).logits  # eager prefill: the cache now holds the prompt
     next_ids = greedy(logits)  # [batch, 1]

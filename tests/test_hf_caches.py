@@ -3,6 +3,7 @@
 import matplotlib
 import pytest
 import torch
+from transformers import DynamicCache
 
 from kvlab.cache_view import (
     CacheRecorder,
@@ -117,3 +118,16 @@ def test_plots_draw(llama):
     assert len(axes) == 2
     fig2, ax = plot_memory_per_step({"x": [1024, 2048]}, title="m")
     assert len(ax.lines) == 1
+
+
+@pytest.mark.parametrize("strategy", ["dynamic", "static", "static-graph"])
+def test_a_used_cache_is_refused_and_a_reset_one_is_exact(llama, strategy):
+    ids, other = prompt(length=5), prompt(length=3, seed=1)
+    cache = DynamicCache(config=llama.config) if strategy == "dynamic" else make_static_cache(llama, 32)
+    kwargs = {"warmup": 0} if strategy == "static-graph" else {}
+    decode(llama, other, 4, strategy=strategy, cache=cache, **kwargs)
+    with pytest.raises(ValueError, match="already holds 6 tokens.*cache.reset"):  # 3 prompt + 3 fed back
+        decode(llama, ids, 10, strategy=strategy, cache=cache, **kwargs)
+    with torch.inference_mode():  # as the error says
+        cache.reset()
+    assert torch.equal(decode(llama, ids, 10, strategy=strategy, cache=cache, **kwargs), decode(llama, ids, 10))
