@@ -46,12 +46,33 @@ from .bench_tools import (
     wall,
 )
 from .decoding import decode_naive
-from .runtime import cpu_name, environment, pick_device, pick_dtype, quick_mode
+from .runtime import as_dtype, cpu_name, environment, pick_device, pick_dtype, quick_mode
 
 GOAL = {"tokens_per_s": 1200.0, "x_reduce_overhead": 2.0}  # issue 5, for the configuration below on an H200
 GOAL_CONFIG = {"model": RANDOM_SMOLLM2, "prompt_len": 64, "new_tokens": 256, "batch": 1, "dtype": "bfloat16"}
 TABLE = ["strategy", "batch", "ms_per_token", "tokens_per_s", "x_naive", "x_reduce_overhead", "compile_or_capture_s",
          "peak_memory_mb", "exact", "kernels_per_step", "busy_ms_per_step", "x_floor"]
+
+
+class BenchArgumentError(ValueError):
+    """A setting the benchmark refuses before doing any work; the message says what to change."""
+
+
+def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, repeats, profile_k) -> None:
+    """Refuse impossible settings up front: a negative count would otherwise record checks that never ran."""
+    for name, value, least in (("prompt_len", prompt_len, 1), ("check_tokens", check_tokens, 0),
+                               ("repeats", repeats, 1), ("profile_steps", profile_k, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise BenchArgumentError(f"{name} must be an int >= {least}, got {value!r}")
+    if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or new_tokens < 2:
+        raise BenchArgumentError(f"new_tokens must be >= 2, got {new_tokens!r}: the step time is (T(n) - T(1)) / (n - 1)")
+    if not batches or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches):
+        raise BenchArgumentError(f"batch sizes must be ints >= 1, got {list(batches)!r}")
+    if not strategies:
+        raise BenchArgumentError(f"no strategy given; choose from {sorted(STRATEGIES)}")
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown:
+        raise BenchArgumentError(f"unknown strategies {unknown}; choose from {sorted(STRATEGIES)}")
 
 
 def skip_reason(strategy, device, quick: bool, elapsed: float, budget: float | None) -> str | None:
@@ -76,12 +97,9 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
     from tqdm.auto import tqdm
 
     started = time.perf_counter()
-    strategies = list(strategies or DEFAULT_STRATEGIES)
-    unknown = [s for s in strategies if s not in STRATEGIES]
-    if unknown:
-        raise ValueError(f"unknown strategies {unknown}; choose from {sorted(STRATEGIES)}")
-    if new_tokens < 2:
-        raise ValueError("new_tokens must be >= 2: the step time is (T(n) - T(1)) / (n - 1)")
+    strategies = list(DEFAULT_STRATEGIES if strategies is None else strategies)
+    batches = list(batches)
+    check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, repeats, profile_k)
     device = pick_device(device)
     dtype = pick_dtype(device, dtype)
     for knob in ("recompile_limit", "cache_size_limit"):  # fp32 + bf16 + batch sizes: more than the default 8
@@ -89,6 +107,11 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
             setattr(torch._dynamo.config, knob, 64)
     env = environment(device) | {"cpu": cpu_name(), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
     check_model = build_model(model, device, seed=seed)
+    limit = getattr(check_model.config.get_text_config(), "max_position_embeddings", None)
+    if limit is not None and prompt_len + max(new_tokens, check_tokens) > limit:
+        raise BenchArgumentError(
+            f"prompt_len ({prompt_len}) + new_tokens ({max(new_tokens, check_tokens)}) passes {model}'s position limit "
+            f"(max_position_embeddings = {limit}): shorten one of them")
     timed_model = cast(check_model, dtype)
     facts = model_facts(timed_model, dtype)
     gbps = copy_bandwidth_gbps(device)
@@ -137,7 +160,8 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
                     row.update(exact=mismatch is None, first_mismatch=mismatch, check_s=time.perf_counter() - t0,
                                check=f"float32, {check_tokens} tokens vs naive")
                 else:
-                    row.update(exact=None, first_mismatch=None, check="not checked in this run (--no-check-compiled)")
+                    why = "--check-tokens 0" if not check_tokens else "--no-check-compiled"
+                    row.update(exact=None, first_mismatch=None, check=f"not checked in this run ({why})")
 
                 def run(n, strategy=strategy, ids=ids, length=length):
                     return strategy.run(timed_model, ids, n, max_cache_len=length, state=state, dynamic=dynamic)
@@ -234,40 +258,93 @@ def format_table(record: dict) -> str:
     return "\n".join(lines)
 
 
+def _count(least: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value} is below the smallest allowed value, {least}")
+        return value
+
+    parse.__name__ = f"int >= {least}"
+    return parse
+
+
+def _batches(text: str) -> list[int]:
+    try:
+        sizes = [int(b) for b in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a batch size or a comma list such as 1,2,4") from None
+    if any(b < 1 for b in sizes):
+        raise argparse.ArgumentTypeError(f"{text!r}: batch sizes must be >= 1")
+    return sizes
+
+
+def _strategies(text: str) -> list[str]:
+    names = list(STRATEGIES) if text.strip() == "all" else [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in names if s not in STRATEGIES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"{'unknown: ' + ', '.join(unknown) if unknown else 'no strategy named'}; "
+                                         f"known: all, {', '.join(STRATEGIES)}")
+    return names
+
+
+def _dtype(text: str) -> torch.dtype:
+    try:
+        return as_dtype(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _out(text: str) -> str:
+    for folder in Path(text).parents:
+        if folder.exists():
+            if not folder.is_dir():
+                raise argparse.ArgumentTypeError(f"{text!r}: {folder} is a file, not a folder")
+            break
+    return text
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m kvlab.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=RANDOM_SMOLLM2, help=f"{RANDOM_SMOLLM2} (default, no download), smollm2-135m, tiny-llama, ...")
-    p.add_argument("--prompt-len", type=int, default=None, help="prompt tokens (default 64; quick: 16)")
-    p.add_argument("--new-tokens", type=int, default=None, help="new tokens per decode (default 256; quick: 16)")
-    p.add_argument("--batch", default="1", help="batch size, or a comma list for a sweep, e.g. 1,2,4,8,16,32,64")
-    p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES), help=f"comma list or 'all'; known: {', '.join(STRATEGIES)}")
-    p.add_argument("--dtype", default=None, help="timing dtype (default bfloat16 on CUDA, float32 on CPU); checks run in float32")
-    p.add_argument("--check-tokens", type=int, default=None, help="tokens of the fp32 check against naive (default 32; quick: 8; 0: no check)")
+    p.add_argument("--prompt-len", type=_count(1), default=None, help="prompt tokens (default 64; quick: 16)")
+    p.add_argument("--new-tokens", type=_count(2), default=None, help="new tokens per decode (default 256; quick: 16)")
+    p.add_argument("--batch", type=_batches, default=[1], help="batch size, or a comma list for a sweep, e.g. 1,2,4,8,16,32,64")
+    p.add_argument("--strategies", type=_strategies, default=list(DEFAULT_STRATEGIES), help=f"comma list or 'all'; known: {', '.join(STRATEGIES)}")
+    p.add_argument("--dtype", type=_dtype, default=None, help="timing dtype (default bfloat16 on CUDA, float32 on CPU); checks run in float32")
+    p.add_argument("--check-tokens", type=_count(0), default=None, help="tokens of the fp32 check against naive (default 32; quick: 8; 0: no check)")
     p.add_argument("--no-check-compiled", action="store_true", help="skip the fp32 check of compiled strategies (saves their fp32 compile)")
-    p.add_argument("--repeats", type=int, default=None, help="timed repeats of compiled/graph strategies (default 3; quick: 1)")
-    p.add_argument("--profile-steps", type=int, default=None, help="decode steps traced by torch.profiler (default 16; quick: 2; 0: none)")
+    p.add_argument("--repeats", type=_count(1), default=None, help="timed repeats of compiled/graph strategies (default 3; quick: 1)")
+    p.add_argument("--profile-steps", type=_count(0), default=None, help="decode steps traced by torch.profiler (default 16; quick: 2; 0: none)")
     p.add_argument("--time-budget", type=float, default=None, help="seconds after which remaining strategies are skipped")
     p.add_argument("--device", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="short run (also KVLAB_QUICK=1); skips torch.compile on CPU")
-    p.add_argument("--out", default=None, help="output path without suffix (default out/bench-<time>)")
-    return p.parse_args(argv)
+    p.add_argument("--out", type=_out, default=None, help="output path without suffix (default out/bench-<time>)")
+    args = p.parse_args(argv)
+    args.error = p.error
+    return args
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     quick = args.quick or quick_mode()
     pick = lambda value, full, short: value if value is not None else (short if quick else full)  # noqa: E731
-    strategies = list(STRATEGIES) if args.strategies == "all" else [s.strip() for s in args.strategies.split(",") if s.strip()]
     command = "python -m kvlab.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
     out = args.out or f"out/bench-{time.strftime('%Y%m%d-%H%M%S')}"
-    record = run_bench(
-        args.model, prompt_len=pick(args.prompt_len, 64, 16), new_tokens=pick(args.new_tokens, 256, 16),
-        batches=[int(b) for b in str(args.batch).split(",")], strategies=strategies, dtype=args.dtype,
-        check_tokens=pick(args.check_tokens, 32, 8), check_compiled=not args.no_check_compiled,
-        repeats=pick(args.repeats, 3, 1), profile_k=pick(args.profile_steps, 16, 2), time_budget=args.time_budget,
-        device=args.device, seed=args.seed, quick=quick, command=command, out=out,
-    )
+    try:
+        record = run_bench(
+            args.model, prompt_len=pick(args.prompt_len, 64, 16), new_tokens=pick(args.new_tokens, 256, 16),
+            batches=args.batch, strategies=args.strategies, dtype=args.dtype,
+            check_tokens=pick(args.check_tokens, 32, 8), check_compiled=not args.no_check_compiled,
+            repeats=pick(args.repeats, 3, 1), profile_k=pick(args.profile_steps, 16, 2), time_budget=args.time_budget,
+            device=args.device, seed=args.seed, quick=quick, command=command, out=out,
+        )
+    except BenchArgumentError as e:  # raised before any work
+        args.error(str(e))
     json_path, csv_path = write(record, out)
     print(format_table(record))
     print(f"goal: {record['goal']}")

@@ -159,3 +159,44 @@ def test_every_strategy_is_described():
     assert set(bench.DEFAULT_STRATEGIES) <= set(STRATEGIES)
     assert all(s.about for s in STRATEGIES.values())
     assert Path(bench.__file__).name == "bench.py"
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--batch", "0"], "batch sizes must be >= 1"), (["--batch", "abc"], "comma list"),
+    (["--prompt-len", "0"], "smallest allowed value, 1"), (["--new-tokens", "1"], "smallest allowed value, 2"),
+    (["--check-tokens", "-1"], "smallest allowed value, 0"), (["--profile-steps", "-1"], "smallest allowed value, 0"),
+    (["--repeats", "0"], "smallest allowed value, 1"), (["--strategies", ","], "no strategy named"),
+    (["--strategies", "naive,fastest"], "unknown: fastest"), (["--dtype", "bf17"], "unknown dtype"),
+])
+def test_bad_flags_are_refused_by_argparse_before_any_work(flags, says, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench.parse_args(flags)
+    assert exit_.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_the_readmes_dtype_words_parse():
+    assert bench.parse_args(["--dtype", "bf16"]).dtype == torch.bfloat16
+    assert bench.parse_args(["--dtype", "float32"]).dtype == torch.float32
+
+
+def test_out_under_a_file_and_a_decode_past_the_position_limit_are_refused_before_any_work(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--out", str(blocker / "run")])
+    assert "is a file, not a folder" in capsys.readouterr().err
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit) as exit_:  # tiny-llama has 1,024 positions
+        bench.main(["--model", "tiny-llama", "--new-tokens", "3000", "--strategies", "naive", "--out", str(out)])
+    assert exit_.value.code == 2 and "position limit" in capsys.readouterr().err
+    assert not out.with_suffix(".json").exists()
+
+
+def test_run_bench_refuses_negative_counts_instead_of_recording_unmade_checks():
+    for kwargs in ({"check_tokens": -1}, {"profile_k": -1}, {"repeats": 0}, {"batches": [0]}, {"strategies": []}):
+        with pytest.raises(bench.BenchArgumentError):
+            bench.run_bench("tiny-llama", prompt_len=4, new_tokens=3, progress=False, **kwargs)
+    rec = bench.run_bench("tiny-llama", prompt_len=4, new_tokens=3, strategies=["static"], check_tokens=0, repeats=1,
+                          profile_k=0, progress=False)
+    (row,) = rec["results"]
+    assert row["exact"] is None and "--check-tokens 0" in row["check"]  # no check claimed
