@@ -156,11 +156,18 @@ class GraphSafeStaticCache(StaticCache):
 
     def set_position(self, position: int | torch.Tensor) -> None:
         """Put the counter at ``position`` with an in-place write (the tensor a graph captured stays the same)."""
-        if isinstance(position, int) and not 0 <= position <= self.max_cache_len:
-            raise ValueError(f"position must be in [0, {self.max_cache_len}], got {position}")
+        if isinstance(position, bool) or not isinstance(position, int | torch.Tensor):
+            raise TypeError(f"position must be an int or a 0-dim integer tensor, got {type(position).__name__}")
         if isinstance(position, torch.Tensor):
+            if position.numel() != 1 or position.dtype.is_floating_point or position.dtype == torch.bool:
+                raise ValueError(f"position must be a 0-dim integer tensor, got {position.dtype} of shape {tuple(position.shape)}")
+            if not capturing():  # eager: one host read; inside a capture the tensor is refilled before each replay
+                self.set_position(int(position))  # checks the range
+                return
             self.cache_position.copy_(position)
         else:
+            if not 0 <= position <= self.max_cache_len:
+                raise ValueError(f"position must be in [0, {self.max_cache_len}] (max_cache_len), got {position}")
             self.cache_position.fill_(position)
 
     # ---- override 1: write only the valid window ---------------------------------------------------
@@ -382,7 +389,7 @@ class GraphSafeDecoder:
         """The next ``n`` tokens ``[batch, n]``; here n is 1: one replay (the first call captures the step)."""
         if self.use_graph and self.step_graph is None:
             self.step_graph = self._capture(self._run_step, self.token)
-        return self.step()
+        return self._replay_step()
 
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None) -> torch.Tensor:
@@ -404,7 +411,20 @@ class GraphSafeDecoder:
 
     @torch.inference_mode()
     def step(self) -> torch.Tensor:
-        """One decode step: replay the captured graph (or run the step eagerly); returns ``self.token`` [batch, 1]."""
+        """One decode step by hand, after ``prefill``: returns ``self.token`` [batch, 1].
+
+        It reads the counter on the host first (one sync; ``generate`` checks once for all its steps instead) and
+        refuses a step past ``max_cache_len``: its key and value would go to the trash slot and the token be garbage.
+        """
+        used = int(self.cache.cache_position)
+        if used + 1 > self.cache.max_cache_len:
+            raise GraphSafeError(
+                f"the cache is full ({used} of {self.cache.max_cache_len} tokens): another step would decode garbage. "
+                "prefill a prompt again, or build the decoder with a larger max_cache_len."
+            )
+        return self._replay_step()
+
+    def _replay_step(self) -> torch.Tensor:
         if self.step_graph is not None:
             self.step_graph.replay()  # reads self.token and the cache by address, writes the next token
         else:
@@ -485,7 +505,7 @@ def eager_vs_replay(model, input_ids: torch.Tensor, *, steps: int = 32, rounds: 
             decoder.cache.set_position(start)  # in place: the next round decodes the same positions
         return fn
 
-    fns = {"eager": run(eager, eager.step), "replay": run(replay, replay.step)}
+    fns = {"eager": run(eager, eager._replay_step), "replay": run(replay, replay._replay_step)}
     seconds = time_interleaved(fns, rounds=rounds, device=device)
     peaks = {}
     for name, fn in fns.items():
@@ -493,7 +513,7 @@ def eager_vs_replay(model, input_ids: torch.Tensor, *, steps: int = 32, rounds: 
         fn()
         peaks[name] = peak_memory_bytes(device)
     if cuda:
-        work = {"eager": cuda_launches(eager.step, device), "replay": cuda_launches(replay.step, device)}
+        work = {"eager": cuda_launches(eager._replay_step, device), "replay": cuda_launches(replay._replay_step, device)}
         replay.cache.set_position(start)
         eager.cache.set_position(start)
     else:

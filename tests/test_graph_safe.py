@@ -355,3 +355,20 @@ def test_capture_leaves_no_trace(device):
     decoder.step_graph = decoder._capture(decoder._run_step, decoder.token)
     assert_unchanged(decoder.cache, before)
     assert torch.equal(decoder.token, token)
+
+
+def test_a_step_past_the_end_and_a_position_past_the_cache_are_refused():
+    model = tiny_model("tiny-llama")
+    decoder = GraphSafeDecoder(model, max_cache_len=8)
+    decoder.generate(prompt(5), 2)  # the cache holds 6 tokens, the next token is in decoder.token
+    decoder.step()
+    decoder.step()  # 8 of 8 slots
+    with pytest.raises(GraphSafeError, match="the cache is full \\(8 of 8 tokens\\)"):
+        decoder.step()
+    cache = decoder.cache
+    for bad, error in ((9, ValueError), (-1, ValueError), (torch.tensor(9), ValueError), (2.0, TypeError),
+                       (True, TypeError), (torch.tensor([1, 2]), ValueError), (torch.tensor(1.5), ValueError)):
+        with pytest.raises(error, match="position must be"):
+            cache.set_position(bad)
+    cache.set_position(torch.tensor(3))
+    assert int(cache.cache_position) == 3
