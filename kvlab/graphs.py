@@ -80,6 +80,39 @@ def _has_ref(x) -> bool:
     return type(x) is _Ref or (type(x) in (list, tuple) and any(type(y) is _Ref for y in x))
 
 
+def _host_sync(what: str, why: str) -> CaptureError:
+    return CaptureError(
+        f"host synchronization during capture: {what} {why}. A captured graph cannot hand a value back to Python "
+        "mid-step (CUDA refuses it with 'operation not permitted when stream is capturing'). Keep the value on the "
+        "device (torch.where, index with a tensor) or move the check outside the captured function."
+    )
+
+
+@contextmanager
+def _no_host_reads():
+    """``.tolist()``, ``.numpy()`` and ``np.asarray(t)`` read a tensor without any aten operation, so the recorder
+    cannot see them; on a GPU they copy the device's data to the host, which a capture refuses. Refuse them here too."""
+    patched = {}
+
+    def refuse(name, why):
+        def method(self, *args, **kwargs):
+            raise _host_sync(f"Tensor.{name}()", why)
+        return method
+
+    for name, why in (("tolist", "reads a tensor's values on the host"), ("numpy", "hands a tensor's values to NumPy"),
+                      ("__array__", "hands a tensor's values to NumPy (np.asarray, np.array)")):
+        patched[name] = torch.Tensor.__dict__.get(name)
+        setattr(torch.Tensor, name, refuse(name, why))
+    try:
+        yield
+    finally:
+        for name, original in patched.items():
+            if original is None:
+                delattr(torch.Tensor, name)
+            else:
+                setattr(torch.Tensor, name, original)
+
+
 class _Recorder(TorchDispatchMode):
     """Records every aten operation of one call; refuses host syncs; remembers each tensor before its first write.
 
@@ -102,12 +135,11 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         name = func._schema.name
         if name in HOST_SYNC_OPS:
-            raise CaptureError(
-                f"host synchronization during capture: {func} {HOST_SYNC_OPS[name]}. A captured graph cannot "
-                "hand a value back to Python mid-step (CUDA refuses it with 'operation not permitted when stream is "
-                "capturing'). Keep the value on the device (torch.where, index with a tensor) or move the check "
-                "outside the captured function."
-            )
+            raise _host_sync(str(func), HOST_SYNC_OPS[name])
+        if name == "aten::index" and any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+                                         for i in (args[1] if len(args) > 1 else ()) or ()):
+            raise _host_sync(str(func), "with a boolean mask has an output shape that depends on the data "
+                                        "(boolean-mask indexing); use torch.where(mask, x, other) instead")
         schema_args = func._schema.arguments
         values = list(args) + [kwargs.get(a.name) for a in schema_args[len(args):]]
         for arg, value in zip(schema_args, values, strict=False):
@@ -343,7 +375,7 @@ def _capture_emulated(fn, static_inputs, warmup, before_replay, device) -> Captu
 
     recorder = _Recorder()
     try:
-        with recorder, _libraries_see_a_capture():
+        with recorder, _libraries_see_a_capture(), _no_host_reads():
             leaves, spec = _flat_tensors(fn(*static_inputs), "the captured function")
         outputs = [recorder.encode(t) for t in leaves]
         meta = [(t.shape, t.dtype, t.device) for t in leaves]

@@ -79,7 +79,7 @@ def test_rebinding_a_tensor_the_graph_read_leaves_the_graph_on_the_old_one(mode)
     assert g.replay().tolist() == [4.0, 4.0]
 
 
-@pytest.mark.parametrize("how", ["item", "bool", "branch", "nonzero"])
+@pytest.mark.parametrize("how", ["item", "bool", "branch", "nonzero", "tolist", "numpy", "asarray", "mask"])
 def test_host_sync_during_capture_is_an_error(how):
     x = torch.ones(3)
 
@@ -90,10 +90,21 @@ def test_host_sync_during_capture_is_an_error(how):
             return t * bool(t.sum() > 0)
         if how == "branch":
             return t + 1 if (t > 0).all() else t - 1
+        if how == "tolist":  # no aten operation at all: the emulation once captured it with its values frozen
+            return torch.tensor(t.tolist()) * 2
+        if how == "numpy":
+            return torch.from_numpy(t.numpy()) * 2
+        if how == "asarray":
+            import numpy as np
+
+            return torch.as_tensor(np.asarray(t)) * 2
+        if how == "mask":  # captured before, then failed at replay with a raw shape error
+            return t[t > 0] * 2
         return t[torch.nonzero(t > 0).flatten()]
 
     with pytest.raises(CaptureError, match="host synchronization"):
         capture(step, x, warmup=0)
+    assert x.tolist() == [1.0, 1.0, 1.0] and x.numpy().sum() == 3  # refused only while recording
 
 
 def test_failed_capture_leaves_no_side_effect():
