@@ -97,6 +97,6 @@ def decode_graph_safe_fast(model, input_ids: torch.Tensor, max_new_tokens: int, 
     length = max_cache_len or 16 * -(-need // 16)
     key = (input_ids.shape[0], length, compile_mode, steps, use_graph, next(model.parameters()).dtype)
     decoder = per_model(fast, "graph-safe-compiled", key, lambda: MultiStepDecoder(
-        fast, length, input_ids.shape[0], steps=steps, graph=use_graph, compile_mode=compile_mode))
+        fast, length, input_ids.shape[0], steps=steps, graph=use_graph, compile_mode=compile_mode), keep=lambda d: not d.stale())
     with inductor_options(tune, input_ids.device) if compile_mode else nullcontext():
         return decoder.generate(input_ids, max_new_tokens, on_token=on_token)

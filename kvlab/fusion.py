@@ -198,6 +198,7 @@ def fused_copy(model, *, fuse: bool = True, attention: bool | str = True, gemv: 
 
     def make():
         fast = copy.deepcopy(model)  # the copy's own memo starts empty (kvlab.memo.PerModel)
+        fast.__dict__["kvlab_source_state"] = source_state(model)
         if fuse:
             fuse_projections(fast)
         if attention:
@@ -207,4 +208,17 @@ def fused_copy(model, *, fuse: bool = True, attention: bool | str = True, gemv: 
             use_gemv(fast)
         return fast
 
-    return per_model(model, "fused-copy", (fuse, attention, gemv), make)
+    # a copy made before the original's weights changed (in place or replaced) would decode with the old ones
+    return per_model(model, "fused-copy", (fuse, attention, gemv), make,
+                     keep=lambda fast: fast.__dict__.get("kvlab_source_state") == source_state(model))
+
+
+def source_state(model) -> tuple:
+    """Address, dtype, device and in-place write count of every parameter and buffer: changes with any new weight."""
+    def version(t):
+        try:
+            return t._version  # counts in-place writes (load_state_dict, copy_)
+        except RuntimeError:  # an inference tensor keeps no count
+            return None
+
+    return tuple((t.data_ptr(), t.dtype, t.device, version(t)) for t in (*model.parameters(), *model.buffers()))

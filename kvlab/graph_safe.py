@@ -247,6 +247,11 @@ class GraphSafeStaticCache(StaticCache):
         return super().early_initialization(*args, **kwargs)
 
 
+def weights_fingerprint(model) -> tuple:
+    """The addresses, dtypes and devices of a model's parameters and buffers: what a captured graph reads."""
+    return tuple((t.data_ptr(), t.dtype, t.device) for t in (*model.parameters(), *model.buffers()))
+
+
 class GraphSafeDecoder:
     """Prefill eagerly, capture the decode step once, replay it for any number of prompts (same cache, same graph).
 
@@ -288,7 +293,8 @@ class GraphSafeDecoder:
         if prefill_bucket is not None:
             self.prompt = torch.zeros(batch, prefill_bucket, dtype=torch.long, device=self.device)  # [batch, bucket]
             self.valid = torch.zeros((), dtype=torch.long, device=self.device)  # valid prompt length, on the device
-        self._fingerprint = None
+        self._fingerprint = None  # the cache's addresses at capture
+        self._weights = None  # the model's parameter and buffer addresses at capture
 
     @property
     def max_cache_len(self) -> int:
@@ -339,6 +345,17 @@ class GraphSafeDecoder:
                 "the cache's buffers were reallocated or rebound since the graph was captured: replay would write into "
                 "the old buffers. Never rebind cache tensors; use cache.reset(). Build a new GraphSafeDecoder."
             )
+        if self._weights is not None and weights_fingerprint(self.model) != self._weights:
+            raise GraphSafeError(
+                "the model's weights were replaced since the graph was captured (model.to(...), .half(), new "
+                "parameters assigned): a replay would read the old tensors. Build a new GraphSafeDecoder "
+                "(kvlab.decode builds one by itself)."
+            )
+
+    def stale(self) -> bool:
+        """True when the captured graphs no longer read what they should: the cache or the weights were replaced."""
+        return self._fingerprint is not None and (
+            self.cache.fingerprint() != self._fingerprint or weights_fingerprint(self.model) != self._weights)
 
     def _capture(self, fn, static: torch.Tensor):
         """Capture ``fn(static)`` and undo the warm-up calls' side effects in place: counter, token, slots they wrote."""
@@ -358,7 +375,7 @@ class GraphSafeDecoder:
                 layer.keys[:, :, start:end].zero_()
                 layer.values[:, :, start:end].zero_()
         self.cache.frozen = True
-        self._fingerprint = self.cache.fingerprint()
+        self._fingerprint, self._weights = self.cache.fingerprint(), weights_fingerprint(self.model)
         return graph
 
     # ---- generation --------------------------------------------------------------------------------
@@ -568,5 +585,5 @@ def decode_graph_safe(model, input_ids: torch.Tensor, max_new_tokens: int, *, on
             key = (input_ids.shape[0], use_graph, compile_mode, prefill_bucket, length, next(model.parameters()).dtype)
             decoder = per_model(model, "graph-safe", key, lambda: GraphSafeDecoder(
                 model, length, input_ids.shape[0], graph=use_graph, compile_mode=compile_mode,
-                prefill_bucket=prefill_bucket))
+                prefill_bucket=prefill_bucket), keep=lambda d: not d.stale())
     return decoder.generate(input_ids, max_new_tokens, on_token=on_token)

@@ -450,5 +450,5 @@ def decode_graph_safe_kernels(model, input_ids: torch.Tensor, max_new_tokens: in
     length = max_cache_len or 16 * -(-need // 16)
     key = (input_ids.shape[0], length, steps, use_graph, next(model.parameters()).dtype)
     decoder = per_model(model, "graph-safe-kernels", key, lambda: KernelStepDecoder(
-        model, length, input_ids.shape[0], steps=steps, graph=use_graph))
+        model, length, input_ids.shape[0], steps=steps, graph=use_graph), keep=lambda d: not d.stale())
     return decoder.generate(input_ids, max_new_tokens, on_token=on_token)

@@ -24,10 +24,13 @@ class PerModel(dict):
         return PerModel, ()
 
 
-def per_model(model, kind: str, key: Hashable, make: Callable[[], object]):
-    """The object memoised for ``(kind, key)`` on ``model``, made by ``make()`` on first use."""
+def per_model(model, kind: str, key: Hashable, make: Callable[[], object],
+              keep: Callable[[object], bool] | None = None):
+    """The object memoised for ``(kind, key)`` on ``model``, made by ``make()`` on first use, and made again when
+    ``keep(obj)`` says the kept one no longer fits (a decoder whose graph reads replaced weights)."""
     store = model.__dict__.setdefault(ATTRIBUTE, PerModel())
-    if (kind, key) not in store:
+    if (kind, key) not in store or (keep is not None and not keep(store[(kind, key)])):
+        store.pop((kind, key), None)  # free the stale one (its cache and graph) before making its successor
         store[(kind, key)] = make()
     return store[(kind, key)]
 

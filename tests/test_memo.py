@@ -44,3 +44,32 @@ def test_second_call_reuses_the_decoder_and_a_copy_of_the_model_starts_empty():
     assert memo.kept(model, "graph-safe") == [decoder]
     memo.forget(model)
     assert memo.kept(model, "graph-safe") == []
+
+
+def test_decoders_and_fused_copies_follow_the_models_weights():
+    model = kvlab.tiny_model("tiny-llama")
+    for decode_fn in (decode_graph_safe, decode_graph_safe_fast):
+        decode_fn(model, IDS, 4)
+    (decoder,) = memo.kept(model, "graph-safe")
+    (fast,) = memo.kept(model, "fused-copy")
+    with torch.no_grad():  # new weights written in place: a replay reads them, the fused copy must be made again
+        for p in model.parameters():
+            p.mul_(1.5)
+    naive = kvlab.decode(model, IDS, 4)
+    assert torch.equal(decode_graph_safe(model, IDS, 4), naive) and memo.kept(model, "graph-safe") == [decoder]
+    assert torch.equal(decode_graph_safe_fast(model, IDS, 4), naive) and memo.kept(model, "fused-copy") != [fast]
+    model.double()  # replaced tensors: the old graph would read freed memory; the strategy builds a new decoder
+    assert torch.equal(decode_graph_safe(model, IDS, 4), kvlab.decode(model, IDS, 4))
+    assert memo.kept(model, "graph-safe") != [decoder]
+
+
+def test_an_explicit_decoder_refuses_replaced_weights():
+    from kvlab.graph_safe import GraphSafeDecoder, GraphSafeError
+
+    model = kvlab.tiny_model("tiny-llama")
+    decoder = GraphSafeDecoder(model, 32)
+    decoder.generate(IDS, 4)
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    assert decoder.stale()
+    with pytest.raises(GraphSafeError, match="weights were replaced"):
+        decoder.generate(IDS, 4)
