@@ -7,7 +7,7 @@ that returns the new token ids, shape ``[batch, max_new_tokens]``, chosen greedi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib import import_module
 
 import torch
@@ -77,12 +77,39 @@ def strategy_function(strategy: str) -> Callable:
     return getattr(import_module(module), name)
 
 
-def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str = "naive", **kwargs) -> torch.Tensor:
+def unpadded_ids(input_ids, attention_mask=None) -> torch.Tensor:
+    """The prompt ids of ``input_ids`` (a tensor, or a tokenizer's output with its mask), refusing padded rows.
+
+    Every strategy feeds each row's tokens at positions 0, 1, ...: a padded row would be decoded as if its padding
+    were prompt text, so a batch must hold prompts of one length, and a mask with any 0 is refused.
+    """
+    if isinstance(input_ids, Mapping):  # BatchEncoding or dict from a tokenizer
+        if attention_mask is None:
+            attention_mask = input_ids.get("attention_mask")
+        input_ids = input_ids["input_ids"]
+    if attention_mask is not None:
+        if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != tuple(getattr(input_ids, "shape", ())):
+            raise ValueError(f"attention_mask must be a tensor of the ids' shape {tuple(getattr(input_ids, 'shape', ()))}, "
+                             f"got {tuple(getattr(attention_mask, 'shape', ())) or type(attention_mask).__name__}")
+        padded = (attention_mask == 0).sum(dim=1)
+        if bool(padded.any()):
+            rows = [(i, int(n)) for i, n in enumerate(padded.tolist()) if n]
+            raise ValueError(
+                f"padded rows (row, padding tokens): {rows}. kvlab's strategies decode prompts of one length and would "
+                "read the padding as prompt text. Decode each prompt alone, or batch prompts of equal length."
+            )
+    return input_ids
+
+
+def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str = "naive", attention_mask=None,
+           **kwargs) -> torch.Tensor:
     """Greedy-decode ``max_new_tokens`` tokens after ``input_ids`` with the named strategy.
 
-    Returns a LongTensor ``[batch, max_new_tokens]`` of new token ids. Every strategy returns the same
-    tokens as ``"naive"`` (in fp32); the course's checks assert it.
+    ``input_ids``: ``[batch, prompt_len]``, or a tokenizer's output; a batch with padding (an ``attention_mask``
+    with zeros) is refused. Returns a LongTensor ``[batch, max_new_tokens]`` of new token ids. Every strategy
+    returns the same tokens as ``"naive"`` (in fp32); the course's checks assert it.
     """
     fn = strategy_function(strategy)
+    input_ids = unpadded_ids(input_ids, attention_mask)
     check_inputs(model, input_ids, max_new_tokens)
     return fn(model, input_ids, max_new_tokens, **kwargs)

@@ -83,3 +83,21 @@ def test_strategy_table():
         module, _, fn = target.partition(":")
         assert module.startswith("kvlab.") and fn, name
     assert decoding.strategy_function("naive") is decoding.decode_naive
+
+
+def test_a_padded_batch_is_refused_and_a_tokenizers_output_is_accepted():
+    from transformers import BatchEncoding
+
+    model = tiny_model("tiny-llama")
+    ids = prompt(batch=2)
+    mask = torch.ones_like(ids)
+    decode = kvlab.decode
+    assert torch.equal(decode(model, BatchEncoding({"input_ids": ids, "attention_mask": mask}), 3), decode(model, ids, 3))
+    assert torch.equal(decode(model, ids, 3, attention_mask=mask), decode(model, ids, 3))
+    mask[1, :2] = 0  # left padding of the second row
+    for call in (lambda: decode(model, ids, 3, attention_mask=mask, strategy="handwritten"),
+                 lambda: decode(model, {"input_ids": ids, "attention_mask": mask}, 3)):
+        with pytest.raises(ValueError, match=r"padded rows \(row, padding tokens\): \[\(1, 2\)\]"):
+            call()
+    with pytest.raises(ValueError, match="attention_mask must be a tensor of the ids' shape"):
+        decode(model, ids, 3, attention_mask=mask[:, :3])
