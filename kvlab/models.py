@@ -215,12 +215,34 @@ def is_converted(folder: str | Path) -> bool:
         return False
 
 
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def mark_converted(folder: str | Path) -> None:
-    """Write the marker that :func:`is_converted` looks for, listing the folder's files and sizes."""
+    """Write the marker that :func:`is_converted` looks for: the folder's files with their sizes and sha256."""
     folder = Path(folder)
-    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file() and p.name != DONE_FILE}
-    record = {"source": SMOLLM2_WHEEL, "sha256": SMOLLM2_WHEEL_SHA256, "files": files}
+    names = [p.name for p in sorted(folder.iterdir()) if p.is_file() and p.name != DONE_FILE]
+    record = {"source": SMOLLM2_WHEEL, "sha256": SMOLLM2_WHEEL_SHA256,
+              "files": {n: (folder / n).stat().st_size for n in names},
+              "file_sha256": {n: file_sha256(folder / n) for n in names}}
     (folder / DONE_FILE).write_text(json.dumps(record, indent=1))
+
+
+def damaged_files(folder: str | Path) -> list[str]:
+    """The files of a converted folder whose sha256 differs from the one recorded at conversion (about 1 s).
+
+    A folder converted before checksums were recorded gets them recorded now, from its files as they are."""
+    folder = Path(folder)
+    record = json.loads((folder / DONE_FILE).read_text())
+    if "file_sha256" not in record:
+        mark_converted(folder)
+        return []
+    return [n for n, digest in record["file_sha256"].items() if file_sha256(folder / n) != digest]
 
 
 def _convert_smollm2(target: Path) -> None:
@@ -275,8 +297,14 @@ def _convert_smollm2(target: Path) -> None:
 def smollm2_folder() -> Path:
     """The converted SmolLM2-135M-Instruct folder in :func:`cache_dir`, made on first use."""
     target = cache_dir() / DEFAULT_MODEL
-    if not is_converted(target):
-        _convert_smollm2(target)
+    if is_converted(target):
+        damaged = damaged_files(target)
+        if not damaged:
+            return target
+        print(f"{target}: {', '.join(damaged)} no longer match the checksum recorded at conversion (a damaged or "
+              "altered file); converting the model again")
+        shutil.rmtree(target, ignore_errors=True)
+    _convert_smollm2(target)
     return target
 
 

@@ -3,6 +3,7 @@
 import copy
 import hashlib
 import importlib.util
+import json
 import os
 import threading
 import time
@@ -331,3 +332,25 @@ def test_real_model_knows_the_capital_of_france(real_model):
     hf = model.generate(ids, max_new_tokens=8, do_sample=False)[:, ids.shape[1]:]  # stops at <|im_end|>
     assert torch.equal(new[:, :hf.shape[1]], hf)
     assert "Paris" in tok.decode(new[0], skip_special_tokens=True)
+
+
+def test_a_converted_model_whose_contents_changed_is_converted_again(empty_cache, fake_wheel, monkeypatch):
+    calls = []
+    monkeypatch.setattr(models, "_load_gguf", fake_gguf_loader(calls))
+    target = models.smollm2_folder()
+    weights = target / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 64] = bytes(64)  # zeroed in the middle: same size, other contents
+    weights.write_bytes(bytes(data))
+    assert models.is_converted(target) and models.damaged_files(target) == ["model.safetensors"]
+    assert models.smollm2_folder() == target and len(calls) == 2  # detected and converted again
+    assert models.damaged_files(target) == []
+
+
+def test_an_older_marker_without_checksums_gets_them(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"12345")
+    (tmp_path / models.DONE_FILE).write_text(json.dumps({"files": {"model.safetensors": 5}}))
+    assert models.damaged_files(tmp_path) == []  # trusted as it is (offline users keep their copy), and recorded
+    assert "file_sha256" in json.loads((tmp_path / models.DONE_FILE).read_text())
+    (tmp_path / "model.safetensors").write_bytes(b"54321")
+    assert models.damaged_files(tmp_path) == ["model.safetensors"]
