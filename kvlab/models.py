@@ -215,21 +215,13 @@ def is_converted(folder: str | Path) -> bool:
         return False
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def mark_converted(folder: str | Path) -> None:
     """Write the marker that :func:`is_converted` looks for: the folder's files with their sizes and sha256."""
     folder = Path(folder)
     names = [p.name for p in sorted(folder.iterdir()) if p.is_file() and p.name != DONE_FILE]
     record = {"source": SMOLLM2_WHEEL, "sha256": SMOLLM2_WHEEL_SHA256,
               "files": {n: (folder / n).stat().st_size for n in names},
-              "file_sha256": {n: file_sha256(folder / n) for n in names}}
+              "file_sha256": {n: _sha256(folder / n) for n in names}}
     (folder / DONE_FILE).write_text(json.dumps(record, indent=1))
 
 
@@ -242,7 +234,7 @@ def damaged_files(folder: str | Path) -> list[str]:
     if "file_sha256" not in record:
         mark_converted(folder)
         return []
-    return [n for n, digest in record["file_sha256"].items() if file_sha256(folder / n) != digest]
+    return [n for n, digest in record["file_sha256"].items() if _sha256(folder / n) != digest]
 
 
 def _convert_smollm2(target: Path) -> None:
