@@ -441,6 +441,7 @@ class GraphSafeDecoder:
             )
         return self._replay_step()
 
+    @torch.inference_mode()
     def _replay_step(self) -> torch.Tensor:
         if self.step_graph is not None:
             self.step_graph.replay()  # reads self.token and the cache by address, writes the next token

@@ -372,3 +372,10 @@ def test_a_step_past_the_end_and_a_position_past_the_cache_are_refused():
             cache.set_position(bad)
     cache.set_position(torch.tensor(3))
     assert int(cache.cache_position) == 3
+
+
+def test_eager_vs_replay_runs_outside_inference_mode():
+    from kvlab.graph_safe import eager_vs_replay
+
+    live = eager_vs_replay(tiny_model("tiny-llama"), prompt(5), steps=2, rounds=1)  # lesson 05 calls it like this
+    assert live["eager_ms_per_token"] > 0 and live["replay_ms_per_token"] > 0
