@@ -20,6 +20,24 @@ from .cache_memory import kv_bytes_per_token
 from .decoding import OnToken, greedy
 
 
+def check_states(key_states, value_states, keys=None) -> None:
+    """Refuse K/V that cannot belong together (or to what ``keys`` already holds) before anything is written."""
+    if not (isinstance(key_states, torch.Tensor) and isinstance(value_states, torch.Tensor)
+            and key_states.dim() == 4 and value_states.dim() == 4):
+        raise ValueError("keys and values must be tensors [batch, kv_heads, new_tokens, head_dim]")
+    if key_states.shape[:3] != value_states.shape[:3] or key_states.dtype != value_states.dtype:
+        raise ValueError(f"keys {tuple(key_states.shape)} {key_states.dtype} and values {tuple(value_states.shape)} "
+                         f"{value_states.dtype} must share batch, kv heads, token count and dtype")
+    if keys is not None and (key_states.shape[0] != keys.shape[0] or key_states.shape[1] != keys.shape[1]
+                             or key_states.shape[3] != keys.shape[3] or key_states.dtype != keys.dtype
+                             or key_states.device != keys.device):
+        raise ValueError(
+            f"new keys {tuple(key_states.shape)} {key_states.dtype} on {key_states.device} do not fit the cached "
+            f"{tuple(keys.shape)} {keys.dtype} on {keys.device} (batch, kv heads, head_dim, dtype and device must "
+            "stay the same): use a fresh HandwrittenCache for another batch, model or dtype"
+        )
+
+
 class HandwrittenLayer:
     """One decoder layer's keys and values, grown by concatenation along the sequence axis."""
 
@@ -34,14 +52,11 @@ class HandwrittenLayer:
 
     def append(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new tokens' K and V ``[batch, kv_heads, new, head_dim]``; return all of them so far."""
+        check_states(key_states, value_states, self.keys)
         if self.keys is None:  # first call: start from an empty sequence of the right shape
             batch, kv_heads, _, head_dim = key_states.shape
             self.keys = key_states.new_empty(batch, kv_heads, 0, head_dim)  # [batch, kv_heads, 0, head_dim]
             self.values = value_states.new_empty(batch, kv_heads, 0, value_states.shape[-1])
-        elif key_states.shape[0] != self.keys.shape[0]:
-            raise ValueError(
-                f"batch changed from {self.keys.shape[0]} to {key_states.shape[0]}: use a fresh HandwrittenCache per batch"
-            )
         # torch.cat allocates a new [batch, kv_heads, seq + new, head_dim] tensor and copies old AND new into it
         self.keys = torch.cat([self.keys, key_states], dim=-2)
         self.values = torch.cat([self.values, value_states], dim=-2)

@@ -86,11 +86,20 @@ def test_used_cache_is_refused():
         decode_handwritten(model, prompt(), 2, cache=object())
 
 
-def test_batch_change_is_refused():
+def test_states_that_do_not_fit_are_refused_before_anything_is_written():
     layer = HandwrittenLayer()
     layer.append(torch.zeros(2, 1, 3, 4), torch.zeros(2, 1, 3, 4))
-    with pytest.raises(ValueError, match="batch changed"):
-        layer.append(torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4))
+    for k, v in ((torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4)),  # another batch
+                 (torch.zeros(2, 2, 1, 4), torch.zeros(2, 2, 1, 4)),  # other kv heads
+                 (torch.zeros(2, 1, 1, 8), torch.zeros(2, 1, 1, 8)),  # another head_dim
+                 (torch.zeros(2, 1, 1, 4, dtype=torch.float64), torch.zeros(2, 1, 1, 4, dtype=torch.float64))):
+        with pytest.raises(ValueError, match="do not fit the cached"):
+            layer.append(k, v)
+    with pytest.raises(ValueError, match="must share batch, kv heads, token count"):  # K without its V's tokens
+        layer.append(torch.zeros(2, 1, 2, 4), torch.zeros(2, 1, 1, 4))
+    with pytest.raises(ValueError, match=r"\[batch, kv_heads, new_tokens, head_dim\]"):
+        layer.append(torch.zeros(2, 4), torch.zeros(2, 4))
+    assert layer.seq_len == 3  # nothing was written
 
 
 def test_decode_checks_inputs_for_this_strategy():
