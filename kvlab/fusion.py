@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .memo import per_model
+from .memo import per_model, weights_state
 
 ATTENTION_NAME = "kvlab-decode"
 REDUCTION_ATTENTION_NAME = "kvlab-decode-reduction"
@@ -198,7 +198,7 @@ def fused_copy(model, *, fuse: bool = True, attention: bool | str = True, gemv: 
 
     def make():
         fast = copy.deepcopy(model)  # the copy's own memo starts empty (kvlab.memo.PerModel)
-        fast.__dict__["kvlab_source_state"] = source_state(model)
+        fast.__dict__["kvlab_source_state"] = weights_state(model, writes=True)
         if fuse:
             fuse_projections(fast)
         if attention:
@@ -210,15 +210,4 @@ def fused_copy(model, *, fuse: bool = True, attention: bool | str = True, gemv: 
 
     # a copy made before the original's weights changed (in place or replaced) would decode with the old ones
     return per_model(model, "fused-copy", (fuse, attention, gemv), make,
-                     keep=lambda fast: fast.__dict__.get("kvlab_source_state") == source_state(model))
-
-
-def source_state(model) -> tuple:
-    """Address, dtype, device and in-place write count of every parameter and buffer: changes with any new weight."""
-    def version(t):
-        try:
-            return t._version  # counts in-place writes (load_state_dict, copy_)
-        except RuntimeError:  # an inference tensor keeps no count
-            return None
-
-    return tuple((t.data_ptr(), t.dtype, t.device, version(t)) for t in (*model.parameters(), *model.buffers()))
+                     keep=lambda fast: fast.__dict__.get("kvlab_source_state") == weights_state(model, writes=True))

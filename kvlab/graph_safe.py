@@ -32,7 +32,7 @@ from transformers.cache_utils import StaticLayer, get_layer_types_and_kwargs
 
 from .decoding import OnToken, check_inputs, greedy
 from .graphs import capture
-from .memo import per_model
+from .memo import per_model, weights_state
 from .runtime import check_dtype
 
 
@@ -247,11 +247,6 @@ class GraphSafeStaticCache(StaticCache):
         return super().early_initialization(*args, **kwargs)
 
 
-def weights_fingerprint(model) -> tuple:
-    """The addresses, dtypes and devices of a model's parameters and buffers: what a captured graph reads."""
-    return tuple((t.data_ptr(), t.dtype, t.device) for t in (*model.parameters(), *model.buffers()))
-
-
 class GraphSafeDecoder:
     """Prefill eagerly, capture the decode step once, replay it for any number of prompts (same cache, same graph).
 
@@ -345,7 +340,7 @@ class GraphSafeDecoder:
                 "the cache's buffers were reallocated or rebound since the graph was captured: replay would write into "
                 "the old buffers. Never rebind cache tensors; use cache.reset(). Build a new GraphSafeDecoder."
             )
-        if self._weights is not None and weights_fingerprint(self.model) != self._weights:
+        if self._weights is not None and weights_state(self.model) != self._weights:
             raise GraphSafeError(
                 "the model's weights were replaced since the graph was captured (model.to(...), .half(), new "
                 "parameters assigned): a replay would read the old tensors. Build a new GraphSafeDecoder "
@@ -355,7 +350,7 @@ class GraphSafeDecoder:
     def stale(self) -> bool:
         """True when the captured graphs no longer read what they should: the cache or the weights were replaced."""
         return self._fingerprint is not None and (
-            self.cache.fingerprint() != self._fingerprint or weights_fingerprint(self.model) != self._weights)
+            self.cache.fingerprint() != self._fingerprint or weights_state(self.model) != self._weights)
 
     def _capture(self, fn, static: torch.Tensor):
         """Capture ``fn(static)`` and undo the warm-up calls' side effects in place: counter, token, slots they wrote."""
@@ -375,7 +370,7 @@ class GraphSafeDecoder:
                 layer.keys[:, :, start:end].zero_()
                 layer.values[:, :, start:end].zero_()
         self.cache.frozen = True
-        self._fingerprint, self._weights = self.cache.fingerprint(), weights_fingerprint(self.model)
+        self._fingerprint, self._weights = self.cache.fingerprint(), weights_state(self.model)
         return graph
 
     # ---- generation --------------------------------------------------------------------------------

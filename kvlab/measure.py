@@ -6,7 +6,6 @@ counted where it runs, not where it was launched.
 
 from __future__ import annotations
 
-import contextlib
 import resource
 import statistics
 import sys
@@ -215,6 +214,9 @@ def memory_held(device) -> dict:
         return {"allocated_mb": torch.cuda.memory_allocated(device) / 2**20,
                 "reserved_mb": torch.cuda.memory_reserved(device) / 2**20,
                 "peak_mb": torch.cuda.max_memory_allocated(device) / 2**20}
-    with open("/proc/self/statm") if sys.platform.startswith("linux") else contextlib.nullcontext(None) as f:
-        rss = int(f.read().split()[1]) * resource.getpagesize() if f else process_peak_rss_bytes()
+    try:  # Linux: resident pages now; elsewhere the peak stands in for it
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * resource.getpagesize()
+    except OSError:
+        rss = process_peak_rss_bytes()
     return {"rss_mb": rss / 2**20, "peak_rss_mb": process_peak_rss_bytes() / 2**20}

@@ -35,6 +35,19 @@ def per_model(model, kind: str, key: Hashable, make: Callable[[], object],
     return store[(kind, key)]
 
 
+def weights_state(model, *, writes: bool = False) -> tuple:
+    """Address, dtype and device of every parameter and buffer (what a captured graph reads); with ``writes``,
+    also each tensor's count of in-place writes (what a copy of the weights misses: load_state_dict, copy_)."""
+    def version(t):
+        try:
+            return t._version
+        except RuntimeError:  # an inference tensor keeps no count
+            return None
+
+    return tuple((t.data_ptr(), t.dtype, t.device) + ((version(t),) if writes else ())
+                 for t in (*model.parameters(), *model.buffers()))
+
+
 def forget(model) -> None:
     """Drop everything kvlab keeps for ``model`` (its decoders, caches, graphs and fused copies)."""
     model.__dict__.pop(ATTRIBUTE, None)
