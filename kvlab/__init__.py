@@ -33,9 +33,9 @@ def _check_versions() -> None:
 
 _check_versions()
 
-from .decoding import STRATEGIES, decode  # noqa: E402
 from .models import ModelUnavailableError, load_model, tiny_model  # noqa: E402
 from .runtime import environment, hardware, quick_mode, size  # noqa: E402
+from .strategies import STRATEGIES, decode  # noqa: E402
 
 __all__ = [
     "STRATEGIES", "ModelUnavailableError", "decode", "environment", "hardware", "load_model", "quick_mode", "size",
@@ -45,8 +45,12 @@ __all__ = [
 
 def __getattr__(name: str):
     """``kvlab.GraphSafeStaticCache`` / ``kvlab.GraphSafeDecoder``, imported on first use (they import transformers)."""
-    if name in ("GraphSafeStaticCache", "GraphSafeDecoder"):
-        from . import graph_safe
+    if name == "GraphSafeStaticCache":
+        from .graph_safe_cache import GraphSafeStaticCache
 
-        return getattr(graph_safe, name)
+        return GraphSafeStaticCache
+    if name == "GraphSafeDecoder":
+        from .graph_decoder import GraphSafeDecoder
+
+        return GraphSafeDecoder
     raise AttributeError(f"module 'kvlab' has no attribute {name!r}")

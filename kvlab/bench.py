@@ -1,7 +1,7 @@
 """``python -m kvlab.bench``: every decode path of the course on the same model, prompt and machine, in one process.
 
 For each batch size and strategy: a token check, a warm-up (compile, capture, autotune: timed apart), then
-the steady-state time per decode step (``kvlab.bench_tools``: ``(T(n) - T(1)) / (n - 1)``, no host sync per
+the steady-state time per decode step (``kvlab.measure.time_decode``: ``(T(n) - T(1)) / (n - 1)``, no host sync per
 token), tokens/s, peak memory, kernels and GPU busy time per step from ``torch.profiler``, the bandwidth floor
 (weights + KV cache read once per step, over a measured copy bandwidth), and ratios to ``naive`` and to the
 ``torch.compile(mode="reduce-overhead")`` path. Results go to ``--out``.json and .csv with the environment and
@@ -21,37 +21,43 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from .bench_tools import (
-    DEFAULT_STRATEGIES,
-    GRAPH_SAFE,
-    RANDOM_SMOLLM2,
-    STRATEGIES,
-    build_model,
-    cast,
-    copy_bandwidth_gbps,
-    first_mismatch,
-    floor_ms,
-    git_state,
-    model_facts,
-    profile_steps,
-    round16,
-    time_decode,
-    wall,
-)
-from .decoding import decode_naive
+from .decoding import decode_naive, first_mismatch
+from .measure import copy_bandwidth_gbps, profile_steps, time_decode
+from .models import RANDOM_SMOLLM2, build_model, cast
 from .runtime import as_dtype, cpu_name, environment, pick_device, pick_dtype, quick_mode
+from .sizes import floor_ms, model_facts
+from .strategies import BENCHMARKED, DEFAULT_STRATEGIES, STRATEGIES
 
-GOAL = {"tokens_per_s": 1200.0, "x_reduce_overhead": 2.0}  # issue 5, for the configuration below on an H200
-GOAL_CONFIG = {"model": RANDOM_SMOLLM2, "prompt_len": 64, "new_tokens": 256, "batch": 1, "dtype": "bfloat16"}
+CACHE_ROUNDING = 16  # max_cache_len = prompt + new tokens rounded up: one cache length per run, graphs reused
 TABLE = ["strategy", "batch", "ms_per_token", "tokens_per_s", "x_naive", "x_reduce_overhead", "compile_or_capture_s",
          "peak_memory_mb", "exact", "kernels_per_step", "busy_ms_per_step", "x_floor"]
+
+
+def git_state() -> dict:
+    """The commit the code ran from and any uncommitted kvlab file. ``$KVLAB_GIT_COMMIT`` (and ``$KVLAB_GIT_DIRTY``,
+    comma-separated) win when set: a copied working tree (the GPU machine) may carry a stale or no .git."""
+    if os.environ.get("KVLAB_GIT_COMMIT"):
+        return {"commit": os.environ["KVLAB_GIT_COMMIT"],
+                "uncommitted": [p for p in os.environ.get("KVLAB_GIT_DIRTY", "").split(",") if p]}
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "kvlab"], cwd=root, capture_output=True, text=True,
+                               timeout=10).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "", []
+    if len(commit) != 40:  # no repository, or one without commits
+        return {"commit": "unknown", "uncommitted": "unknown"}
+    return {"commit": commit, "uncommitted": [line[3:] for line in dirty if line.strip()]}
 
 
 class BenchArgumentError(ValueError):
@@ -69,10 +75,10 @@ def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, re
     if not batches or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches):
         raise BenchArgumentError(f"batch sizes must be ints >= 1, got {list(batches)!r}")
     if not strategies:
-        raise BenchArgumentError(f"no strategy given; choose from {sorted(STRATEGIES)}")
-    unknown = [s for s in strategies if s not in STRATEGIES]
+        raise BenchArgumentError(f"no strategy given; choose from {', '.join(BENCHMARKED)}")
+    unknown = [s for s in strategies if s not in BENCHMARKED]
     if unknown:
-        raise BenchArgumentError(f"unknown strategies {unknown}; choose from {sorted(STRATEGIES)}")
+        raise BenchArgumentError(f"unknown strategies {unknown}; choose from {', '.join(BENCHMARKED)}")
 
 
 def skip_reason(strategy, device, quick: bool, elapsed: float, budget: float | None) -> str | None:
@@ -116,7 +122,6 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
     facts = model_facts(timed_model, dtype)
     gbps = copy_bandwidth_gbps(device)
     dynamic = True if len(batches) > 1 else None  # one compile of reduce-overhead for all batch sizes
-    state: dict = {}
     results, skipped, traces = [], [], {}
     record = {
         "kvlab_bench": 1, "command": command or "kvlab.bench.run_bench(...)", "env": env, "git": git_state(),
@@ -129,7 +134,7 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
 
     def finish(complete: bool) -> dict:
         add_ratios(results)
-        record.update(seconds=time.perf_counter() - started, complete=complete, goal=goal(record))
+        record.update(seconds=time.perf_counter() - started, complete=complete)
         if out is not None:
             write(record, out)
         return record
@@ -138,7 +143,7 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
     for batch in batches:
         gen = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, facts["vocab"], (batch, prompt_len), generator=gen).to(device)  # [batch, prompt_len]
-        length, check_length = round16(prompt_len + new_tokens), round16(prompt_len + check_tokens)
+        length, check_length = (CACHE_ROUNDING * -(-(prompt_len + n) // CACHE_ROUNDING) for n in (new_tokens, check_tokens))
         reference = decode_naive(check_model, ids, check_tokens) if check_tokens else None
         for name in strategies:
             strategy = STRATEGIES[name]
@@ -155,7 +160,7 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
                     row.update(exact=None, first_mismatch=None, check="ablation: timed only (graph-safe-compiled is checked)")
                 elif check_tokens and (check_compiled or not strategy.compiled):
                     t0 = time.perf_counter()
-                    tokens = strategy.run(check_model, ids, check_tokens, max_cache_len=check_length, state=state, dynamic=dynamic)
+                    tokens = strategy(check_model, ids, check_tokens, **options(strategy, check_length, dynamic))
                     mismatch = first_mismatch(tokens, reference)
                     row.update(exact=mismatch is None, first_mismatch=mismatch, check_s=time.perf_counter() - t0,
                                check=f"float32, {check_tokens} tokens vs naive")
@@ -163,23 +168,24 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
                     why = "--check-tokens 0" if not check_tokens else "--no-check-compiled"
                     row.update(exact=None, first_mismatch=None, check=f"not checked in this run ({why})")
 
-                def run(n, strategy=strategy, ids=ids, length=length):
-                    return strategy.run(timed_model, ids, n, max_cache_len=length, state=state, dynamic=dynamic)
+                kw = options(strategy, length, dynamic)
 
-                warm = wall(lambda run=run, s=strategy: run(new_tokens if s.warm_full else min(new_tokens, 4)), device)
-                timing = time_decode(run, new_tokens, device, repeats=repeats if strategy.warm_full else 1)
-                row.update(timing, warmup_s=warm,
-                           compile_or_capture_s=max(0.0, warm - timing["total_ms"] / 1e3) if strategy.warm_full else 0.0)
-                row["tokens_per_s"] = batch * 1e3 / timing["ms_per_token"]
+                def run(n, on_token=None, strategy=strategy, ids=ids, kw=kw):
+                    return strategy(timed_model, ids, n, on_token=on_token, **kw)
+
+                timing = time_decode(run, new_tokens, device, repeats=repeats if strategy.warm_full else 1,
+                                     warmup_tokens=None if strategy.warm_full else min(new_tokens, 4), label=name)
+                row.update(timing.record(), compile_or_capture_s=max(0.0, timing.warmup_seconds - timing.total_seconds)
+                           if strategy.warm_full else 0.0)
                 if profile_k:
                     prof = profile_steps(run, profile_k, device)
                     traces[f"{name}@{batch}"] = {"timeline": prof.pop("timeline"), "top_kernels": prof.pop("top_kernels")}
-                    row.update(prof, idle_fraction=max(0.0, 1 - prof["busy_ms_per_step"] / timing["ms_per_token"]))
+                    row.update(prof, idle_fraction=max(0.0, 1 - prof["busy_ms_per_step"] / timing.ms_per_token))
                 context = prompt_len + (new_tokens - 1) / 2  # average tokens in the cache during the decode
                 row["floor_ms_per_token"] = floor_ms(facts["weight_bytes"], facts["kv_bytes_per_token"], batch, context, gbps)
-                row["x_floor"] = timing["ms_per_token"] / row["floor_ms_per_token"]
+                row["x_floor"] = timing.ms_per_token / row["floor_ms_per_token"]
                 results.append(row)
-                bar.write(f"  batch {batch:>3} {name:<36} {timing['ms_per_token']:9.3f} ms/token "
+                bar.write(f"  batch {batch:>3} {name:<36} {timing.ms_per_token:9.3f} ms/token "
                           f"{row['tokens_per_s']:10.1f} tok/s  exact={row['exact']}")
             except Exception as err:  # one failing strategy must not lose the others' results
                 skipped.append({"strategy": name, "batch": batch, "reason": f"error: {type(err).__name__}: {err}"[:600]})
@@ -190,30 +196,21 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
     return finish(complete=True)
 
 
+def options(strategy, max_cache_len: int, dynamic: bool | None) -> dict:
+    """The keywords the benchmark gives ``strategy``: a fixed ``max_cache_len`` where it takes one (graphs and
+    compiles are then reused across calls), and reduce-overhead's ``dynamic`` for a sweep of batch sizes."""
+    kw = {"max_cache_len": max_cache_len} if strategy.sized else {}
+    if strategy.name == "reduce-overhead":
+        kw["dynamic"] = dynamic
+    return kw
+
+
 def add_ratios(results: list[dict]) -> None:
     """x_naive and x_reduce_overhead: tokens/s over those of naive / reduce-overhead at the same batch size."""
     for row in results:
         base = {r["strategy"]: r["tokens_per_s"] for r in results if r["batch"] == row["batch"]}
         row["x_naive"] = row["tokens_per_s"] / base["naive"] if "naive" in base else None
         row["x_reduce_overhead"] = row["tokens_per_s"] / base["reduce-overhead"] if "reduce-overhead" in base else None
-
-
-def goal(record: dict) -> dict:
-    """Issue 5's goal: the fastest exact graph-safe path at batch 1 vs 1,200 tokens/s and 2x reduce-overhead."""
-    s = record["settings"]
-    applies = (s["model"] == GOAL_CONFIG["model"] and s["prompt_len"] == GOAL_CONFIG["prompt_len"]
-               and s["new_tokens"] == GOAL_CONFIG["new_tokens"] and s["dtype"] == GOAL_CONFIG["dtype"]
-               and "H200" in (record["env"].get("gpu") or ""))
-    rows = [r for r in record["results"] if r["batch"] == 1]
-    fast = [r for r in rows if r["strategy"] in GRAPH_SAFE and r.get("exact")]
-    ro = next((r for r in rows if r["strategy"] == "reduce-overhead"), None)
-    if not fast or ro is None:
-        return {"applies": applies, "met": False, "why": "needs an exact graph-safe row and a reduce-overhead row at batch 1"}
-    best = max(fast, key=lambda r: r["tokens_per_s"])
-    ratio = best["tokens_per_s"] / ro["tokens_per_s"]
-    met = best["tokens_per_s"] >= GOAL["tokens_per_s"] and ratio >= GOAL["x_reduce_overhead"]
-    return {"applies": applies, "met": met, "fastest": best["strategy"], "tokens_per_s": best["tokens_per_s"],
-            "reduce_overhead_tokens_per_s": ro["tokens_per_s"], "x_reduce_overhead": ratio, "target": GOAL}
 
 
 def write(record: dict, out: str | Path) -> tuple[Path, Path]:
@@ -283,11 +280,11 @@ def _batches(text: str) -> list[int]:
 
 
 def _strategies(text: str) -> list[str]:
-    names = list(STRATEGIES) if text.strip() == "all" else [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [s for s in names if s not in STRATEGIES]
+    names = list(BENCHMARKED) if text.strip() == "all" else [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in names if s not in BENCHMARKED]
     if not names or unknown:
         raise argparse.ArgumentTypeError(f"{'unknown: ' + ', '.join(unknown) if unknown else 'no strategy named'}; "
-                                         f"known: all, {', '.join(STRATEGIES)}")
+                                         f"known: all, {', '.join(BENCHMARKED)}")
     return names
 
 
@@ -313,7 +310,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=_count(1), default=None, help="prompt tokens (default 64; quick: 16)")
     p.add_argument("--new-tokens", type=_count(2), default=None, help="new tokens per decode (default 256; quick: 16)")
     p.add_argument("--batch", type=_batches, default=[1], help="batch size, or a comma list for a sweep, e.g. 1,2,4,8,16,32,64")
-    p.add_argument("--strategies", type=_strategies, default=list(DEFAULT_STRATEGIES), help=f"comma list or 'all'; known: {', '.join(STRATEGIES)}")
+    p.add_argument("--strategies", type=_strategies, default=list(DEFAULT_STRATEGIES), help=f"comma list or 'all'; known: {', '.join(BENCHMARKED)}")
     p.add_argument("--dtype", type=_dtype, default=None, help="timing dtype (default bfloat16 on CUDA, float32 on CPU); checks run in float32")
     p.add_argument("--check-tokens", type=_count(0), default=None, help="tokens of the fp32 check against naive (default 32; quick: 8; 0: no check)")
     p.add_argument("--no-check-compiled", action="store_true", help="skip the fp32 check of compiled strategies (saves their fp32 compile)")
@@ -347,7 +344,6 @@ def main(argv=None) -> dict:
         args.error(str(e))
     json_path, csv_path = write(record, out)
     print(format_table(record))
-    print(f"goal: {record['goal']}")
     print(f"wrote {json_path} and {csv_path} ({record['env']['hardware']}, {record['seconds']:.0f} s)")
     return record
 

@@ -4,21 +4,17 @@ tokens/s against batch size. Every figure is stamped with the hardware its numbe
 from __future__ import annotations
 
 from .plotting import figure
+from .strategies import DEFAULT_STRATEGIES, STRATEGIES
 
 KIND_COLORS = {"eager": "tab:gray", "compiled": "tab:orange", "graph": "tab:blue"}
 
 
 def kind(strategy: str) -> str:
     """eager (Python launches every kernel), compiled (torch.compile, incl. its own graphs), graph (kvlab captures)."""
-    if strategy.startswith("graph-safe-compiled"):
-        return "compiled" if strategy.endswith("no-graph") else "graph"
-    if strategy.startswith("graph-safe"):
-        return "graph"
-    return "compiled" if strategy in ("generate-static", "reduce-overhead") else "eager"
+    return STRATEGIES[strategy].kind
 
 
-ORDER = ["naive", "handwritten", "dynamic", "static", "generate-static", "reduce-overhead", "graph-safe",
-         "graph-safe-compiled", "graph-safe-kernels"]
+ORDER = DEFAULT_STRATEGIES  # the course's order: naive first, the fastest graph-safe path last
 
 
 def rows(record: dict, batch: int = 1) -> list[dict]:

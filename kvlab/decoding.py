@@ -1,26 +1,15 @@
-"""One entry point for every decoding strategy of the course, and the naive loop it starts from.
+"""The contract every decoding strategy keeps, and the naive loop that every other one is checked against.
 
-Each lesson adds a strategy: a function ``fn(model, input_ids, max_new_tokens, *, on_token=None, **kw)``
-that returns the new token ids, shape ``[batch, max_new_tokens]``, chosen greedily.
-``on_token(step, token_ids)`` is called after each new token; the timers of ``kvlab.measure`` use it.
+A strategy is a function ``fn(model, input_ids, max_new_tokens, *, on_token=None, **kw)`` that returns the new
+token ids, shape ``[batch, max_new_tokens]``, chosen greedily; ``on_token(step, token_ids)`` is called after each
+new token. ``kvlab.strategies`` holds the table of them and ``kvlab.decode``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from importlib import import_module
 
 import torch
-
-# name -> "module:function"; imported on first use so that a lesson only loads what it uses.
-STRATEGIES: dict[str, str] = {
-    "naive": "kvlab.decoding:decode_naive",
-    "handwritten": "kvlab.handwritten:decode_handwritten",
-    "dynamic": "kvlab.hf_caches:decode_dynamic",
-    "static": "kvlab.hf_caches:decode_static",
-    "static-graph": "kvlab.hf_caches:decode_static_graph",
-    "graph-safe": "kvlab.graph_safe:decode_graph_safe",
-}
 
 OnToken = Callable[[int, torch.Tensor], None] | None
 
@@ -69,14 +58,6 @@ def decode_naive(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_toke
     return seq[:, input_ids.shape[1]:]
 
 
-def strategy_function(strategy: str) -> Callable:
-    """The function behind a strategy name."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; choose one of {sorted(STRATEGIES)}")
-    module, name = STRATEGIES[strategy].split(":")
-    return getattr(import_module(module), name)
-
-
 def unpadded_ids(input_ids, attention_mask=None) -> torch.Tensor:
     """The prompt ids of ``input_ids`` (a tensor, or a tokenizer's output with its mask), refusing padded rows.
 
@@ -101,15 +82,9 @@ def unpadded_ids(input_ids, attention_mask=None) -> torch.Tensor:
     return input_ids
 
 
-def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str = "naive", attention_mask=None,
-           **kwargs) -> torch.Tensor:
-    """Greedy-decode ``max_new_tokens`` tokens after ``input_ids`` with the named strategy.
-
-    ``input_ids``: ``[batch, prompt_len]``, or a tokenizer's output; a batch with padding (an ``attention_mask``
-    with zeros) is refused. Returns a LongTensor ``[batch, max_new_tokens]`` of new token ids. Every strategy
-    returns the same tokens as ``"naive"`` (in fp32); the course's checks assert it.
-    """
-    fn = strategy_function(strategy)
-    input_ids = unpadded_ids(input_ids, attention_mask)
-    check_inputs(model, input_ids, max_new_tokens)
-    return fn(model, input_ids, max_new_tokens, **kwargs)
+def first_mismatch(a: torch.Tensor, b: torch.Tensor) -> int | None:
+    """Index of the first step where any sequence differs, None if identical. [batch, n] each (0 if shapes differ)."""
+    if a.shape != b.shape:
+        return 0
+    diff = (a != b).any(dim=0).nonzero()
+    return int(diff[0]) if len(diff) else None

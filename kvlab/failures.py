@@ -23,14 +23,82 @@ from dataclasses import dataclass, field
 import torch
 
 from .cache_view import CacheRecorder
-from .decoding import greedy
+from .decoding import OnToken, greedy
 from .graphs import ReplayError, step_runner
-from .hf_caches import decode_static, decode_static_graph, decode_step_fn, make_static_cache, room_guard
+from .hf_caches import check_room, decode_static, decode_step_fn, make_static_cache, require_empty
 
 WARMUP = 3  # the warm-up calls a user copies from the CUDA-graph docs
 LAYERS = (0, 1)  # layers whose slots the recorders keep
 
 
+# ---------------------------------------------------------------- the first attempt, and its guard
+def room_guard(cache, tokens_per_step: int = 1):
+    """A host-side check for ``capture(..., before_replay=...)``: raise before any layer would write past its end.
+
+    It watches the counter tensors the layers hold *when the guard is made* (make it after the prefill, since
+    ``lazy_initialization`` rebinds them, and at capture time, since those are the tensors a graph reads).
+    Each check syncs once, so that an out-of-range ``index_copy_`` never reaches a GPU, where it would be a
+    device-side assert that kills the process's CUDA context.
+    """
+    watched = [layer.cumulative_length for layer in cache.layers if getattr(layer, "is_initialized", False)]
+    limit = min((layer.max_cache_len for layer in cache.layers if getattr(layer, "is_initialized", False)), default=0)
+
+    def check() -> None:
+        if not watched:
+            return
+        furthest = int(torch.stack([c.reshape(()) for c in watched]).max())
+        if furthest + tokens_per_step > limit:
+            raise ReplayError(
+                f"the next write would fill cache slots {furthest}..{furthest + tokens_per_step - 1} but the cache has "
+                f"{limit} (max_cache_len). On a GPU that write is a device-side assert that poisons the CUDA context; "
+                "kvlab stopped it on the host. The counters are not where the code expects them: see lesson 04."
+            )
+
+    return check
+
+
+
+@torch.inference_mode()
+def decode_static_graph(model, input_ids, max_new_tokens, *, on_token: OnToken = None, cache=None,
+                        max_cache_len: int | None = None, warmup: int = 3, runner: str = "graph",
+                        keep: dict | None = None) -> torch.Tensor:
+    """The first attempt: vanilla ``StaticCache``, eager prefill, decode step captured once and replayed.
+
+    Written as most people write it first, and wrong: the ``warmup`` calls before capture (which CUDA wants)
+    run the step for real, so every layer's ``cumulative_length`` is ``warmup`` tokens ahead when the replays
+    start; positions shift and the warm-up's writes stay visible to attention. Lesson 04 shows the damage;
+    lesson 05 fixes it. ``max_cache_len`` defaults to room for the warm-up's extra writes too (without it, the
+    last replays would write past the end; kvlab's ``room_guard`` turns that into an error instead of a
+    device-side assert). ``runner``: ``"graph"`` (a real CUDA graph on a GPU, emulated elsewhere), ``"emulated"``
+    or ``"eager"`` (see ``kvlab.graphs.step_runner``). ``keep``: a dict that receives ``cache`` and ``graph``.
+    """
+    prompt_len = input_ids.shape[1]
+    if cache is None:
+        cache = make_static_cache(model, max_cache_len or prompt_len + max_new_tokens + warmup)
+    require_empty(cache)
+    check_room(cache, prompt_len, max_new_tokens)
+    logits = model(input_ids, cache=cache).logits  # eager prefill: the cache now holds the prompt
+    next_ids = greedy(logits)  # [batch, 1]
+    out = [next_ids]
+    if on_token is not None:
+        on_token(0, next_ids)
+    static_ids = next_ids.clone()  # the graph's input buffer: refilled in place before every replay
+    graph = None
+    if max_new_tokens > 1:
+        graph = step_runner(runner, decode_step_fn(model, cache), static_ids, warmup=warmup,
+                            before_replay=room_guard(cache))
+    for step in range(1, max_new_tokens):
+        next_ids = graph.replay().clone()  # the static output is overwritten by the next replay
+        static_ids.copy_(next_ids)
+        out.append(next_ids)
+        if on_token is not None:
+            on_token(step, next_ids)
+    if keep is not None:
+        keep.update(cache=cache, graph=graph)
+    return torch.cat(out, dim=1)
+
+
+# ---------------------------------------------------------------- the scenarios
 def bucket_len(prompt_len: int, multiple: int = 32) -> int:
     """The padded size a bucketed prefill uses: the next multiple of ``multiple`` above ``prompt_len`` (always some padding)."""
     return (prompt_len // multiple + 1) * multiple

@@ -13,10 +13,10 @@ without changing what is computed:
 - ``"kvlab-decode-reduction"`` attention (``attention="reduction"``): under ``torch.compile``, one query
   token's attention written as two broadcast-multiply-sums and a softmax, in float32, for inductor to fuse.
   Kept as an ablation that did not pay: on the H200 inductor fused the softmax statistics into the score
-  reduction (one split reduction kernel, about 8 µs per layer, plus 4 µs for the weighted sum), and the step
-  got slower than with cuDNN's flash attention (``data/attempts/``). Outside compile it is ``"kvlab-decode"``.
+  reduction, and the step got slower than with cuDNN's flash attention
+  (``data/attempts/h200_batch1_reduction_attention_be83364.json``). Outside compile it is ``"kvlab-decode"``.
 - ``"kvlab-decode-triton"`` attention (``attention="triton"``): one query token's attention as a hand-written
-  split-K Triton kernel (``kvlab.decode_kernel``): many programs share the cache slots, two short kernels;
+  split-K Triton kernel (``kvlab.kernels.attention``): many programs share the cache slots, two short kernels;
   ``graph-safe-compiled``'s attention on GPUs of compute capability 8.0 and newer (``"kvlab-decode"`` on older ones).
 - GEMV as a reduction (``gemv=True``): under ``torch.compile``, a linear layer applied to a handful of rows
   is written ``(x * W).sum(-1)``. Inductor turns that into one reduction kernel over all output rows at
@@ -83,16 +83,16 @@ def reduction_attention(module, query, key, value, attention_mask, dropout=0.0, 
 
 
 def triton_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """One query token: ``kvlab.decode_kernel``'s split-K Triton kernel, reading the cache in place.
+    """One query token: ``kvlab.kernels.attention``'s split-K Triton kernel, reading the cache in place.
 
     Where it cannot run (no Triton, no CUDA, a GPU older than Ampere such as a T4, the prefill, other shapes):
     ``decode_attention``.
     """
-    from . import decode_kernel
+    from .kernels import attention, common
 
-    if not (decode_kernel.available(query) and decode_kernel.supports(query, key, value, attention_mask)):
+    if not (common.available(query) and attention.supports(query, key, value, attention_mask)):
         return decode_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    return decode_kernel.decode_attention(query, key, value, attention_mask, scaling), None
+    return attention.decode_attention(query, key, value, attention_mask, scaling), None
 
 
 def register_decode_attention() -> None:

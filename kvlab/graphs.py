@@ -174,13 +174,6 @@ class RecordedOps:
     def __len__(self) -> int:
         return len(self.nodes)
 
-    def op_counts(self) -> dict[str, int]:
-        """How many times each aten operation runs per replay (the CPU's stand-in for a kernel count)."""
-        counts: dict[str, int] = {}
-        for func, _, _ in self.nodes:
-            counts[str(func)] = counts.get(str(func), 0) + 1
-        return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
-
     def __call__(self) -> list[torch.Tensor]:
         results: list[list] = []
 

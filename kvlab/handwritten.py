@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from .cache_memory import kv_bytes_per_token
 from .decoding import OnToken, greedy
+from .sizes import kv_bytes_per_token
 
 
 def check_states(key_states, value_states, keys=None) -> None:

@@ -1,7 +1,15 @@
-"""Measurement: per-step latency, tokens/s, warm-up kept apart, peak memory, and the environment of each number.
+"""Measurement: the one decode timer, the one profiler, function timers, and memory.
 
-Every timer synchronizes the device before it reads the clock, so GPU work queued asynchronously is
-counted where it runs, not where it was launched.
+Every clock read is preceded by a device synchronization (``wall``), so GPU work queued asynchronously is counted
+where it runs, not where it was launched.
+
+**The decode rule**, the same for the lessons and the benchmark: ``T(n)`` is the wall time of one whole decode
+of ``n`` new tokens, ``T(1)`` of one token (the prefill). One decode step takes ``(T(n) - T(1)) / (n - 1)``; each
+sequence of the batch gets one token per step. ``T(1)`` and ``T(n)`` are medians over repeats, and the first call
+(compile, capture, autotune, lazy set-up) is timed apart as the warm-up. With ``per_step=True`` a clock also reads
+the time after every token (one device sync per token): the same rule, plus the time of each step along the
+sequence, for paths that make one token per launch (a path that replays several steps per graph would be cut
+into single steps by the clock's syncs).
 """
 
 from __future__ import annotations
@@ -10,53 +18,25 @@ import resource
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.utils.benchmark as benchmark
 
-from .decoding import decode
+from .decoding import OnToken
 from .runtime import environment, synchronize
+from .sizes import tensor_bytes
 
 
-@dataclass
-class DecodeRun:
-    """What one timed decode measured. Seconds everywhere; ``step_seconds[0]`` is the prefill plus first token."""
-
-    strategy: str
-    prompt_len: int
-    new_tokens: int
-    batch: int
-    tokens: torch.Tensor = field(repr=False)
-    step_seconds: list[float]  # median over repeats, one entry per generated token
-    warmup_seconds: float  # the first, untimed call: compile or capture time lives here
-    peak_memory_bytes: int
-    env: dict
-
-    @property
-    def prefill_seconds(self) -> float:
-        return self.step_seconds[0]
-
-    @property
-    def median_step_seconds(self) -> float:
-        """Median time of one decode step after the prefill."""
-        return statistics.median(self.step_seconds[1:] or self.step_seconds)
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Steady-state decode rate, per sequence, from the median step time."""
-        return 1.0 / self.median_step_seconds
-
-    def summary(self) -> dict:
-        """A flat, JSON-ready record (no tensors)."""
-        d = {k: v for k, v in asdict(self).items() if k not in ("tokens", "step_seconds", "env")}
-        d.update(
-            median_ms_per_token=1e3 * self.median_step_seconds,
-            tokens_per_s=self.tokens_per_s,
-            prefill_ms=1e3 * self.prefill_seconds,
-            **self.env,
-        )
-        return d
+def wall(fn: Callable[[], object], device) -> float:
+    """Seconds of one ``fn()`` call, the device synchronized before and after."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - t0
 
 
 class StepClock:
@@ -64,12 +44,8 @@ class StepClock:
 
     def __init__(self, device):
         self.device = device
+        synchronize(device)
         self.times: list[float] = []
-        self.reset()
-
-    def reset(self) -> None:
-        synchronize(self.device)
-        self.times = []
         self._last = time.perf_counter()
 
     def __call__(self, step: int, token_ids: torch.Tensor) -> None:
@@ -79,72 +55,98 @@ class StepClock:
         self._last = now
 
 
-def process_peak_rss_bytes() -> int:
-    """The process's peak resident memory so far (CPU). It never goes down, so compare before and after."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
+@dataclass
+class DecodeTiming:
+    """What ``time_decode`` measured (seconds; the rule is in the module docstring)."""
+
+    label: str
+    batch: int
+    new_tokens: int  # tokens the timed decode made (``generate`` may stop early at end-of-sequence)
+    tokens: torch.Tensor = field(repr=False)  # [batch, new_tokens] of the last timed run
+    warmup_seconds: float  # the first, untimed call: compile or capture time lives here
+    prefill_seconds: float  # T(1), median
+    total_seconds: float  # T(n), median
+    step_seconds: list[float] | None  # per_step=True: median time of each step, step 0 = prefill + first token
+    peak_memory_bytes: int  # during the T(n) runs (CUDA: allocator peak; CPU: the process's peak RSS)
+    env: dict
+
+    @property
+    def seconds_per_step(self) -> float:
+        """``(T(n) - T(1)) / (n - 1)``: one decode step, every sequence of the batch one token further."""
+        return (self.total_seconds - self.prefill_seconds) / max(1, self.new_tokens - 1)
+
+    @property
+    def ms_per_token(self) -> float:
+        return 1e3 * self.seconds_per_step
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Steady-state decode rate of the whole batch (``batch`` tokens per step)."""
+        return self.batch / self.seconds_per_step
+
+    @property
+    def end_to_end_tokens_per_s(self) -> float:
+        """Tokens of the whole decode, prefill included, over its wall time."""
+        return self.batch * self.new_tokens / self.total_seconds
+
+    def record(self) -> dict:
+        """The numbers as a JSON-ready dict (ms, MB)."""
+        return {"warmup_s": self.warmup_seconds, "prefill_ms": 1e3 * self.prefill_seconds,
+                "total_ms": 1e3 * self.total_seconds, "ms_per_token": self.ms_per_token,
+                "tokens_per_s": self.tokens_per_s, "peak_memory_mb": self.peak_memory_bytes / 2**20}
 
 
-def reset_peak_memory(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+def time_decode(run: Callable[[int, OnToken], torch.Tensor], new_tokens: int, device, *, repeats: int = 3,
+                per_step: bool = False, warmup_tokens: int | None = None, label: str = "") -> DecodeTiming:
+    """Time ``run(n, on_token) -> tokens [batch, n]`` by the decode rule (module docstring).
 
-
-def peak_memory_bytes(device) -> int:
-    """CUDA: the caching allocator's peak since the last reset. CPU: the process's peak resident set."""
-    if torch.device(device).type == "cuda":
-        return torch.cuda.max_memory_allocated(device)
-    return process_peak_rss_bytes()
-
-
-def tensor_bytes(tensors) -> int:
-    """Bytes held by the distinct storages behind some tensors (views of one buffer count once)."""
-    seen, total = set(), 0
-    for t in tensors:
-        if t is None or not isinstance(t, torch.Tensor):
-            continue
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
-            total += storage.nbytes()
-    return total
-
-
-def cache_bytes(cache) -> int:
-    """Bytes held by the key and value tensors of any cache with ``.layers`` of ``.keys``/``.values``."""
-    return tensor_bytes(t for layer in cache.layers for t in (layer.keys, layer.values))
-
-
-def measure_decode(model, input_ids, max_new_tokens: int, *, strategy: str = "naive", repeats: int = 3, **kwargs) -> DecodeRun:
-    """Decode once untimed (warm-up, compile, capture), then ``repeats`` times with a clock on every step.
-
-    Returns the per-step medians over the repeats, the tokens of the last run, and the environment.
+    ``warmup_tokens``: the length of the untimed first call (default ``new_tokens``; a compiled or captured path
+    needs the full length to compile or capture everything the timed runs use).
     """
-    device = input_ids.device
-    synchronize(device)
-    t0 = time.perf_counter()
-    decode(model, input_ids, max_new_tokens, strategy=strategy, **kwargs)
-    synchronize(device)
-    warmup = time.perf_counter() - t0
+    if not isinstance(new_tokens, int) or new_tokens < 2:
+        raise ValueError(f"new_tokens must be an int >= 2 (the rule divides by n - 1), got {new_tokens!r}")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    warmup = wall(lambda: run(warmup_tokens or new_tokens, None), device)
+    if per_step:
+        reset_peak_memory(device)
+        clocked = []
+        for _ in range(repeats):
+            clock = StepClock(device)
+            tokens = run(new_tokens, clock)
+            clocked.append(clock.times)
+        if any(len(times) != tokens.shape[1] for times in clocked):
+            raise ValueError(f"{label or 'run'} called on_token {len(clocked[0])} times for {tokens.shape[1]} tokens: "
+                             "per_step needs a run that calls on_token once per token")
+        steps = [statistics.median(col) for col in zip(*clocked, strict=True)]
+        prefill = statistics.median(times[0] for times in clocked)
+        total = statistics.median(sum(times) for times in clocked)
+    else:
+        steps = None
+        prefill = statistics.median(wall(lambda: run(1, None), device) for _ in range(repeats))
+        reset_peak_memory(device)
+        totals = []
+        for _ in range(repeats):
+            synchronize(device)
+            t0 = time.perf_counter()
+            tokens = run(new_tokens, None)
+            synchronize(device)
+            totals.append(time.perf_counter() - t0)
+        total = statistics.median(totals)
+    return DecodeTiming(label=label, batch=int(tokens.shape[0]), new_tokens=int(tokens.shape[1]), tokens=tokens,
+                        warmup_seconds=warmup, prefill_seconds=prefill, total_seconds=total, step_seconds=steps,
+                        peak_memory_bytes=peak_memory_bytes(device), env=environment(device))
 
-    reset_peak_memory(device)
-    runs = []
-    for _ in range(max(1, repeats)):
-        clock = StepClock(device)
-        tokens = decode(model, input_ids, max_new_tokens, strategy=strategy, on_token=clock, **kwargs)
-        runs.append(clock.times)
-    step_seconds = [statistics.median(col) for col in zip(*runs, strict=True)]
-    return DecodeRun(
-        strategy=strategy,
-        prompt_len=input_ids.shape[1],
-        new_tokens=max_new_tokens,
-        batch=input_ids.shape[0],
-        tokens=tokens,
-        step_seconds=step_seconds,
-        warmup_seconds=warmup,
-        peak_memory_bytes=peak_memory_bytes(device),
-        env=environment(device),
-    )
+
+def time_strategy(model, input_ids: torch.Tensor, new_tokens: int, *, strategy: str = "naive", repeats: int = 3,
+                  per_step: bool = False, **kwargs) -> DecodeTiming:
+    """``time_decode`` of ``kvlab.decode(model, input_ids, n, strategy=strategy, **kwargs)``."""
+    from .strategies import decode
+
+    def run(n, on_token):
+        return decode(model, input_ids, n, strategy=strategy, on_token=on_token, **kwargs)
+
+    return time_decode(run, new_tokens, input_ids.device, repeats=repeats, per_step=per_step, label=strategy)
 
 
 def time_call(fn, *, label: str = "", min_run_time: float = 0.5, device=None) -> benchmark.Measurement:
@@ -169,35 +171,51 @@ def time_interleaved(fns: dict, *, rounds: int = 5, device=None) -> dict[str, fl
         fn()
     for _ in range(rounds):
         for name, fn in fns.items():
-            synchronize(device or "cpu")
-            t0 = time.perf_counter()
-            fn()
-            synchronize(device or "cpu")
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(wall(fn, device or "cpu"))
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def trace(fn, device) -> list[tuple[float, float, str]]:
-    """(start µs, duration µs, name) of every GPU kernel/copy (CUDA) or every leaf aten op (CPU) that ``fn()`` ran."""
-    from torch.profiler import ProfilerActivity, profile
+# ------------------------------------------------------------------------------------------------ the profiler
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchCooperativeKernel")
+
+
+@dataclass
+class Profile:
+    """What ``profile`` saw: the device's work and the host's calls."""
+
+    kernels: list[tuple[float, float, str]]  # (start µs, duration µs, name): GPU kernels/copies, or CPU leaf aten ops
+    host_calls: Counter  # CPU-side event name -> count (cudaLaunchKernel, cudaGraphLaunch, aten ops, ...)
+
+    @property
+    def busy_seconds(self) -> float:
+        return sum(duration for _, duration, _ in self.kernels) / 1e6
+
+
+def profile(fn: Callable[[], object], device) -> Profile:
+    """Run ``fn()`` once under ``torch.profiler`` (device synchronized before and after): every GPU kernel and copy
+    on CUDA, every leaf aten operator on a CPU."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
 
     cuda = torch.device(device).type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     synchronize(device)
-    with profile(activities=activities) as prof:
+    with torch_profile(activities=activities) as prof:
         fn()
         synchronize(device)
+    events = prof.events()
     if cuda:
-        events = [(e.start_ns() / 1e3, e.duration_ns() / 1e3, e.name()) for e in prof.profiler.kineto_results.events()
-                  if e.device_type() == torch.autograd.DeviceType.CUDA]
+        kernels = [(e.start_ns() / 1e3, e.duration_ns() / 1e3, e.name()) for e in prof.profiler.kineto_results.events()
+                   if e.device_type() == torch.autograd.DeviceType.CUDA]
     else:
-        events = [(e.time_range.start, e.time_range.elapsed_us(), e.name) for e in prof.events()
-                  if e.name.startswith("aten::") and not any(c.name.startswith("aten::") for c in e.cpu_children)]
-    return sorted(events)
+        kernels = [(e.time_range.start, e.time_range.elapsed_us(), e.name) for e in events
+                   if e.name.startswith("aten::") and not any(c.name.startswith("aten::") for c in e.cpu_children)]
+    host = Counter(e.name for e in events if e.device_type == torch.autograd.DeviceType.CPU)
+    return Profile(kernels=sorted(kernels), host_calls=host)
 
 
 def busy_seconds(fn, device) -> float:
-    """Seconds the GPU spent in the kernels and copies of one ``fn()`` call (torch.profiler), after a warm-up call.
+    """Seconds the GPU spent in the kernels and copies of one ``fn()`` call, after a warm-up call.
 
     Wall time minus this is time the GPU sat idle, waiting for the host to launch the next kernel. CUDA only: on a
     CPU the operators run where they are launched, so their busy time is the wall time.
@@ -205,7 +223,75 @@ def busy_seconds(fn, device) -> float:
     if torch.device(device).type != "cuda":
         raise ValueError("busy_seconds measures GPU kernel time; on a CPU the wall time is the busy time")
     fn()
-    return sum(duration for _, duration, _ in trace(fn, device)) / 1e6
+    return profile(fn, device).busy_seconds
+
+
+def launches(fn, device) -> dict:
+    """One ``fn()`` on CUDA: kernel launches the host made, graph launches, kernels the GPU ran, its busy ms."""
+    seen = profile(fn, device)
+    return {"kernel_launch_calls": sum(seen.host_calls[name] for name in LAUNCH_CALLS),
+            "graph_launch_calls": seen.host_calls["cudaGraphLaunch"], "kernels_run": len(seen.kernels),
+            "gpu_busy_ms": 1e3 * seen.busy_seconds}
+
+
+def profile_steps(run: Callable[[int], object], k: int, device) -> dict:
+    """Kernels (GPU) or leaf ops (CPU) per decode step and their busy time, from profiles of ``run(1)`` and
+    ``run(1 + k)`` (k decode steps apart), with the last step's timeline and its heaviest kernels."""
+    one, many = profile(lambda: run(1), device).kernels, profile(lambda: run(1 + k), device).kernels
+    per_step = (len(many) - len(one)) / k
+    busy = max(0.0, (sum(e[1] for e in many) - sum(e[1] for e in one)) / k)  # a difference: noise can push it below 0
+    last = many[-max(1, round(per_step)):]  # the last step's events (one step of the last graph replay)
+    t0 = last[0][0]
+    top = Counter()
+    for _, dur, name in last:
+        top[name[:80]] += dur
+    return {"kernels_per_step": per_step, "busy_ms_per_step": busy / 1e3,
+            "timeline": [[round(s - t0, 2), round(d, 2)] for s, d, _ in last],
+            "top_kernels": [[name, round(us, 1)] for name, us in top.most_common(8)]}
+
+
+# aten ops that only make a new view of existing memory: no kernel runs for them
+VIEW_OPS = {"view", "_unsafe_view", "slice", "select", "t", "transpose", "unsqueeze", "squeeze", "expand", "alias",
+            "permute", "reshape", "getitem", "detach"}
+
+
+def step_op_counts(model, cache, token: torch.Tensor) -> Counter:
+    """The operations one decode step of ``model`` over ``cache`` runs, traced with make_fx: ``{op name: count}``,
+    views left out (they launch no kernel). The trace runs the step once; the cache's state is restored after it."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    state = [t for layer in cache.layers for t in (layer.keys, layer.values, layer.cumulative_length)]
+    saved = [t.clone() for t in state]
+    with torch.inference_mode():
+        traced = make_fx(lambda ids: model(input_ids=ids, cache=cache).logits, tracing_mode="real")(token)
+        for t, old in zip(state, saved, strict=True):
+            t.copy_(old)
+    names = (getattr(n.target, "__name__", str(n.target)).split(".")[0] for n in traced.graph.nodes if n.op == "call_function")
+    return Counter(name for name in names if name not in VIEW_OPS)
+
+
+# ------------------------------------------------------------------------------------------------ memory
+def process_peak_rss_bytes() -> int:
+    """The process's peak resident memory so far (CPU). It never goes down, so compare before and after."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def reset_peak_memory(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_bytes(device) -> int:
+    """CUDA: the caching allocator's peak since the last reset. CPU: the process's peak resident set."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return process_peak_rss_bytes()
+
+
+def cache_bytes(cache) -> int:
+    """Bytes held by the key and value tensors of any cache with ``.layers`` of ``.keys``/``.values``."""
+    return tensor_bytes(t for layer in cache.layers for t in (layer.keys, layer.values))
 
 
 def memory_held(device) -> dict:
@@ -220,3 +306,12 @@ def memory_held(device) -> dict:
     except OSError:
         rss = process_peak_rss_bytes()
     return {"rss_mb": rss / 2**20, "peak_rss_mb": process_peak_rss_bytes() / 2**20}
+
+
+def copy_bandwidth_gbps(device) -> float:
+    """Bytes read + written per second by a large device copy (the memory roofline the benchmark compares against)."""
+    numel = 2**28 if torch.device(device).type == "cuda" else 2**24  # fp32: 1 GiB on GPU, 64 MiB on CPU
+    x = torch.ones(numel, dtype=torch.float32, device=device)
+    y = torch.empty_like(x)
+    seconds = time_call(lambda: y.copy_(x), min_run_time=0.3, device=device).median
+    return 2 * x.numel() * 4 / seconds / 1e9

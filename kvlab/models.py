@@ -366,3 +366,22 @@ def load_model(name: str = DEFAULT_MODEL, *, device=None, dtype=None, seed: int 
             raise  # a local folder: transformers' message names the missing or broken file
         raise _hub_error(name, local, e) from None
     return model.to(device).eval(), tokenizer
+
+
+RANDOM_SMOLLM2 = "smollm2-135m-random"  # SmolLM2-135M's shape with random weights: no download, same timings
+
+
+def build_model(name: str, device, *, seed: int = 0):
+    """The float32 model a benchmark checks with: ``RANDOM_SMOLLM2``, a tiny model, or any ``load_model`` name."""
+    if name == RANDOM_SMOLLM2:
+        return random_smollm2(device=device, dtype=torch.float32, seed=seed)
+    if name in TINY_CONFIGS:
+        return tiny_model(name, seed=seed).to(device).eval()
+    return load_model(name, device=device, dtype=torch.float32)[0]
+
+
+def cast(model, dtype: torch.dtype):
+    """The same weights in ``dtype``: a copy (the float32 model stays for the checks), or the model itself."""
+    import copy
+
+    return model if dtype == torch.float32 else copy.deepcopy(model).to(dtype)

@@ -76,7 +76,7 @@ def pick_dtype(device: torch.device | str, dtype: torch.dtype | str | None = Non
 
 
 # Compute capabilities (major, minor) that kvlab's GPU paths need; ``gpu_supports`` is the one rule that checks them.
-TRITON_KERNELS = (8, 0)  # kvlab's own Triton kernels (decode_kernel, kernel_step): Ampere (A100, RTX 30xx) and newer
+TRITON_KERNELS = (8, 0)  # kvlab's own Triton kernels (kvlab.kernels): Ampere (A100, RTX 30xx) and newer
 PDL = (9, 0)  # programmatic dependent launch: Hopper (H100, H200) and newer
 _CAPABILITY: dict[int, tuple[int, int]] = {}  # GPU index -> its compute capability, asked once
 

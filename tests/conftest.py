@@ -1,8 +1,10 @@
-"""Shared fixtures. ``real_model``: the real SmolLM2-135M-Instruct, or a skip that says how to get it."""
+"""Shared fixtures. ``prompt``: random prompt ids; ``real_model``: the real SmolLM2-135M-Instruct, or a skip that says
+how to get it."""
 
 import os
 
 import pytest
+import torch
 
 REQUIRE_ENV = "KVLAB_REQUIRE_REAL_MODEL"  # =1: a missing real model fails the tests instead of skipping them
 
@@ -32,3 +34,15 @@ def _real_model_tests_need_the_real_model(request):
     """Every test marked ``real_model`` goes through the fixture above, so it skips (or fails) the same way."""
     if request.node.get_closest_marker("real_model") is not None:
         request.getfixturevalue("real_model")
+
+
+def random_prompt(length: int, *, batch: int = 1, seed: int = 0, device="cpu") -> torch.Tensor:
+    """Prompt ids ``[batch, length]`` drawn from [1, 256) (every tiny model's vocabulary), the same for the same seed."""
+    ids = torch.randint(1, 256, (batch, length), generator=torch.Generator().manual_seed(seed))
+    return ids.to(device)
+
+
+@pytest.fixture(scope="session")
+def prompt():
+    """``prompt(length, *, batch=1, seed=0, device="cpu")``: random prompt ids (``random_prompt``)."""
+    return random_prompt

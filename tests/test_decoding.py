@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import kvlab
-from kvlab import decoding
+from kvlab import decoding, strategies
 from kvlab.models import TINY_CONFIGS, tiny_model
 
 
@@ -13,22 +13,18 @@ def model():
     return tiny_model("tiny-llama")
 
 
-def prompt(batch=1, length=6, seed=0):
-    return torch.randint(1, 256, (batch, length), generator=torch.Generator().manual_seed(seed))
-
-
 @pytest.mark.parametrize("name", sorted(TINY_CONFIGS))
-def test_naive_equals_generate_without_cache(name):
+def test_naive_equals_generate_without_cache(name, prompt):
     model = tiny_model(name)
-    ids = prompt(batch=2, length=7)
+    ids = prompt(7, batch=2)
     expected = model.generate(ids, max_new_tokens=10, do_sample=False, use_cache=False)[:, ids.shape[1]:]
     new = kvlab.decode(model, ids, 10, strategy="naive")
     assert new.dtype == torch.long and new.shape == (2, 10)
     assert torch.equal(new, expected)
 
 
-def test_decode_defaults_to_naive_and_calls_on_token(model):
-    ids = prompt()
+def test_decode_defaults_to_naive_and_calls_on_token(model, prompt):
+    ids = prompt(6)
     seen = []
     new = kvlab.decode(model, ids, 5, on_token=lambda step, tok: seen.append((step, tok.clone())))
     assert [s for s, _ in seen] == [0, 1, 2, 3, 4]
@@ -70,26 +66,26 @@ def test_check_inputs_accepts_the_longest_allowed(model):
     decoding.check_inputs(model, torch.tensor([[1, 2]]), 1022)  # 2 + 1022 == max_position_embeddings
 
 
-def test_unknown_strategy(model):
+def test_unknown_strategy(model, prompt):
     with pytest.raises(ValueError, match="naive"):
-        kvlab.decode(model, prompt(), 2, strategy="speculative")
+        kvlab.decode(model, prompt(6), 2, strategy="speculative")
     with pytest.raises(ValueError, match="unknown strategy"):
-        decoding.strategy_function("nope")
+        strategies.strategy_named("nope")
 
 
 def test_strategy_table():
-    assert "naive" in kvlab.STRATEGIES and "handwritten" in kvlab.STRATEGIES
-    for name, target in kvlab.STRATEGIES.items():
-        module, _, fn = target.partition(":")
-        assert module.startswith("kvlab.") and fn, name
-    assert decoding.strategy_function("naive") is decoding.decode_naive
+    assert "naive" in kvlab.STRATEGIES and kvlab.STRATEGIES is strategies.STRATEGIES
+    for name, s in kvlab.STRATEGIES.items():
+        module, _, fn = s.function.partition(":")
+        assert module.startswith("kvlab.") and fn and s.name == name and s.kind in strategies.KINDS, name
+    assert strategies.strategy_named("naive").decode_function() is decoding.decode_naive
 
 
-def test_a_padded_batch_is_refused_and_a_tokenizers_output_is_accepted():
+def test_a_padded_batch_is_refused_and_a_tokenizers_output_is_accepted(prompt):
     from transformers import BatchEncoding
 
     model = tiny_model("tiny-llama")
-    ids = prompt(batch=2)
+    ids = prompt(6, batch=2)
     mask = torch.ones_like(ids)
     decode = kvlab.decode
     assert torch.equal(decode(model, BatchEncoding({"input_ids": ids, "attention_mask": mask}), 3), decode(model, ids, 3))

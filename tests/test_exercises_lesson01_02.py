@@ -7,7 +7,7 @@ from transformers import LlamaConfig
 
 from kvlab.exercises import lesson01, lesson02
 from kvlab.exercises.common import NOT_ANSWERED, check_number
-from kvlab.flops import forward_flops
+from kvlab.sizes import forward_flops
 
 
 def cfg():

@@ -16,15 +16,11 @@ N = 24
 NAMES = list(F.SCENARIOS)
 
 
-def prompt(length, seed, device="cpu"):
-    return torch.randint(1, 256, (1, length), generator=torch.Generator().manual_seed(seed)).to(device)
-
-
 @pytest.fixture(scope="module")
-def setup():
+def setup(prompt):
     # tiny-qwen3: small, and sensitive enough to RoPE positions that every scenario shows within N tokens
     model = tiny_model("tiny-qwen3")
-    a, b = prompt(11, 0), prompt(7, 1)
+    a, b = prompt(11), prompt(7, seed=1)
     slots = F.slots_for(11, N)
     return model, a, b, {"a": F.reference(model, a, N, slots=slots), "b": F.reference(model, b, N, slots=slots)}
 
@@ -36,7 +32,7 @@ def run(setup, name, runner, **kw):
 
 
 def test_reference_is_the_naive_loop(setup):
-    from kvlab.decoding import decode
+    from kvlab.strategies import decode
 
     model, a, _, refs = setup
     assert torch.equal(refs["a"].tokens, decode(model, a, N, strategy="naive"))
@@ -120,9 +116,9 @@ def test_bad_calls_are_refused(setup):
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: run on Colab/GPU machine")
 @pytest.mark.parametrize("name", NAMES + [F.CONTROL])
-def test_real_cuda_graph_gives_the_emulations_tokens(name):
+def test_real_cuda_graph_gives_the_emulations_tokens(name, prompt):
     model = tiny_model("tiny-qwen3").cuda()
-    a, b = prompt(11, 0, "cuda"), prompt(7, 1, "cuda")
+    a, b = prompt(11, device="cuda"), prompt(7, seed=1, device="cuda")
     two = F.SCENARIOS.get(name, {}).get("needs_next", False)
     slots = F.slots_for(11, N)
     ref = F.reference(model, b if two else a, N, slots=slots)
@@ -134,14 +130,14 @@ def test_real_cuda_graph_gives_the_emulations_tokens(name):
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: run on Colab/GPU machine")
-def test_a_run_stopped_before_any_token_compares_across_devices():
+def test_a_run_stopped_before_any_token_compares_across_devices(prompt):
     model = tiny_model("tiny-qwen3").cuda()
-    result = F.reset_out_of_range(model, prompt(11, 0, "cuda"), 4, next_ids=prompt(7, 1, "cuda"))
+    result = F.reset_out_of_range(model, prompt(11, device="cuda"), 4, next_ids=prompt(7, seed=1, device="cuda"))
     assert result.first_wrong == 0 and result.failed
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: run on Colab/GPU machine")
-def test_unguarded_out_of_range_is_refused_on_a_gpu():
+def test_unguarded_out_of_range_is_refused_on_a_gpu(prompt):
     model = tiny_model("tiny-qwen3").cuda()
     with pytest.raises(ValueError, match="device-side assert"):
-        F.reset_out_of_range(model, prompt(11, 0, "cuda"), 4, next_ids=prompt(7, 1, "cuda"), guard=False)
+        F.reset_out_of_range(model, prompt(11, device="cuda"), 4, next_ids=prompt(7, seed=1, device="cuda"), guard=False)

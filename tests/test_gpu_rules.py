@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kvlab import decode_kernel, fast_decode, kernel_step, runtime
+from kvlab import graph_decoder, runtime
+from kvlab.kernels import common, gemv
 
 T4, A100, H200, BLACKWELL = (7, 5), (8, 0), (9, 0), (10, 0)
 CUDA = torch.device("cuda")
@@ -111,23 +112,23 @@ def test_the_rule_is_a_constant_under_torch_compile(monkeypatch):
     torch._dynamo.reset()
 
 
-@pytest.mark.skipif(decode_kernel.triton is None, reason="needs Triton (the course installs it on Linux)")
+@pytest.mark.skipif(common.triton is None, reason="needs Triton (the course installs it on Linux)")
 @pytest.mark.parametrize(("capability", "kernels"), [(T4, False), (A100, True), (H200, True)])
 def test_triton_kernels_only_from_ampere(gpu, capability, kernels):
-    """decode_kernel.available is what graph-safe-compiled's attention and every kernel_step function ask: False on a
-    T4, so the attention stays SDPA and kernel_step runs the PyTorch form of the same math."""
+    """kvlab.kernels.common.available is what graph-safe-compiled's attention and every kernel of graph-safe-kernels
+    ask: False on a T4, so the attention stays SDPA and the kernel step runs the PyTorch form of the same math."""
     gpu(capability)
-    query = SimpleNamespace(device=CUDA)  # only its device is looked at
-    assert decode_kernel.available(query) is kernels
-    assert kernel_step._use_triton(query) is kernels
+    query = SimpleNamespace(device=CUDA, shape=(1, 64))  # only its device (and rows, for the GEMV) are looked at
+    assert common.available(query) is kernels
+    assert gemv.uses_gemv_kernel(query) is kernels
 
 
 @pytest.mark.parametrize(("capability", "expected"), [(T4, False), (A100, False), (H200, True), (BLACKWELL, True)])
 def test_pdl_only_from_hopper(gpu, capability, expected):
     gpu(capability)
-    assert kernel_step.pdl(CUDA) is (expected and kernel_step._HAS_GDC and not decode_kernel.INTERPRET)
-    assert kernel_step._launch_options(CUDA) == ({"launch_pdl": True} if kernel_step.pdl(CUDA) else {})
-    assert not kernel_step.pdl(torch.device("cpu"))
+    assert common.pdl(CUDA) is (expected and common.HAS_GDC and not common.INTERPRET)
+    assert common.launch_options(CUDA) == ({"launch_pdl": True} if common.pdl(CUDA) else {})
+    assert not common.pdl(torch.device("cpu"))
 
 
 @pytest.mark.parametrize(("capability", "expected"), [(T4, False), (A100, False), (H200, True)])
@@ -137,7 +138,7 @@ def test_inductor_pdl_only_from_hopper(gpu, capability, expected):
         pytest.skip("this torch's inductor has no enable_pdl")
     gpu(capability)
     before = config.triton.enable_pdl
-    with fast_decode.inductor_options(True, CUDA):
+    with graph_decoder.inductor_options(True, CUDA):
         assert config.coordinate_descent_tuning
         assert config.triton.enable_pdl is (expected or before)
     assert config.triton.enable_pdl == before

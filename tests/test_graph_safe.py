@@ -13,15 +13,10 @@ from transformers import AutoModelForCausalLM, LlamaConfig, StaticCache
 
 import kvlab
 from kvlab import memo
-from kvlab.graph_safe import (
-    GraphSafeDecoder,
-    GraphSafeError,
-    GraphSafeStaticCache,
-    capturing,
-    decode_graph_safe,
-    step_op_counts,
-)
+from kvlab.graph_decoder import GraphSafeDecoder, decode_graph_safe, eager_vs_replay
+from kvlab.graph_safe_cache import GraphSafeError, GraphSafeStaticCache, capturing
 from kvlab.graphs import capture
+from kvlab.measure import step_op_counts
 from kvlab.models import TINY_COMMON, tiny_model
 
 CUDA = torch.cuda.is_available()
@@ -38,11 +33,6 @@ def model_on(name: str, device: str):
     if (name, device) not in _models:
         _models[name, device] = tiny_model(name).to(device)
     return _models[name, device]
-
-
-def prompt(length: int, *, batch: int = 1, seed: int = 0, device: str = "cpu") -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed * 1000 + length)
-    return torch.randint(1, 256, (batch, length), generator=g).to(device)
 
 
 def state(cache: GraphSafeStaticCache):
@@ -63,7 +53,7 @@ def assert_unchanged(cache, before) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_several_prompts_through_one_graph_match_naive(arch, device):
+def test_several_prompts_through_one_graph_match_naive(arch, device, prompt):
     model = model_on(arch, device)
     decoder = GraphSafeDecoder(model, max_cache_len=48)
     graph = None
@@ -80,7 +70,7 @@ def test_several_prompts_through_one_graph_match_naive(arch, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch", ["tiny-llama", "tiny-qwen3", "tiny-gemma", "tiny-phi3"])
-def test_one_padded_prefill_graph_serves_every_length_up_to_the_bucket(arch, device):
+def test_one_padded_prefill_graph_serves_every_length_up_to_the_bucket(arch, device, prompt):
     model = model_on(arch, device)
     decoder = GraphSafeDecoder(model, max_cache_len=48, prefill_bucket=16)
     for i, length in enumerate((16, 1, 7, 12)):
@@ -93,7 +83,7 @@ def test_one_padded_prefill_graph_serves_every_length_up_to_the_bucket(arch, dev
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch", ["tiny-llama", "tiny-qwen3"])
-def test_batch_above_one(arch, device):
+def test_batch_above_one(arch, device, prompt):
     model = model_on(arch, device)
     decoder = GraphSafeDecoder(model, max_cache_len=48, batch=3, prefill_bucket=16)
     for i, length in enumerate((9, 4)):
@@ -104,7 +94,7 @@ def test_batch_above_one(arch, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_eager_step_matches_naive(device):
+def test_eager_step_matches_naive(device, prompt):
     model = model_on("tiny-mistral", device)
     ids = prompt(11, device=device)
     decoder = GraphSafeDecoder(model, max_cache_len=32, graph=False)
@@ -113,7 +103,7 @@ def test_eager_step_matches_naive(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_strategy_reuses_its_decoder_and_calls_on_token(device):
+def test_strategy_reuses_its_decoder_and_calls_on_token(device, prompt):
     model = tiny_model("tiny-qwen2").to(device)
     seen = []
     a, b = prompt(6, device=device), prompt(13, seed=1, device=device)
@@ -121,7 +111,7 @@ def test_strategy_reuses_its_decoder_and_calls_on_token(device):
     assert torch.equal(got_a, kvlab.decode(model, a, NEW))
     assert [s for s, _ in seen] == list(range(NEW)) and torch.equal(torch.cat([t for _, t in seen], 1), got_a)
     assert torch.equal(kvlab.decode(model, b, NEW, strategy="graph-safe"), kvlab.decode(model, b, NEW))
-    (decoder,) = memo.kept(model, "graph-safe")  # one decoder (one graph) served both calls
+    (decoder,) = memo.kept(model, "graph-decoder")  # one decoder (one graph) served both calls
     assert decoder.step_graph.replays == 2 * (NEW - 1)
     own = GraphSafeDecoder(model, 40)
     assert torch.equal(decode_graph_safe(model, b, 5, decoder=own), kvlab.decode(model, b, 5))
@@ -130,7 +120,7 @@ def test_strategy_reuses_its_decoder_and_calls_on_token(device):
 
 
 @needs_cuda
-def test_real_graph_and_emulation_give_the_same_tokens():
+def test_real_graph_and_emulation_give_the_same_tokens(prompt):
     model = model_on("tiny-llama", "cuda")
     ids = prompt(10, device="cuda")
     real = GraphSafeDecoder(model, 40, prefill_bucket=16)
@@ -140,7 +130,7 @@ def test_real_graph_and_emulation_give_the_same_tokens():
 
 
 @needs_cuda
-def test_compiled_step_captured_by_kvlab_matches_naive():
+def test_compiled_step_captured_by_kvlab_matches_naive(prompt):
     model = model_on("tiny-llama", "cuda")
     decoder = GraphSafeDecoder(model, 40, compile_mode="default")
     for length in (7, 3):
@@ -152,7 +142,7 @@ def test_compiled_step_captured_by_kvlab_matches_naive():
 # ------------------------------------------------------------------------------ the three overrides
 
 
-def test_update_writes_only_the_valid_window_and_counts_it():
+def test_update_writes_only_the_valid_window_and_counts_it(prompt):
     model = model_on("tiny-llama", "cpu")
     ids = prompt(16)
     vanilla = StaticCache(config=model.config, max_cache_len=32)
@@ -169,7 +159,7 @@ def test_update_writes_only_the_valid_window_and_counts_it():
     assert torch.equal(keys[:, :, :5], vanilla.layers[0].keys[:, :, :5])
 
 
-def test_reset_is_in_place_and_the_seed_recipe_is_out_of_range():
+def test_reset_is_in_place_and_the_seed_recipe_is_out_of_range(prompt):
     model = model_on("tiny-llama", "cpu")
     cache = GraphSafeStaticCache(config=model.config, max_cache_len=24)
     with torch.inference_mode():
@@ -190,7 +180,7 @@ def test_reset_is_in_place_and_the_seed_recipe_is_out_of_range():
             model(prompt(1), cache=vanilla)
 
 
-def test_one_live_counter_shared_by_every_layer():
+def test_one_live_counter_shared_by_every_layer(prompt):
     model = model_on("tiny-qwen3", "cpu")
     cache = GraphSafeStaticCache(config=model.config, max_cache_len=24)
     assert int(cache.cache_position) == 0 and cache.get_seq_length() == 0
@@ -205,7 +195,7 @@ def test_one_live_counter_shared_by_every_layer():
         cache.set_position(25)
 
 
-def test_shared_counter_removes_work_per_step():
+def test_shared_counter_removes_work_per_step(prompt):
     """Counted on the traced decode step: vanilla computes positions and advances a counter in every layer,
     graph-safe computes the positions once and advances its one counter once."""
     config = LlamaConfig(**{**TINY_COMMON, "num_hidden_layers": 4})
@@ -229,7 +219,7 @@ def test_shared_counter_removes_work_per_step():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_decoding_past_max_cache_len_is_refused_before_any_write(device):
+def test_decoding_past_max_cache_len_is_refused_before_any_write(device, prompt):
     model = model_on("tiny-llama", device)
     decoder = GraphSafeDecoder(model, max_cache_len=24)
     decoder.generate(prompt(5, device=device), 4)
@@ -241,7 +231,7 @@ def test_decoding_past_max_cache_len_is_refused_before_any_write(device):
     assert int(decoder.cache.cache_position) == 24
 
 
-def test_eager_forward_past_the_end_is_refused_before_any_write():
+def test_eager_forward_past_the_end_is_refused_before_any_write(prompt):
     model = model_on("tiny-llama", "cpu")
     cache = GraphSafeStaticCache(config=model.config, max_cache_len=10)
     with torch.inference_mode():
@@ -253,11 +243,11 @@ def test_eager_forward_past_the_end_is_refused_before_any_write():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_capture_before_the_cache_is_initialized_is_refused(device):
+def test_capture_before_the_cache_is_initialized_is_refused(device, prompt):
     model = model_on("tiny-llama", device)
     decoder = GraphSafeDecoder(model, max_cache_len=24)
     with pytest.raises(GraphSafeError, match="before the cache is initialized"):
-        decoder._capture(decoder._step, decoder.token)
+        decoder.capture_graph(decoder.one_step, decoder.token)
     assert not decoder.cache.is_initialized
     # a hand-made capture of a step over an empty cache: refused inside lazy_initialization, nothing allocated
     cache = GraphSafeStaticCache(config=model.config, max_cache_len=24)
@@ -268,7 +258,7 @@ def test_capture_before_the_cache_is_initialized_is_refused(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_replay_after_the_cache_was_reallocated_is_refused(device):
+def test_replay_after_the_cache_was_reallocated_is_refused(device, prompt):
     model = model_on("tiny-llama", device)
     decoder = GraphSafeDecoder(model, max_cache_len=24)
     decoder.generate(prompt(5, device=device), 4)
@@ -286,7 +276,7 @@ def test_replay_after_the_cache_was_reallocated_is_refused(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_batch_size_different_from_capture_is_refused(device):
+def test_batch_size_different_from_capture_is_refused(device, prompt):
     model = model_on("tiny-llama", device)
     decoder = GraphSafeDecoder(model, max_cache_len=24)
     decoder.generate(prompt(5, device=device), 4)
@@ -300,7 +290,7 @@ def test_batch_size_different_from_capture_is_refused(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_dtype_different_from_capture_is_refused(device):
+def test_dtype_different_from_capture_is_refused(device, prompt):
     model = tiny_model("tiny-llama").to(device)
     decoder = GraphSafeDecoder(model, max_cache_len=24)
     decoder.generate(prompt(5, device=device), 4)
@@ -313,7 +303,7 @@ def test_dtype_different_from_capture_is_refused(device):
     assert_unchanged(decoder.cache, before)
 
 
-def test_other_bad_arguments():
+def test_other_bad_arguments(prompt):
     model = model_on("tiny-llama", "cpu")
     with pytest.raises(ValueError, match="full-attention layers only"):
         GraphSafeStaticCache(config=tiny_model("tiny-mistral").config.__class__(sliding_window=8, num_hidden_layers=2), max_cache_len=8)
@@ -333,7 +323,7 @@ def test_other_bad_arguments():
     assert not capturing()
 
 
-def test_cache_made_in_inference_mode_can_be_reset_outside_it():
+def test_cache_made_in_inference_mode_can_be_reset_outside_it(prompt):
     model = model_on("tiny-llama", "cpu")
     with torch.inference_mode():
         cache = GraphSafeStaticCache(config=model.config, max_cache_len=16)
@@ -344,7 +334,7 @@ def test_cache_made_in_inference_mode_can_be_reset_outside_it():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_capture_leaves_no_trace(device):
+def test_capture_leaves_no_trace(device, prompt):
     """After capture the counter, the token and every slot past the prompt are as before the warm-up calls."""
     model = model_on("tiny-qwen3", device)
     decoder = GraphSafeDecoder(model, max_cache_len=32)
@@ -352,18 +342,19 @@ def test_capture_leaves_no_trace(device):
     decoder.prefill(ids)
     before = state(decoder.cache)
     token = decoder.token.clone()
-    decoder.step_graph = decoder._capture(decoder._run_step, decoder.token)
+    with torch.inference_mode():
+        decoder.graphs[1] = decoder.capture_graph(decoder.multi_step(1), decoder.token)
     assert_unchanged(decoder.cache, before)
     assert torch.equal(decoder.token, token)
 
 
-def test_a_step_past_the_end_and_a_position_past_the_cache_are_refused():
+def test_a_step_past_the_end_and_a_position_past_the_cache_are_refused(prompt):
     model = tiny_model("tiny-llama")
     decoder = GraphSafeDecoder(model, max_cache_len=8)
     decoder.generate(prompt(5), 2)  # the cache holds 6 tokens, the next token is in decoder.token
     decoder.step()
     decoder.step()  # 8 of 8 slots
-    with pytest.raises(GraphSafeError, match="the cache is full \\(8 of 8 tokens\\)"):
+    with pytest.raises(GraphSafeError, match="the cache holds 8 of 8 tokens: 1 more steps would decode garbage"):
         decoder.step()
     cache = decoder.cache
     for bad, error in ((9, ValueError), (-1, ValueError), (torch.tensor(9), ValueError), (2.0, TypeError),
@@ -374,8 +365,6 @@ def test_a_step_past_the_end_and_a_position_past_the_cache_are_refused():
     assert int(cache.cache_position) == 3
 
 
-def test_eager_vs_replay_runs_outside_inference_mode():
-    from kvlab.graph_safe import eager_vs_replay
-
+def test_eager_vs_replay_runs_outside_inference_mode(prompt):
     live = eager_vs_replay(tiny_model("tiny-llama"), prompt(5), steps=2, rounds=1)  # lesson 05 calls it like this
     assert live["eager_ms_per_token"] > 0 and live["replay_ms_per_token"] > 0

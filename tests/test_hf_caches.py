@@ -13,24 +13,13 @@ from kvlab.cache_view import (
     plot_memory_per_step,
     slot_norms,
 )
-from kvlab.decoding import decode
+from kvlab.failures import decode_static_graph, room_guard
 from kvlab.graphs import ReplayError
-from kvlab.hf_caches import (
-    check_room,
-    decode_compiled,
-    decode_generate,
-    decode_static,
-    decode_static_graph,
-    make_static_cache,
-    room_guard,
-)
+from kvlab.hf_caches import check_room, decode_compiled, decode_generate, decode_static, make_static_cache
 from kvlab.models import tiny_model
+from kvlab.strategies import decode
 
 matplotlib.use("Agg")
-
-
-def prompt(batch=1, length=9, seed=0):
-    return torch.randint(1, 256, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.fixture(scope="module")
@@ -40,14 +29,14 @@ def llama():
 
 @pytest.mark.parametrize("arch", ["tiny-llama", "tiny-qwen3", "tiny-mistral", "tiny-gemma"])
 @pytest.mark.parametrize("strategy", ["dynamic", "static"])
-def test_hf_cache_strategies_are_token_exact_against_naive(arch, strategy):
+def test_hf_cache_strategies_are_token_exact_against_naive(arch, strategy, prompt):
     model = tiny_model(arch)
-    ids = prompt(batch=2, length=7)
+    ids = prompt(7, batch=2)
     assert torch.equal(decode(model, ids, 20, strategy=strategy), decode(model, ids, 20, strategy="naive"))
 
 
-def test_static_graph_without_warmup_is_exact_and_with_warmup_matches_eager_replay(llama):
-    ids = prompt()
+def test_static_graph_without_warmup_is_exact_and_with_warmup_matches_eager_replay(llama, prompt):
+    ids = prompt(9)
     naive = decode(llama, ids, 24, strategy="naive")
     keep = {}
     assert torch.equal(decode(llama, ids, 24, strategy="static-graph", warmup=0, keep=keep), naive)
@@ -58,16 +47,16 @@ def test_static_graph_without_warmup_is_exact_and_with_warmup_matches_eager_repl
     assert torch.equal(graph, eager)
 
 
-def test_static_graph_warmup_advances_every_counter(llama):
-    ids = prompt(length=5)
+def test_static_graph_warmup_advances_every_counter(llama, prompt):
+    ids = prompt(5)
     keep = {}
     decode_static_graph(llama, ids, 4, warmup=3, keep=keep)
     # prompt 5 + 3 warm-up writes + 3 replays
     assert counters(keep["cache"]) == [11] * llama.config.num_hidden_layers
 
 
-def test_static_cache_is_preallocated_and_written_in_place(llama):
-    ids = prompt(length=6)
+def test_static_cache_is_preallocated_and_written_in_place(llama, prompt):
+    ids = prompt(6)
     cache = make_static_cache(llama, 32)
     rec = CacheRecorder(cache, layers=(0, 1))
     decode_static(llama, ids, 5, cache=cache, on_token=rec)
@@ -81,39 +70,39 @@ def test_static_cache_is_preallocated_and_written_in_place(llama):
     assert slot_norms(cache.layers[0]).shape == (32,)
 
 
-def test_bad_sizes_are_refused(llama):
+def test_bad_sizes_are_refused(llama, prompt):
     with pytest.raises(ValueError, match="max_cache_len"):
         make_static_cache(llama, 0)
     cache = make_static_cache(llama, 8)
     with pytest.raises(ValueError, match="needs 10 cache slots"):
         check_room(cache, 6, 5)
     with pytest.raises(ValueError, match="max_cache_len >= 10"):
-        decode_static(llama, prompt(length=6), 5, cache=cache)
+        decode_static(llama, prompt(6), 5, cache=cache)
 
 
-def test_room_guard_stops_a_write_past_the_end(llama):
+def test_room_guard_stops_a_write_past_the_end(llama, prompt):
     cache = make_static_cache(llama, 8)
-    decode_static(llama, prompt(length=7), 2, cache=cache)  # 8 slots now full
+    decode_static(llama, prompt(7), 2, cache=cache)  # 8 slots now full
     with pytest.raises(ReplayError, match="device-side assert"):
         room_guard(cache)()
 
 
-def test_generate_static_and_dynamic_match_naive(llama):
-    ids = prompt()
+def test_generate_static_and_dynamic_match_naive(llama, prompt):
+    ids = prompt(9)
     naive = decode(llama, ids, 12, strategy="naive")
     for impl in ("dynamic", "static"):
         assert torch.equal(decode_generate(llama, ids, 12, cache_implementation=impl), naive)
 
 
-def test_compiled_step_matches_naive(llama):
-    ids = prompt()
+def test_compiled_step_matches_naive(llama, prompt):
+    ids = prompt(9)
     assert torch.equal(decode_compiled(llama, ids, 8, mode="default"), decode(llama, ids, 8, strategy="naive"))
 
 
-def test_plots_draw(llama):
+def test_plots_draw(llama, prompt):
     cache = make_static_cache(llama, 16)
     rec = CacheRecorder(cache)
-    decode_static(llama, prompt(length=4), 4, cache=cache, on_token=rec)
+    decode_static(llama, prompt(4), 4, cache=cache, on_token=rec)
     fig, axes = plot_cache_heatmaps({"a": rec.matrix, "b": rec.matrix}, title="t", frontier=[4, 5, 6, 7])
     assert len(axes) == 2
     fig2, ax = plot_memory_per_step({"x": [1024, 2048]}, title="m")
@@ -121,8 +110,8 @@ def test_plots_draw(llama):
 
 
 @pytest.mark.parametrize("strategy", ["dynamic", "static", "static-graph"])
-def test_a_used_cache_is_refused_and_a_reset_one_is_exact(llama, strategy):
-    ids, other = prompt(length=5), prompt(length=3, seed=1)
+def test_a_used_cache_is_refused_and_a_reset_one_is_exact(llama, strategy, prompt):
+    ids, other = prompt(5), prompt(3, seed=1)
     cache = DynamicCache(config=llama.config) if strategy == "dynamic" else make_static_cache(llama, 32)
     kwargs = {"warmup": 0} if strategy == "static-graph" else {}
     decode(llama, other, 4, strategy=strategy, cache=cache, **kwargs)

@@ -1,7 +1,6 @@
 """kvlab.measure: per-step timing, warm-up apart, memory, and the record every measurement carries."""
 
 import json
-import statistics
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ from transformers import DynamicCache
 import kvlab
 from kvlab import measure
 from kvlab.models import tiny_model
+from kvlab.sizes import tensor_bytes
 
 
 @pytest.fixture(scope="module")
@@ -17,29 +17,46 @@ def model():
     return tiny_model("tiny-qwen3")
 
 
-def test_measure_decode(model):
+def test_time_strategy_per_step(model):
     ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
-    run = measure.measure_decode(model, ids, 6, strategy="naive", repeats=2)
-    assert (run.strategy, run.prompt_len, run.new_tokens, run.batch) == ("naive", 4, 6, 2)
+    run = measure.time_strategy(model, ids, 6, strategy="naive", repeats=2, per_step=True)
+    assert (run.label, run.new_tokens, run.batch) == ("naive", 6, 2)
     assert torch.equal(run.tokens, kvlab.decode(model, ids, 6))
     assert len(run.step_seconds) == 6 and all(s > 0 for s in run.step_seconds)
     assert run.warmup_seconds > 0 and run.peak_memory_bytes > 0
-    assert run.prefill_seconds == run.step_seconds[0]
-    assert run.median_step_seconds == statistics.median(run.step_seconds[1:])
-    assert run.tokens_per_s == pytest.approx(1 / run.median_step_seconds)
+    # the one rule: (T(n) - T(1)) / (n - 1), T from the clocked runs
+    assert run.seconds_per_step == pytest.approx((run.total_seconds - run.prefill_seconds) / 5)
+    assert run.total_seconds >= run.prefill_seconds > 0
+    assert run.tokens_per_s == pytest.approx(2 / run.seconds_per_step)  # the whole batch
+    assert run.end_to_end_tokens_per_s == pytest.approx(12 / run.total_seconds)
     assert run.env["hardware"] == kvlab.hardware(ids.device)
-    record = run.summary()
+    record = run.record()
     json.dumps(record)
-    assert "tokens" not in record and record["hardware"] == run.env["hardware"]
-    assert record["median_ms_per_token"] == pytest.approx(1e3 * run.median_step_seconds)
+    assert record["ms_per_token"] == pytest.approx(run.ms_per_token)
 
 
-def test_measure_decode_forwards_kwargs_and_clamps_repeats(model):
-    ids = torch.tensor([[1, 2, 3]])
-    run = measure.measure_decode(model, ids, 1, repeats=0)  # one step: its median is the step itself
-    assert len(run.step_seconds) == 1 and run.median_step_seconds == run.step_seconds[0]
+def test_time_decode_subtracts_the_prefill_and_keeps_the_warmup_apart():
+    calls = []
+
+    def run(n, on_token):
+        calls.append((n, on_token))
+        return torch.zeros(3, n, dtype=torch.long)
+
+    timing = measure.time_decode(run, 5, "cpu", repeats=2, warmup_tokens=4, label="x")
+    assert [n for n, _ in calls] == [4, 1, 1, 5, 5] and all(t is None for _, t in calls)  # no clock: no sync per token
+    assert timing.step_seconds is None and timing.batch == 3 and timing.new_tokens == 5
+    assert timing.ms_per_token == pytest.approx(1e3 * (timing.total_seconds - timing.prefill_seconds) / 4)
+
+
+def test_time_decode_refuses_what_it_cannot_time(model):
+    with pytest.raises(ValueError, match="new_tokens must be an int >= 2"):
+        measure.time_decode(lambda n, t: torch.zeros(1, n), 1, "cpu")
+    with pytest.raises(ValueError, match="repeats must be a positive int"):
+        measure.time_decode(lambda n, t: torch.zeros(1, n), 3, "cpu", repeats=0)
+    with pytest.raises(ValueError, match="on_token"):  # a run that never calls the clock has no per-step times
+        measure.time_decode(lambda n, t: torch.zeros(1, n), 3, "cpu", per_step=True)
     with pytest.raises(ValueError, match="unknown strategy"):
-        measure.measure_decode(model, ids, 2, strategy="nope")
+        measure.time_strategy(model, torch.tensor([[1, 2, 3]]), 2, strategy="nope")
 
 
 def test_step_clock():
@@ -47,8 +64,14 @@ def test_step_clock():
     for step in range(3):
         clock(step, torch.tensor([[1]]))
     assert len(clock.times) == 3 and all(t >= 0 for t in clock.times)
-    clock.reset()
-    assert clock.times == []
+
+
+def test_profile_counts_cpu_ops():
+    seen = measure.profile(lambda: torch.ones(4) + torch.ones(4), "cpu")
+    names = [name for _, _, name in seen.kernels]
+    assert "aten::add" in names and seen.busy_seconds >= 0 and seen.host_calls["aten::add"] >= 1
+    with pytest.raises(ValueError, match="GPU kernel time"):
+        measure.busy_seconds(lambda: None, "cpu")
 
 
 def test_process_and_peak_memory():
@@ -64,8 +87,8 @@ def test_process_and_peak_memory():
 def test_tensor_bytes_counts_each_storage_once():
     a = torch.zeros(10, 4)  # 160 bytes
     b = torch.zeros(3, dtype=torch.float16)  # 6 bytes
-    assert measure.tensor_bytes([a]) == 160
-    assert measure.tensor_bytes([a, a[2:5], a.view(40), b, None, "x"]) == 166
+    assert tensor_bytes([a]) == 160
+    assert tensor_bytes([a, a[2:5], a.view(40), b, None, "x"]) == 166
 
 
 def test_cache_bytes_matches_the_kv_formula(model):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..flops import forward_flops
+from ..sizes import forward_flops
 from .common import check_number
 
 
@@ -27,5 +27,5 @@ def check_step_flops(answer, *, config, length: int) -> str:
         what=f"FLOPs of one naive step over {length} positions",
         hint=("count 2 FLOPs per multiply-add for, per layer and position, the q/k/v/o projections, the "
               "attention scores and weighted values (causal: position j sees j+1 keys) and the 3 MLP matrices, "
-              "then the lm_head at every position (kvlab.flops.flops_breakdown has the formula)."),
+              "then the lm_head at every position (kvlab.sizes.flops_breakdown has the formula)."),
     )

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..cache_memory import kv_cache_bytes
 from ..handwritten import cat_bytes_copied
+from ..sizes import kv_cache_bytes
 from .common import check_number
 
 

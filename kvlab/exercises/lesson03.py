@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..cache_memory import kv_cache_bytes
+from ..sizes import kv_cache_bytes
 from .common import check_number
 
 

@@ -22,7 +22,7 @@ def padded_prefill_counters(prompt_len: int, bucket: int) -> tuple[int, int]:
     of which the first ``prompt_len`` are the prompt."""
     from transformers import StaticCache
 
-    from ..graph_safe import GraphSafeStaticCache
+    from ..graph_safe_cache import GraphSafeStaticCache
 
     model = _tiny()
     ids = torch.zeros(1, bucket, dtype=torch.long)
@@ -76,12 +76,12 @@ def check_seed_reset_slot(answer, *, max_cache_len: int = 64) -> str:
 
 def reference_write_positions(counter: int, valid: int, bucket: int, max_cache_len: int) -> torch.Tensor:
     """What ``GraphSafeStaticCache`` computes: the slot each of ``bucket`` incoming rows is written to. [bucket]"""
-    from ..graph_safe import GraphSafeStaticCache
+    from ..graph_safe_cache import GraphSafeStaticCache
 
     cache = GraphSafeStaticCache(config=_tiny().config, max_cache_len=max_cache_len)
     cache.set_position(counter)
     with cache.valid_window(torch.tensor(valid)):
-        return cache._write_positions(bucket, torch.device("cpu"))
+        return cache.write_positions(bucket, torch.device("cpu"))
 
 
 CASES = [(0, 5, 8, 16), (10, 3, 4, 16), (0, 8, 8, 16), (14, 4, 4, 16), (7, 1, 1, 16)]  # (counter, valid, bucket, slots)
@@ -102,7 +102,7 @@ def check_write_positions(fn) -> str:
             return (f"not quite: positions(counter, valid, bucket, max_cache_len)={case} gave {got.tolist()}, expected "
                     f"{expected.tolist()}. Hint: rows = arange(bucket); keep = (rows < valid) & (counter + rows < max_cache_len); "
                     "torch.where(keep, counter + rows, max_cache_len).")
-    return f"correct: all {len(CASES)} cases match GraphSafeStaticCache._write_positions (trash slot and end of cache included)"
+    return f"correct: all {len(CASES)} cases match GraphSafeStaticCache.write_positions (trash slot and end of cache included)"
 
 
 def launch_cost_us(record: dict) -> float:

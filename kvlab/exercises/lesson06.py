@@ -72,10 +72,10 @@ def check_padding_rows(answer, *, running: int = 5, buckets=(1, 2, 4, 8, 16, 32)
 def check_norm_matmul(fn) -> str:
     """Exercise: write ``norm_matmul(x, norm_weight, weight, eps) -> [rows, N]``, what the first kernel of every layer of
     ``graph-safe-kernels`` computes: LlamaRMSNorm of x ``[rows, K]``, then ``@ weight.T`` (weight ``[N, K]``). Checked
-    against ``kvlab.kernel_step.gemv(x, weight, norm=norm_weight, eps=eps)`` in float32 on the CPU."""
+    against ``kvlab.kernels.gemv.gemv(x, weight, norm=norm_weight, eps=eps)`` in float32 on the CPU."""
     import torch
 
-    from .. import kernel_step
+    from ..kernels import gemv as kernels_gemv
 
     if fn is None:
         return NOT_ANSWERED
@@ -83,7 +83,7 @@ def check_norm_matmul(fn) -> str:
     for rows, k, n, eps in [(1, 64, 48, 1e-6), (3, 576, 96, 1e-5)]:
         x, weight = torch.randn(rows, k, generator=gen) * 3, torch.randn(n, k, generator=gen) / k**0.5
         norm_weight = torch.rand(k, generator=gen) + 0.5
-        expected = kernel_step.gemv(x, weight, norm=norm_weight, eps=eps)
+        expected = kernels_gemv.gemv(x, weight, norm=norm_weight, eps=eps)
         try:
             got = torch.as_tensor(fn(x, norm_weight, weight, eps))
         except Exception as e:  # a student's bug: report it, never raise
@@ -92,5 +92,5 @@ def check_norm_matmul(fn) -> str:
             return (f"not quite: for x {list(x.shape)} and weight {list(weight.shape)} your result differs from the kernel's "
                     f"(shape {list(got.shape)}, expected {list(expected.shape)}). Hint: rms = sqrt(mean(x^2 over the last "
                     "dim) + eps); (x / rms * norm_weight) @ weight.T.")
-    return ("correct: your norm + matmul equals kernel_step.gemv(..., norm=...). In the kernel each program recomputes "
+    return ("correct: your norm + matmul equals kvlab.kernels.gemv.gemv(..., norm=...). In the kernel each program recomputes "
             "the row's rms itself, so the normed x never goes to memory and no separate norm kernel runs")

@@ -1,4 +1,4 @@
-"""kvlab.fusion and kvlab.fast_decode: fewer kernels, several steps per graph, the same tokens as naive."""
+"""kvlab.fusion and kvlab.graph_decoder's multi-step graphs: fewer kernels, several steps per graph, the same tokens as naive."""
 
 import pytest
 import torch
@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 import kvlab
 from kvlab import fusion
-from kvlab.fast_decode import MultiStepDecoder, decode_graph_safe_fast
+from kvlab.graph_decoder import GraphSafeDecoder, decode_graph_safe_compiled
 from kvlab.models import tiny_model
 
 
@@ -42,7 +42,7 @@ def test_multi_step_graphs_are_exact_across_prompts(name):
     gen = torch.Generator().manual_seed(2)
     for prompt_len, n in [(7, 11), (3, 11), (12, 11)]:  # several prompts through the same captured graphs
         ids = torch.randint(0, 256, (2, prompt_len), generator=gen)
-        out = decode_graph_safe_fast(model, ids, n, steps=4, graph=True, max_cache_len=32)  # emulated on CPU
+        out = decode_graph_safe_compiled(model, ids, n, steps=4, graph=True, max_cache_len=32)  # emulated on CPU
         assert torch.equal(out, kvlab.decode(model, ids, n)), (name, prompt_len)
 
 
@@ -50,16 +50,16 @@ def test_unfused_and_eager_variants_are_exact():
     model = tiny_model("tiny-qwen3")  # not fusable: fuse=False keeps the model's own layers
     ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(3))
     ref = kvlab.decode(model, ids, 9)
-    assert torch.equal(decode_graph_safe_fast(model, ids, 9, fuse=False, steps=3), ref)
-    assert torch.equal(decode_graph_safe_fast(model, ids, 9, fuse=False, steps=1, gemv=False), ref)
+    assert torch.equal(decode_graph_safe_compiled(model, ids, 9, fuse=False, steps=3), ref)
+    assert torch.equal(decode_graph_safe_compiled(model, ids, 9, fuse=False, steps=1, gemv=False), ref)
 
 
 def test_bad_settings_are_refused():
     model = tiny_model("tiny-llama")
     with pytest.raises(ValueError, match="steps must be a positive int"):
-        MultiStepDecoder(model, 32, 1, steps=0)
+        GraphSafeDecoder(model, 32, 1, steps=0)
     with pytest.raises(Exception, match="max_cache_len"):
-        decode_graph_safe_fast(model, torch.ones(1, 30, dtype=torch.long), 10, max_cache_len=32)
+        decode_graph_safe_compiled(model, torch.ones(1, 30, dtype=torch.long), 10, max_cache_len=32)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run on Colab/GPU machine")
@@ -67,8 +67,8 @@ def test_compiled_multi_step_graph_on_cuda():
     model = tiny_model("tiny-llama").cuda()
     ids = torch.randint(0, 256, (1, 8), device="cuda")
     ref = kvlab.decode(model, ids, 40)
-    assert torch.equal(decode_graph_safe_fast(model, ids, 40, steps=8), ref)
-    assert torch.equal(decode_graph_safe_fast(model, ids, 40, steps=8), ref)  # replayed, not recaptured
+    assert torch.equal(decode_graph_safe_compiled(model, ids, 40, steps=8), ref)
+    assert torch.equal(decode_graph_safe_compiled(model, ids, 40, steps=8), ref)  # replayed, not recaptured
 
 
 def test_reduction_attention_matches_sdpa(monkeypatch):

@@ -1,0 +1,444 @@
+"""The graph decoder of lessons 05 and 06: prefill eagerly, capture decode steps once, replay them for every prompt.
+
+``GraphSafeDecoder`` owns one ``GraphSafeStaticCache`` (``kvlab.graph_safe_cache``) and one static token buffer.
+A decode step reads the token and the cache by address and writes the next token into the same buffer, with no
+host sync; ``kvlab.graphs.capture`` records it (a real CUDA graph on a GPU, an emulation elsewhere). Its settings:
+
+- ``steps``: decode steps per captured graph. One replay makes ``steps`` tokens, so the host launches one graph
+  per ``steps`` tokens and the GPU never waits between them (``"graph-safe"``: 1, lesson 06's paths: 16).
+- ``step``: what one step runs. ``"model"``: the transformers forward over the cache, then argmax (optionally
+  ``torch.compile``d with ``compile_mode`` before capture). ``"kernels"``: ``kvlab.kernels.step.kernel_step``,
+  kvlab's own kernels over a fused copy of the model (``kvlab.fusion``).
+- ``prefill_bucket=T``: the prefill is captured too, padded to T tokens; every prompt of length <= T replays it,
+  its valid length in a device tensor (the cache's valid window).
+
+The decoder's rules, which lesson 04's failures break: the position lives in the cache's one counter tensor
+(never a Python int), the counter and the token are put back in place after the capture's warm-up calls, the
+cache is never rebound (its addresses are checked before every decode), and the weights a graph reads are
+checked too. ``decode_graph_safe``, ``decode_graph_safe_compiled`` and ``decode_graph_safe_kernels`` are the
+strategies of ``kvlab.strategies`` built on it.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+
+from .decoding import OnToken, check_inputs, greedy
+from .fusion import fused_copy
+from .graph_safe_cache import GraphSafeError, GraphSafeStaticCache
+from .graphs import capture
+from .memo import per_model, weights_state
+from .runtime import PDL, check_dtype, gpu_supports
+
+STEP_KINDS = ("model", "kernels")
+CACHE_ROUNDING = 16  # a kept decoder's max_cache_len: prompt + new tokens rounded up to this (nearby lengths share one)
+
+
+class GraphSafeDecoder:
+    """Prefill eagerly, capture ``steps`` decode steps in one graph, replay it for any number of prompts.
+
+    ``graph=False`` runs the same steps eagerly (the baseline for timings). ``emulate=True`` forces the CPU-style
+    emulation of capture also on a GPU (to compare it with the real graph). ``cache``: an empty
+    ``GraphSafeStaticCache`` to decode into instead of a new one.
+    """
+
+    def __init__(self, model, max_cache_len: int, batch: int = 1, *, steps: int = 1, step: str = "model",
+                 graph: bool = True, compile_mode: str | None = None, prefill_bucket: int | None = None,
+                 warmup: int = 3, emulate: bool | None = None, cache: GraphSafeStaticCache | None = None):
+        param = next(model.parameters())
+        for name, value in (("batch", batch), ("steps", steps)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if step not in STEP_KINDS:
+            raise ValueError(f"step must be one of {STEP_KINDS}, got {step!r}")
+        if compile_mode is not None and step != "model":
+            raise ValueError("compile_mode compiles the model's forward; the 'kernels' step is not compiled")
+        if compile_mode is not None and graph and (param.device.type != "cuda" or emulate):
+            raise ValueError(
+                f"compile_mode={compile_mode!r} with graph capture needs CUDA (the CPU emulation traces eager ops and "
+                "cannot trace a compiled function). On CPU, pass graph=False to run the compiled step eagerly."
+            )
+        if compile_mode is not None:
+            check_dtype(param.device, param.dtype)  # bf16 on a GPU without it (a T4): say to use float16
+        if prefill_bucket is not None and not 1 <= prefill_bucket <= max_cache_len:
+            raise ValueError(f"prefill_bucket must be in [1, max_cache_len={max_cache_len}], got {prefill_bucket}")
+        self.source = model  # what the caller gave; self.model is what runs (a fused copy for the kernels)
+        if step == "kernels":
+            from .kernels.step import check_supported
+
+            check_supported(model)
+            model = fused_copy(model, attention=False)  # one q/k/v and one gate/up weight per layer
+        self.model, self.batch, self.steps, self.step_kind = model, batch, steps, step
+        self.use_graph, self.warmup, self.emulate = graph, warmup, emulate
+        self.dtype, self.device = param.dtype, param.device
+        self.compile_mode, self.prefill_bucket = compile_mode, prefill_bucket
+        self.cache = self._own_cache(cache, max_cache_len)
+        self.token = torch.zeros(batch, 1, dtype=torch.long, device=self.device)  # static input AND output of a step
+        if step == "kernels":
+            from .kernels.step import arrival_counters
+
+            self.done = arrival_counters(self.model, batch, self.device)  # attention's counters, left at zero
+        self._run_step = self.one_step
+        if compile_mode is not None:  # callers are in inference mode; dynamo compiles the plain method
+            self._run_step = torch.compile(self.one_step, mode=compile_mode, fullgraph=True)
+        if prefill_bucket is not None:
+            self.prompt = torch.zeros(batch, prefill_bucket, dtype=torch.long, device=self.device)  # [batch, bucket]
+            self.valid = torch.zeros((), dtype=torch.long, device=self.device)  # valid prompt length, on the device
+        self.graphs: dict[int, object] = {}  # steps per replay -> captured graph (at most two: steps and the rest)
+        self.prefill_graph = None
+        self._fingerprint = None  # the cache's addresses at capture
+        self._weights = None  # the model's parameter and buffer addresses at capture
+        self._source_state = weights_state(self.source, writes=True) if self.model is not self.source else None
+
+    def _own_cache(self, cache, max_cache_len: int) -> GraphSafeStaticCache:
+        if cache is None:
+            return GraphSafeStaticCache(config=self.model.config, max_cache_len=max_cache_len)
+        if not isinstance(cache, GraphSafeStaticCache):
+            raise TypeError(f"cache must be a kvlab GraphSafeStaticCache, got {type(cache).__name__}: a vanilla "
+                            "StaticCache is lesson 04's 'static-graph' strategy")
+        if cache.frozen:
+            raise GraphSafeError("this cache is already bound to a captured graph: use the GraphSafeDecoder that "
+                                 "captured it, or a fresh cache")
+        if cache.max_cache_len != max_cache_len or len(cache.layers) != self.model.config.get_text_config().num_hidden_layers:
+            raise GraphSafeError(f"the cache has {len(cache.layers)} layers of {cache.max_cache_len} slots; this decoder "
+                                 f"needs the model's {self.model.config.get_text_config().num_hidden_layers} layers of "
+                                 f"max_cache_len={max_cache_len}: build the cache from model.config")
+        if cache.is_initialized and int(cache.get_seq_length()):
+            raise GraphSafeError(f"the cache already holds {int(cache.get_seq_length())} tokens: pass an empty one "
+                                 "(`with torch.inference_mode(): cache.reset()`)")
+        return cache
+
+    @property
+    def max_cache_len(self) -> int:
+        return self.cache.max_cache_len
+
+    @property
+    def step_graph(self):
+        """The captured graph of ``steps`` decode steps (None before the first decode, or with ``graph=False``)."""
+        return self.graphs.get(self.steps)
+
+    # ---- the steps (no host sync inside: they are captured) -----------------------------------------
+    def one_step(self, token: torch.Tensor) -> torch.Tensor:
+        """One decode step: reads ``token`` [batch, 1], writes the next token into it, advances the cache's counter."""
+        if self.step_kind == "kernels":
+            from .kernels.step import kernel_step
+
+            return kernel_step(self.model, self.cache, token, self.done)
+        logits = self.model(input_ids=token, cache=self.cache, use_cache=True).logits  # [batch, 1, vocab]
+        token.copy_(logits[:, -1, :].argmax(dim=-1, keepdim=True))
+        return token
+
+    def multi_step(self, n: int):
+        """A function of the static token that runs ``n`` steps and returns their tokens ``[batch, n]``."""
+        out = torch.zeros(self.batch, n, dtype=torch.long, device=self.device)  # static output of the graph
+
+        def run(token: torch.Tensor) -> torch.Tensor:
+            for k in range(n):
+                self._run_step(token)
+                out[:, k : k + 1].copy_(token)
+            return out
+
+        return run
+
+    def _padded_prefill(self, prompt: torch.Tensor) -> torch.Tensor:
+        """Prefill of a prompt padded to the bucket; only ``self.valid`` tokens count. Writes the first new token."""
+        bucket, slots = prompt.shape[1], self.max_cache_len
+        queries = self.cache.cache_position + torch.arange(bucket, device=prompt.device)  # [bucket] positions
+        allowed = torch.arange(slots, device=prompt.device)[None, :] <= queries[:, None]  # [bucket, slots] causal
+        mask = allowed[None, None].expand(prompt.shape[0], 1, bucket, slots)  # 4-D: the model uses it as given
+        if self.model.config._attn_implementation != "sdpa":
+            mask = torch.zeros((), dtype=self.dtype, device=prompt.device).masked_fill(~mask, torch.finfo(self.dtype).min)
+        with self.cache.valid_window(self.valid):
+            logits = self.model(input_ids=prompt, cache=self.cache, attention_mask=mask, use_cache=True).logits
+        last = (self.valid - 1).reshape(1)  # the last VALID row, not the last padded one
+        self.token.copy_(logits.index_select(1, last)[:, 0, :].argmax(dim=-1, keepdim=True))
+        return self.token
+
+    # ---- host-side checks, all before any tensor is written ----------------------------------------
+    def _check(self, input_ids: torch.Tensor, max_new_tokens: int) -> None:
+        check_inputs(self.model, input_ids, max_new_tokens)
+        batch, prompt_len = input_ids.shape
+        if batch != self.batch:
+            raise GraphSafeError(f"this decoder was built (and its graph captured) for batch {self.batch}, got batch "
+                                 f"{batch}: build another GraphSafeDecoder (kvlab.decode keeps one per batch size)")
+        dtype = next(self.model.parameters()).dtype
+        if dtype != self.dtype:
+            raise GraphSafeError(f"the model is now {dtype} but the decoder was built for {self.dtype}: its graph and "
+                                 f"cache hold {self.dtype} tensors. Build a new GraphSafeDecoder.")
+        need = prompt_len + max_new_tokens - 1  # the last new token is never written
+        if need > self.max_cache_len:
+            raise GraphSafeError(
+                f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) - 1 = {need} tokens do not fit in "
+                f"max_cache_len={self.max_cache_len}: build the decoder with max_cache_len >= {need}"
+            )
+        if self.prefill_bucket is not None and prompt_len > self.prefill_bucket:
+            raise GraphSafeError(f"the prompt ({prompt_len} tokens) is longer than prefill_bucket={self.prefill_bucket}")
+        if self._fingerprint is not None and self.cache.fingerprint() != self._fingerprint:
+            raise GraphSafeError(
+                "the cache's buffers were reallocated or rebound since the graph was captured: replay would write into "
+                "the old buffers. Never rebind cache tensors; use cache.reset(). Build a new GraphSafeDecoder."
+            )
+        if self._weights_changed():
+            raise GraphSafeError(
+                "the model's weights were replaced or rewritten since this decoder was built (model.to(...), .half(), "
+                "new parameters, load_state_dict): a replay would read the old tensors. Build a new GraphSafeDecoder "
+                "(kvlab.decode builds one by itself)."
+            )
+
+    def _weights_changed(self) -> bool:
+        if self._source_state is not None and weights_state(self.source, writes=True) != self._source_state:
+            return True  # the fused copy was made from weights that have changed since
+        return self._weights is not None and weights_state(self.model) != self._weights
+
+    def stale(self) -> bool:
+        """True when the captured graphs no longer read what they should: the cache or the weights were replaced."""
+        return self._weights_changed() or (self._fingerprint is not None and self.cache.fingerprint() != self._fingerprint)
+
+    def capture_graph(self, fn, static: torch.Tensor):
+        """Capture ``fn(static)`` and undo the warm-up calls' side effects in place: counter, token, slots they wrote."""
+        if not self.cache.is_initialized:
+            raise GraphSafeError("capture before the cache is initialized: run a prefill (or cache.early_initialization) first")
+        position, token = self.cache.cache_position.clone(), self.token.clone()
+        try:
+            graph = capture(fn, static, warmup=self.warmup, emulate=self.emulate)
+        finally:
+            self.cache.set_position(position)  # warm-ups advanced the counter: put it back, in place
+            self.token.copy_(token)
+            start = int(position)
+            end = self.max_cache_len  # the trash slot keeps its garbage: nothing reads it
+            for layer in self.cache.layers:  # and erase what they wrote past it (the mask hid it; now it is gone)
+                layer.keys[:, :, start:end].zero_()
+                layer.values[:, :, start:end].zero_()
+        self.cache.frozen = True
+        self._fingerprint, self._weights = self.cache.fingerprint(), weights_state(self.model)
+        return graph
+
+    def next_tokens(self, n: int) -> torch.Tensor:
+        """The next ``n`` (<= steps) tokens ``[batch, n]``: one replay of the n-step graph (captured on first use)."""
+        if not self.use_graph:
+            return self.multi_step(n)(self.token)
+        if n not in self.graphs:
+            self.graphs[n] = self.capture_graph(self.multi_step(n), self.token)
+        return self.graphs[n].replay()
+
+    # ---- generation --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Reset the cache (in place) and prefill ``input_ids``; returns the first new token ``[batch, 1]``."""
+        self._check(input_ids, 1)
+        with self.cache.unchecked():  # room was checked above, once
+            return self._prefill(input_ids)
+
+    def _prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        self.cache.reset()
+        if self.prefill_bucket is None:
+            logits = self.model(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=1).logits
+            self.token.copy_(greedy(logits))
+            return self.token
+        self.prompt.zero_()
+        self.prompt[:, : input_ids.shape[1]].copy_(input_ids)  # padded to the bucket, in place
+        self.valid.fill_(input_ids.shape[1])
+        if not self.use_graph:
+            return self._padded_prefill(self.prompt)
+        if self.prefill_graph is None:
+            if not self.cache.is_initialized:
+                self._padded_prefill(self.prompt)  # eager, allocates the buffers
+                self.cache.reset()
+            self.prefill_graph = self.capture_graph(self._padded_prefill, self.prompt)
+        self.prefill_graph.replay()
+        return self.token
+
+    @torch.inference_mode()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None) -> torch.Tensor:
+        """Greedy-decode ``max_new_tokens`` after ``input_ids`` [batch, prompt_len]; returns ``[batch, max_new_tokens]``."""
+        self._check(input_ids, max_new_tokens)
+        out = torch.empty(self.batch, max_new_tokens, dtype=torch.long, device=self.device)
+        with self.cache.unchecked():  # room was checked above, once for every step: no host sync per step
+            out[:, :1].copy_(self._prefill(input_ids))
+            if on_token is not None:
+                on_token(0, out[:, :1])
+            done = 1
+            while done < max_new_tokens:
+                n = min(self.steps, max_new_tokens - done)
+                out[:, done : done + n].copy_(self.next_tokens(n))  # replay: n new tokens, no host sync
+                if on_token is not None:
+                    for k in range(done, done + n):
+                        on_token(k, out[:, k : k + 1])
+                done += n
+        return out
+
+    @torch.inference_mode()
+    def decode_steps(self, n: int) -> torch.Tensor:
+        """``n`` more tokens ``[batch, n]`` after what the cache holds (after ``prefill``): one host read of the
+        counter first, then replays with no sync. Refuses steps past ``max_cache_len``: their keys and values would
+        go to the trash slot and the tokens be garbage."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"n must be a positive int, got {n!r}")
+        used = int(self.cache.cache_position)
+        if used + n > self.max_cache_len:
+            raise GraphSafeError(
+                f"the cache holds {used} of {self.max_cache_len} tokens: {n} more steps would decode garbage. "
+                "prefill a prompt again, or build the decoder with a larger max_cache_len."
+            )
+        out = torch.empty(self.batch, n, dtype=torch.long, device=self.device)
+        with self.cache.unchecked():
+            done = 0
+            while done < n:
+                k = min(self.steps, n - done)
+                out[:, done : done + k].copy_(self.next_tokens(k))
+                done += k
+        return out
+
+    def step(self) -> torch.Tensor:
+        """One decode step by hand, after ``prefill``: returns the new token ``[batch, 1]`` (``decode_steps(1)``)."""
+        return self.decode_steps(1)
+
+    def describe(self) -> str:
+        graphs = [f"{n}-step graph: {g.describe()}" for n, g in sorted(self.graphs.items())]
+        if self.prefill_graph is not None:
+            graphs.insert(0, f"prefill graph: {self.prefill_graph.describe()}")
+        how = "; ".join(graphs) if graphs else ("not captured yet" if self.use_graph else "eager (no graph)")
+        compiled = f", step compiled with mode={self.compile_mode!r}" if self.compile_mode else ""
+        return (f"GraphSafeDecoder(batch={self.batch}, max_cache_len={self.max_cache_len}, step={self.step_kind!r}, "
+                f"steps={self.steps}{compiled}): {how}")
+
+
+def kept_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, max_cache_len: int | None = None,
+                 **settings) -> GraphSafeDecoder:
+    """The decoder kept on ``model`` for this batch size, cache length, dtype and settings, made on first use and
+    made again once stale, so later calls (a new prompt, the benchmark's timed runs) replay the first one's graphs."""
+    need = input_ids.shape[1] + max_new_tokens
+    length = max_cache_len or CACHE_ROUNDING * -(-need // CACHE_ROUNDING)
+    batch = input_ids.shape[0]
+    key = (batch, length, next(model.parameters()).dtype, tuple(sorted(settings.items())))
+    return per_model(model, "graph-decoder", key, lambda: GraphSafeDecoder(model, length, batch, **settings),
+                     keep=lambda decoder: not decoder.stale())
+
+
+def decode_graph_safe(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None,
+                      max_cache_len: int | None = None, graph: bool = True, compile_mode: str | None = None,
+                      prefill_bucket: int | None = None, decoder: GraphSafeDecoder | None = None,
+                      cache: GraphSafeStaticCache | None = None) -> torch.Tensor:
+    """The ``"graph-safe"`` strategy: eager prefill, the decode step captured once (one step per graph), replayed.
+
+    ``decoder``: use this GraphSafeDecoder. ``cache``: an empty GraphSafeStaticCache to decode into (a new
+    decoder is built around it). Otherwise the decoder is kept per model and settings (``kept_decoder``).
+    """
+    settings = dict(graph=bool(graph), compile_mode=compile_mode, prefill_bucket=prefill_bucket)
+    if decoder is None and cache is not None:
+        length = cache.max_cache_len if isinstance(cache, GraphSafeStaticCache) else max_cache_len or 1
+        decoder = GraphSafeDecoder(model, length, input_ids.shape[0], cache=cache, **settings)  # checks the cache
+    elif decoder is None:
+        decoder = kept_decoder(model, input_ids, max_new_tokens, max_cache_len=max_cache_len, **settings)
+    return decoder.generate(input_ids, max_new_tokens, on_token=on_token)
+
+
+def inductor_options(tune: bool = True, device: torch.device | str = "cuda"):
+    """Inductor settings for the compiled step (gpt-fast's): coordinate-descent tuning of each kernel's block sizes,
+    and programmatic dependent launch (a kernel starts while the previous one drains) where ``device`` has it
+    (``runtime.PDL``) and this torch offers it."""
+    if not tune:
+        return nullcontext()
+    config = torch._inductor.config
+    options = {"coordinate_descent_tuning": True}
+    if hasattr(config.triton, "enable_pdl") and gpu_supports(device, PDL):
+        options["triton.enable_pdl"] = True
+    return config.patch(options)
+
+
+def decode_graph_safe_compiled(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None,
+                               compile_mode: str | None = "max-autotune-no-cudagraphs", steps: int = 16,
+                               fuse: bool = True, gemv: bool = True, attention: bool | str = "triton",
+                               max_cache_len: int | None = None, graph: bool | None = None,
+                               tune: bool = True) -> torch.Tensor:
+    """The ``"graph-safe-compiled"`` strategy: a fused copy of the model (``kvlab.fusion``), its step compiled
+    without cudagraphs, ``steps`` steps per captured graph.
+
+    On CPU the step is neither compiled nor captured unless asked: an inductor compile takes minutes on two
+    cores, a compiled step cannot be captured by the emulation, and the emulated graph is no faster than eager.
+    """
+    cuda = input_ids.device.type == "cuda"
+    use_graph = cuda if graph is None else graph
+    if not cuda:
+        compile_mode = None
+    fast = fused_copy(model, fuse=fuse, attention=attention if fuse else False, gemv=gemv)
+    decoder = kept_decoder(fast, input_ids, max_new_tokens, max_cache_len=max_cache_len, steps=steps,
+                           graph=use_graph, compile_mode=compile_mode)
+    with inductor_options(tune, input_ids.device) if compile_mode else nullcontext():
+        return decoder.generate(input_ids, max_new_tokens, on_token=on_token)
+
+
+def decode_graph_safe_kernels(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None,
+                              steps: int = 16, max_cache_len: int | None = None, graph: bool = True) -> torch.Tensor:
+    """The ``"graph-safe-kernels"`` strategy: kvlab's kernels for the step (``kvlab.kernels.step``), ``steps``
+    steps per captured graph (a real CUDA graph on a GPU, emulated elsewhere)."""
+    decoder = kept_decoder(model, input_ids, max_new_tokens, max_cache_len=max_cache_len, steps=steps, step="kernels",
+                           graph=graph)
+    return decoder.generate(input_ids, max_new_tokens, on_token=on_token)
+
+
+def eager_vs_replay(model, input_ids: torch.Tensor, *, steps: int = 32, rounds: int = 5) -> dict:
+    """The same graph-safe decode step run eagerly and replayed from its captured graph, timed in turns.
+
+    Returns per-token medians (ms), the ratio, capture seconds, cache and peak memory, and the work per
+    step: on CUDA the kernel launches (profiler), elsewhere the aten operations of the traced step.
+    """
+    from .measure import (
+        cache_bytes,
+        launches,
+        peak_memory_bytes,
+        reset_peak_memory,
+        step_op_counts,
+        time_interleaved,
+    )
+    from .runtime import environment
+
+    device = input_ids.device
+    length = input_ids.shape[1] + steps + 8
+    eager = GraphSafeDecoder(model, length, input_ids.shape[0], graph=False)
+    replay = GraphSafeDecoder(model, length, input_ids.shape[0])
+    for decoder in (eager, replay):
+        decoder.generate(input_ids, 2)  # prefill + (replay) capture; both caches now hold prompt + 1 token
+    start = int(replay.cache.cache_position)
+
+    def run(decoder):
+        def fn():
+            decoder.decode_steps(steps)  # one host read of the counter, then `steps` single steps
+            decoder.cache.set_position(start)  # in place: the next round decodes the same positions
+        return fn
+
+    fns = {"eager": run(eager), "replay": run(replay)}
+    seconds = time_interleaved(fns, rounds=rounds, device=device)
+    peaks = {}
+    for name, fn in fns.items():
+        reset_peak_memory(device)
+        fn()
+        peaks[name] = peak_memory_bytes(device)
+    if device.type == "cuda":
+        work = {name: launches(lambda d=d: d.decode_steps(1), device) for name, d in (("eager", eager), ("replay", replay))}
+        replay.cache.set_position(start)
+        eager.cache.set_position(start)
+    else:
+        ops = sum(step_op_counts(model, replay.cache, replay.token).values())
+        work = {"eager": {"aten_ops": ops}, "replay": {"aten_ops": ops}}
+    eager_ms, replay_ms = (1e3 * seconds[k] / steps for k in ("eager", "replay"))
+    return {
+        "what": "graph-safe decode step: eager vs replay of its captured graph",
+        "graph": replay.step_graph.describe(),
+        "emulated": replay.step_graph.emulated,
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "prompt_len": input_ids.shape[1],
+        "batch": input_ids.shape[0],
+        "steps_per_round": steps,
+        "rounds": rounds,
+        "eager_ms_per_token": eager_ms,
+        "replay_ms_per_token": replay_ms,
+        "speedup": eager_ms / replay_ms,
+        "capture_seconds": replay.step_graph.capture_seconds,
+        "cache_bytes": cache_bytes(replay.cache),
+        "peak_memory_bytes": peaks,
+        "work_per_step": work,
+        "env": environment(device),
+    }

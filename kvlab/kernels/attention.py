@@ -1,0 +1,244 @@
+"""One query token's attention over the cache as hand-written split-K Triton kernels ("flash-decoding").
+
+Why by hand: at batch 1 a decode step gives attention 1 query row per head. A flash-attention kernel (cuDNN,
+the SDPA default on an H200) is built for tiles of many query rows; inductor, given the same math as reductions,
+fused the softmax into the score reduction and was slower still (``data/h200_batch1.json``,
+``data/attempts/``). These kernels instead split the *keys* among many programs, the idea of flash-decoding
+(https://crfm.stanford.edu/2023/10/12/flashdecoding.html); the online softmax and the combine of the shares are
+``kvlab.kernels.common``'s, shared by both:
+
+- ``decode_attention`` (a custom op; ``graph-safe-compiled``'s attention through ``kvlab.fusion``): the cache as
+  transformers passes it, a boolean mask. ``_partial_kernel``, grid ``(batch x kv_heads, splits)``, attends each
+  share; ``_combine_kernel``, grid ``(batch x kv_heads,)``, combines them.
+- ``rope_cache_attention`` (the decode step of ``kvlab.kernels.step``): RoPE on q and the new k (cos/sin computed
+  in the kernel from the cache's counter), the new k and v written into the graph-safe cache at the counter, and
+  split-K attention over the slots ``<= counter``; the last program of each kv head to finish combines the shares
+  (an arrival counter in memory instead of a second kernel).
+
+Everything is accumulated in float32 whatever the cache dtype, so the float32 token check against ``"naive"``
+stays meaningful. Runs on CUDA GPUs of compute capability 8.0 and newer, and on CPU only under Triton's
+interpreter (``common.available``); elsewhere the callers (``kvlab.fusion``) or ``rope_cache_attention`` itself
+run the same math in PyTorch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import common
+from .common import tl, triton
+
+ATTENTION_WARPS = 4  # warps per program of every attention kernel (Triton's default; the fused kernel's sweep chose it)
+
+
+def supports(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    """Shapes ``decode_attention`` handles: one query token, head_dim a power of two, rows contiguous, keys and values
+    laid out alike, and a boolean mask ``[batch or 1, 1, 1, slots]`` (or none)."""
+    d, slots = query.shape[-1], key.shape[2]
+    mask_ok = mask is None or (mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1:] == (1, 1, slots)
+                               and mask.shape[0] in (1, query.shape[0]))
+    return (query.shape[2] == 1 and d & (d - 1) == 0 and query.stride(-1) == 1 and key.stride(-1) == 1
+            and value.stride() == key.stride() and value.shape == key.shape and mask_ok)
+
+
+def _split_plan(group: int, slots: int) -> tuple[int, int, int]:
+    """(query heads padded to a power of two, blocks per program, programs) for ``slots`` cache slots."""
+    blocks = triton.cdiv(slots, common.BLOCK_L)
+    iters = triton.cdiv(blocks, common.MAX_SPLITS)
+    return triton.next_power_of_2(group), iters, triton.cdiv(blocks, iters)
+
+
+def _partials(rows: int, d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The shares' results, float32: weighted values ``[rows, d]``, maxima ``[rows]``, sums ``[rows]``."""
+    partial_o = torch.empty(rows, d, dtype=torch.float32, device=device)
+    partial_m = torch.empty(rows, dtype=torch.float32, device=device)
+    return partial_o, partial_m, torch.empty_like(partial_m)
+
+
+if triton is not None:
+    from .common import attend, combine_splits, softmax_start, store_partial, wait_for_previous_kernel
+
+    @triton.jit
+    def _partial_kernel(Q, K, V, MASK, PO, PM, PL, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl,
+                        stride_mb, kv_heads, length, splits, scale,
+                        GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_L: tl.constexpr, ITERS: tl.constexpr,
+                        D: tl.constexpr, HAS_MASK: tl.constexpr):
+        bh, split = tl.program_id(0), tl.program_id(1)  # (batch, kv head), which share of the cache
+        b, kvh = bh // kv_heads, bh % kv_heads
+        g, d = tl.arange(0, BLOCK_G), tl.arange(0, D)
+        q = tl.load(Q + b * stride_qb + (kvh * GROUP + g)[:, None] * stride_qh + d[None, :],
+                    mask=(g < GROUP)[:, None], other=0.0).to(tl.float32)  # [G, D]: the heads of this kv head
+        m, s_exp, acc = softmax_start(BLOCK_G, D)
+        for i in range(ITERS):
+            slot = (split * ITERS + i) * BLOCK_L + tl.arange(0, BLOCK_L)  # [L] cache slots
+            keep = slot < length
+            if HAS_MASK:
+                keep = keep & (tl.load(MASK + b * stride_mb + slot, mask=slot < length, other=0) != 0)
+            offs = b * stride_kb + kvh * stride_kh + slot[:, None] * stride_kl + d[None, :]  # [L, D]
+            k = tl.load(K + offs, mask=keep[:, None], other=0.0).to(tl.float32)
+            v = tl.load(V + offs, mask=keep[:, None], other=0.0).to(tl.float32)
+            m, s_exp, acc = attend(q, k, v, keep, m, s_exp, acc, scale)
+        store_partial(PO, PM, PL, bh, split, splits, m, s_exp, acc, BLOCK_G, D)
+
+    @triton.jit
+    def _combine_kernel(PO, PM, PL, OUT, stride_ob, kv_heads, splits,
+                        GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, D: tl.constexpr):
+        bh = tl.program_id(0)
+        b, kvh = bh // kv_heads, bh % kv_heads
+        g, d = tl.arange(0, BLOCK_G), tl.arange(0, D)
+        out = combine_splits(PO, PM, PL, bh, splits, BLOCK_G, BLOCK_S, D)  # [G, D]
+        heads = kvh * GROUP + g
+        tl.store(OUT + b * stride_ob + heads[:, None] * D + d[None, :], out.to(OUT.dtype.element_ty),
+                 mask=(g < GROUP)[:, None])
+
+    @triton.jit
+    def _rope(x, x_rot, cos, sin, dt: tl.constexpr):
+        """x * cos + rotate_half(x) * sin, each product and the sum rounded to dt (as transformers computes it)."""
+        return ((x * cos).to(dt).to(tl.float32) + (x_rot * sin).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+
+    @triton.jit
+    def _rope_cache_attention_kernel(
+            QKV, INV_FREQ, KC, VC, POS, OUT, PO, PM, PL, DONE, stride_qkv, stride_kb, stride_kh, stride_kl,
+            stride_ob, kv_heads, slots, scale, rope_scale,
+            HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_L: tl.constexpr,
+            ITERS: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+        bh, split = tl.program_id(0), tl.program_id(1)  # (batch row, kv head), which share of the cache
+        b, kvh = bh // kv_heads, bh % kv_heads
+        dt = KC.dtype.element_ty
+        g, d = tl.arange(0, BLOCK_G), tl.arange(0, D)
+        cache = b * stride_kb + kvh * stride_kh
+        # Before waiting for the q/k/v projection: this token's position and the first block of the cache (slots
+        # written by earlier steps; the slot being written now is replaced from registers below).
+        pos = tl.load(POS)  # the cache's counter: this token's position
+        slot = split * ITERS * BLOCK_L + tl.arange(0, BLOCK_L)  # [L]
+        offs = cache + slot[:, None] * stride_kl + d[None, :]  # [L, D]
+        k = tl.load(KC + offs, mask=(slot < slots)[:, None], other=0.0).to(tl.float32)
+        v = tl.load(VC + offs, mask=(slot < slots)[:, None], other=0.0).to(tl.float32)
+        # RoPE's cos/sin at this position, as transformers' rotary embedding computes them (float32, then dtype).
+        angle = pos.to(tl.float32) * tl.load(INV_FREQ + d % (D // 2))  # [D]: cat(freqs, freqs)
+        cos = (tl.cos(angle) * rope_scale).to(dt).to(tl.float32)
+        sin = (tl.sin(angle) * rope_scale).to(dt).to(tl.float32)
+        d_rot = (d + D // 2) % D  # rotate_half(x) = cat(-x[D/2:], x[:D/2])
+        sign = tl.where(d < D // 2, -1.0, 1.0)
+        wait_for_previous_kernel(PDL)
+        row = QKV + b * stride_qkv
+        heads = kvh * GROUP + g  # [G] the query heads of this kv head
+        q_ptr = row + heads[:, None] * D
+        g_in = (g < GROUP)[:, None]
+        q = tl.load(q_ptr + d[None, :], mask=g_in, other=0.0).to(tl.float32)
+        q_rot = tl.load(q_ptr + d_rot[None, :], mask=g_in, other=0.0).to(tl.float32) * sign[None, :]
+        q = _rope(q, q_rot, cos[None, :], sin[None, :], dt)  # [G, D]
+        k_ptr = row + (HEADS + kvh) * D
+        k_new = _rope(tl.load(k_ptr + d).to(tl.float32), tl.load(k_ptr + d_rot).to(tl.float32) * sign, cos, sin, dt)
+        v_new = tl.load(row + (HEADS + kv_heads + kvh) * D + d).to(tl.float32)  # [D]
+        if split == 0:  # write the new k, v at the counter (the trash slot `slots` if the cache is full)
+            write = tl.minimum(pos, slots)
+            tl.store(KC + cache + write * stride_kl + d, k_new.to(dt))
+            tl.store(VC + cache + write * stride_kl + d, v_new.to(dt))
+        m, s_exp, acc = softmax_start(BLOCK_G, D)
+        new = (slot == pos)[:, None]  # the slot being written: its values are in registers
+        keep = (slot <= pos) & (slot < slots)
+        m, s_exp, acc = attend(q, tl.where(new, k_new[None, :], k), tl.where(new, v_new[None, :], v), keep,
+                               m, s_exp, acc, scale)
+        for i in range(1, ITERS):  # further blocks of this program's share (long caches)
+            slot = (split * ITERS + i) * BLOCK_L + tl.arange(0, BLOCK_L)
+            keep = (slot <= pos) & (slot < slots)
+            offs = cache + slot[:, None] * stride_kl + d[None, :]
+            new = (slot == pos)[:, None]
+            k = tl.where(new, k_new[None, :], tl.load(KC + offs, mask=keep[:, None], other=0.0).to(tl.float32))
+            v = tl.where(new, v_new[None, :], tl.load(VC + offs, mask=keep[:, None], other=0.0).to(tl.float32))
+            m, s_exp, acc = attend(q, k, v, keep, m, s_exp, acc, scale)
+        out_ptr = OUT + b * stride_ob + heads[:, None] * D + d[None, :]  # [G, D]
+        if SPLITS == 1:
+            tl.store(out_ptr, (acc / s_exp[:, None]).to(dt), mask=g_in)
+        else:  # publish this share; the last program of the kv head to arrive combines all shares
+            store_partial(PO, PM, PL, bh, split, SPLITS, m, s_exp, acc, BLOCK_G, D)
+            tl.debug_barrier()  # every thread's stores are issued before the release below
+            arrived = tl.atomic_add(DONE + bh, 1, sem="acq_rel")
+            if arrived == SPLITS - 1:
+                out = combine_splits(PO, PM, PL, bh, SPLITS, BLOCK_G, BLOCK_S, D)
+                tl.store(out_ptr, out.to(dt), mask=g_in)
+                tl.store(DONE + bh, 0)  # ready for the next layer
+
+
+@torch.library.custom_op("kvlab::decode_attention", mutates_args=())
+def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
+                     scale: float) -> torch.Tensor:
+    """softmax(q.k * scale, masked) . v for one query token -> ``[batch, 1, heads, head_dim]``.
+
+    query [b, heads, 1, d]; key/value [b, kv_heads, L, d] (the cache, read in place); mask bool [b or 1, 1, 1, L]
+    (True: attend, as transformers builds it) or None. A custom op: ``torch.compile`` calls it as it is, and the
+    graph kvlab captures launches its two kernels. Check ``common.available`` and ``supports`` first.
+    """
+    b, heads, _, d = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    group = heads // kv_heads
+    block_g, iters, splits = _split_plan(group, length)
+    partial_o, partial_m, partial_l = _partials(b * kv_heads * splits * block_g, d, query.device)
+    out = torch.empty(b, 1, heads, d, dtype=query.dtype, device=query.device)  # what transformers expects back
+    has_mask = mask is not None
+    mask_arg = mask.expand(b, 1, 1, length)[:, 0, 0] if has_mask else partial_m  # [b, L]; unused when there is none
+    _partial_kernel[(b * kv_heads, splits)](
+        query, key, value, mask_arg, partial_o, partial_m, partial_l, query.stride(0), query.stride(1), key.stride(0),
+        key.stride(1), key.stride(2), mask_arg.stride(0) if has_mask else 0, kv_heads, length, splits, scale,
+        GROUP=group, BLOCK_G=block_g, BLOCK_L=common.BLOCK_L, ITERS=iters, D=d, HAS_MASK=has_mask,
+        num_warps=ATTENTION_WARPS)
+    _combine_kernel[(b * kv_heads,)](
+        partial_o, partial_m, partial_l, out, out.stride(0), kv_heads, splits,
+        GROUP=group, BLOCK_G=block_g, BLOCK_S=triton.next_power_of_2(splits), D=d, num_warps=ATTENTION_WARPS)
+    return out
+
+
+@decode_attention.register_fake
+def _(query, key, value, mask, scale):
+    b, heads, _, d = query.shape
+    return query.new_empty(b, 1, heads, d)
+
+
+def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: float, keys: torch.Tensor,
+                         values: torch.Tensor, position: torch.Tensor, heads: int, scale: float,
+                         done: torch.Tensor | None = None) -> torch.Tensor:
+    """One decode token's attention, with RoPE and the cache write -> ``[batch, heads * head_dim]``.
+
+    qkv ``[batch, (heads + 2 kv_heads) * d]`` (the projection's output); inv_freq ``[d / 2]`` and rope_scale: the
+    model's rotary embedding (``inv_freq``, ``attention_scaling``); keys/values: a graph-safe layer's buffers
+    ``[batch, kv_heads, slots + 1, d]`` (the last slot is the trash slot), written in place at ``position`` (the
+    cache's counter, a 0-dim tensor); attends to the slots ``<= position``.
+    ``done``: int32 zeros ``[batch * kv_heads]``, the kernel's arrival counters (it leaves them at zero).
+    Where ``common.available`` is False: the same math in PyTorch (the reference the kernel is tested against).
+    """
+    b, kv_heads, slots, d = keys.shape[0], keys.shape[1], keys.shape[2] - 1, keys.shape[3]
+    if not common.available(qkv):
+        from transformers.models.llama.modeling_llama import rotate_half
+
+        freqs = position.float() * inv_freq  # [d / 2], as transformers' rotary embedding
+        angle = torch.cat((freqs, freqs))
+        cos, sin = ((f(angle) * rope_scale).to(qkv.dtype) for f in (torch.cos, torch.sin))
+        q, k, v = qkv.view(b, 1, -1, d).transpose(1, 2).split([heads, kv_heads, kv_heads], dim=1)  # [b, h, 1, d]
+        q, k = (x * cos + rotate_half(x) * sin for x in (q, k))
+        write = position.clamp(max=slots).reshape(1)
+        keys.index_copy_(2, write, k)
+        values.index_copy_(2, write, v)
+        mask = (torch.arange(slots, device=qkv.device) <= position).reshape(1, 1, 1, slots)
+        group = heads // kv_heads
+        out = F.scaled_dot_product_attention(q, keys[:, :, :slots].repeat_interleave(group, 1),
+                                             values[:, :, :slots].repeat_interleave(group, 1), attn_mask=mask,
+                                             scale=scale)
+        return out.reshape(b, heads * d)
+    common.require_dense_rows(qkv=qkv, keys=keys, values=values)
+    if values.stride() != keys.stride():
+        raise ValueError("keys and values must be laid out alike (the cache's buffers are)")
+    group = heads // kv_heads
+    block_g, iters, splits = _split_plan(group, slots)
+    out = torch.empty(b, heads * d, dtype=keys.dtype, device=keys.device)
+    partial_o, partial_m, partial_l = _partials(b * kv_heads * splits * block_g, d, keys.device)
+    if done is None:
+        done = torch.zeros(b * kv_heads, dtype=torch.int32, device=keys.device)
+    _rope_cache_attention_kernel[(b * kv_heads, splits)](
+        qkv, inv_freq, keys, values, position, out, partial_o, partial_m, partial_l, done, qkv.stride(0),
+        keys.stride(0), keys.stride(1), keys.stride(2), out.stride(0), kv_heads, slots, scale, rope_scale,
+        HEADS=heads, GROUP=group, BLOCK_G=block_g, D=d, BLOCK_L=common.BLOCK_L, ITERS=iters, SPLITS=splits,
+        BLOCK_S=triton.next_power_of_2(splits), PDL=common.pdl(keys.device), num_warps=ATTENTION_WARPS,
+        **common.launch_options(keys.device))
+    return out

@@ -1,0 +1,191 @@
+"""The decode step's matmuls as hand-written Triton GEMV kernels, with what comes before and after them fused in.
+
+A GEMV is ``x[rows, K] @ W[N, K]^T``: each program owns ``BLOCK_N`` outputs of one row and streams their weight
+rows. What the kernel does to x first (the prologue) and to the result after:
+
+- ``gemv(x, W, norm=w)``: RMSNorm fused into the matmul. Every program recomputes the row's mean square (K numbers,
+  from L2): no norm kernel, no normed copy of x in memory.
+- ``gemv(gate_up, W, silu_mul=True, residual=x)``: SiLU(gate) * up fused into the matmul, and the residual add.
+- ``greedy_head(x, W, norm, eps, token, position)``: the final norm and LM head GEMV keep only each program's
+  largest logit, and one small kernel picks the token and advances the cache's counter (the logits never reach
+  memory).
+
+Between operations the values are rounded to the model's dtype where transformers' Llama code rounds them, so the
+tokens stay exact in float32 (checked against ``"naive"``). On Hopper and later every kernel is launched with
+programmatic dependent launch (``common.pdl``).
+
+GEMM dispatch: a GEMV streams the weight once per row, so with many rows a GEMM that reads it once for all rows
+wins. Above ``GEMV_MAX_ROWS`` rows ``gemv`` and ``greedy_head`` run their PyTorch form (``F.linear``: cuBLAS on a
+GPU), which is also what they run where ``common.available`` is False (no CUDA outside Triton's interpreter, a GPU
+older than Ampere such as a T4): the reference the kernels are tested against.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import common
+from .common import tl, triton
+
+# Above this many rows a GEMM (cuBLAS, via the PyTorch form) wins over the GEMV kernels: chosen from the H200 batch
+# sweep in data/h200_batch_sweep.json (graph-safe-kernels against graph-safe at batch 32 and 64). Read at each call:
+# the tests and the benchmark may set it.
+GEMV_MAX_ROWS = 32
+GEMV_CONFIGS: dict[tuple[int, int], tuple[int, int, int]] = {}  # (N, K) -> (BLOCK_N, BLOCK_K, warps), overrides
+NO_NORM, RMS_NORM, SILU_MUL = 0, 1, 2  # the GEMV's prologue: what is done to x before the matmul
+
+
+def gemv_config(n: int, k: int) -> tuple[int, int, int]:
+    """(outputs per program, K per inner step, warps) for an ``[N, K]`` weight at batch 1, from a sweep on the H200
+    (``python tools/time_kernels.py --parts gemv``; ``data/attempts/h200_kernel_step_sweep_pdl.json``): 8 outputs per
+    program and the whole K in one step for SmolLM2's projections; the vocabulary-sized LM head wants 64 outputs
+    and short K steps. ``GEMV_CONFIGS`` overrides it per shape."""
+    if (n, k) in GEMV_CONFIGS:
+        return GEMV_CONFIGS[n, k]
+    if n > 16384:
+        return 64, 128, 4
+    return 8, min(1024, triton.next_power_of_2(k)), 4
+
+
+if triton is not None:
+    from .common import wait_for_previous_kernel
+
+    @triton.jit
+    def _x_tile(x_row, NORM, k, K, rstd, PROLOGUE: tl.constexpr, dt: tl.constexpr):
+        """x[k] after the prologue, in float32, rounded to dt where transformers rounds."""
+        k_in = k < K
+        if PROLOGUE == 2:  # x holds [gate | up]: SiLU(gate) * up
+            gate = tl.load(x_row + k, mask=k_in, other=0.0).to(tl.float32)
+            up = tl.load(x_row + K + k, mask=k_in, other=0.0).to(tl.float32)
+            x = ((gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+        else:
+            x = tl.load(x_row + k, mask=k_in, other=0.0).to(tl.float32)
+            if PROLOGUE == 1:  # weight * (x * rstd).to(dtype), as LlamaRMSNorm
+                w_norm = tl.load(NORM + k, mask=k_in, other=0.0).to(tl.float32)
+                x = ((x * rstd).to(dt).to(tl.float32) * w_norm).to(dt).to(tl.float32)
+        return x
+
+    @triton.jit
+    def gemv_kernel(X, W, BIAS, NORM, RES, OUT, IDX, N, K, stride_x, stride_res, stride_out, eps,
+                     PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        row, block = tl.program_id(0), tl.program_id(1)
+        dt = W.dtype.element_ty  # the model's dtype: results are rounded to it where transformers rounds
+        n = block * BLOCK_N + tl.arange(0, BLOCK_N)  # [N_b] this program's outputs
+        n_in = n < N
+        kk = tl.arange(0, BLOCK_K)
+        x_row = X + row * stride_x
+        w = tl.load(W + n[:, None] * K + kk[None, :], mask=n_in[:, None] & (kk < K)[None, :], other=0.0)  # [N_b, K_b]
+        wait_for_previous_kernel(PDL)  # the weights do not depend on it: their first tile is already on its way
+        rstd = 0.0
+        if PROLOGUE == 1:  # RMSNorm needs the row's mean square before any normed value
+            squares = tl.zeros([BLOCK_K], tl.float32)
+            for start in range(0, K, BLOCK_K):
+                x = tl.load(x_row + start + kk, mask=start + kk < K, other=0.0).to(tl.float32)
+                squares += x * x
+            rstd = 1.0 / tl.sqrt(tl.sum(squares, 0) / K + eps)
+        acc = w.to(tl.float32) * _x_tile(x_row, NORM, kk, K, rstd, PROLOGUE, dt)[None, :]
+        for start in range(BLOCK_K, K, BLOCK_K):
+            k = start + kk
+            w = tl.load(W + n[:, None] * K + k[None, :], mask=n_in[:, None] & (k < K)[None, :], other=0.0)
+            acc += w.to(tl.float32) * _x_tile(x_row, NORM, k, K, rstd, PROLOGUE, dt)[None, :]
+        y = tl.sum(acc, 1)  # [N_b]
+        if HAS_BIAS:
+            y += tl.load(BIAS + n, mask=n_in, other=0.0).to(tl.float32)
+        if HAS_RES:  # residual + the layer's output, both in the model's dtype
+            y = y.to(dt).to(tl.float32) + tl.load(RES + row * stride_res + n, mask=n_in, other=0.0).to(tl.float32)
+        if ARGMAX:  # the LM head: only this program's largest logit (as the model's dtype) and where it is
+            y = tl.where(n_in, y.to(dt).to(tl.float32), float("-inf"))
+            best = tl.argmax(y, 0, tie_break_left=True)
+            tl.store(OUT + row * stride_out + block, tl.max(y, 0))
+            tl.store(IDX + row * stride_out + block, block * BLOCK_N + best)
+        else:
+            tl.store(OUT + row * stride_out + n, y.to(dt), mask=n_in)
+
+    @triton.jit
+    def _argmax_kernel(VAL, IDX, TOKEN, POS, blocks, stride_val, stride_token,
+                       BLOCK: tl.constexpr, ADVANCE: tl.constexpr, PDL: tl.constexpr):
+        """The token: the index of the largest of the LM head's per-program maxima (the first, on ties); then
+        program 0 advances the cache's counter (``ADVANCE``): the step's last write."""
+        row = tl.program_id(0)
+        i = tl.arange(0, BLOCK)
+        wait_for_previous_kernel(PDL)
+        val = tl.load(VAL + row * stride_val + i, mask=i < blocks, other=float("-inf"))
+        best = tl.argmax(val, 0, tie_break_left=True)  # the first block holding the maximum has its first index
+        token = tl.load(IDX + row * stride_val + best)
+        tl.store(TOKEN + row * stride_token, token.to(tl.int64))
+        if ADVANCE and row == 0:
+            tl.store(POS, tl.load(POS) + 1)
+
+
+def uses_gemv_kernel(x: torch.Tensor) -> bool:
+    """The GEMV kernels for ``x [rows, K]``: where they run and for at most ``GEMV_MAX_ROWS`` rows (read now)."""
+    return x.shape[0] <= GEMV_MAX_ROWS and common.available(x)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """LlamaRMSNorm's arithmetic: float32 statistics, rounded back to x's dtype before the weight."""
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | None = None, norm: torch.Tensor | None = None,
+         eps: float = 1e-6, silu_mul: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``prologue(x) @ weight.T (+ bias) (+ residual)`` -> ``[rows, N]``.
+
+    x ``[rows, K]`` (``[rows, 2K]`` = [gate | up] with ``silu_mul``); weight ``[N, K]``; ``norm``: an RMSNorm weight
+    ``[K]`` applied to x first; ``residual [rows, N]`` added last. More than ``GEMV_MAX_ROWS`` rows, or no kernels
+    here: the PyTorch form (``F.linear``).
+    """
+    if not uses_gemv_kernel(x):
+        if norm is not None:
+            x = rms_norm(x, norm, eps)
+        if silu_mul:
+            gate, up = x.chunk(2, dim=-1)
+            x = F.silu(gate) * up
+        y = F.linear(x, weight, bias)
+        return y if residual is None else residual + y
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=weight.dtype, device=x.device)
+    _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, None)
+    return out
+
+
+def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index) -> None:
+    """Launch ``gemv_kernel``; with ``index``, the argmax form (per-program maxima into out/index)."""
+    common.require_dense_rows(x=x, residual=residual)
+    if not weight.is_contiguous():
+        raise ValueError("weight must be contiguous ([N, K], rows of K): pass weight.contiguous()")
+    rows, (n, k) = x.shape[0], weight.shape
+    block_n, block_k, warps = gemv_config(n, k)
+    blocks = triton.cdiv(n, block_n)
+    gemv_kernel[(rows, blocks)](
+        x, weight, bias if bias is not None else weight, norm if norm is not None else weight,
+        residual if residual is not None else out, out, index if index is not None else out, n, k, x.stride(0),
+        residual.stride(0) if residual is not None else 0, out.stride(0), eps,
+        PROLOGUE=SILU_MUL if silu_mul else RMS_NORM if norm is not None else NO_NORM, HAS_BIAS=bias is not None,
+        HAS_RES=residual is not None, ARGMAX=index is not None, BLOCK_N=block_n, BLOCK_K=block_k,
+        PDL=common.pdl(x.device), num_warps=warps, **common.launch_options(x.device))
+
+
+def greedy_head(x: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor, eps: float, token: torch.Tensor,
+                position: torch.Tensor | None = None) -> torch.Tensor:
+    """The LM head and greedy choice: ``argmax(rms_norm(x) @ weight.T)`` written into ``token [rows, 1]`` (in place;
+    the kernels never store the logits), and ``position += 1`` when given (the cache's counter, the step's last
+    write). x ``[rows, hidden]``, weight ``[vocab, hidden]``, norm ``[hidden]``. More than ``GEMV_MAX_ROWS`` rows, or
+    no kernels here: the PyTorch form (``F.linear`` and ``argmax``)."""
+    if not uses_gemv_kernel(x):
+        token.copy_(F.linear(rms_norm(x, norm, eps), weight).argmax(dim=-1, keepdim=True))
+        if position is not None:
+            position.add_(1)
+        return token
+    rows, n = x.shape[0], weight.shape[0]
+    blocks = triton.cdiv(n, gemv_config(n, weight.shape[1])[0])
+    maxima = torch.empty(rows, blocks, dtype=torch.float32, device=x.device)  # [rows, blocks] per-program maxima
+    where = torch.empty(rows, blocks, dtype=torch.int32, device=x.device)  # [rows, blocks] and their indices
+    _launch_gemv(x, weight, None, norm, eps, False, None, maxima, where)
+    _argmax_kernel[(rows,)](maxima, where, token, position if position is not None else token, blocks,
+                            maxima.stride(0), token.stride(0), BLOCK=triton.next_power_of_2(blocks),
+                            ADVANCE=position is not None, PDL=common.pdl(x.device),
+                            **common.launch_options(x.device))
+    return token

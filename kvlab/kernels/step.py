@@ -1,0 +1,88 @@
+"""The decode step as kvlab's own kernels, a plain function (gpt-fast style): no torch.compile, five kernels a layer.
+
+What compiling leaves (``graph-safe-compiled``, kernel counts in ``data/h200_batch1.json``): inductor fuses only
+what its rules allow; a norm is a reduction and so is the matmul after it, so they are two kernels; RoPE, the cache
+write and the attention are more. At batch 1 every kernel is too short to fill the GPU, so a step costs about its
+number of kernels. ``kernel_step`` runs, per layer:
+
+1. ``gemv(x, W_qkv, norm=w)``: RMSNorm fused into the q/k/v matmul (``kvlab.kernels.gemv``).
+2. ``rope_cache_attention``: RoPE, the cache write at the counter and split-K attention in one kernel
+   (``kvlab.kernels.attention``).
+3. ``gemv(attn, W_o, residual=x)``: o_proj and the residual add.
+4. ``gemv(x, W_gate_up, norm=w)``: RMSNorm fused into the gate/up matmul.
+5. ``gemv(gate_up, W_down, silu_mul=True, residual=x)``: SiLU(gate) * up fused into down_proj, and the residual.
+
+and after the last layer ``greedy_head``: the final norm, the LM head, the greedy token and the counter's advance.
+Each function runs its PyTorch form where the kernels do not (``kvlab.kernels.common.available``) and the GEMVs
+also above ``gemv.GEMV_MAX_ROWS`` rows, so the same step runs on a CPU (the reference the kernels are tested
+against) and at large batch (cuBLAS).
+
+The step has no host sync: a decoder captures it in a CUDA graph and replays it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .attention import rope_cache_attention
+from .gemv import gemv, greedy_head
+
+SUPPORTED = ("llama", "mistral", "qwen2")  # RMSNorm, rotate-half RoPE, SiLU-gated MLP, no per-head norms
+
+
+def check_supported(model) -> None:
+    """Refuse, with what to do, a model whose layer is not the one the kernels compute."""
+    config = model.config
+    why = None
+    if config.model_type not in SUPPORTED:
+        why = f"model_type {config.model_type!r} (supported: {', '.join(SUPPORTED)})"
+    elif getattr(config, "hidden_act", "silu") != "silu":
+        why = f"hidden_act {config.hidden_act!r} (the kernel fuses SiLU)"
+    elif getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        why = "a sliding window"
+    elif model.model.rotary_emb.rope_type in ("dynamic", "longrope"):
+        why = f"{model.model.rotary_emb.rope_type!r} RoPE (its frequencies change with the length)"
+    elif getattr(model.lm_head, "bias", None) is not None:
+        why = "a bias in the LM head"
+    else:
+        attn = model.model.layers[0].self_attn
+        if attn.head_dim & (attn.head_dim - 1):
+            why = f"head_dim {attn.head_dim} (must be a power of two)"
+    if why:
+        raise ValueError(f"kvlab's decode kernels compute a Llama-style layer; this model has {why}. Use the "
+                         "'graph-safe-compiled' or 'graph-safe' strategy for it.")
+
+
+def arrival_counters(model, batch: int, device: torch.device | str) -> torch.Tensor:
+    """The ``done`` tensor of ``kernel_step``: int32 zeros ``[batch * kv_heads]``, the attention kernel's arrival
+    counters (one per batch row and kv head; each kernel leaves them at zero for the next layer)."""
+    return torch.zeros(batch * model.config.num_key_value_heads, dtype=torch.int32, device=device)
+
+
+def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+    """One decode step: reads ``token`` ``[batch, 1]`` (long), writes the next token into it (in place) and returns it.
+
+    ``model``: the fused copy ``kvlab.fusion.fused_copy(model, attention=False)`` of a supported model
+    (``check_supported``): one ``qkv_proj`` and one ``gate_up_proj`` per layer. ``cache``: a
+    ``kvlab.graph_safe_cache.GraphSafeStaticCache`` after a prefill; the step writes this token's key and value at its
+    counter and advances the counter once (the step's last write). ``done``: ``arrival_counters(model, batch, device)``.
+    Call it in ``torch.inference_mode()``.
+    """
+    decoder, b = model.model, token.shape[0]
+    heads = model.config.num_attention_heads
+    rope = decoder.rotary_emb
+    position = cache.cache_position  # [] the one counter: this token's position
+    x = decoder.embed_tokens(token).view(b, -1)  # [b, hidden]
+    for layer, cached in zip(decoder.layers, cache.layers, strict=True):
+        attn, mlp = layer.self_attn, layer.mlp
+        norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
+        qkv = gemv(x, attn.qkv_proj.weight, bias=attn.qkv_proj.bias, norm=norm1.weight,
+                   eps=norm1.variance_epsilon)  # [b, (heads + 2 kv_heads) * d]
+        out = rope_cache_attention(qkv, rope.inv_freq, rope.attention_scaling, cached.keys, cached.values,
+                                   position, heads, attn.scaling, done)  # [b, heads * d]
+        x = gemv(out, attn.o_proj.weight, bias=attn.o_proj.bias, residual=x)  # [b, hidden]
+        gate_up = gemv(x, mlp.gate_up_proj.weight, bias=mlp.gate_up_proj.bias, norm=norm2.weight,
+                       eps=norm2.variance_epsilon)  # [b, 2 * intermediate]
+        x = gemv(gate_up, mlp.down_proj.weight, bias=mlp.down_proj.bias, silu_mul=True, residual=x)  # [b, hidden]
+    return greedy_head(x, model.lm_head.weight, decoder.norm.weight, decoder.norm.variance_epsilon, token,
+                       position)  # [b, 1] the next token, in place; the counter advanced

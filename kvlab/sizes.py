@@ -1,0 +1,167 @@
+"""Size arithmetic from a model's config: FLOPs of a forward pass, bytes of a KV cache, the bandwidth floor of a step.
+
+``model_sizes`` is the one reader of a config; everything else here is arithmetic on what it returns.
+
+**FLOPs** (lesson 01).
+A multiply-add is 2 FLOPs. A pass feeds ``q`` new tokens (the queries) to a model that already holds
+``past`` tokens, so each query attends to the keys before it: ``ctx = past + q`` keys in all.
+With ``h`` = hidden size, ``H`` = query heads, ``K`` = kv heads, ``d`` = head dim, ``I`` = MLP width,
+``V`` = vocabulary, ``N`` = layers, ``B`` = batch:
+
+    projections  = N * B * q * 2*h*(H*d + 2*K*d + H*d)      # W_q, W_k, W_v in; W_o out
+    attention    = N * B * 2 * 2*H*d * pairs                 # Q·K^T scores, then weights · V
+    mlp          = N * B * q * 3 * 2*h*I                      # gate, up, down (SwiGLU-style)
+    lm_head      = B * logits * 2*h*V                         # logits = q (HF default) or 1
+
+``pairs`` counts the (query, key) pairs that attention computes. With ``causal=True`` only the pairs
+the causal mask keeps: query ``j`` of the ``q`` sees ``past + j + 1`` keys, so
+``pairs = q*past + q*(q+1)/2``. With ``causal=False`` the full rectangle ``q * ctx``, which is what a
+kernel that ignores the mask computes and what ``torch.utils.flop_counter`` reports for eager attention.
+
+Left out, because they are O(h) per token, not O(h^2): norms, rotary embeddings, softmax, the SiLU,
+residual adds, biases. The embedding lookup costs no FLOPs.
+
+The naive loop's step ``i`` (prompt ``p``) is a pass with ``q = p + i`` and ``past = 0``: it redoes all
+the work of the previous step. A cached step is a pass with ``q = 1`` and ``past = p + i - 1``.
+
+**Cache bytes** (lesson 02). Every layer keeps one key and one value vector per kv head for every token:
+
+    bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes per element
+
+Grouped-query attention (GQA) shares each kv head among several query heads, so ``kv_heads`` (not the number
+of query heads) is what the cache pays for.
+
+**The floor** (lesson 06): a decode step reads every weight once and each sequence's cache once, so it cannot
+take less than those bytes over the memory bandwidth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .runtime import as_dtype
+
+
+@dataclass(frozen=True)
+class ModelSizes:
+    """The sizes of a decoder that the formulas need."""
+
+    layers: int
+    hidden: int
+    heads: int  # query heads
+    kv_heads: int  # = heads for plain multi-head attention, fewer with GQA
+    head_dim: int
+    intermediate: int  # MLP width
+    vocab: int
+
+
+def model_sizes(config) -> ModelSizes:
+    """The sizes of a (text) model config; ``head_dim`` and ``kv_heads`` get transformers' defaults when absent."""
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = cfg.num_attention_heads
+    return ModelSizes(
+        layers=cfg.num_hidden_layers,
+        hidden=cfg.hidden_size,
+        heads=heads,
+        kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        intermediate=cfg.intermediate_size,
+        vocab=cfg.vocab_size,
+    )
+
+
+def _check_int(name: str, value, least: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+
+
+def flops_breakdown(config, new_tokens: int, past: int = 0, *, batch: int = 1, logits: str = "all",
+                    causal: bool = True) -> dict[str, int]:
+    """FLOPs of one forward pass, by part: ``projections``, ``attention``, ``mlp``, ``lm_head`` (see module doc).
+
+    ``new_tokens``: tokens fed in this pass (queries). ``past``: tokens already in the KV cache (0 without one).
+    ``logits``: ``"all"`` (HF computes logits at every fed position, the default) or ``"last"``.
+    """
+    _check_int("new_tokens", new_tokens, 1)
+    _check_int("past", past, 0)
+    _check_int("batch", batch, 1)
+    if logits not in ("all", "last"):
+        raise ValueError(f"logits must be 'all' or 'last', got {logits!r}")
+    s = model_sizes(config)
+    q, h, hd = new_tokens, s.hidden, s.head_dim
+    pairs = q * past + q * (q + 1) // 2 if causal else q * (past + q)
+    per_layer_proj = 2 * h * (s.heads * hd + 2 * s.kv_heads * hd + s.heads * hd)  # per token
+    per_layer_mlp = 3 * 2 * h * s.intermediate  # per token
+    return {
+        "projections": s.layers * batch * q * per_layer_proj,
+        "attention": s.layers * batch * 2 * (2 * s.heads * hd) * pairs,
+        "mlp": s.layers * batch * q * per_layer_mlp,
+        "lm_head": batch * (q if logits == "all" else 1) * 2 * h * s.vocab,
+    }
+
+
+def forward_flops(config, new_tokens: int, past: int = 0, **kw) -> int:
+    """Total FLOPs of one forward pass feeding ``new_tokens`` after ``past`` cached tokens (see module doc)."""
+    return sum(flops_breakdown(config, new_tokens, past, **kw).values())
+
+
+def decode_step_flops(config, prompt_len: int, new_tokens: int, *, cached: bool, batch: int = 1) -> list[int]:
+    """FLOPs of each of the ``new_tokens`` forward passes of a greedy decode (step 0 reads the prompt).
+
+    ``cached=False``: the naive loop, step ``i`` recomputes all ``prompt_len + i`` positions.
+    ``cached=True``: step 0 is the prefill, then one token per step after ``prompt_len + i - 1`` cached ones.
+    """
+    _check_int("prompt_len", prompt_len, 1)
+    _check_int("new_tokens", new_tokens, 1)
+    if not cached:
+        return [forward_flops(config, prompt_len + i, 0, batch=batch) for i in range(new_tokens)]
+    return [forward_flops(config, prompt_len, 0, batch=batch)] + [
+        forward_flops(config, 1, prompt_len + i - 1, batch=batch) for i in range(1, new_tokens)
+    ]
+
+
+def _element_bytes(dtype) -> int:
+    if not isinstance(dtype, torch.dtype | str):
+        raise ValueError(f"dtype must be a torch.dtype (e.g. torch.float16, or model.dtype) or a name, got {dtype!r}")
+    return as_dtype(dtype).itemsize
+
+
+def kv_bytes_per_token(config, dtype) -> int:
+    """``2 x layers x kv_heads x head_dim x element size``: the cache's growth per token of one sequence."""
+    s = model_sizes(config)
+    return 2 * s.layers * s.kv_heads * s.head_dim * _element_bytes(dtype)
+
+
+def kv_cache_bytes(config, tokens: int, dtype, *, batch: int = 1) -> int:
+    """Bytes of keys and values held for ``batch`` sequences of ``tokens`` cached tokens each."""
+    _check_int("tokens", tokens, 0)
+    _check_int("batch", batch, 0)
+    return batch * tokens * kv_bytes_per_token(config, dtype)
+
+
+def tensor_bytes(tensors) -> int:
+    """Bytes held by the distinct storages behind some tensors (views of one buffer count once)."""
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None or not isinstance(t, torch.Tensor):
+            continue
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+    return total
+
+
+def floor_ms(weight_bytes: int, kv_per_token: int, batch: int, context: float, gbps: float) -> float:
+    """The bandwidth floor of one decode step: every weight read once, plus each sequence's cache read once."""
+    return 1e3 * (weight_bytes + batch * context * kv_per_token) / (gbps * 1e9)
+
+
+def model_facts(model, dtype) -> dict:
+    """A model's sizes, parameter count, weight bytes and cache bytes per token in ``dtype`` (JSON-ready)."""
+    s = model_sizes(model.config)
+    return {"architecture": type(model).__name__, "layers": s.layers, "hidden": s.hidden, "heads": s.heads,
+            "kv_heads": s.kv_heads, "vocab": s.vocab, "parameters": sum(p.numel() for p in model.parameters()),
+            "weight_bytes": tensor_bytes(model.parameters()), "kv_bytes_per_token": kv_bytes_per_token(model.config, dtype)}

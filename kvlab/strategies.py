@@ -1,0 +1,112 @@
+"""The one table of decoding strategies, and ``kvlab.decode``, the entry point that runs any of them.
+
+Each strategy is declared once below: its name, a one-line description, the function that decodes (imported on
+first use, so a lesson loads only what it uses), the keyword options that function gets, the lesson that builds
+it, and the flags the benchmark and its plots read. Adding a strategy means one ``Strategy(...)`` line here and a
+test that it is token-exact against ``"naive"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import import_module
+from types import MappingProxyType
+
+import torch
+
+from .decoding import check_inputs, unpadded_ids
+
+KINDS = ("eager", "compiled", "graph")  # Python launches every kernel / torch.compile (with its own graphs) / kvlab captures
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    about: str  # one line: what this path does
+    function: str  # "module:function", called as fn(model, input_ids, max_new_tokens, *, on_token=None, **options)
+    lesson: int  # the lesson that builds it
+    kind: str  # one of KINDS
+    options: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))  # keywords always passed
+    sized: bool = False  # accepts max_cache_len (the benchmark fixes it per run, so graphs and compiles are reused)
+    compiled: bool = False  # runs torch.compile (minutes on a 2-core CPU)
+    cuda_only: bool = False  # without CUDA it runs uncompiled: the benchmark times it only on a GPU
+    warm_full: bool = False  # the first call must be a full-length one (it compiles or captures)
+    ablation: bool = False  # graph-safe-compiled minus one change: timed to show what that change moved
+    exact: bool = True  # False only for lesson 04's first attempt, wrong by design (the benchmark leaves it out)
+
+    def decode_function(self) -> Callable:
+        module, name = self.function.split(":")
+        return getattr(import_module(module), name)
+
+    def __call__(self, model, input_ids: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
+        """Decode with this strategy's function and options (no input checks: ``kvlab.decode`` makes them)."""
+        return self.decode_function()(model, input_ids, max_new_tokens, **self.options, **kwargs)
+
+
+def _ablation(name: str, about: str, **options) -> Strategy:
+    return Strategy(f"graph-safe-compiled/{name}", f"ablation: {about}", "kvlab.graph_decoder:decode_graph_safe_compiled",
+                    6, "compiled" if name == "no-graph" else "graph", MappingProxyType(options), sized=True,
+                    compiled=True, cuda_only=True, warm_full=True, ablation=True)
+
+
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
+    Strategy("naive", "no cache: the whole sequence recomputed at every step", "kvlab.decoding:decode_naive", 1, "eager"),
+    Strategy("handwritten", "lesson 02's own KV cache (torch.cat per step)", "kvlab.handwritten:decode_handwritten", 2,
+             "eager"),
+    Strategy("dynamic", "transformers DynamicCache, own eager loop", "kvlab.hf_caches:decode_dynamic", 3, "eager"),
+    Strategy("static", "transformers StaticCache, own eager loop", "kvlab.hf_caches:decode_static", 3, "eager",
+             sized=True),
+    Strategy("generate-static", 'model.generate(cache_implementation="static") (compiles the step itself on a GPU)',
+             "kvlab.hf_caches:decode_generate", 3, "compiled", MappingProxyType({"cache_implementation": "static"}),
+             compiled=True, warm_full=True),
+    Strategy("reduce-overhead", 'torch.compile(step, mode="reduce-overhead", fullgraph=True), StaticCache, Python loop',
+             "kvlab.hf_caches:decode_reduce_overhead", 3, "compiled", sized=True, compiled=True, warm_full=True),
+    Strategy("static-graph", "vanilla StaticCache, decode step captured once and replayed: lesson 04's first attempt, "
+             "wrong by design", "kvlab.failures:decode_static_graph", 4, "graph", sized=True, exact=False),
+    Strategy("graph-safe", "GraphSafeStaticCache, eager kernels captured in one graph by kvlab",
+             "kvlab.graph_decoder:decode_graph_safe", 5, "graph", sized=True, warm_full=True),
+    Strategy("graph-safe-compiled", "graph-safe + fused projections, GEMV reductions, split-K Triton decode attention, "
+             "step compiled (max-autotune-no-cudagraphs, coordinate descent), 16 steps per captured graph",
+             "kvlab.graph_decoder:decode_graph_safe_compiled", 6, "graph", sized=True, compiled=True, cuda_only=True,
+             warm_full=True),
+    Strategy("graph-safe-kernels", "graph-safe cache, the step as kvlab's own Triton kernels (5 per layer; GEMMs above "
+             "kvlab.kernels.gemv.GEMV_MAX_ROWS rows), 16 steps per captured graph, no torch.compile (CPU: the same math "
+             "in PyTorch, graph emulated)", "kvlab.graph_decoder:decode_graph_safe_kernels", 6, "graph", sized=True,
+             warm_full=True),
+    _ablation("sdpa-attention", "scaled_dot_product_attention (cuDNN flash attention on the GPU) instead of the Triton "
+              "decode kernel", attention=True),
+    _ablation("reduction-attention", "attention written as float32 reductions for inductor instead of the Triton "
+              "decode kernel", attention="reduction"),
+    _ablation("no-tuning", "without coordinate-descent tuning and programmatic dependent launch", tune=False),
+    _ablation("1-step-graphs", "one decode step per captured graph", steps=1),
+    _ablation("no-graph", "the same compiled step launched from Python, no graph", graph=False),
+    _ablation("matmul", "matmul kernels instead of GEMV reductions", gemv=False),
+]}
+assert all(s.kind in KINDS for s in STRATEGIES.values())
+
+# What ``python -m kvlab.bench`` runs by default: every exact path but the ablations, in the course's order.
+DEFAULT_STRATEGIES = [name for name, s in STRATEGIES.items() if s.exact and not s.ablation]
+BENCHMARKED = [name for name, s in STRATEGIES.items() if s.exact]  # what the benchmark accepts
+GRAPH_SAFE = [name for name in DEFAULT_STRATEGIES if STRATEGIES[name].lesson >= 5]
+
+
+def strategy_named(name: str) -> Strategy:
+    """The declared strategy called ``name``."""
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
+    return STRATEGIES[name]
+
+
+def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str = "naive", attention_mask=None,
+           **kwargs) -> torch.Tensor:
+    """Greedy-decode ``max_new_tokens`` tokens after ``input_ids`` with the named strategy (``kvlab.STRATEGIES``).
+
+    ``input_ids``: ``[batch, prompt_len]``, or a tokenizer's output; a batch with padding (an ``attention_mask``
+    with zeros) is refused. Returns a LongTensor ``[batch, max_new_tokens]`` of new token ids. Every strategy but
+    ``"static-graph"`` returns the same tokens as ``"naive"`` (in fp32); the course's checks assert it.
+    """
+    chosen = strategy_named(strategy)
+    input_ids = unpadded_ids(input_ids, attention_mask)
+    check_inputs(model, input_ids, max_new_tokens)
+    return chosen(model, input_ids, max_new_tokens, **kwargs)

@@ -1,0 +1,509 @@
+"""kvlab.kernels: each kernel equals its PyTorch form (or SDPA), the GEMM dispatch picks the path it says, both
+attention kernels share one online softmax and combine, and decodes through the kernels equal naive.
+
+On CUDA the kernels run natively; on a CPU they run in Triton's interpreter (``TRITON_INTERPRET=1``), which
+needs the ``triton`` package (CUDA builds of torch bring it; on a CPU-only machine ``pip install triton``): the
+checks run once in a subprocess (the ``interpreted`` fixture). The tests below that fixture's checks run the PyTorch
+form in this process (what a CPU without the interpreter runs).
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvlab import fusion
+from kvlab.decoding import decode_naive
+from kvlab.kernels import attention, common, step
+from kvlab.kernels import gemv as gemv_module
+from kvlab.models import tiny_model
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None,
+    reason="needs the triton package to run the kernel (CUDA builds of torch include it; on a CPU-only machine "
+           "`pip install triton` runs it in Triton's CPU interpreter)",
+)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+CASES = {  # batch, heads, kv_heads, cache slots, head_dim, valid slots, dtype
+    "smollm2-heads": (1, 9, 3, 320, 64, 200, torch.float32),  # group 3, padded to 4 rows in the kernel
+    "ragged-slots": (2, 4, 2, 70, 16, 33, torch.float32),  # slots not a multiple of the block
+    "long-cache": (1, 9, 3, 2100, 64, 1500, torch.float32),  # more blocks than MAX_SPLITS: several per program
+    "one-valid-slot": (1, 9, 3, 320, 64, 1, torch.float32),  # every other share of the cache is empty
+    "no-gqa-bf16": (2, 8, 8, 40, 32, 40, torch.bfloat16),
+}
+DECODES = [(name, graph) for name in ("tiny-llama", "tiny-qwen2") for graph in (False, True)]
+
+
+def check_kernel(case: str, with_mask: bool) -> None:
+    b, heads, kv_heads, length, d, valid, dtype = CASES[case]
+    gen = torch.Generator().manual_seed(length)
+    q, k, v = (torch.randn(b, n, s, d, generator=gen).to(DEVICE, dtype) for n, s in ((heads, 1), (kv_heads, length), (kv_heads, length)))
+    mask = (torch.arange(length, device=DEVICE) < valid).reshape(1, 1, 1, length) if with_mask else None  # batch broadcast
+    assert common.available(q) and attention.supports(q, k, v, mask)
+    got = attention.decode_attention(q, k, v, mask, d**-0.5)
+    expected, _ = fusion.decode_attention(torch.nn.Module(), q, k, v, mask, scaling=d**-0.5)
+    assert got.shape == expected.shape == (b, 1, heads, d)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
+
+
+def greedy_decode(model, ids: torch.Tensor, n: int, next_token) -> torch.Tensor:
+    """Prefill ``ids`` through ``model`` into a fresh graph-safe cache, then ``n - 1`` calls of
+    ``next_token(cache, token)`` (each writes the next token into ``token [batch, 1]``) -> ``[batch, n]``."""
+    from kvlab.graph_safe_cache import GraphSafeStaticCache
+
+    cache = GraphSafeStaticCache(config=model.config, max_cache_len=48)
+    with torch.inference_mode():
+        logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits  # [b, 1, vocab]
+        token = logits[:, -1].argmax(-1, keepdim=True)  # [b, 1]
+        out = [token.clone()]
+        for _ in range(n - 1):
+            next_token(cache, token)
+            out.append(token.clone())
+    assert int(cache.cache_position) == ids.shape[1] + n - 1, "every step advances the counter once"
+    return torch.cat(out, dim=1)
+
+
+def counting(module, name: str, calls: list, record=lambda *a: True):
+    """Replace ``module.name`` by a wrapper that appends ``record(*args)`` to ``calls``; returns the restorer."""
+    run = getattr(module, name)
+    setattr(module, name, lambda *a: calls.append(record(*a)) or run(*a))
+    return lambda: setattr(module, name, run)
+
+
+def check_attention_decode(name: str) -> None:
+    """A decode whose attention is ``decode_attention`` (the fused copy with ``attention="triton"``), step by step
+    through the model's forward: token-exact against naive."""
+    model = tiny_model(name).to(DEVICE)
+    fast = fusion.fused_copy(model, attention="triton")
+    calls = []
+    restore = counting(attention, "decode_attention", calls)
+
+    def next_token(cache, token):
+        token.copy_(fast(input_ids=token, cache=cache, use_cache=True).logits[:, -1].argmax(-1, keepdim=True))
+
+    try:
+        ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(5)).to(DEVICE)
+        assert torch.equal(greedy_decode(fast, ids, 10, next_token), decode_naive(model, ids, 10)), name
+    finally:
+        restore()
+    assert calls, "the Triton kernel never ran: the check would only have tested the fallback"
+
+
+def check_decode(name: str, graph: bool) -> None:
+    from kvlab.graph_decoder import decode_graph_safe_compiled
+
+    model = tiny_model(name).to(DEVICE)
+    calls = []
+    restore = counting(attention, "decode_attention", calls)  # count the kernel's runs
+    try:
+        gen = torch.Generator().manual_seed(5)
+        for prompt_len in (7, 3):  # a second prompt through the same decoder (and graph)
+            ids = torch.randint(0, 256, (2, prompt_len), generator=gen).to(DEVICE)
+            out = decode_graph_safe_compiled(model, ids, 12, steps=4, graph=graph, compile_mode=None, attention="triton",
+                                             max_cache_len=48)
+            assert torch.equal(out, decode_naive(model, ids, 12)), (name, prompt_len)
+    finally:
+        restore()
+    assert calls, "the Triton kernel never ran: the check would only have tested the fallback"
+
+
+def check_compiled_decode() -> None:
+    """The kernel inside a torch.compile'd step (a custom op: inductor calls it as it is), several steps per call."""
+    from kvlab.graph_decoder import GraphSafeDecoder
+
+    model = tiny_model("tiny-llama").to(DEVICE)
+    ids = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    fast = fusion.fused_copy(model, attention="triton", gemv=True)
+    decoder = GraphSafeDecoder(fast, 32, 1, steps=4, graph=DEVICE == "cuda", compile_mode="default")
+    with torch.inference_mode():
+        assert torch.equal(decoder.generate(ids, 20), decode_naive(model, ids, 20))
+
+
+def reference(fn, *args, **kwargs):
+    """``fn`` of kvlab.kernels run by its PyTorch form instead of its kernel."""
+    available, common.available = common.available, lambda x: False
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        common.available = available
+
+
+GEMVS = {  # rows, N, K, the prologue and epilogue: K and N off the block sizes, so the masks are exercised
+    "plain": (1, 37, 80, {}),
+    "rmsnorm-bias": (3, 37, 200, {"norm": True, "bias": True}),
+    "silu-mul-residual": (2, 24, 150, {"silu_mul": True, "residual": True}),
+    "bf16-rmsnorm-residual": (1, 64, 576, {"norm": True, "residual": True, "dtype": torch.bfloat16}),
+}
+
+
+def gemv_inputs(case: str, rows: int | None = None):
+    """(x, weight, keyword arguments) of a GEMVS case, with ``rows`` rows instead of the case's if given."""
+    case_rows, n, k, opts = GEMVS[case]
+    rows = rows or case_rows
+    dtype = opts.get("dtype", torch.float32)
+    gen = torch.Generator().manual_seed(n * k)
+    rand = lambda *shape: torch.randn(*shape, generator=gen).to(DEVICE, dtype)  # noqa: E731
+    x = rand(rows, 2 * k if opts.get("silu_mul") else k)
+    kwargs = {"bias": rand(n) if opts.get("bias") else None, "norm": rand(k) if opts.get("norm") else None,
+              "residual": rand(rows, n) if opts.get("residual") else None, "silu_mul": opts.get("silu_mul", False)}
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(DEVICE, dtype)  # outputs of order 1, like a model's
+    return x, w, kwargs
+
+
+def check_gemv(case: str) -> None:
+    x, w, kwargs = gemv_inputs(case)
+    got = gemv_module.gemv(x, w, **kwargs)
+    expected = reference(gemv_module.gemv, x, w, **kwargs)
+    tol = 1e-4 if x.dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
+
+
+ATTENTIONS = {  # batch, heads, kv_heads, slots, head_dim, position (the counter), dtype
+    "one-split": (1, 9, 3, 30, 64, 12, torch.float32),
+    "three-splits": (2, 4, 2, 70, 16, 33, torch.float32),  # the last program of each kv head combines
+    "first-token": (1, 4, 2, 70, 16, 0, torch.float32),
+    "cache-full": (1, 4, 4, 40, 16, 40, torch.float32),  # written to the trash slot, attends to every slot
+    "long-bf16": (1, 9, 3, 1100, 64, 1000, torch.bfloat16),  # several blocks per program
+}
+
+
+def check_rope_cache_attention(case: str) -> None:
+    b, heads, kv_heads, slots, d, position, dtype = ATTENTIONS[case]
+    gen = torch.Generator().manual_seed(slots)
+    rand = lambda *shape: torch.randn(*shape, generator=gen).to(DEVICE, dtype)  # noqa: E731
+    qkv = rand(b, (heads + 2 * kv_heads) * d)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, device=DEVICE).float() / d))  # the default RoPE's
+    keys, values = rand(b, kv_heads, slots + 1, d), rand(b, kv_heads, slots + 1, d)
+    pos = torch.tensor(position, device=DEVICE)
+    done = torch.zeros(b * kv_heads, dtype=torch.int32, device=DEVICE)
+    k2, v2 = keys.clone(), values.clone()
+    got = attention.rope_cache_attention(qkv, inv_freq, 1.0, keys, values, pos, heads, d**-0.5, done)
+    expected = reference(attention.rope_cache_attention, qkv, inv_freq, 1.0, k2, v2, pos, heads, d**-0.5)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
+    torch.testing.assert_close(keys, k2, atol=tol, rtol=tol)  # the new k (after RoPE) and v, at the same slot
+    torch.testing.assert_close(values, v2, atol=0, rtol=0)
+    assert not done.any(), "the arrival counters must be left at zero for the next call"
+
+
+HEADS = {  # rows, vocabulary, hidden, dtype
+    "ragged-vocab": (2, 1000, 64, torch.float32),
+    "bf16": (1, 1500, 576, torch.bfloat16),
+}
+
+
+def head_inputs(case: str, rows: int | None = None):
+    """(x, weight, norm) of a HEADS case whose LM head has ties: the largest logit of row 0 also at the last index,
+    and at index 3 when that comes first (another block)."""
+    case_rows, vocab, hidden, dtype = HEADS[case]
+    gen = torch.Generator().manual_seed(vocab)
+    x = torch.randn(rows or case_rows, hidden, generator=gen).to(DEVICE, dtype)
+    w = (torch.randn(vocab, hidden, generator=gen) / hidden**0.5).to(DEVICE, dtype)
+    norm = torch.rand(hidden, generator=gen).to(DEVICE, dtype) + 0.5
+    top = reference(gemv_module.gemv, x, w, norm=norm).float().argmax(-1)  # [rows]
+    w[vocab - 1] = w[top[0]]
+    w[3] = w[top[0]] if int(top[0]) > 3 else w[3]
+    return x, w, norm
+
+
+def check_greedy_head(case: str) -> None:
+    """The LM head + argmax kernels choose what argmax of the logits chooses, the FIRST index on ties, and
+    advance the counter."""
+    x, w, norm = head_inputs(case)
+    token, position = torch.zeros(x.shape[0], 1, dtype=torch.long, device=DEVICE), torch.tensor(5, device=DEVICE)
+    gemv_module.greedy_head(x, w, norm, 1e-6, token, position)
+    logits = reference(gemv_module.gemv, x, w, norm=norm)
+    if x.dtype == torch.float32:
+        expected = logits.argmax(-1, keepdim=True)
+        assert torch.equal(token, expected), (token.flatten().tolist(), expected.flatten().tolist())
+    else:  # bf16 logits summed in another order may differ by a rounding step: the choice must be a maximum
+        chosen, best = logits.gather(1, token).float(), logits.float().max(-1, keepdim=True).values
+        assert (chosen >= best - 0.02 * best.abs()).all(), (chosen, best)
+    assert int(position) == 6
+
+
+class Launched(Exception):
+    """Raised by the stand-in of ``_launch_gemv``: the kernel path was taken."""
+
+
+def refuse_launch(*args):
+    raise Launched
+
+
+def check_gemm_dispatch(max_rows: int = 2) -> None:
+    """With ``GEMV_MAX_ROWS = max_rows`` (set on the module, read at each call): more rows run the PyTorch form
+    (equal to it, exactly: the launch is never reached), at most ``max_rows`` rows launch the kernel."""
+    saved_rows, saved_launch = gemv_module.GEMV_MAX_ROWS, gemv_module._launch_gemv
+    gemv_module.GEMV_MAX_ROWS, gemv_module._launch_gemv = max_rows, refuse_launch
+    try:
+        for case in GEMVS:
+            x, w, kwargs = gemv_inputs(case, rows=max_rows + 1)
+            assert common.available(x), "the kernels do not run here: the check would be vacuous"
+            assert torch.equal(gemv_module.gemv(x, w, **kwargs), reference(gemv_module.gemv, x, w, **kwargs)), case
+            with pytest.raises(Launched):
+                gemv_module.gemv(x[:max_rows].contiguous(), w, **kwargs | {
+                    "residual": None if kwargs["residual"] is None else kwargs["residual"][:max_rows].contiguous()})
+        for case in HEADS:
+            x, w, norm = head_inputs(case, rows=max_rows + 1)
+            token, position = torch.zeros(x.shape[0], 1, dtype=torch.long, device=DEVICE), torch.tensor(5, device=DEVICE)
+            expected = reference(gemv_module.greedy_head, x, w, norm, 1e-6, token.clone(), position.clone())
+            assert torch.equal(gemv_module.greedy_head(x, w, norm, 1e-6, token, position), expected), case
+            assert int(position) == 6
+            with pytest.raises(Launched):
+                gemv_module.greedy_head(x[:max_rows], w, norm, 1e-6, token[:max_rows], position)
+    finally:
+        gemv_module.GEMV_MAX_ROWS, gemv_module._launch_gemv = saved_rows, saved_launch
+
+
+def kernel_step_decode(model, ids: torch.Tensor, n: int) -> torch.Tensor:
+    """Prefill through the fused copy, then ``step.kernel_step`` for each further token -> ``[batch, n]``."""
+    step.check_supported(model)
+    fast = fusion.fused_copy(model, attention=False)
+    done = step.arrival_counters(fast, ids.shape[0], ids.device)
+    out = greedy_decode(fast, ids, n, lambda cache, token: step.kernel_step(fast, cache, token, done))
+    assert not done.any(), "the arrival counters are left at zero"
+    return out
+
+
+def check_kernel_step(name: str) -> None:
+    """The whole step through the kernels (the plain function), token-exact against naive."""
+    model = tiny_model(name).to(DEVICE)
+    calls = []
+    restore = counting(step, "rope_cache_attention", calls, record=lambda *a: common.available(a[0]))
+    try:
+        ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(6)).to(DEVICE)
+        assert torch.equal(kernel_step_decode(model, ids, 6), decode_naive(model, ids, 6)), name
+    finally:
+        restore()
+    assert any(calls), "the kernels never ran: the check would only have tested the PyTorch form"
+
+
+def check_kernel_step_decode(name: str) -> None:
+    """The whole step through the kernels, token-exact against naive, on two prompts through one decoder."""
+    from kvlab.graph_decoder import decode_graph_safe_kernels
+
+    model = tiny_model(name).to(DEVICE)
+    calls = []
+    restore = counting(step, "rope_cache_attention", calls, record=lambda *a: common.available(a[0]))
+    try:
+        gen = torch.Generator().manual_seed(6)
+        for prompt_len in (7, 3):  # a second prompt through the same decoder (and graph, on CUDA)
+            ids = torch.randint(0, 256, (2, prompt_len), generator=gen).to(DEVICE)
+            out = decode_graph_safe_kernels(model, ids, 7, steps=3, max_cache_len=48)
+            assert torch.equal(out, decode_naive(model, ids, 7)), (name, prompt_len)
+    finally:
+        restore()
+    assert any(calls), "the kernels never ran: the check would only have tested the PyTorch reference"
+
+
+KERNEL_STEP_DECODES = ATTENTION_DECODES = ["tiny-llama", "tiny-qwen2"]  # Qwen2 has q/k/v biases
+# through the decoder (its graphs, several prompts): in Triton's CPU interpreter about a minute each, so one there
+DECODER_KERNEL_STEPS = ["tiny-llama", "tiny-qwen2"] if DEVICE == "cuda" else ["tiny-qwen2"]
+
+
+def run_checks() -> dict[str, str]:
+    """Every check, by id: "ok" or the error (what the interpreter subprocess reports)."""
+    checks = {f"kernel-{case}-mask{m}": (check_kernel, case, m) for case in CASES for m in (True, False)}
+    checks |= {f"attention-decode-{name}": (check_attention_decode, name) for name in ATTENTION_DECODES}
+    checks |= {f"gemv-{case}": (check_gemv, case) for case in GEMVS}
+    checks["gemm-dispatch"] = (check_gemm_dispatch,)
+    checks |= {f"rope-cache-attention-{case}": (check_rope_cache_attention, case) for case in ATTENTIONS}
+    checks |= {f"greedy-head-{case}": (check_greedy_head, case) for case in HEADS}
+    checks |= {f"kernel-step-{name}": (check_kernel_step, name) for name in KERNEL_STEP_DECODES}
+    checks |= {f"decode-{name}-graph{g}": (check_decode, name, g) for name, g in DECODES}
+    checks["compiled-decode"] = (check_compiled_decode,)
+    checks |= {f"kernel-step-decode-{name}": (check_kernel_step_decode, name) for name in DECODER_KERNEL_STEPS}
+    results = {}
+    for key, (fn, *args) in checks.items():
+        try:
+            fn(*args)
+            results[key] = "ok"
+        except Exception as err:  # reported per check by the parent test
+            results[key] = f"{type(err).__name__}: {err}"[:2000]
+    return results
+
+
+@pytest.fixture(scope="module")
+def interpreted():
+    """None on CUDA (checks run in this process); on CPU, the results of all checks run once in a subprocess
+    under ``TRITON_INTERPRET=1`` (Triton reads it when it is first imported, so it cannot be switched on here)."""
+    if DEVICE == "cuda":
+        return None
+    env = os.environ | {"TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def outcome(interpreted, key: str, fn, *args) -> None:
+    if interpreted is None:
+        fn(*args)
+    else:
+        assert interpreted[key] == "ok", interpreted[key]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("with_mask", [True, False])
+def test_kernel_matches_sdpa(interpreted, case, with_mask):
+    outcome(interpreted, f"kernel-{case}-mask{with_mask}", check_kernel, case, with_mask)
+
+
+@pytest.mark.parametrize("name", ATTENTION_DECODES)
+def test_decode_with_the_attention_kernel_is_token_exact(interpreted, name):
+    outcome(interpreted, f"attention-decode-{name}", check_attention_decode, name)
+
+
+@pytest.mark.parametrize(("name", "graph"), DECODES)
+def test_decode_with_the_kernel_is_token_exact(interpreted, name, graph):
+    outcome(interpreted, f"decode-{name}-graph{graph}", check_decode, name, graph)
+
+
+def test_compiled_step_with_the_kernel_is_token_exact(interpreted):
+    outcome(interpreted, "compiled-decode", check_compiled_decode)
+
+
+@pytest.mark.parametrize("case", list(GEMVS))
+def test_gemv_kernel_matches_reference(interpreted, case):
+    outcome(interpreted, f"gemv-{case}", check_gemv, case)
+
+
+def test_gemm_dispatch_above_gemv_max_rows(interpreted):
+    outcome(interpreted, "gemm-dispatch", check_gemm_dispatch)
+
+
+@pytest.mark.parametrize("case", list(ATTENTIONS))
+def test_rope_cache_attention_kernel_matches_reference(interpreted, case):
+    outcome(interpreted, f"rope-cache-attention-{case}", check_rope_cache_attention, case)
+
+
+@pytest.mark.parametrize("case", list(HEADS))
+def test_greedy_head_kernels_match_argmax(interpreted, case):
+    outcome(interpreted, f"greedy-head-{case}", check_greedy_head, case)
+
+
+@pytest.mark.parametrize("name", KERNEL_STEP_DECODES)
+def test_kernel_step_through_the_kernels_is_token_exact(interpreted, name):
+    outcome(interpreted, f"kernel-step-{name}", check_kernel_step, name)
+
+
+@pytest.mark.parametrize("name", DECODER_KERNEL_STEPS)
+def test_kernel_step_decode_is_token_exact(interpreted, name):
+    outcome(interpreted, f"kernel-step-decode-{name}", check_kernel_step_decode, name)
+
+
+def test_both_attention_kernels_share_one_online_softmax_and_combine():
+    """The softmax arithmetic is written once, in kvlab.kernels.common: the attention kernels call its helpers
+    and compute no exponential of their own (their results are checked against the references above)."""
+    for kernel in (attention._partial_kernel, attention._rope_cache_attention_kernel):
+        assert "attend(" in kernel.src and "softmax_start(" in kernel.src and "tl.exp" not in kernel.src
+    for kernel in (attention._combine_kernel, attention._rope_cache_attention_kernel):
+        assert "combine_splits(" in kernel.src and "tl.exp" not in kernel.src
+    for kernel in (attention._partial_kernel, attention._rope_cache_attention_kernel):
+        assert "store_partial(" in kernel.src
+    assert attention.attend is common.attend and attention.combine_splits is common.combine_splits
+
+
+def test_gemm_dispatch_reads_gemv_max_rows_at_each_call(monkeypatch):
+    """Where the kernels would run (forced here, so no interpreter is needed), more than ``GEMV_MAX_ROWS`` rows never
+    reach the launch and equal the PyTorch form; fewer do reach it."""
+    monkeypatch.setattr(common, "available", lambda x: True)
+    check_gemm_dispatch(max_rows=1)
+    check_gemm_dispatch(max_rows=3)
+
+
+def test_unsupported_shapes_fall_back():
+    q = torch.randn(1, 4, 3, 16)  # three query tokens: the prefill
+    k = torch.randn(1, 2, 8, 16)
+    assert not attention.supports(q, k, k, None)
+    one = q[:, :, :1]
+    assert attention.supports(one, k, k, None)
+    assert attention.supports(one, k, k, torch.ones(1, 1, 1, 8, dtype=torch.bool))
+    assert not attention.supports(torch.randn(1, 4, 1, 24), torch.randn(1, 2, 8, 24), torch.randn(1, 2, 8, 24), None)  # head_dim 24
+    assert not attention.supports(one, k, k, torch.zeros(1, 1, 1, 8))  # an additive float mask
+    assert not attention.supports(one, k, k, torch.ones(1, 1, 1, 7, dtype=torch.bool))  # a mask of other length
+    assert not attention.supports(one, k, k.transpose(1, 2).contiguous().transpose(1, 2), None)  # values laid out unlike keys
+
+
+# ---- the decode step in its PyTorch form (what a CPU runs; the kernels are checked against it above) ----
+
+@pytest.fixture
+def pytorch_form(monkeypatch):
+    monkeypatch.setattr(common, "available", lambda x: False)  # also under TRITON_INTERPRET
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-mistral"])
+def test_kernel_step_in_pytorch_form_is_token_exact(pytorch_form, name):
+    model = tiny_model(name)
+    gen = torch.Generator().manual_seed(3)
+    for prompt_len, n in [(9, 14), (20, 5)]:
+        ids = torch.randint(0, 256, (2, prompt_len), generator=gen)
+        assert torch.equal(kernel_step_decode(model, ids, n), decode_naive(model, ids, n)), (name, prompt_len)
+
+
+def test_arrival_counters_are_one_per_batch_row_and_kv_head():
+    model = tiny_model("tiny-llama")
+    done = step.arrival_counters(model, 3, "cpu")
+    assert done.dtype == torch.int32 and done.shape == (3 * model.config.num_key_value_heads,) and not done.any()
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-mistral"])
+@pytest.mark.parametrize("graph", [False, True])
+def test_kernel_step_is_token_exact(pytorch_form, name, graph):
+    from kvlab.graph_decoder import decode_graph_safe_kernels
+
+    model = tiny_model(name)
+    gen = torch.Generator().manual_seed(3)
+    for prompt_len, n in [(9, 14), (4, 14), (20, 5)]:  # several prompts through one decoder (and its graphs)
+        ids = torch.randint(0, 256, (2, prompt_len), generator=gen)
+        out = decode_graph_safe_kernels(model, ids, n, steps=4, graph=graph, max_cache_len=32)
+        assert torch.equal(out, decode_naive(model, ids, n)), (name, prompt_len)
+
+
+def test_the_step_advances_the_cache_counter_once(pytorch_form):
+    from kvlab.graph_decoder import GraphSafeDecoder
+
+    model = tiny_model("tiny-llama")
+    ids = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(4))
+    decoder = GraphSafeDecoder(model, 32, 1, steps=2, step="kernels", graph=False)
+    decoder.generate(ids, 5)  # prefill (6 tokens) + 4 decode steps
+    assert int(decoder.cache.cache_position) == 6 + 4
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-gemma", "tiny-phi3"])
+def test_other_layers_are_refused_with_what_to_do(name):
+    with pytest.raises(ValueError, match="graph-safe-compiled"):
+        step.check_supported(tiny_model(name))
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-gemma", "tiny-phi3"])
+def test_the_decoder_refuses_other_layers_with_what_to_do(name):
+    from kvlab.graph_decoder import GraphSafeDecoder
+
+    with pytest.raises(ValueError, match="graph-safe-compiled"):
+        GraphSafeDecoder(tiny_model(name), 32, step="kernels")
+
+
+def test_a_length_dependent_rope_is_refused():
+    model = tiny_model("tiny-llama")
+    model.model.rotary_emb.rope_type = "dynamic"
+    with pytest.raises(ValueError, match="dynamic"):
+        step.check_supported(model)
+
+
+def test_kernels_refuse_layouts_they_would_misread():
+    x = torch.randn(4, 2).t()  # rows of stride 1 element apart: not contiguous rows
+    with pytest.raises(ValueError, match="contiguous rows"):
+        common.require_dense_rows(x=x)
+    common.require_dense_rows(x=x.contiguous(), residual=None)  # accepted
+
+
+if __name__ == "__main__":  # the interpreter subprocess of the `interpreted` fixture
+    print(json.dumps(run_checks()))

@@ -1,0 +1,62 @@
+"""kvlab.strategies: every strategy the benchmark lists decodes through ``kvlab.decode``, token-exact with naive in
+float32 on a tiny model, and calls ``on_token`` once per token.
+
+On a CPU the compiled graph-safe paths and their ablations run uncompiled (their step is the same computation);
+on a GPU the same test compiles and captures them.
+"""
+
+import pytest
+import torch
+
+import kvlab
+from kvlab import bench, memo
+from kvlab.strategies import BENCHMARKED, STRATEGIES, Strategy
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+N = 9
+
+
+@pytest.fixture(scope="module")
+def model():
+    return kvlab.tiny_model("tiny-llama").to(DEVICE)
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return torch.randint(1, 256, (2, 7), generator=torch.Generator().manual_seed(5)).to(DEVICE)
+
+
+@pytest.fixture(scope="module")
+def naive(model, ids):
+    return kvlab.decode(model, ids, N)
+
+
+@pytest.mark.parametrize("name", BENCHMARKED)
+def test_every_benchmarked_strategy_is_token_exact_through_kvlab_decode(name, model, ids, naive):
+    seen = []
+    out = kvlab.decode(model, ids, N, strategy=name, on_token=lambda step, t: seen.append((step, t.clone())))
+    assert out.shape == (2, N) and torch.equal(out, naive), name
+    assert [s for s, _ in seen] == list(range(N)) and torch.equal(torch.cat([t for _, t in seen], 1).to(out.device), out)
+
+
+def test_the_benchmark_lists_exactly_the_registry(capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--help"])
+    listed = "".join(capsys.readouterr().out.split()).split("known:")[-1]  # argparse wraps lines, also at hyphens
+    assert all(name in listed for name in BENCHMARKED)
+    assert "static-graph" not in listed  # lesson 04's first attempt: wrong by design, never benchmarked
+
+
+def test_a_declaration_is_all_a_strategy_needs(model, ids, naive, monkeypatch):
+    """One Strategy(...) entry makes a name usable by kvlab.decode (here: naive again, under another name)."""
+    extra = Strategy("naive-again", "the naive loop, declared twice", "kvlab.decoding:decode_naive", 1, "eager")
+    monkeypatch.setitem(STRATEGIES, extra.name, extra)
+    assert torch.equal(kvlab.decode(model, ids, N, strategy="naive-again"), naive)
+
+
+def test_sized_strategies_take_the_benchmarks_cache_length(model, ids, naive):
+    for name in BENCHMARKED:
+        s = STRATEGIES[name]
+        if s.sized and not (s.compiled and DEVICE == "cpu"):  # a second CPU compile would add half a minute
+            assert torch.equal(kvlab.decode(model, ids, N, strategy=name, max_cache_len=32), naive), name
+    memo.forget(model)

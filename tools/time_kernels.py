@@ -1,0 +1,198 @@
+"""Time kvlab.kernels on a GPU at SmolLM2-135M's shapes (bf16), and profile one whole graph-safe-kernels step.
+
+    python tools/time_kernels.py [--out sweep.json] [--parts decode-attention,gemv,attention,step]
+
+Each kernel configuration runs 30 times inside one CUDA graph (as in the decode step: the gaps between kernels
+count); the figure is µs per call, the median of 20 replays. The parts:
+
+- ``decode-attention``: ``kvlab.kernels.attention.decode_attention`` (the split-K kernel of graph-safe-compiled)
+  against SDPA (cuDNN flash attention, what ``graph-safe-compiled/sdpa-attention`` uses) at ``common.BLOCK_L`` and
+  ``attention.ATTENTION_WARPS`` values; a cache of 320 slots of which 192 are valid (the benchmark's 64-token
+  prompt + 256 new tokens, on average).
+- ``gemv``: block sizes and warps of ``gemv`` / ``greedy_head`` per projection (sets ``gemv.GEMV_CONFIGS``).
+- ``attention``: ``common.MAX_SPLITS``, ``common.BLOCK_L`` and ``ATTENTION_WARPS`` of ``rope_cache_attention``.
+- ``step``: one graph-safe-kernels decode with the fastest configurations, and the kernels of one of its steps,
+  in order, from torch.profiler.
+"""
+
+import argparse
+import itertools
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import kvlab
+from kvlab import fusion
+from kvlab.kernels import attention, common, gemv
+from kvlab.measure import profile
+from kvlab.models import random_smollm2
+
+SHAPES = {  # name: N, K, what the kernel does before and after the matmul
+    "qkv (norm)": (960, 576, {"norm": True}),
+    "o_proj (+residual)": (576, 576, {"residual": True}),
+    "gate_up (norm)": (3072, 576, {"norm": True}),
+    "down (silu*up, +residual)": (576, 1536, {"silu_mul": True, "residual": True}),
+    "lm_head (norm)": (49152, 576, {"norm": True}),
+}
+HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64  # SmolLM2-135M's attention
+
+
+def per_call_us(fn, calls: int = 30, replays: int = 20) -> float:
+    """µs per call of ``fn``: ``calls`` calls captured in one CUDA graph, the median of ``replays`` replays."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def sweep_decode_attention(results: dict, save) -> None:
+    b, slots, valid, d = 1, 320, 192, HEAD_DIM
+    q = torch.randn(b, HEADS, 1, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, KV_HEADS, slots, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    mask = (torch.arange(slots, device="cuda") < valid).reshape(1, 1, 1, slots)
+    module = torch.nn.Module()
+    sdpa = per_call_us(lambda: fusion.decode_attention(module, q, k, v, mask, scaling=d**-0.5))
+    print(f"decode attention slots={slots} valid={valid}: sdpa, GQA packed: {sdpa:6.2f} us/call", flush=True)
+    default = (common.BLOCK_L, attention.ATTENTION_WARPS)
+    timings = []
+    for block, warps in itertools.product((16, 32, 64, 128), (1, 2, 4, 8)):
+        common.BLOCK_L, attention.ATTENTION_WARPS = block, warps
+        timings.append((per_call_us(lambda: attention.decode_attention(q, k, v, mask, d**-0.5)), (block, warps)))
+        print(f"   triton BLOCK_L={block:3} warps={warps}: {timings[-1][0]:6.2f} us/call", flush=True)
+    common.BLOCK_L, attention.ATTENTION_WARPS = default
+    timings.sort()
+    results["decode_attention"] = {"slots": slots, "valid": valid, "sdpa_us": sdpa,
+                                   "best (block_l, warps)": timings[0][1], "best_us": timings[0][0], "all": timings}
+    save()
+
+
+def sweep_gemv(results: dict, save) -> None:
+    dev, dt = "cuda", torch.bfloat16
+    for name, (n, k, opts) in SHAPES.items():
+        x = torch.randn(1, 2 * k if opts.get("silu_mul") else k, device=dev, dtype=dt)
+        w = torch.randn(n, k, device=dev, dtype=dt) / k**0.5
+        kw = {"norm": torch.ones(k, device=dev, dtype=dt) if opts.get("norm") else None,
+              "residual": torch.zeros(1, n, device=dev, dtype=dt) if opts.get("residual") else None,
+              "silu_mul": opts.get("silu_mul", False)}
+        head = n > 10000  # the LM head: timed with its argmax (greedy_head), as the step runs it
+        block_ns, block_ks = ((4, 8, 16, 32, 64), (128, 256, 1024)) if head else ((1, 2, 4, 8, 16), (256, 512, 1024))
+        token = torch.zeros(1, 1, dtype=torch.long, device=dev)
+        default = gemv.gemv_config(n, k)
+        timings = []
+        for bn, bk, warps in itertools.product(block_ns, block_ks, (2, 4, 8)):
+            if not 128 <= bn * bk <= 16384 or bk > 2 * k:
+                continue
+            gemv.GEMV_CONFIGS[(n, k)] = (bn, bk, warps)
+            if head:
+                fn = lambda x=x, w=w, kw=kw, t=token: gemv.greedy_head(x, w, kw["norm"], 1e-5, t)  # noqa: E731
+            else:
+                fn = lambda x=x, w=w, kw=kw: gemv.gemv(x, w, **kw)  # noqa: E731
+            timings.append((per_call_us(fn), (bn, bk, warps)))
+        timings.sort()
+        gemv.GEMV_CONFIGS[(n, k)] = timings[0][1]
+        weight_gbs = n * k * 2 / (timings[0][0] * 1e-6) / 1e9
+        results["gemv"][name] = {"N": n, "K": k, "best": timings[0][1], "best_us": timings[0][0],
+                                 "default": default, "default_us": next((t for t, c in timings if c == default), None),
+                                 "top5": timings[:5], "weight_GBps_at_best": weight_gbs}
+        print(f"{name:28} N={n:6} K={k:5}: best {timings[0][1]} {timings[0][0]:6.2f} us ({weight_gbs:6.0f} GB/s); "
+              f"top5 {[(round(t, 2), c) for t, c in timings[:5]]}", flush=True)
+        save()
+
+
+def sweep_attention(results: dict, save) -> None:
+    dev, dt = "cuda", torch.bfloat16
+    b, slots, position, d = 1, 320, 192, HEAD_DIM
+    qkv = torch.randn(b, (HEADS + 2 * KV_HEADS) * d, device=dev, dtype=dt)
+    inv_freq = 1.0 / (100000 ** (torch.arange(0, d, 2, device=dev).float() / d))
+    keys, values = (torch.randn(b, KV_HEADS, slots + 1, d, device=dev, dtype=dt) for _ in range(2))
+    done = torch.zeros(b * KV_HEADS, dtype=torch.int32, device=dev)
+    pos = torch.tensor(position, device=dev)
+    timings = []
+    for splits, block_l, warps in itertools.product((1, 2, 4, 8, 16), (16, 32, 64), (2, 4, 8)):
+        common.MAX_SPLITS, common.BLOCK_L, attention.ATTENTION_WARPS = splits, block_l, warps
+        us = per_call_us(lambda: attention.rope_cache_attention(qkv, inv_freq, 1.0, keys, values, pos, HEADS,
+                                                                d**-0.5, done))
+        timings.append((us, (splits, block_l, warps)))
+    timings.sort()
+    common.MAX_SPLITS, common.BLOCK_L, attention.ATTENTION_WARPS = timings[0][1]
+    results["attention"] = {"slots": slots, "position": position, "best (max_splits, block_l, warps)": timings[0][1],
+                            "best_us": timings[0][0], "all": timings}
+    print(f"attention slots={slots} pos={position}: best {timings[0][1]} {timings[0][0]:.2f} us; "
+          f"top8 {[(round(t, 2), c) for t, c in timings[:8]]}", flush=True)
+
+
+def step_profile(results: dict, save) -> None:
+    model = random_smollm2(device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(0, 49152, (1, 64), device="cuda")
+    run = lambda n: kvlab.decode(model, ids, n, strategy="graph-safe-kernels", max_cache_len=320)  # noqa: E731
+    t0 = time.perf_counter()
+    run(256)
+    torch.cuda.synchronize()
+    first = time.perf_counter() - t0
+    times = {}
+    for n in (1, 256):
+        samples = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            run(n)
+            torch.cuda.synchronize()
+            samples.append(time.perf_counter() - t0)
+        times[n] = sorted(samples)[2]
+    ms = 1e3 * (times[256] - times[1]) / 255
+    events = profile(lambda: run(17), "cuda").kernels  # [(start us, duration us, name)]
+    one = profile(lambda: run(1), "cuda").kernels
+    per_step = (len(events) - len(one)) / 16
+    last = events[-round(per_step):]
+    results["step"] = {"ms_per_token": ms, "tokens_per_s": 1e3 / ms, "first_call_s": first, "kernels_per_step": per_step,
+                       "busy_us": sum(e[1] for e in last), "kernels": [(round(s - last[0][0], 2), round(d, 2), nm[:60])
+                                                                       for s, d, nm in last]}
+    print(f"PDL: {common.pdl(torch.device('cuda'))}; graph-safe-kernels: {ms:.3f} ms/token = {1e3 / ms:.0f} tok/s; "
+          f"first call {first:.1f} s; {per_step:.1f} kernels/step, busy {results['step']['busy_us']:.0f} us", flush=True)
+    for s, d, nm in results["step"]["kernels"][:12] + results["step"]["kernels"][-6:]:
+        print(f"   {s:8.2f} {d:6.2f}  {nm}")
+    by_name = {}
+    for _, d, nm in last:
+        by_name.setdefault(nm[:40], []).append(d)
+    for nm, ds in sorted(by_name.items(), key=lambda kv: -sum(kv[1])):
+        print(f"   {nm:40} x{len(ds):4}  total {sum(ds):7.1f} us  median {sorted(ds)[len(ds) // 2]:5.2f} us")
+
+
+PARTS = {"decode-attention": sweep_decode_attention, "gemv": sweep_gemv, "attention": sweep_attention,
+         "step": step_profile}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=None)
+    p.add_argument("--parts", default="gemv,attention,step", help=f"comma-separated, of {', '.join(PARTS)}")
+    args = p.parse_args()
+    results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "gemv": {}}
+
+    def save():
+        if args.out:
+            Path(args.out).write_text(json.dumps(results, indent=1))
+
+    for part in args.parts.split(","):
+        PARTS[part](results, save)
+        save()
+    print("GEMV_CONFIGS =", dict(gemv.GEMV_CONFIGS))
+
+
+if __name__ == "__main__":
+    main()
