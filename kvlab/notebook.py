@@ -1,7 +1,16 @@
-"""What the lessons' set-up cells share: the course model with its offline fallback, prompts, and package source."""
+"""What the lessons' cells share, so that no notebook copies another's code.
+
+- ``lesson_setup()``: the set-up cell of every lesson on the course model: the device, the real model (or labelled
+  random weights of its shape), what it runs on, printed; a ``Lesson`` holds them.
+- ``course_model()``: the one way the lessons load the course model, with its offline fallback.
+- ``show_source``, ``show_doc``, ``show_diff``: the installed package's own code, docstrings and the diff of two
+  functions, displayed (never a copy that could drift from what runs).
+- ``release()``: free what a section left and print what is still held.
+"""
 
 from __future__ import annotations
 
+import difflib
 import gc
 import inspect
 import os
@@ -11,6 +20,8 @@ import torch
 
 from .measure import memory_held
 from .models import ModelUnavailableError, load_model, random_smollm2
+from .runtime import environment, hardware, pick_device, quick_mode
+from .sizes import model_sizes
 
 RANDOM_ENV = "KVLAB_RANDOM_WEIGHTS"
 
@@ -62,12 +73,95 @@ def course_model(device=None, dtype: torch.dtype = torch.float32) -> CourseModel
     )
 
 
+@dataclass
+class Lesson:
+    """What a lesson's set-up cell gives its cells: where it runs and the course model it runs on."""
+
+    device: torch.device
+    env: dict  # kvlab.environment(device): the hardware and versions printed beside every plot
+    course: CourseModel
+    max_random_tokens: int | None = None  # with random weights, ``encode`` keeps this many bytes of a question
+
+    @property
+    def gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.course.model
+
+    @property
+    def config(self):
+        return self.course.model.config
+
+    @property
+    def tokenizer(self):
+        """The real model's tokenizer; None with random weights."""
+        return self.course.tokenizer
+
+    @property
+    def random(self) -> bool:
+        return self.course.random
+
+    @property
+    def label(self) -> str:
+        return self.course.label
+
+    def encode(self, question: str) -> torch.Tensor:
+        """The chat prompt of ``question`` as ids ``[1, prompt_len]`` (random weights: its UTF-8 bytes)."""
+        return self.course.encode(question, max_random_tokens=self.max_random_tokens)
+
+    def text(self, ids: torch.Tensor) -> str:
+        return self.course.text(ids)
+
+
+CAPTURE_HERE = {
+    True: "real CUDA graphs on {hardware}",
+    False: "EMULATED (no CUDA: kvlab.graphs records the step's aten operations once and replays them; same "
+           "contract, same tokens, no speedup)",
+}
+
+
+def lesson_setup(dtype: torch.dtype = torch.float32, *, device=None, graphs: bool = False,
+                 max_random_tokens: int | None = None) -> Lesson:
+    """The set-up of every lesson on the course model, printed: the device (a GPU if there is one), the course
+    model in ``dtype`` (float32 by default: the lessons compare tokens, and lesson 00 shows why that needs it),
+    or random weights of its shape where the real ones cannot be had (``course_model``), quick mode, the model's
+    sizes, and with ``graphs=True`` whether a captured graph is a real CUDA graph here or kvlab's emulation."""
+    device = pick_device(device)
+    lesson = Lesson(device, environment(device), course_model(device, dtype), max_random_tokens)
+    s = model_sizes(lesson.config)
+    print(lesson.label)
+    print(f"hardware: {lesson.env['hardware']} | quick mode: {'on (shortened runs)' if quick_mode() else 'off'}")
+    print(f"model: {s.layers} layers, hidden {s.hidden}, {s.heads} query heads, {s.kv_heads} kv heads, "
+          f"head_dim {s.head_dim}")
+    if graphs:
+        print("capture here:", CAPTURE_HERE[lesson.gpu].format(hardware=hardware(device)))
+    return lesson
+
+
 def show_source(*objects) -> None:
     """Display the installed package's own code (never a copy)."""
     from IPython.display import Code, display
 
     for obj in objects:
         display(Code(inspect.getsource(obj), language="python"))
+
+
+def show_doc(obj) -> None:
+    """Display the docstring of a module, class or function of the installed package, as plain text."""
+    from IPython.display import Markdown, display
+
+    display(Markdown("```text\n" + (inspect.getdoc(obj) or f"({obj.__name__} has no docstring)") + "\n```"))
+
+
+def show_diff(old, new, *, context: int = 1) -> None:
+    """Display what changes from the source of ``old`` to the source of ``new`` (two functions), as a unified diff."""
+    from IPython.display import Code, display
+
+    diff = difflib.unified_diff(inspect.getsource(old).splitlines(), inspect.getsource(new).splitlines(),
+                                old.__qualname__, new.__qualname__, lineterm="", n=context)
+    display(Code("\n".join(diff), language="diff"))
 
 
 def release(device) -> dict:

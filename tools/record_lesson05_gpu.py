@@ -19,13 +19,9 @@ import torch
 from transformers import StaticCache
 
 import kvlab
-from kvlab.graph_safe import GraphSafeDecoder, eager_vs_replay
+from kvlab.decoding import first_mismatch
+from kvlab.graph_decoder import GraphSafeDecoder, eager_vs_replay
 from kvlab.models import random_smollm2
-
-
-def first_difference(a: torch.Tensor, b: torch.Tensor):
-    bad = (a != b).any(dim=0).nonzero()
-    return int(bad[0, 0]) if len(bad) else None
 
 
 def main(path: str) -> None:
@@ -67,7 +63,7 @@ def main(path: str) -> None:
         torch.cuda.synchronize()
         t2 = time.perf_counter()
         runs.append({"prompt_len": ids.shape[1], "new_tokens": 200, "equal_to_naive": bool(torch.equal(got, want)),
-                     "first_difference_vs_naive": first_difference(got, want),
+                     "first_difference_vs_naive": first_mismatch(got, want),
                      "naive_seconds": t1 - t0, "graph_safe_seconds": t2 - t1})
         save("token_exact_fp32", {"graph": decoder.step_graph.describe(), "replays": decoder.step_graph.replays, "runs": runs})
 

@@ -16,7 +16,7 @@ wraps ``torch.cuda.reset_peak_memory_stats`` so that the peaks since the kernel 
 lessons make), and one after the last cell that ran, also after a failure. That last cell reports, as JSON
 after the marker ``KVLAB_RUN_REPORT``: the kernel's peak RSS (``resource.getrusage(RUSAGE_SELF).ru_maxrss``),
 on CUDA ``torch.cuda.max_memory_allocated()`` and ``max_memory_reserved()`` since the kernel started, the
-device, ``kvlab.hardware()``, ``kvlab.runtime.pick_dtype(device)``, the versions, ``kvlab.bench_tools.git_state()``
+device, ``kvlab.hardware()``, ``kvlab.runtime.pick_dtype(device)``, the versions, ``kvlab.bench.git_state()``
 (it honours ``KVLAB_GIT_COMMIT``/``KVLAB_GIT_DIRTY``) and which model the lessons could use. ``model`` is
 "random" when ``KVLAB_RANDOM_WEIGHTS=1`` in the kernel or when, after the notebook ran, the real SmolLM2 is not
 converted in the cache (``kvlab.models.is_converted(cache_dir() / DEFAULT_MODEL)``): then the lessons that
@@ -103,11 +103,11 @@ def _kvlab_report():
         get("cuda_max_reserved_mb", lambda: peak("max_memory_reserved", 1))
     get("transformers", lambda: __import__("transformers").__version__)
     import kvlab
-    from kvlab import bench_tools, models, runtime
+    from kvlab import bench, models, runtime
     get("hardware", kvlab.hardware)
     get("dtype", lambda: str(runtime.pick_dtype(runtime.pick_device())).removeprefix("torch."))
     get("real_model_converted", lambda: models.is_converted(models.cache_dir() / models.DEFAULT_MODEL))
-    get("git", bench_tools.git_state)
+    get("git", bench.git_state)
     print(MARKER + json.dumps(rep))
 
 _kvlab_report()
