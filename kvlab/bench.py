@@ -229,6 +229,37 @@ def write(record: dict, out: str | Path) -> tuple[Path, Path]:
     return json_path, csv_path
 
 
+def merge(*records: dict) -> dict:
+    """One record from runs of the same model on the same hardware (a sweep recorded in parts, e.g. when a time
+    limit cut the first): results and skips in order, a later part's row replacing an earlier one of the same
+    strategy and batch. Each row gets ``part`` (its index in ``parts``, which keeps every part's command, git state,
+    settings and time); ``complete`` says whether every (strategy, batch) of all parts' settings has a result."""
+    first = records[0]
+    for r in records[1:]:
+        if r["env"].get("hardware") != first["env"].get("hardware") or r["settings"]["model"] != first["settings"]["model"]:
+            raise ValueError("merge records of one model on one machine: hardware or model differ")
+    rows: dict = {}
+    for i, r in enumerate(records):
+        for row in r["results"]:
+            rows[(row["strategy"], row["batch"])] = row | {"part": i}
+    wanted = {(name, b) for r in records for name in r["settings"]["strategies"] for b in r["settings"]["batches"]}
+    merged = dict(first) | {
+        "command": " && ".join(r["command"] for r in records),
+        "parts": [{"command": r["command"], "git": r["git"], "settings": r["settings"], "seconds": r["seconds"],
+                   "complete": r["complete"]} for r in records],
+        "results": list(rows.values()),
+        "skipped": [s for r in records for s in r["skipped"]],
+        "traces": {k: v for r in records for k, v in r["traces"].items()},
+        "seconds": sum(r["seconds"] for r in records),
+        "complete": wanted <= set(rows),
+    }
+    merged["settings"] = dict(first["settings"]) | {
+        "batches": sorted({b for r in records for b in r["settings"]["batches"]}),
+        "strategies": list(dict.fromkeys(n for r in records for n in r["settings"]["strategies"]))}
+    add_ratios(merged["results"])
+    return merged
+
+
 def load(path: str | Path) -> dict:
     """A record written by ``write`` (the .json)."""
     return json.loads(Path(path).with_suffix(".json").read_text())

@@ -179,3 +179,21 @@ def test_run_bench_refuses_negative_counts_instead_of_recording_unmade_checks():
                           profile_k=0, progress=False)
     (row,) = rec["results"]
     assert row["exact"] is None and "--check-tokens 0" in row["check"]  # no check claimed
+
+
+def test_merge_joins_parts_of_a_sweep():
+    def part(batches, tps, complete, command):
+        rows = [{"strategy": n, "batch": b, "tokens_per_s": tps} for b in batches for n in ("naive", "static")]
+        return {"env": {"hardware": "X"}, "command": command, "git": {"commit": "c"}, "seconds": 1.0, "traces": {},
+                "complete": complete, "skipped": [],
+                "settings": {"model": "m", "batches": [1, 2], "strategies": ["naive", "static"]}, "results": rows}
+    first, second = part([1, 2], 10.0, False, "a"), part([2], 20.0, True, "b")
+    first["results"].pop()  # the time limit cut static@2
+    second["settings"]["batches"] = [2]
+    merged = bench.merge(first, second)
+    assert merged["complete"] and merged["command"] == "a && b" and [p["command"] for p in merged["parts"]] == ["a", "b"]
+    got = {(r["strategy"], r["batch"]): (r["tokens_per_s"], r["part"]) for r in merged["results"]}
+    assert got == {("naive", 1): (10.0, 0), ("static", 1): (10.0, 0), ("naive", 2): (20.0, 1), ("static", 2): (20.0, 1)}
+    assert not bench.merge(first)["complete"]
+    with pytest.raises(ValueError, match="one machine"):
+        bench.merge(first, second | {"env": {"hardware": "Y"}})

@@ -28,9 +28,8 @@ import torch.nn.functional as F
 from . import common
 from .common import tl, triton
 
-# Above this many rows a GEMM (cuBLAS, via the PyTorch form) wins over the GEMV kernels; at 16 rows the two tie on
-# the H200 (graph-safe-kernels at batch 16, 32, 64 with the limit at 16 and at 32: the session note of the reshape, and
-# data/h200_batch_sweep.json for the result). Read at each call: the tests and the benchmark may set it.
+# Above this many rows a GEMM (cuBLAS, via the PyTorch form) wins over the GEMV kernels; at 16 rows they tie on the
+# H200 (data/README.md: the probe, and h200_batch_sweep.json). Read at each call: tests and the benchmark may set it.
 GEMV_MAX_ROWS = 16
 GEMV_CONFIGS: dict[tuple[int, int], tuple[int, int, int]] = {}  # (N, K) -> (BLOCK_N, BLOCK_K, warps), overrides
 NO_NORM, RMS_NORM, SILU_MUL = 0, 1, 2  # the GEMV's prologue: what is done to x before the matmul
