@@ -88,21 +88,36 @@ def _host_sync(what: str, why: str) -> CaptureError:
     )
 
 
+HOST_READS = {  # Python-level reads of a tensor's value: a capture refuses them, with the same words on CPU and GPU
+    "item": "reads a tensor's value on the host",
+    "tolist": "reads a tensor's values on the host",
+    "numpy": "hands a tensor's values to NumPy",
+    "__array__": "hands a tensor's values to NumPy (np.asarray, np.array)",
+    "__bool__": "reads a tensor's truth value on the host (`if tensor:`, bool(tensor))",
+    "__int__": "reads a tensor's value on the host (int(tensor))",
+    "__float__": "reads a tensor's value on the host (float(tensor))",
+    "__index__": "reads a tensor's value on the host (a tensor as a Python index or slice bound)",
+}
+
+
 @contextmanager
-def _no_host_reads():
-    """``.tolist()``, ``.numpy()`` and ``np.asarray(t)`` read a tensor without any aten operation, so the recorder
-    cannot see them; on a GPU they copy the device's data to the host, which a capture refuses. Refuse them here too."""
+def _no_host_reads(device: torch.device | None = None):
+    """Refuse ``HOST_READS`` while a step is captured: on a GPU each copies the device's data to the host, which a
+    capture refuses (``.numpy()`` of a CUDA tensor even raises a TypeError of its own), and some run no aten
+    operation, so the emulation's recorder cannot see them. ``device``: refuse only tensors there (a real capture:
+    CPU tensors may still be read); None: every tensor (the emulation, where everything is on the CPU)."""
     patched = {}
 
-    def refuse(name, why):
+    def refuse(name, why, inherited):
         def method(self, *args, **kwargs):
+            if device is not None and self.device.type != device.type:
+                return inherited(self, *args, **kwargs)
             raise _host_sync(f"Tensor.{name}()", why)
         return method
 
-    for name, why in (("tolist", "reads a tensor's values on the host"), ("numpy", "hands a tensor's values to NumPy"),
-                      ("__array__", "hands a tensor's values to NumPy (np.asarray, np.array)")):
+    for name, why in HOST_READS.items():
         patched[name] = torch.Tensor.__dict__.get(name)
-        setattr(torch.Tensor, name, refuse(name, why))
+        setattr(torch.Tensor, name, refuse(name, why, getattr(torch.Tensor, name)))
     try:
         yield
     finally:
@@ -319,7 +334,8 @@ def _capture_cuda(fn, static_inputs, warmup, before_replay, device) -> CapturedS
         # context puts the caller's stream (and device) back however the capture ends.
         with torch.cuda.stream(torch.cuda.current_stream(device)), torch.cuda.graph(graph):
             try:
-                out = fn(*static_inputs)  # recorded, not run
+                with _no_host_reads(torch.device(device)):  # the emulation's words for .item(), .numpy(), ...
+                    out = fn(*static_inputs)  # recorded, not run
             except BaseException as e:  # leave the block normally, so that the capture ends; raised below
                 raised = e
     except RuntimeError as e:  # capture_begin() or capture_end() failed (an invalidated capture, ...)

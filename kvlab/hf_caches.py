@@ -13,11 +13,12 @@ from transformers import DynamicCache, StaticCache
 from .decoding import OnToken, greedy
 from .memo import per_model
 from .runtime import check_dtype
+from .sizes import model_sizes
 
 
 def make_static_cache(model, max_cache_len: int) -> StaticCache:
     """A vanilla ``StaticCache`` for ``model``; its layers allocate ``[batch, kv_heads, max_cache_len, head_dim]`` on first use."""
-    if not isinstance(max_cache_len, int) or max_cache_len < 1:
+    if not isinstance(max_cache_len, int) or isinstance(max_cache_len, bool) or max_cache_len < 1:
         raise ValueError(f"max_cache_len must be a positive int, got {max_cache_len!r}")
     return StaticCache(config=model.config, max_cache_len=max_cache_len)
 
@@ -31,6 +32,31 @@ def check_room(cache, prompt_len: int, max_new_tokens: int) -> None:
             f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) needs {need} cache slots but the cache holds "
             f"max_cache_len={limit}: make a cache with max_cache_len >= {need}"
         )
+
+
+def check_cache_for(model, cache, kind=None) -> None:
+    """Refuse a cache that cannot belong to ``model`` before anything is written: another class than ``kind``, other
+    layer counts, or (layers already allocated) other kv heads, head_dim, dtype or device."""
+    from transformers.cache_utils import Cache
+
+    kind = kind or Cache
+    if not isinstance(cache, kind):
+        raise TypeError(f"cache must be a transformers {kind.__name__}, got {type(cache).__name__}")
+    sizes = model_sizes(model.config)
+    if cache.layers and len(cache.layers) != sizes.layers:
+        raise ValueError(f"the cache has {len(cache.layers)} layers but the model has {sizes.layers}: build it from "
+                         "this model's config, e.g. DynamicCache(config=model.config)")
+    param = next(model.parameters())
+    for layer in cache.layers:
+        keys = getattr(layer, "keys", None)
+        if not isinstance(keys, torch.Tensor) or keys.dim() != 4 or not getattr(layer, "is_initialized", True):
+            continue
+        got = (keys.shape[1], keys.shape[-1], keys.dtype, keys.device)
+        want = (sizes.kv_heads, sizes.head_dim, param.dtype, param.device)
+        if got != want:
+            raise ValueError(f"the cache holds buffers of {got[0]} kv heads, head_dim {got[1]}, {got[2]} on {got[3]}; "
+                             f"this model needs {want[0]}, {want[1]}, {want[2]} on {want[3]}: pass a fresh cache made "
+                             "for this model (and dtype)")
 
 
 def require_empty(cache) -> None:
@@ -69,6 +95,7 @@ def cached_loop(model, input_ids, max_new_tokens, cache, *, step=None, on_token:
 def decode_dynamic(model, input_ids, max_new_tokens, *, on_token: OnToken = None, cache=None) -> torch.Tensor:
     """Own loop over ``transformers.DynamicCache``: each layer's keys/values grow by one token per step (torch.cat)."""
     cache = DynamicCache(config=model.config) if cache is None else cache
+    check_cache_for(model, cache, DynamicCache)
     require_empty(cache)
     return cached_loop(model, input_ids, max_new_tokens, cache, on_token=on_token)
 
@@ -82,6 +109,7 @@ def decode_static(model, input_ids, max_new_tokens, *, on_token: OnToken = None,
     """
     if cache is None:
         cache = make_static_cache(model, max_cache_len or input_ids.shape[1] + max_new_tokens)
+    check_cache_for(model, cache, StaticCache)
     require_empty(cache)
     check_room(cache, input_ids.shape[1], max_new_tokens)
     return cached_loop(model, input_ids, max_new_tokens, cache, on_token=on_token)

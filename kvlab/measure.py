@@ -55,6 +55,10 @@ class StepClock:
         self._last = now
 
 
+class TimingError(ValueError):
+    """A measurement that came out meaningless (a negative step time); the message says how to measure again."""
+
+
 @dataclass
 class DecodeTiming:
     """What ``time_decode`` measured (seconds; the rule is in the module docstring)."""
@@ -133,6 +137,11 @@ def time_decode(run: Callable[[int, OnToken], torch.Tensor], new_tokens: int, de
             synchronize(device)
             totals.append(time.perf_counter() - t0)
         total = statistics.median(totals)
+    if total <= prefill:  # T(n) <= T(1): the step time would be zero or negative, a number that means nothing
+        raise TimingError(
+            f"{label or 'the decode'}: T({new_tokens}) = {1e3 * total:.3f} ms is not above T(1) = {1e3 * prefill:.3f} ms, "
+            "so (T(n) - T(1)) / (n - 1) would be meaningless: the machine was busy, or n is too small for its clock. "
+            "Time more tokens or more repeats, with nothing else running.")
     return DecodeTiming(label=label, batch=int(tokens.shape[0]), new_tokens=int(tokens.shape[1]), tokens=tokens,
                         warmup_seconds=warmup, prefill_seconds=prefill, total_seconds=total, step_seconds=steps,
                         peak_memory_bytes=peak_memory_bytes(device), env=environment(device))

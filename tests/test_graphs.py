@@ -256,3 +256,27 @@ def test_cuda_capture_refusals_become_capture_errors(monkeypatch):
     with pytest.raises(ValueError, match="a bug of the step"):  # not a CUDA error: unchanged
         graphs._capture_cuda(lambda t: (_ for _ in ()).throw(ValueError("a bug of the step")), (torch.ones(1),), 0,
                              None, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("how", ["item", "bool", "int", "tolist", "numpy", "asarray", "index"])
+def test_a_host_read_is_refused_with_the_same_words_by_a_cuda_capture_and_the_emulation(monkeypatch, how):
+    """The CUDA path on CPU (FakeCuda): the same CaptureError and message as the emulation, not CUDA's own error (or,
+    for .numpy() of a CUDA tensor, torch's TypeError); a tensor on another device than the capture's may be read."""
+    import numpy as np
+
+    from kvlab import graphs
+
+    reads = {"item": lambda t: t.sum().item(), "bool": lambda t: bool(t.sum()), "int": lambda t: int(t.sum()),
+             "tolist": lambda t: t.tolist()[0], "numpy": lambda t: t.numpy()[0], "asarray": lambda t: np.asarray(t)[0],
+             "index": lambda t: [0, 1, 2][t.long().sum() - 2]}
+
+    def step(t):
+        return t * reads[how](t)
+
+    with pytest.raises(CaptureError) as emulated:
+        capture(step, torch.ones(3), warmup=0, emulate=True)
+    FakeCuda().install(monkeypatch)
+    with pytest.raises(CaptureError) as real:
+        graphs._capture_cuda(step, (torch.ones(3),), 0, None, torch.device("cpu"))
+    assert str(real.value) == str(emulated.value) and "host synchronization during capture" in str(real.value)
+    graphs._capture_cuda(step, (torch.ones(3),), 0, None, torch.device("meta"))  # CPU tensors, a "meta" capture: read

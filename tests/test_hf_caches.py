@@ -120,3 +120,23 @@ def test_a_used_cache_is_refused_and_a_reset_one_is_exact(llama, strategy, promp
     with torch.inference_mode():  # as the error says
         cache.reset()
     assert torch.equal(decode(llama, ids, 10, strategy=strategy, cache=cache, **kwargs), decode(llama, ids, 10))
+
+
+def test_a_cache_of_another_model_or_class_is_refused_before_any_write(llama, prompt):
+    from transformers import StaticCache
+
+    other = tiny_model("tiny-llama").to(torch.bfloat16)  # the same shapes in another dtype
+    ids = prompt(5)
+    with pytest.raises(TypeError, match="DynamicCache"):
+        decode(llama, ids, 3, strategy="dynamic", cache=StaticCache(config=llama.config, max_cache_len=16))
+    with pytest.raises(TypeError, match="StaticCache"):
+        decode(llama, ids, 3, strategy="static", cache=DynamicCache(config=llama.config))
+    deeper = llama.config.__class__(**(llama.config.to_dict() | {"num_hidden_layers": llama.config.num_hidden_layers + 1}))
+    with pytest.raises(ValueError, match="layers but the model has"):
+        decode(llama, ids, 3, strategy="dynamic", cache=DynamicCache(config=deeper))
+    cache = StaticCache(config=other.config, max_cache_len=16)
+    with torch.inference_mode():
+        other(ids, cache=cache)
+        cache.reset()  # empty, but its buffers are shaped for the other model
+    with pytest.raises(ValueError, match="torch.bfloat16 on cpu; this model needs 2, 16, torch.float32"):
+        decode(llama, ids, 3, strategy="static", cache=cache)

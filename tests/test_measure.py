@@ -1,6 +1,7 @@
 """kvlab.measure: per-step timing, warm-up apart, memory, and the record every measurement carries."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -40,6 +41,7 @@ def test_time_decode_subtracts_the_prefill_and_keeps_the_warmup_apart():
 
     def run(n, on_token):
         calls.append((n, on_token))
+        time.sleep(0.002 * n)  # a decode that takes longer for more tokens
         return torch.zeros(3, n, dtype=torch.long)
 
     timing = measure.time_decode(run, 5, "cpu", repeats=2, warmup_tokens=4, label="x")
@@ -105,3 +107,13 @@ def test_time_call():
     m = measure.time_call(lambda: calls.append(1), label="append", min_run_time=0.05, device="cpu")
     assert m.median > 0 and m.label == "append"
     assert len(calls) > 1  # the warm-up plus the timed runs
+
+
+def test_a_step_time_that_comes_out_negative_is_refused():
+    """T(n) <= T(1) (a busy machine): refused with what to do, never recorded as a negative or zero step time."""
+    def run(n, on_token):
+        time.sleep(0.02 if n == 1 else 0.0)  # the 1-token decode is the slow one
+        return torch.zeros(1, n, dtype=torch.long)
+
+    with pytest.raises(measure.TimingError, match="is not above T\\(1\\)"):
+        measure.time_decode(run, 4, "cpu", repeats=1)
