@@ -162,12 +162,13 @@ class FailureResult:
         """Slots a correct cache has filled after each step: the prompt, then one more per token."""
         return [self.prompt_len + s for s in range(self.expected.shape[1])]
 
-    def texts(self, tokenizer, row: int = 0) -> tuple[str, str]:
-        """(what this run wrote, what the correct run wrote), decoded."""
-        return tokenizer.decode(self.tokens[row]), tokenizer.decode(self.expected[row])
+    def texts(self, text, row: int = 0) -> tuple[str, str]:
+        """(what this run wrote, what the correct run wrote), as ``text(ids)`` renders them (a tokenizer's
+        ``decode``, or ``kvlab.notebook.Lesson.text``, which shows ids for random weights)."""
+        return text(self.tokens[row]), text(self.expected[row])
 
-    def report(self, tokenizer=None) -> str:
-        """A few lines for a notebook: runner, verdict, first wrong token, the two texts."""
+    def report(self, text=None) -> str:
+        """A few lines for a notebook: runner, verdict, first wrong token, and with ``text(ids) -> str`` the texts."""
         lines = [f"[{self.name}] {self.title}", f"  runner: {self.runner}"]
         fw = self.first_wrong
         if fw is None:
@@ -175,13 +176,13 @@ class FailureResult:
         else:
             lines.append(f"  first wrong token at step {fw} of {self.expected.shape[1]}")
         if self.error:
-            lines.append(f"  stopped: {self.error.splitlines()[0]}")
-        if tokenizer is not None:
-            got, want = self.texts(tokenizer)
-            lines += [f"  got:      {got!r}", f"  expected: {want!r}"]
+            lines.append(f"  stopped: {self.error.splitlines()[0][:300]}")
+        if text is not None:
+            got, want = self.texts(text)
+            lines += [f"  got:      {got!r}" if self.tokens.numel() else "  got:      (no tokens)", f"  expected: {want!r}"]
             if fw is not None and fw < self.tokens.shape[1]:
-                lines.append(f"  first wrong token: {tokenizer.decode(self.tokens[0, fw:fw + 1])!r} instead of "
-                             f"{tokenizer.decode(self.expected[0, fw:fw + 1])!r}")
+                lines.append(f"  first wrong token: {text(self.tokens[0, fw:fw + 1])!r} instead of "
+                             f"{text(self.expected[0, fw:fw + 1])!r}")
         return "\n".join(lines)
 
 

