@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -32,7 +33,7 @@ import torch
 
 from .decoding import decode_naive, first_mismatch
 from .measure import copy_bandwidth_gbps, profile_steps, time_decode
-from .models import RANDOM_SMOLLM2, build_model, cast
+from .models import RANDOM_SMOLLM2, ModelUnavailableError, build_model, cast
 from .runtime import as_dtype, cpu_name, environment, pick_device, pick_dtype, quick_mode
 from .sizes import floor_ms, model_facts
 from .strategies import BENCHMARKED, DEFAULT_STRATEGIES, STRATEGIES
@@ -128,13 +129,17 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
         "settings": {"model": model, "prompt_len": prompt_len, "new_tokens": new_tokens, "batches": list(batches),
                      "strategies": strategies, "dtype": str(dtype).removeprefix("torch."), "check_dtype": "float32",
                      "check_tokens": check_tokens, "check_compiled": check_compiled, "repeats": repeats,
-                     "profile_steps": profile_k, "seed": seed, "quick": quick, "reduce_overhead_dynamic": dynamic},
+                     "profile_steps": profile_k, "seed": seed, "quick": quick, "reduce_overhead_dynamic": dynamic,
+                     "time_budget": time_budget},
         "model": facts, "copy_bandwidth_gbps": gbps, "results": results, "skipped": skipped, "traces": traces,
     }
 
-    def finish(complete: bool) -> dict:
+    def finish(finished: bool) -> dict:
         add_ratios(results)
-        record.update(seconds=time.perf_counter() - started, complete=complete)
+        done = {(r["strategy"], r["batch"]) for r in results}
+        # finished: the loop ran to its end; complete: every (strategy, batch) asked for has a result
+        record.update(seconds=time.perf_counter() - started, finished=finished,
+                      complete=all((name, b) in done for name in strategies for b in batches))
         if out is not None:
             write(record, out)
         return record
@@ -191,9 +196,9 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
                 skipped.append({"strategy": name, "batch": batch, "reason": f"error: {type(err).__name__}: {err}"[:600]})
                 bar.write(f"  batch {batch:>3} {name:<36} FAILED: {type(err).__name__}: {str(err)[:200]}")
             bar.update()
-            finish(complete=False)
+            finish(finished=False)
     bar.close()
-    return finish(complete=True)
+    return finish(finished=True)
 
 
 def options(strategy, max_cache_len: int, dynamic: bool | None) -> dict:
@@ -213,11 +218,22 @@ def add_ratios(results: list[dict]) -> None:
         row["x_reduce_overhead"] = row["tokens_per_s"] / base["reduce-overhead"] if "reduce-overhead" in base else None
 
 
+def out_paths(out: str | Path) -> tuple[Path, Path]:
+    """``out``.json and ``out``.csv: the suffixes are added to the name as given (``run.1`` -> ``run.1.json``), a
+    ``.json``/``.csv`` ending is replaced, and a folder (an existing one, or a name ending in "/") gets ``bench.*``."""
+    text = str(out)
+    path = Path(out)
+    if text.endswith(("/", "\\")) or path.is_dir():
+        path = path / "bench"
+    if path.suffix in (".json", ".csv"):
+        path = path.with_suffix("")
+    return path.parent / (path.name + ".json"), path.parent / (path.name + ".csv")
+
+
 def write(record: dict, out: str | Path) -> tuple[Path, Path]:
     """``out``.json (everything) and ``out``.csv (one row per result, with environment and command)."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    json_path, csv_path = out.with_suffix(".json"), out.with_suffix(".csv")
+    json_path, csv_path = out_paths(out)
+    json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(record, indent=1, default=str))
     extra = {f"env_{k}": v for k, v in record["env"].items()} | {"command": record["command"], "model": record["settings"]["model"]}
     rows = [r | extra for r in record["results"]] + [r | extra for r in record["skipped"]]
@@ -321,13 +337,46 @@ def _strategies(text: str) -> list[str]:
 
 def _dtype(text: str) -> torch.dtype:
     try:
-        return as_dtype(text)
+        dtype = as_dtype(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+    if not dtype.is_floating_point:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a floating-point dtype: use bfloat16, float16 or float32")
+    return dtype
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number of seconds >= 0")
+    return value
+
+
+def _device(text: str) -> torch.device:
+    try:
+        return pick_device(text)
+    except (RuntimeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(str(e).splitlines()[0]) from None
+
+
+def _bounded(least: int, most: int):
+    base = _count(least)
+
+    def parse(text: str) -> int:
+        value = base(text)
+        if value > most:
+            raise argparse.ArgumentTypeError(f"{value} is above the largest allowed value, {most}")
+        return value
+
+    parse.__name__ = f"int in [{least}, {most}]"
+    return parse
 
 
 def _out(text: str) -> str:
-    for folder in Path(text).parents:
+    for folder in out_paths(text)[0].parents:
         if folder.exists():
             if not folder.is_dir():
                 raise argparse.ArgumentTypeError(f"{text!r}: {folder} is a file, not a folder")
@@ -347,9 +396,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-check-compiled", action="store_true", help="skip the fp32 check of compiled strategies (saves their fp32 compile)")
     p.add_argument("--repeats", type=_count(1), default=None, help="timed repeats of compiled/graph strategies (default 3; quick: 1)")
     p.add_argument("--profile-steps", type=_count(0), default=None, help="decode steps traced by torch.profiler (default 16; quick: 2; 0: none)")
-    p.add_argument("--time-budget", type=float, default=None, help="seconds after which remaining strategies are skipped")
-    p.add_argument("--device", default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-budget", type=_seconds, default=None, help="seconds after which remaining strategies are skipped")
+    p.add_argument("--device", type=_device, default=None, help="cpu, cuda or cuda:N (default: cuda when there is a GPU)")
+    p.add_argument("--seed", type=_bounded(0, 2**63 - 1), default=0)
     p.add_argument("--quick", action="store_true", help="short run (also KVLAB_QUICK=1); skips torch.compile on CPU")
     p.add_argument("--out", type=_out, default=None, help="output path without suffix (default out/bench-<time>)")
     args = p.parse_args(argv)
@@ -371,7 +420,7 @@ def main(argv=None) -> dict:
             repeats=pick(args.repeats, 3, 1), profile_k=pick(args.profile_steps, 16, 2), time_budget=args.time_budget,
             device=args.device, seed=args.seed, quick=quick, command=command, out=out,
         )
-    except BenchArgumentError as e:  # raised before any work
+    except (BenchArgumentError, ModelUnavailableError) as e:  # raised before any timing
         args.error(str(e))
     json_path, csv_path = write(record, out)
     print(format_table(record))

@@ -1,5 +1,5 @@
 """Plots of ``kvlab.bench`` records (lesson 06): strategies side by side, the bandwidth floor, profiler timelines,
-tokens/s against batch size. Every figure is stamped with the hardware its numbers were measured on."""
+tokens/s against batch size, peak memory per strategy. Every figure is stamped with the hardware its numbers were measured on."""
 
 from __future__ import annotations
 
@@ -98,5 +98,22 @@ def plot_batch_sweep(record: dict, strategies=None):
     ax.set_yscale("log")
     ax.legend()
     ax.set_title(f"{_label(record)}, {record['settings']['new_tokens']} new tokens", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_memory(record: dict, batch: int = 1):
+    """Peak device memory of every strategy's timed run (``peak_memory_mb``), with the model's weight bytes marked."""
+    data = rows(record, batch)
+    fig, ax = figure("Peak memory of each path", "peak memory (MB)", "", env=record["env"])
+    names = [r["strategy"] for r in data]
+    ax.barh(names, [r["peak_memory_mb"] for r in data], color=[KIND_COLORS[kind(n)] for n in names])
+    for y, r in enumerate(data):
+        ax.text(r["peak_memory_mb"], y, f" {r['peak_memory_mb']:,.0f}", va="center", fontsize=8)
+    weights_mb = record["model"]["weight_bytes"] / 2**20
+    ax.axvline(weights_mb, color="tab:red", linestyle="--")
+    ax.set_xlim(0, max(r["peak_memory_mb"] for r in data) * 1.2)
+    ax.invert_yaxis()
+    ax.set_title(f"{_label(record)}, batch {batch}; red: the weights, {weights_mb:,.0f} MB", fontsize=10)
     fig.tight_layout()
     return fig

@@ -22,11 +22,16 @@ def check_inputs(model, input_ids: torch.Tensor, max_new_tokens: int) -> None:
             f"{type(input_ids).__name__} {getattr(input_ids, 'dtype', '')} {tuple(getattr(input_ids, 'shape', ()))}. "
             "Use tokenizer(text, return_tensors='pt').input_ids."
         )
+    if input_ids.shape[0] == 0:
+        raise ValueError("the batch is empty (input_ids has 0 rows): give at least one prompt")
     if input_ids.shape[1] == 0:
         raise ValueError("the prompt is empty: give at least one token")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     device = next(model.parameters()).device
+    if device.type == "meta":
+        raise ValueError("the model's weights are on the 'meta' device (shapes only, no values): load real weights, "
+                         "e.g. kvlab.load_model(...) or model.to_empty(device=...) followed by loading a state dict")
     if input_ids.device != device:
         raise ValueError(f"input_ids are on {input_ids.device} but the model is on {device}: call input_ids.to({str(device)!r})")
     vocab = model.config.get_text_config().vocab_size
@@ -65,6 +70,8 @@ def unpadded_ids(input_ids, attention_mask=None) -> torch.Tensor:
     were prompt text, so a batch must hold prompts of one length, and a mask with any 0 is refused.
     """
     if isinstance(input_ids, Mapping):  # BatchEncoding or dict from a tokenizer
+        if "input_ids" not in input_ids:
+            raise ValueError(f"a mapping of inputs needs 'input_ids' (a tokenizer's output has it); got keys {list(input_ids)}")
         if attention_mask is None:
             attention_mask = input_ids.get("attention_mask")
         input_ids = input_ids["input_ids"]
@@ -72,6 +79,9 @@ def unpadded_ids(input_ids, attention_mask=None) -> torch.Tensor:
         if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != tuple(getattr(input_ids, "shape", ())):
             raise ValueError(f"attention_mask must be a tensor of the ids' shape {tuple(getattr(input_ids, 'shape', ()))}, "
                              f"got {tuple(getattr(attention_mask, 'shape', ())) or type(attention_mask).__name__}")
+        if attention_mask.is_floating_point() or bool(((attention_mask != 0) & (attention_mask != 1)).any()):
+            raise ValueError("attention_mask must hold only 0 (padding) and 1 (a token), as a tokenizer makes it; "
+                             f"got {attention_mask.dtype} values {sorted(set(attention_mask.flatten().tolist()))[:6]}")
         padded = (attention_mask == 0).sum(dim=1)
         if bool(padded.any()):
             rows = [(i, int(n)) for i, n in enumerate(padded.tolist()) if n]

@@ -5,7 +5,8 @@ that decodes greedily the way a user would first write it, records what the cach
 and compares the tokens with an eager StaticCache run (``reference``), which is token-exact against the naive loop.
 
 ``runner``: ``"graph"`` (a real CUDA graph on a GPU, kvlab.graphs' emulation elsewhere), ``"emulated"`` (always the
-emulation) or ``"eager"`` (nothing captured). Two kinds of failure:
+emulation), ``"eager"`` (nothing captured) or ``"compiled"`` (``torch.compile``, whose guards re-check the Python
+state at every call: it fails exactly where eager code fails). Two kinds of failure:
 
 - *state* failures (padding pollution, warm-up side effects, a reset out of range, drifting counters) come from
   what the calls did to the cache: eager code that makes the same calls fails the same way;
@@ -74,7 +75,7 @@ def decode_static_graph(model, input_ids, max_new_tokens, *, on_token: OnToken =
     """
     prompt_len = input_ids.shape[1]
     if cache is None:
-        cache = make_static_cache(model, max_cache_len or prompt_len + max_new_tokens + warmup)
+        cache = make_static_cache(model, prompt_len + max_new_tokens + warmup if max_cache_len is None else max_cache_len)
     require_empty(cache)
     check_room(cache, prompt_len, max_new_tokens)
     logits = model(input_ids, cache=cache).logits  # eager prefill: the cache now holds the prompt
@@ -434,7 +435,10 @@ def frozen_position(model, prompt_ids, max_new_tokens, *, runner="graph", ref=No
 @torch.inference_mode()
 def host_counter_drift(model, prompt_ids, max_new_tokens, *, runner="graph", ref=None, warmup=WARMUP) -> FailureResult:
     """Positions from a static tensor refilled from a host counter (the right contract), but the cache's counters
-    were advanced by the warm-up: RoPE and the query's place say ``p``, the write lands at ``p + warmup``."""
+    were advanced by the warm-up. RoPE uses the host's ``p`` (right); the write lands at ``p + warmup`` and the mask,
+    whose query offset is layer 0's ``cumulative_length`` (``p + warmup`` too), lets the query see it. What is wrong:
+    the warm-up's ``warmup`` writes of the first token, at slots ``p .. p + warmup - 1``, stay below the counter,
+    inside the mask: every query attends to them as extra context (``watch_drift`` shows it)."""
     p, n = prompt_ids.shape[1], max_new_tokens
     ref = _reference_for(model, prompt_ids, n, ref, p + n + warmup)
     cache = make_static_cache(model, ref.slots)
@@ -470,6 +474,77 @@ def layer0_only_rewind(model, prompt_ids, max_new_tokens, *, runner="graph", ref
     return _result("layer0-only-rewind", ref, rec, graph.describe(), error)
 
 
+# ------------------------------------------------------------------------------------- watching one step
+@dataclass
+class StepView:
+    """What one decode step did in a cache: the slots it wrote, the slots its query could read, its RoPE position."""
+
+    written: list[int]  # slots of the watched layer whose keys changed
+    visible: list[int]  # slots the causal mask lets the (last) query read
+    rope: list[int]  # the position ids RoPE rotated the query and the new key by
+    query_offset: int  # cache.get_query_offset(): where the mask puts the query (layer 0's cumulative_length)
+    next_ids: torch.Tensor = field(repr=False)  # [batch, 1]: the greedy token it produced
+
+    def extra_visible(self, other: StepView) -> list[int]:
+        """Slots this step's query reads that ``other``'s (the correct run's) does not."""
+        return sorted(set(self.visible) - set(other.visible))
+
+
+@torch.inference_mode()
+def watch_step(model, ids, cache, position_ids=None, *, layer: int = 0) -> StepView:
+    """Run one eager decode step of ``ids`` ``[batch, 1]`` over ``cache`` and say what it did.
+
+    The mask and the positions are built the way ``LlamaModel.forward`` builds them on transformers 5.24: the
+    positions are ``position_ids`` if given, else ``arange + cache.get_seq_length()``; the mask comes from
+    ``create_causal_mask``, whose query offset is ``cache.get_query_offset()`` (layer 0's ``cumulative_length``:
+    ``position_ids`` do not move it). Eager on purpose: for a *state* failure the calls, not the capture, did the
+    damage, so an eager step sees exactly what the replay sees.
+    """
+    from transformers.masking_utils import create_causal_mask
+
+    from .cache_view import slot_norms
+
+    before = slot_norms(cache.layers[layer]).clone()
+    embeds = model.get_input_embeddings()(ids)
+    pos = position_ids if position_ids is not None else (
+        torch.arange(ids.shape[1], device=ids.device) + cache.get_seq_length()).unsqueeze(0)
+    offset = int(cache.get_query_offset())
+    mask = create_causal_mask(config=model.config, inputs_embeds=embeds, attention_mask=None, cache=cache,
+                              position_ids=pos)
+    next_ids = greedy(model(ids, cache=cache, position_ids=position_ids).logits)
+    written = (slot_norms(cache.layers[layer]) != before).nonzero().flatten().tolist()
+    visible = mask[0, 0, -1].nonzero().flatten().tolist() if mask is not None else list(range(offset + ids.shape[1]))
+    return StepView(written=written, visible=visible, rope=pos.reshape(-1).tolist(), query_offset=offset,
+                    next_ids=next_ids)
+
+
+def watch_drift(model, prompt_ids, steps: int = 3, *, warmup: int = WARMUP, slots: int | None = None):
+    """The first ``steps`` decode steps of ``host-counter-drift``, watched (eagerly: it is a state failure), beside
+    the correct run's: ``(drift_views, correct_views)``, two lists of :class:`StepView`.
+
+    The drift run: eager prefill, ``warmup`` calls of the step at the host position ``p`` (what capture's warm-up
+    does), then steps with ``position_ids = p + step - 1`` from the host counter. The correct run: no warm-up,
+    positions from the cache.
+    """
+    p = prompt_ids.shape[1]
+    slots = slots or slots_for(p, steps + 1)
+    views = {}
+    for name in ("drift", "correct"):
+        cache = make_static_cache(model, slots)
+        with torch.inference_mode():
+            ids = _prefill(model, prompt_ids, cache)
+            host = torch.full((prompt_ids.shape[0], 1), p, dtype=torch.long, device=prompt_ids.device)
+            for _ in range(warmup if name == "drift" else 0):
+                model(ids, cache=cache, position_ids=host)
+        views[name] = []
+        for step in range(1, steps + 1):
+            pos = torch.full_like(host, p + step - 1) if name == "drift" else None
+            view = watch_step(model, ids, cache, pos)
+            views[name].append(view)
+            ids = view.next_ids
+    return views["drift"], views["correct"]
+
+
 # name -> what it is; "frozen": eager code with the same calls would be right (only the graph fails);
 # "needs_next": the scenario takes a second prompt (next_ids=).
 SCENARIOS: dict[str, dict] = {
@@ -493,7 +568,8 @@ SCENARIOS: dict[str, dict] = {
                             cause="the int was read once, at capture: every replay uses that position"),
     "host-counter-drift": dict(fn=host_counter_drift, group=3, frozen=False, needs_next=False,
                                title="positions from a host counter, cache counters from the warm-up",
-                               cause="RoPE says p, the cache writes at p+3: the query cannot see its own newest keys"),
+                               cause="RoPE positions are right and the new key is visible (the mask follows layer 0's counter), but the 3 "
+                                     "warm-up writes of the first token stay inside the mask: every query reads them"),
     "layer0-only-rewind": dict(fn=layer0_only_rewind, group=3, frozen=False, needs_next=False,
                                title="only layer 0's counter rewound",
                                cause="positions follow layer 0; layers 1.. keep their own counters, 3 ahead"),

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .memo import per_model, weights_state
+from .memo import per_model, same_source, source_state
 
 ATTENTION_NAME = "kvlab-decode"
 REDUCTION_ATTENTION_NAME = "kvlab-decode-reduction"
@@ -198,7 +198,7 @@ def fused_copy(model, *, fuse: bool = True, attention: bool | str = True, gemv: 
 
     def make():
         fast = copy.deepcopy(model)  # the copy's own memo starts empty (kvlab.memo.PerModel)
-        fast.__dict__["kvlab_source_state"] = weights_state(model, writes=True)
+        fast.__dict__["kvlab_source_state"] = source_state(model)
         if fuse:
             fuse_projections(fast)
         if attention:
@@ -208,6 +208,7 @@ def fused_copy(model, *, fuse: bool = True, attention: bool | str = True, gemv: 
             use_gemv(fast)
         return fast
 
-    # a copy made before the original's weights changed (in place or replaced) would decode with the old ones
+    # a copy made before the original's weights changed (in place, replaced, through .data) or its modules changed
+    # (a hook, a patched forward, a norm's eps) would decode with the old ones
     return per_model(model, "fused-copy", (fuse, attention, gemv), make,
-                     keep=lambda fast: fast.__dict__.get("kvlab_source_state") == weights_state(model, writes=True))
+                     keep=lambda fast: same_source(fast.__dict__["kvlab_source_state"], model))

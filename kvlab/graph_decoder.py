@@ -21,6 +21,7 @@ strategies of ``kvlab.strategies`` built on it.
 
 from __future__ import annotations
 
+import weakref
 from contextlib import nullcontext
 
 import torch
@@ -29,11 +30,25 @@ from .decoding import OnToken, check_inputs, greedy
 from .fusion import fused_copy
 from .graph_safe_cache import GraphSafeError, GraphSafeStaticCache
 from .graphs import capture
-from .memo import per_model, weights_state
+from .memo import per_model, same_source, source_state, structure_state, weights_state
 from .runtime import PDL, check_dtype, gpu_supports
 
 STEP_KINDS = ("model", "kernels")
 CACHE_ROUNDING = 16  # a kept decoder's max_cache_len: prompt + new tokens rounded up to this (nearby lengths share one)
+
+
+def prefill_mask(start: torch.Tensor, batch: int, bucket: int, slots: int, device=None) -> torch.Tensor:
+    """The 4-D causal mask of a padded prefill: row ``i`` (position ``start + i``) may see slots ``0..start + i``.
+
+    ``start`` is the cache's counter (a 0-dim tensor, read inside the graph, never on the host; before the cache's
+    first forward it still lives on the CPU, so ``device`` says where the mask goes, default ``start``'s). Returns a bool
+    ``[batch, 1, bucket, slots]`` tensor (True: attend), which the model uses as given instead of building its own.
+    Padded rows get a mask too; their outputs are never used and their keys go to the trash slot.
+    """
+    device = start.device if device is None else device
+    queries = start + torch.arange(bucket, device=device)  # [bucket] positions (a 0-dim CPU start broadcasts)
+    allowed = torch.arange(slots, device=device)[None, :] <= queries[:, None]  # [bucket, slots] causal
+    return allowed[None, None].expand(batch, 1, bucket, slots)
 
 
 class GraphSafeDecoder:
@@ -62,7 +77,8 @@ class GraphSafeDecoder:
             )
         if compile_mode is not None:
             check_dtype(param.device, param.dtype)  # bf16 on a GPU without it (a T4): say to use float16
-        if prefill_bucket is not None and not 1 <= prefill_bucket <= max_cache_len:
+        if prefill_bucket is not None and (not isinstance(prefill_bucket, int) or isinstance(prefill_bucket, bool)
+                                           or not 1 <= prefill_bucket <= max_cache_len):
             raise ValueError(f"prefill_bucket must be in [1, max_cache_len={max_cache_len}], got {prefill_bucket}")
         self.source = model  # what the caller gave; self.model is what runs (a fused copy for the kernels)
         if step == "kernels":
@@ -75,7 +91,7 @@ class GraphSafeDecoder:
         self.dtype, self.device = param.dtype, param.device
         self.compile_mode, self.prefill_bucket = compile_mode, prefill_bucket
         self.cache = self._own_cache(cache, max_cache_len)
-        self.token = torch.zeros(batch, 1, dtype=torch.long, device=self.device)  # static input AND output of a step
+        self._token = torch.zeros(batch, 1, dtype=torch.long, device=self.device)  # static input AND output of a step
         if step == "kernels":
             from .kernels.step import arrival_counters
 
@@ -90,11 +106,23 @@ class GraphSafeDecoder:
         self.prefill_graph = None
         self._fingerprint = None  # the cache's addresses at capture
         self._weights = None  # the model's parameter and buffer addresses at capture
-        self._source_state = weights_state(self.source, writes=True) if self.model is not self.source else None
+        self._source_state = source_state(self.source) if self.model is not self.source else None
+
+    @property
+    def token(self) -> torch.Tensor:
+        """The static token buffer ``[batch, 1]`` a step reads and writes by address (write into it, never rebind)."""
+        return self._token
+
+    @token.setter
+    def token(self, value) -> None:
+        raise GraphSafeError("the captured graphs read decoder.token by address: a new tensor would never be read. "
+                             "Write into it instead: decoder.token.copy_(ids)")
 
     def _own_cache(self, cache, max_cache_len: int) -> GraphSafeStaticCache:
         if cache is None:
-            return GraphSafeStaticCache(config=self.model.config, max_cache_len=max_cache_len)
+            cache = GraphSafeStaticCache(config=self.model.config, max_cache_len=max_cache_len)
+            cache.owner = weakref.ref(self)
+            return cache
         if not isinstance(cache, GraphSafeStaticCache):
             raise TypeError(f"cache must be a kvlab GraphSafeStaticCache, got {type(cache).__name__}: a vanilla "
                             "StaticCache is lesson 04's 'static-graph' strategy")
@@ -108,6 +136,11 @@ class GraphSafeDecoder:
         if cache.is_initialized and int(cache.get_seq_length()):
             raise GraphSafeError(f"the cache already holds {int(cache.get_seq_length())} tokens: pass an empty one "
                                  "(`with torch.inference_mode(): cache.reset()`)")
+        owner = getattr(cache, "owner", None)
+        if owner is not None and owner() is not None:
+            raise GraphSafeError("this cache already belongs to another GraphSafeDecoder: two decoders on one cache "
+                                 "would each continue the other's sequence. Give each decoder a cache of its own")
+        cache.owner = weakref.ref(self)
         return cache
 
     @property
@@ -144,10 +177,8 @@ class GraphSafeDecoder:
 
     def _padded_prefill(self, prompt: torch.Tensor) -> torch.Tensor:
         """Prefill of a prompt padded to the bucket; only ``self.valid`` tokens count. Writes the first new token."""
-        bucket, slots = prompt.shape[1], self.max_cache_len
-        queries = self.cache.cache_position + torch.arange(bucket, device=prompt.device)  # [bucket] positions
-        allowed = torch.arange(slots, device=prompt.device)[None, :] <= queries[:, None]  # [bucket, slots] causal
-        mask = allowed[None, None].expand(prompt.shape[0], 1, bucket, slots)  # 4-D: the model uses it as given
+        mask = prefill_mask(self.cache.cache_position, prompt.shape[0], prompt.shape[1], self.max_cache_len,
+                            prompt.device)  # [batch, 1, bucket, slots]
         if self.model.config._attn_implementation != "sdpa":
             mask = torch.zeros((), dtype=self.dtype, device=prompt.device).masked_fill(~mask, torch.finfo(self.dtype).min)
         with self.cache.valid_window(self.valid):
@@ -182,15 +213,15 @@ class GraphSafeDecoder:
             )
         if self._weights_changed():
             raise GraphSafeError(
-                "the model's weights were replaced or rewritten since this decoder was built (model.to(...), .half(), "
-                "new parameters, load_state_dict): a replay would read the old tensors. Build a new GraphSafeDecoder "
-                "(kvlab.decode builds one by itself)."
+                "the model's weights were replaced or rewritten, or its modules changed (a hook, a patched forward, a "
+                "norm's eps), since this decoder was built: a replay would read the old tensors or skip the change. "
+                "Build a new GraphSafeDecoder (kvlab.decode builds one by itself)."
             )
 
     def _weights_changed(self) -> bool:
-        if self._source_state is not None and weights_state(self.source, writes=True) != self._source_state:
-            return True  # the fused copy was made from weights that have changed since
-        return self._weights is not None and weights_state(self.model) != self._weights
+        if self._source_state is not None and not same_source(self._source_state, self.source):
+            return True  # the fused copy was made from weights (or modules) that have changed since
+        return self._weights is not None and (weights_state(self.model), structure_state(self.model)) != self._weights
 
     def stale(self) -> bool:
         """True when the captured graphs no longer read what they should: the cache or the weights were replaced."""
@@ -212,7 +243,8 @@ class GraphSafeDecoder:
                 layer.keys[:, :, start:end].zero_()
                 layer.values[:, :, start:end].zero_()
         self.cache.frozen = True
-        self._fingerprint, self._weights = self.cache.fingerprint(), weights_state(self.model)
+        self._fingerprint = self.cache.fingerprint()
+        self._weights = weights_state(self.model), structure_state(self.model)  # what the replays read and froze
         return graph
 
     def next_tokens(self, n: int) -> torch.Tensor:
@@ -226,10 +258,11 @@ class GraphSafeDecoder:
     # ---- generation --------------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Reset the cache (in place) and prefill ``input_ids``; returns the first new token ``[batch, 1]``."""
+        """Reset the cache (in place) and prefill ``input_ids``; returns the first new token ``[batch, 1]`` (a copy:
+        the static buffer ``token`` is overwritten by the next step)."""
         self._check(input_ids, 1)
         with self.cache.unchecked():  # room was checked above, once
-            return self._prefill(input_ids)
+            return self._prefill(input_ids).clone()
 
     def _prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         self.cache.reset()
@@ -310,7 +343,7 @@ def kept_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, max_cac
     """The decoder kept on ``model`` for this batch size, cache length, dtype and settings, made on first use and
     made again once stale, so later calls (a new prompt, the benchmark's timed runs) replay the first one's graphs."""
     need = input_ids.shape[1] + max_new_tokens
-    length = max_cache_len or CACHE_ROUNDING * -(-need // CACHE_ROUNDING)
+    length = CACHE_ROUNDING * -(-need // CACHE_ROUNDING) if max_cache_len is None else max_cache_len
     batch = input_ids.shape[0]
     key = (batch, length, next(model.parameters()).dtype, tuple(sorted(settings.items())))
     return per_model(model, "graph-decoder", key, lambda: GraphSafeDecoder(model, length, batch, **settings),
@@ -327,6 +360,9 @@ def decode_graph_safe(model, input_ids: torch.Tensor, max_new_tokens: int, *, on
     decoder is built around it). Otherwise the decoder is kept per model and settings (``kept_decoder``).
     """
     settings = dict(graph=bool(graph), compile_mode=compile_mode, prefill_bucket=prefill_bucket)
+    if decoder is not None and decoder.source is not model:
+        raise GraphSafeError("this decoder was built for another model: its graphs would decode with that model's "
+                             "weights. Pass the decoder of this model, or none (kvlab.decode keeps one per model)")
     if decoder is None and cache is not None:
         length = cache.max_cache_len if isinstance(cache, GraphSafeStaticCache) else max_cache_len or 1
         decoder = GraphSafeDecoder(model, length, input_ids.shape[0], cache=cache, **settings)  # checks the cache

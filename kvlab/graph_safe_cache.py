@@ -1,14 +1,16 @@
 """A StaticCache that a captured decode graph can replay forever: the three graph-safe overrides (lesson 05).
 
-``GraphSafeStaticCache`` subclasses ``transformers.StaticCache`` (5.24) and changes three things, each fixing
-one failure of lesson 04:
+``GraphSafeStaticCache`` subclasses ``transformers.StaticCache`` (5.24) and changes three things (the other failures
+of lesson 04 are fixed by the decoder's rules, ``kvlab.graph_decoder``):
 
 1. ``update()`` writes only the valid window. Of a padded input of bucket length T, only the first
    ``valid_length`` tokens enter the cache (the padded rows are routed to one extra "trash" slot at index
    ``max_cache_len`` that attention never reads), and the counter advances by the valid count, not by T.
    The valid count is a device tensor, so one graph captured at bucket T serves every length up to T.
-2. ``reset()`` is in place: no buffer is reallocated or rebound, the counter is set with an in-place write
-   to 0, so the causal mask (built from the counter) hides every stale slot.
+2. ``reset()`` is in place: the buffers (trash slot included) and the one counter are zeroed, no tensor is
+   reallocated or rebound. 5.24's own ``StaticCache.reset()`` (``CacheLayerMixin.reset`` per layer) already does
+   the same in place; the override zeroes the shared counter once instead of once per layer and drops the write
+   positions of a forward. Lesson 05 shows the two give the same tokens, addresses and contents.
 3. ``cache_position`` is one live counter: all layers share ONE 0-dim tensor as ``cumulative_length``; the
    property looks it up on each access (``lazy_initialization`` would rebind a cached reference), and the
    model's RoPE positions, its causal mask, every layer's write and the decode loop all read it. Write
@@ -82,16 +84,24 @@ class GraphSafeLayer(StaticLayer):
     def offload(self):
         raise GraphSafeError("a graph-safe cache cannot be offloaded: a captured graph reads its buffers by address")
 
-    def check_input(self, key_states: torch.Tensor) -> None:
-        """Refuse, before any write, what index_copy_ would reject cryptically or a graph would read wrongly."""
-        want = (self.batch_size, self.num_heads, self.k_head_dim)
-        got = (key_states.shape[0], key_states.shape[1], key_states.shape[-1])
-        if got != want or key_states.dtype != self.keys.dtype or key_states.device != self.keys.device:
-            raise GraphSafeError(
-                f"the cache was built for batch {want[0]}, {want[1]} kv heads, head_dim {want[2]}, {self.keys.dtype} on "
-                f"{self.keys.device}, but got batch {got[0]}, {got[1]} kv heads, head_dim {got[2]}, {key_states.dtype} on "
-                f"{key_states.device}. Build a new cache (or GraphSafeDecoder) for this batch size / dtype / device."
-            )
+    def check_input(self, key_states: torch.Tensor, value_states: torch.Tensor | None = None) -> None:
+        """Refuse, before any write, what index_copy_ would reject cryptically or a graph would read wrongly: keys
+        (and values) of another batch, kv heads, head_dim, dtype or device, or keys and values of other lengths."""
+        for what, states, head_dim, buffer in (("keys", key_states, self.k_head_dim, self.keys),
+                                               ("values", value_states, self.v_head_dim, self.values)):
+            if states is None:
+                continue
+            want = (self.batch_size, self.num_heads, head_dim)
+            got = (states.shape[0], states.shape[1], states.shape[-1]) if states.dim() == 4 else tuple(states.shape)
+            if states.dim() != 4 or got != want or states.dtype != buffer.dtype or states.device != buffer.device:
+                raise GraphSafeError(
+                    f"the cache was built for batch {want[0]}, {want[1]} kv heads, head_dim {want[2]}, {buffer.dtype} on "
+                    f"{buffer.device}, but got {what} of shape {tuple(states.shape)}, {states.dtype} on {states.device}. "
+                    "Build a new cache (or GraphSafeDecoder) for this batch size / dtype / device."
+                )
+        if value_states is not None and value_states.shape[-2] != key_states.shape[-2]:
+            raise GraphSafeError(f"keys hold {key_states.shape[-2]} tokens but values {value_states.shape[-2]}: a layer "
+                                 "writes one key and one value per token")
 
 
 class GraphSafeStaticCache(StaticCache):
@@ -170,6 +180,9 @@ class GraphSafeStaticCache(StaticCache):
 
         ``valid_length`` is a 0-dim long device tensor; refill it in place (``.fill_(n)``) between replays.
         """
+        if (not isinstance(valid_length, torch.Tensor) or valid_length.numel() != 1 or valid_length.dtype.is_floating_point
+                or valid_length.dtype == torch.bool):
+            raise GraphSafeError(f"valid_length must be a 0-dim integer tensor, got {valid_length!r}")
         self.valid_length = valid_length
         try:
             yield self
@@ -189,10 +202,13 @@ class GraphSafeStaticCache(StaticCache):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Write the valid tokens of ``key_states``/``value_states`` ``[batch, kv_heads, T, head_dim]`` and return
         the visible buffers ``[batch, kv_heads, max_cache_len, head_dim]``."""
+        if not isinstance(layer_idx, int) or not 0 <= layer_idx < len(self.layers):
+            raise GraphSafeError(f"layer_idx {layer_idx!r} is not a layer of this cache (0..{len(self.layers) - 1}): "
+                                 "build the cache from the model's config")
         layer = self.layers[layer_idx]
         if not layer.is_initialized:
             layer.lazy_initialization(key_states, value_states)
-        layer.check_input(key_states)
+        layer.check_input(key_states, value_states)
         length = key_states.shape[-2]
         if layer_idx == 0:
             if self._check_room and not capturing():
@@ -218,8 +234,11 @@ class GraphSafeStaticCache(StaticCache):
             self._check_room = saved
 
     def _refuse_overflow(self, length: int) -> None:
-        """Eager only (it reads the counter on the host): refuse a write past max_cache_len before it happens."""
+        """Eager only (it reads the counter on the host): refuse a write past max_cache_len before it happens, and a
+        valid window outside ``[0, length]`` (the counter would move by a count of tokens that were not written)."""
         valid = length if self.valid_length is None else int(self.valid_length)
+        if not 0 <= valid <= length:
+            raise GraphSafeError(f"valid_length is {valid} for an input of {length} tokens: it must be in [0, {length}]")
         used = int(self.cache_position)
         if used + valid > self.max_cache_len:
             raise GraphSafeError(

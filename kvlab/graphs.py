@@ -40,6 +40,12 @@ HOST_SYNC_OPS = {
     "aten::masked_select": "has an output shape that depends on the data (boolean-mask indexing)",
     "aten::_unique2": "has an output shape that depends on the data (unique)",
     "aten::unique_consecutive": "has an output shape that depends on the data (unique_consecutive)",
+    "aten::bincount": "has an output shape that depends on the data (bincount: its length is the largest value)",
+    "aten::equal": "hands a comparison's result to Python as a bool (torch.equal)",
+    "aten::allclose": "hands a comparison's result to Python as a bool (torch.allclose)",
+}
+DATA_SHAPED = {  # operations whose output shape depends on the data only for some arguments
+    "aten::repeat_interleave": "with tensor repeats has an output shape that depends on the data (repeat_interleave)",
 }
 
 DEVICE_ASSERT_NOTE = (
@@ -151,8 +157,11 @@ class _Recorder(TorchDispatchMode):
         name = func._schema.name
         if name in HOST_SYNC_OPS:
             raise _host_sync(str(func), HOST_SYNC_OPS[name])
-        if name == "aten::index" and any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
-                                         for i in (args[1] if len(args) > 1 else ()) or ()):
+        if name in DATA_SHAPED and "Tensor" in func._overloadname:
+            raise _host_sync(str(func), DATA_SHAPED[name])
+        if name in ("aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_") and any(
+                isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+                for i in (args[1] if len(args) > 1 else ()) or ()):
             raise _host_sync(str(func), "with a boolean mask has an output shape that depends on the data "
                                         "(boolean-mask indexing); use torch.where(mask, x, other) instead")
         schema_args = func._schema.arguments
@@ -412,7 +421,7 @@ def capture(fn: Callable, *static_inputs: torch.Tensor, warmup: int = 3, emulate
     """
     if not static_inputs or not all(isinstance(t, torch.Tensor) for t in static_inputs):
         raise CaptureError("capture(fn, *static_inputs) needs at least one tensor input (the buffer you refill before each replay)")
-    if not isinstance(warmup, int) or warmup < 0:
+    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
         raise CaptureError(f"warmup must be an int >= 0, got {warmup!r}")
     device = static_inputs[0].device
     if any(t.device != device for t in static_inputs):
@@ -423,6 +432,27 @@ def capture(fn: Callable, *static_inputs: torch.Tensor, warmup: int = 3, emulate
     if real and not emulate:
         return _capture_cuda(fn, static_inputs, warmup, before_replay, device)
     return _capture_emulated(fn, static_inputs, warmup, before_replay, device)
+
+
+def emulation_memory(step: CapturedStep, existing=()) -> dict[str, int]:
+    """What an emulated step keeps alive, in bytes, by distinct storage: ``shared``, the storages of ``existing``
+    tensors (weights, a cache, the static inputs: memory that exists anyway, which the recorded operations read and
+    write where it lives) and ``own``, everything else it holds (constants made while recording, its static outputs).
+    A real CUDA graph instead keeps a private memory pool for every intermediate of the step (lesson 04 measures it
+    with ``torch.cuda.memory_reserved``); the emulation allocates its intermediates afresh at each replay."""
+    if not step.emulated:
+        raise ValueError("emulation_memory reads an emulated step's recording; a real CUDA graph keeps a memory pool "
+                         "instead: measure it with torch.cuda.memory_reserved() before and after capture")
+    known = {t.untyped_storage().data_ptr() for t in existing}
+    held: dict[int, int] = {}
+    for _func, args, kwargs in step.traced.nodes:
+        for leaf in pytree.tree_leaves((args, kwargs)):
+            if isinstance(leaf, torch.Tensor):
+                held[leaf.untyped_storage().data_ptr()] = leaf.untyped_storage().nbytes()
+    for t in step.static_outputs:
+        held[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    shared = sum(n for ptr, n in held.items() if ptr in known)
+    return {"shared": shared, "own": sum(held.values()) - shared}
 
 
 class EagerStep:
@@ -459,12 +489,43 @@ class EagerStep:
         return pytree.tree_unflatten(self.static_outputs, spec)
 
 
+class CompiledStep(EagerStep):
+    """The same calls as :class:`EagerStep`, through ``torch.compile``: ``warmup`` calls of the compiled step (the
+    first compiles it; their side effects are real, as eagerly), then every ``replay()`` calls it again.
+
+    Nothing is frozen behind Python's back: before every call Dynamo checks the guards it recorded (the Python
+    values it specialised on, the type and shape of each tensor it reads, found anew by name), and recompiles when
+    one fails. ``compiles`` counts the graphs compiled (``kvlab.hf_caches.counted_compile``). ``options`` go to
+    ``torch.compile``; the default, ``backend="eager"``, runs Dynamo alone: the guards are the same whatever the
+    backend, and it compiles in seconds on a CPU. ``mode="reduce-overhead"`` on a GPU adds inductor and CUDA graphs.
+    """
+
+    def __init__(self, fn: Callable, *static_inputs: torch.Tensor, warmup: int = 3, before_replay=None, **options):
+        from .hf_caches import counted_compile  # hf_caches does not import this module: no cycle
+
+        self.options = options or {"backend": "eager"}
+        self.compiled = counted_compile(fn, **self.options)
+        super().__init__(self.compiled, *static_inputs, warmup=warmup, before_replay=before_replay)
+
+    @property
+    def compiles(self) -> int:
+        return self.compiled.compiles
+
+    def describe(self) -> str:
+        opts = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+        return (f"COMPILED (torch.compile({opts}): guards re-checked at every call, {self.compiles} graph(s) "
+                f"compiled); {self.warmup} warm-up call(s)")
+
+
 def step_runner(kind: str, fn: Callable, *static_inputs: torch.Tensor, warmup: int = 3, before_replay=None):
     """``kind``: ``"graph"`` (real CUDA graph where possible, else emulated), ``"emulated"`` (always the
-    emulation) or ``"eager"`` (no capture, :class:`EagerStep`). All three have ``replay()`` and ``describe()``."""
+    emulation), ``"eager"`` (no capture, :class:`EagerStep`) or ``"compiled"`` (``torch.compile`` with Dynamo's
+    guards, :class:`CompiledStep`). All four have ``replay()`` and ``describe()``."""
     if kind == "eager":
         return EagerStep(fn, *static_inputs, warmup=warmup, before_replay=before_replay)
+    if kind == "compiled":
+        return CompiledStep(fn, *static_inputs, warmup=warmup, before_replay=before_replay)
     if kind not in ("graph", "emulated"):
-        raise ValueError(f"unknown runner {kind!r}: choose 'graph', 'emulated' or 'eager'")
+        raise ValueError(f"unknown runner {kind!r}: choose 'graph', 'emulated', 'eager' or 'compiled'")
     return capture(fn, *static_inputs, warmup=warmup, emulate=True if kind == "emulated" else None,
                    before_replay=before_replay)

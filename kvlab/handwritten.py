@@ -78,6 +78,8 @@ class HandwrittenCache:
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         """Called by attention layer ``layer_idx`` with this step's K/V; returns K/V of all tokens so far."""
+        if not isinstance(layer_idx, int) or isinstance(layer_idx, bool) or layer_idx < 0:
+            raise ValueError(f"layer_idx must be an int >= 0 (the attention layer's index), got {layer_idx!r}")
         while len(self.layers) <= layer_idx:
             self.layers.append(HandwrittenLayer())
         return self.layers[layer_idx].append(key_states, value_states)
@@ -107,7 +109,7 @@ def cat_bytes_copied(config, prompt_len: int, new_tokens: int, dtype, *, batch: 
     ``bytes_per_token x batch x (n*p + n*(n-1)/2)``: quadratic in the number of new tokens.
     """
     p, n = prompt_len, new_tokens
-    for name, value in (("prompt_len", p), ("new_tokens", n)):
+    for name, value in (("prompt_len", p), ("new_tokens", n), ("batch", batch)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     return kv_bytes_per_token(config, dtype) * batch * (n * p + n * (n - 1) // 2)

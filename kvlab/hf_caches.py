@@ -34,7 +34,7 @@ def check_room(cache, prompt_len: int, max_new_tokens: int) -> None:
         )
 
 
-def check_cache_for(model, cache, kind=None) -> None:
+def check_cache_for(model, cache, kind=None, *, batch: int | None = None) -> None:
     """Refuse a cache that cannot belong to ``model`` before anything is written: another class than ``kind``, other
     layer counts, or (layers already allocated) other kv heads, head_dim, dtype or device."""
     from transformers.cache_utils import Cache
@@ -51,6 +51,9 @@ def check_cache_for(model, cache, kind=None) -> None:
         keys = getattr(layer, "keys", None)
         if not isinstance(keys, torch.Tensor) or keys.dim() != 4 or not getattr(layer, "is_initialized", True):
             continue
+        if batch is not None and keys.shape[0] != batch:
+            raise ValueError(f"the cache's buffers were made for batch {keys.shape[0]}, this decode has batch {batch}: "
+                             "pass a fresh cache (a StaticCache allocates its buffers for the first batch it sees)")
         got = (keys.shape[1], keys.shape[-1], keys.dtype, keys.device)
         want = (sizes.kv_heads, sizes.head_dim, param.dtype, param.device)
         if got != want:
@@ -95,7 +98,7 @@ def cached_loop(model, input_ids, max_new_tokens, cache, *, step=None, on_token:
 def decode_dynamic(model, input_ids, max_new_tokens, *, on_token: OnToken = None, cache=None) -> torch.Tensor:
     """Own loop over ``transformers.DynamicCache``: each layer's keys/values grow by one token per step (torch.cat)."""
     cache = DynamicCache(config=model.config) if cache is None else cache
-    check_cache_for(model, cache, DynamicCache)
+    check_cache_for(model, cache, DynamicCache, batch=input_ids.shape[0])
     require_empty(cache)
     return cached_loop(model, input_ids, max_new_tokens, cache, on_token=on_token)
 
@@ -108,10 +111,14 @@ def decode_static(model, input_ids, max_new_tokens, *, on_token: OnToken = None,
     Pass ``cache`` to inspect it afterwards (it must be empty, e.g. fresh or ``cache.reset()``).
     """
     if cache is None:
-        cache = make_static_cache(model, max_cache_len or input_ids.shape[1] + max_new_tokens)
-    check_cache_for(model, cache, StaticCache)
+        cache = make_static_cache(model, input_ids.shape[1] + max_new_tokens if max_cache_len is None else max_cache_len)
+    check_cache_for(model, cache, StaticCache, batch=input_ids.shape[0])
     require_empty(cache)
     check_room(cache, input_ids.shape[1], max_new_tokens)
+    if not cache.is_initialized:  # allocate the buffers outside inference mode: then cache.reset() works anywhere
+        sizes, param = model_sizes(model.config), next(model.parameters())
+        with torch.inference_mode(False):
+            cache.early_initialization(input_ids.shape[0], sizes.kv_heads, sizes.head_dim, param.dtype, param.device)
     return cached_loop(model, input_ids, max_new_tokens, cache, on_token=on_token)
 
 
@@ -182,7 +189,7 @@ def decode_reduce_overhead(model, input_ids, max_new_tokens, *, on_token: OnToke
     """The ``"reduce-overhead"`` strategy: ``decode_compiled`` with a StaticCache and its compiled step kept per
     model, batch size, ``max_cache_len`` and dtype, so later calls reuse the compiled graphs. ``dynamic``: passed to
     ``torch.compile`` (True: one compile for every batch size)."""
-    length = max_cache_len or input_ids.shape[1] + max_new_tokens
+    length = input_ids.shape[1] + max_new_tokens if max_cache_len is None else max_cache_len
     key = (input_ids.shape[0], length, next(model.parameters()).dtype, dynamic)
 
     def make():
@@ -205,3 +212,34 @@ def graph_breaks(fn, *args):
     ``.break_reasons``. A graph break is what ``fullgraph=True`` forbids and a CUDA graph cannot span."""
     torch.compiler.reset()
     return torch._dynamo.explain(fn)(*args)
+
+
+class CountedCompile:
+    """``torch.compile(fn, **options)`` that counts the graphs Dynamo compiles *for its own calls*: the first
+    compile and every recompile (a guard that failed: a changed shape, a changed Python value). Call it like ``fn``;
+    read ``compiles``. torch has no public counter for this (``torch._dynamo.utils.counters`` is private), so kvlab
+    keeps the bookkeeping here. ``backend="eager"`` runs Dynamo alone (its guards, no inductor): cheap, and the
+    guards, hence the recompiles, are the same whatever the backend.
+    """
+
+    def __init__(self, fn, **options):
+        self.fn, self.options = fn, options
+        self.compiled = torch.compile(fn, **options)
+        self.compiles = 0
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        from torch._dynamo.utils import counters  # private: read only here, behind this public class
+
+        before = counters["stats"]["unique_graphs"]
+        try:
+            return self.compiled(*args, **kwargs)
+        finally:
+            self.compiles += counters["stats"]["unique_graphs"] - before
+            self.calls += 1
+
+
+def counted_compile(fn, **options) -> CountedCompile:
+    """``torch.compile(fn, **options)`` whose ``.compiles`` says how many graphs were compiled for it (see
+    :class:`CountedCompile`). Example: ``step = counted_compile(f, backend="eager", fullgraph=True)``."""
+    return CountedCompile(fn, **options)

@@ -8,8 +8,9 @@ of ``n`` new tokens, ``T(1)`` of one token (the prefill). One decode step takes 
 sequence of the batch gets one token per step. ``T(1)`` and ``T(n)`` are medians over repeats, and the first call
 (compile, capture, autotune, lazy set-up) is timed apart as the warm-up. With ``per_step=True`` a clock also reads
 the time after every token (one device sync per token): the same rule, plus the time of each step along the
-sequence, for paths that make one token per launch (a path that replays several steps per graph would be cut
-into single steps by the clock's syncs).
+sequence, for paths that make one token per launch. A path that replays several steps per graph hands its tokens
+to the clock in a burst after each replay, so its per-step times mean nothing: ``time_strategy`` refuses
+``per_step`` for strategies declared with ``steps_per_replay > 1``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 import torch.utils.benchmark as benchmark
 
 from .decoding import OnToken
-from .runtime import environment, synchronize
+from .runtime import environment, pick_device, synchronize
 from .sizes import tensor_bytes
 
 
@@ -107,10 +108,14 @@ def time_decode(run: Callable[[int, OnToken], torch.Tensor], new_tokens: int, de
     ``warmup_tokens``: the length of the untimed first call (default ``new_tokens``; a compiled or captured path
     needs the full length to compile or capture everything the timed runs use).
     """
+    device = pick_device(device)  # a clear error for "cuda" without a GPU
     if not isinstance(new_tokens, int) or new_tokens < 2:
         raise ValueError(f"new_tokens must be an int >= 2 (the rule divides by n - 1), got {new_tokens!r}")
-    if not isinstance(repeats, int) or repeats < 1:
+    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise ValueError(f"repeats must be a positive int, got {repeats!r}")
+    if warmup_tokens is not None and (not isinstance(warmup_tokens, int) or isinstance(warmup_tokens, bool)
+                                      or warmup_tokens < 1):
+        raise ValueError(f"warmup_tokens must be a positive int or None (the full length), got {warmup_tokens!r}")
     warmup = wall(lambda: run(warmup_tokens or new_tokens, None), device)
     if per_step:
         reset_peak_memory(device)
@@ -137,6 +142,9 @@ def time_decode(run: Callable[[int, OnToken], torch.Tensor], new_tokens: int, de
             synchronize(device)
             totals.append(time.perf_counter() - t0)
         total = statistics.median(totals)
+    if tokens.dim() != 2 or tokens.shape[1] != new_tokens:
+        raise TimingError(f"{label or 'run'}({new_tokens}) returned tokens of shape {tuple(tokens.shape)}, not "
+                          f"[batch, {new_tokens}]: the rule needs the run to make exactly the tokens it was asked for")
     if total <= prefill:  # T(n) <= T(1): the step time would be zero or negative, a number that means nothing
         raise TimingError(
             f"{label or 'the decode'}: T({new_tokens}) = {1e3 * total:.3f} ms is not above T(1) = {1e3 * prefill:.3f} ms, "
@@ -149,8 +157,16 @@ def time_decode(run: Callable[[int, OnToken], torch.Tensor], new_tokens: int, de
 
 def time_strategy(model, input_ids: torch.Tensor, new_tokens: int, *, strategy: str = "naive", repeats: int = 3,
                   per_step: bool = False, **kwargs) -> DecodeTiming:
-    """``time_decode`` of ``kvlab.decode(model, input_ids, n, strategy=strategy, **kwargs)``."""
-    from .strategies import decode
+    """``time_decode`` of ``kvlab.decode(model, input_ids, n, strategy=strategy, **kwargs)`` (``input_ids``: a tensor or
+    a tokenizer's output, as ``kvlab.decode`` takes them)."""
+    from .decoding import unpadded_ids
+    from .strategies import decode, strategy_named
+
+    if per_step and strategy_named(strategy).steps_per_replay > 1:
+        raise ValueError(f"{strategy!r} replays {strategy_named(strategy).steps_per_replay} steps per graph: its "
+                         "tokens reach on_token in a burst after each replay, so per-step times would mean nothing. "
+                         "Time it with per_step=False (the rule needs no per-token clock)")
+    input_ids = unpadded_ids(input_ids, kwargs.pop("attention_mask", None))
 
     def run(n, on_token):
         return decode(model, input_ids, n, strategy=strategy, on_token=on_token, **kwargs)
@@ -246,6 +262,8 @@ def launches(fn, device) -> dict:
 def profile_steps(run: Callable[[int], object], k: int, device) -> dict:
     """Kernels (GPU) or leaf ops (CPU) per decode step and their busy time, from profiles of ``run(1)`` and
     ``run(1 + k)`` (k decode steps apart), with the last step's timeline and its heaviest kernels."""
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(f"k must be an int >= 1 (decode steps between the two profiles), got {k!r}")
     one, many = profile(lambda: run(1), device).kernels, profile(lambda: run(1 + k), device).kernels
     per_step = (len(many) - len(one)) / k
     busy = max(0.0, (sum(e[1] for e in many) - sum(e[1] for e in one)) / k)  # a difference: noise can push it below 0

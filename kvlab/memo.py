@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 
+import torch
+
 ATTRIBUTE = "_kvlab_memo"
 
 
@@ -46,6 +48,37 @@ def weights_state(model, *, writes: bool = False) -> tuple:
 
     return tuple((t.data_ptr(), t.dtype, t.device) + ((version(t),) if writes else ())
                  for t in (*model.parameters(), *model.buffers()))
+
+
+def weights_sample(model, per_tensor: int = 16) -> torch.Tensor:
+    """Up to ``per_tensor`` evenly spaced values of every parameter and buffer, in one tensor: writes that bypass
+    autograd's version counter (``p.data.mul_(2)``, a NumPy view of the weights) change them, and ``weights_state``
+    cannot see those. A write that misses every sampled value is not seen either: after editing weights through
+    ``.data``, ``kvlab.memo.forget(model)`` is the sure way."""
+    tensors = [t.detach().reshape(-1) for t in (*model.parameters(), *model.buffers()) if t.numel()]
+    return torch.cat([t[:: max(1, t.numel() // per_tensor)][:per_tensor].double() for t in tensors]) if tensors else torch.zeros(0)
+
+
+def structure_state(model) -> tuple:
+    """What a captured graph or a fused copy froze besides the weights: each module's class, an instance-level
+    ``forward`` override, its hooks, and its norm epsilon. A hook added, a forward patched, a submodule swapped or an
+    epsilon changed after capture would otherwise be silently ignored by the replays."""
+    return tuple((name, type(m), m.__dict__.get("forward"), tuple(m._forward_hooks), tuple(m._forward_pre_hooks),
+                  getattr(m, "variance_epsilon", None), getattr(m, "eps", None)) for name, m in model.named_modules())
+
+
+def source_state(model) -> tuple:
+    """``weights_state(writes=True)`` and ``structure_state`` of a model, and ``weights_sample`` (compare with
+    ``same_source``): what a copy made from the model (a fused copy) depends on."""
+    return weights_state(model, writes=True), structure_state(model), weights_sample(model)
+
+
+def same_source(state: tuple, model) -> bool:
+    """Whether ``model`` is still what ``source_state`` saw (the sampled values compared exactly)."""
+    weights, structure, sample = state
+    now = weights_sample(model)
+    return (weights == weights_state(model, writes=True) and structure == structure_state(model)
+            and now.shape == sample.shape and bool(torch.equal(now.to(sample.device), sample)))
 
 
 def forget(model) -> None:

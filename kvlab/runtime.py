@@ -22,16 +22,24 @@ def size(full, quick):
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:
-    """The device asked for, else CUDA when present, else CPU."""
-    if device is not None:
-        device = torch.device(device)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(
-                "device='cuda' was asked for but torch sees no CUDA GPU. Use device='cpu', or on Colab pick "
-                "Runtime > Change runtime type > T4 GPU and restart."
-            )
-        return device
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """The device asked for ("cpu", "cuda", "cuda:N", a torch.device), else CUDA when present, else CPU."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    asked = device
+    try:
+        device = torch.device(device) if isinstance(device, str | torch.device) else None
+    except (RuntimeError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda", "meta"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N' (the course runs on those), got {asked!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            "device='cuda' was asked for but torch sees no CUDA GPU. Use device='cpu', or on Colab pick "
+            "Runtime > Change runtime type > T4 GPU and restart."
+        )
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise RuntimeError(f"{device} was asked for but this machine has {torch.cuda.device_count()} GPU(s)")
+    return device
 
 
 DTYPES = {"fp32": torch.float32, "float32": torch.float32, "float": torch.float32, "fp16": torch.float16,

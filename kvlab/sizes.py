@@ -61,12 +61,24 @@ def model_sizes(config) -> ModelSizes:
     """The sizes of a (text) model config; ``head_dim`` and ``kv_heads`` get transformers' defaults when absent."""
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = cfg.num_attention_heads
+    for name in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"):
+        value = getattr(cfg, name, None)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"the config's {name} must be a positive int, got {value!r}")
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    if not getattr(cfg, "head_dim", None) and cfg.hidden_size % heads:
+        raise ValueError(f"hidden_size {cfg.hidden_size} is not a multiple of {heads} heads and the config gives no "
+                         "head_dim: the head size is undefined")
+    if kv_heads < 1 or heads % kv_heads or head_dim < 1:
+        raise ValueError(f"{heads} query heads cannot share {kv_heads} kv heads of head_dim {head_dim}: kv heads must be "
+                         "a positive divisor of the query heads")
     return ModelSizes(
         layers=cfg.num_hidden_layers,
         hidden=cfg.hidden_size,
         heads=heads,
-        kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
         intermediate=cfg.intermediate_size,
         vocab=cfg.vocab_size,
     )
@@ -122,10 +134,35 @@ def decode_step_flops(config, prompt_len: int, new_tokens: int, *, cached: bool,
     ]
 
 
+def llama_parameter_count(config) -> int:
+    """Parameters of a Llama-style decoder, from its config alone (no weights needed, e.g. a 7B model's).
+
+    Per layer: W_q and W_o ``h x H*d`` each, W_k and W_v ``h x K*d`` each, the MLP's three ``h x I`` matrices
+    and two norm vectors of ``h``; then the embedding ``V x h``, a final norm, and an lm_head ``V x h`` unless
+    ``tie_word_embeddings`` shares the embedding. Biases count where ``attention_bias``/``mlp_bias`` ask for them.
+    """
+    s = model_sizes(config)
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    h, q_width, kv_width = s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim
+    attention = 2 * h * q_width + 2 * h * kv_width
+    if getattr(cfg, "attention_bias", False):
+        attention += q_width + 2 * kv_width + h
+    mlp = 3 * h * s.intermediate + (2 * s.intermediate + h if getattr(cfg, "mlp_bias", False) else 0)
+    embedding = s.vocab * h
+    lm_head = 0 if getattr(cfg, "tie_word_embeddings", False) else s.vocab * h
+    return embedding + s.layers * (attention + mlp + 2 * h) + h + lm_head
+
+
+PACKED = {name for name in ("float4_e2m1fn_x2", "quint4x2", "quint2x4") if hasattr(torch, name)}  # < 1 byte each
+
+
 def _element_bytes(dtype) -> int:
     if not isinstance(dtype, torch.dtype | str):
         raise ValueError(f"dtype must be a torch.dtype (e.g. torch.float16, or model.dtype) or a name, got {dtype!r}")
-    return as_dtype(dtype).itemsize
+    dtype = as_dtype(dtype)
+    if str(dtype).removeprefix("torch.") in PACKED:
+        raise ValueError(f"{dtype} packs several elements into one byte: these formulas count whole bytes per element")
+    return dtype.itemsize
 
 
 def kv_bytes_per_token(config, dtype) -> int:
@@ -148,14 +185,18 @@ def tensor_bytes(tensors) -> int:
         if t is None or not isinstance(t, torch.Tensor):
             continue
         storage = t.untyped_storage()
-        if storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
-            total += storage.nbytes()
+        key = (t.device, storage.data_ptr()) if storage.data_ptr() else id(storage)  # meta / empty: no address
+        if key not in seen:
+            seen.add(key)
+            total += storage.nbytes() if t.device.type != "meta" else t.numel() * t.element_size()
     return total
 
 
 def floor_ms(weight_bytes: int, kv_per_token: int, batch: int, context: float, gbps: float) -> float:
     """The bandwidth floor of one decode step: every weight read once, plus each sequence's cache read once."""
+    if not (gbps > 0 and batch >= 1 and weight_bytes >= 0 and kv_per_token >= 0 and context >= 0):
+        raise ValueError(f"floor_ms needs gbps > 0, batch >= 1 and non-negative bytes and context; got gbps={gbps}, "
+                         f"batch={batch}, weight_bytes={weight_bytes}, kv_per_token={kv_per_token}, context={context}")
     return 1e3 * (weight_bytes + batch * context * kv_per_token) / (gbps * 1e9)
 
 

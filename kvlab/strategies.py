@@ -34,6 +34,7 @@ class Strategy:
     warm_full: bool = False  # the first call must be a full-length one (it compiles or captures)
     ablation: bool = False  # graph-safe-compiled minus one change: timed to show what that change moved
     exact: bool = True  # False only for lesson 04's first attempt, wrong by design (the benchmark leaves it out)
+    steps_per_replay: int = 1  # decode steps one graph replay makes (their tokens reach on_token in a burst)
 
     def decode_function(self) -> Callable:
         module, name = self.function.split(":")
@@ -47,7 +48,8 @@ class Strategy:
 def _ablation(name: str, about: str, **options) -> Strategy:
     return Strategy(f"graph-safe-compiled/{name}", f"ablation: {about}", "kvlab.graph_decoder:decode_graph_safe_compiled",
                     6, "compiled" if name == "no-graph" else "graph", MappingProxyType(options), sized=True,
-                    compiled=True, cuda_only=True, warm_full=True, ablation=True)
+                    compiled=True, cuda_only=True, warm_full=True, ablation=True,
+                    steps_per_replay=options.get("steps", 16) if name != "no-graph" else 1)
 
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
@@ -69,11 +71,11 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
     Strategy("graph-safe-compiled", "graph-safe + fused projections, GEMV reductions, split-K Triton decode attention, "
              "step compiled (max-autotune-no-cudagraphs, coordinate descent), 16 steps per captured graph",
              "kvlab.graph_decoder:decode_graph_safe_compiled", 6, "graph", sized=True, compiled=True, cuda_only=True,
-             warm_full=True),
+             warm_full=True, steps_per_replay=16),
     Strategy("graph-safe-kernels", "graph-safe cache, the step as kvlab's own Triton kernels (5 per layer; GEMMs above "
              "kvlab.kernels.gemv.GEMV_MAX_ROWS rows), 16 steps per captured graph, no torch.compile (CPU: the same math "
              "in PyTorch, graph emulated)", "kvlab.graph_decoder:decode_graph_safe_kernels", 6, "graph", sized=True,
-             warm_full=True),
+             warm_full=True, steps_per_replay=16),
     _ablation("sdpa-attention", "scaled_dot_product_attention (cuDNN flash attention on the GPU) instead of the Triton "
               "decode kernel", attention=True),
     _ablation("reduction-attention", "attention written as float32 reductions for inductor instead of the Triton "

@@ -135,9 +135,9 @@ def test_the_benchmark_reads_the_one_registry(capsys):
 
 def test_cache_length_is_rounded_up_once_per_run():
     assert bench.CACHE_ROUNDING == 16
-    rec = bench.run_bench("tiny-llama", prompt_len=5, new_tokens=4, strategies=["static"], check_tokens=2, repeats=1,
+    rec = bench.run_bench("tiny-llama", prompt_len=5, new_tokens=8, strategies=["static"], check_tokens=2, repeats=3,
                           profile_k=0, progress=False)
-    assert rec["results"][0]["max_cache_len"] == 16
+    assert rec["results"] and rec["results"][0]["max_cache_len"] == 16, rec["skipped"]
 
 
 @pytest.mark.parametrize("flags, says", [
@@ -197,3 +197,37 @@ def test_merge_joins_parts_of_a_sweep():
     assert not bench.merge(first)["complete"]
     with pytest.raises(ValueError, match="one machine"):
         bench.merge(first, second | {"env": {"hardware": "Y"}})
+
+
+def test_plot_memory_draws_every_strategy_of_the_record():
+    from kvlab import bench_plots
+
+    record = bench.recorded("h200_batch1")
+    fig = bench_plots.plot_memory(record)
+    bars = fig.axes[0].patches
+    assert len(bars) == len(bench_plots.rows(record))
+    assert sorted(b.get_width() for b in bars) == sorted(r["peak_memory_mb"] for r in bench_plots.rows(record))
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--dtype", "int8"], "not a floating-point dtype"), (["--time-budget", "nan"], "finite number of seconds"),
+    (["--time-budget", "-1"], "finite number of seconds"), (["--device", "gpu"], "device must be 'cpu', 'cuda'"),
+    (["--seed", str(2**70)], "above the largest allowed value"),
+] + ([] if CUDA else [(["--device", "cuda"], "no CUDA GPU")]))
+def test_more_bad_flags_are_argparse_errors(flags, says, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench.parse_args(flags)
+    assert exit_.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_out_paths_keep_the_name_and_write_into_folders(tmp_path):
+    assert [p.name for p in bench.out_paths(tmp_path / "run.1")] == ["run.1.json", "run.1.csv"]
+    assert bench.out_paths(tmp_path / "run.json")[0] == tmp_path / "run.json"
+    assert bench.out_paths(tmp_path)[0] == tmp_path / "bench.json"  # an existing folder
+    assert bench.out_paths(f"{tmp_path}/new/")[1] == tmp_path / "new" / "bench.csv"
+
+
+def test_complete_means_every_strategy_has_a_result():
+    rec = bench.run_bench("tiny-llama", prompt_len=4, new_tokens=3, strategies=["naive"], check_tokens=2, repeats=1,
+                          profile_k=0, time_budget=0.0, progress=False)
+    assert rec["finished"] and not rec["complete"] and rec["settings"]["time_budget"] == 0.0

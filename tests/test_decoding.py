@@ -97,3 +97,17 @@ def test_a_padded_batch_is_refused_and_a_tokenizers_output_is_accepted(prompt):
             call()
     with pytest.raises(ValueError, match="attention_mask must be a tensor of the ids' shape"):
         decode(model, ids, 3, attention_mask=mask[:, :3])
+
+
+def test_more_bad_inputs_get_a_clear_error(model, prompt):
+    ids = prompt(5)
+    for bad_ids, n, says in [(ids[:0], 3, "the batch is empty"), (ids, True, "max_new_tokens must be a positive int"),
+                             ({"ids": ids}, 3, "needs 'input_ids'")]:
+        with pytest.raises(ValueError, match=says):
+            kvlab.decode(model, bad_ids, n)
+    for mask in (torch.full(ids.shape, 0.5), torch.full(ids.shape, 2)):
+        with pytest.raises(ValueError, match="only 0 \\(padding\\) and 1"):
+            kvlab.decode(model, ids, 2, attention_mask=mask)
+    meta = tiny_model("tiny-llama").to("meta")
+    with pytest.raises(ValueError, match="'meta' device"):
+        kvlab.decode(meta, ids.to("meta"), 2)

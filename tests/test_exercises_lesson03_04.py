@@ -40,3 +40,13 @@ def test_eager_would_be_right():
     assert "not scenario names" in lesson04.check_eager_would_be_right({"nope"})
     assert "set of scenario names" in lesson04.check_eager_would_be_right("cache-recreated")
     assert "not answered" in lesson04.check_eager_would_be_right(None)
+
+
+def test_a_dict_or_nested_list_is_not_a_set_of_names():
+    from kvlab.exercises import lesson04
+    from kvlab.failures import SCENARIOS
+
+    frozen = {n for n, s in SCENARIOS.items() if s["frozen"]}
+    assert lesson04.check_eager_would_be_right(frozen).startswith("correct")
+    assert lesson04.check_eager_would_be_right({n: False for n in frozen}).startswith("not quite")
+    assert lesson04.check_eager_would_be_right([["cache-recreated"]]).startswith("not quite")

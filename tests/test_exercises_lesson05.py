@@ -49,3 +49,17 @@ def test_launch_cost():
     assert lesson05.check_launch_cost_us(2.5, record=record).startswith("correct")
     assert lesson05.check_launch_cost_us(2.6, record=record).startswith("correct")  # within 10 %
     assert lesson05.check_launch_cost_us(3.0, record=record).startswith("not quite")  # eager time / launches
+
+
+def test_truncated_or_mistyped_answers_are_not_correct():
+    from kvlab.exercises import lesson05
+
+    right = lesson05.padded_prefill_counters(21, 32)
+    assert lesson05.check_counters_after_padded_prefill(right).startswith("correct")
+    for wrong in [(right[0] + 0.9, right[1] + 0.7), tuple(str(x) for x in right), ("a", 21), (None, 21), ([32], [21])]:
+        assert lesson05.check_counters_after_padded_prefill(wrong).startswith("not quite"), wrong
+    assert lesson05.check_write_positions(lambda *case: right_positions(*case).double() + 0.7).startswith("not quite")
+    assert lesson05.check_write_positions(lambda *case: right_positions(*case).to("meta")).startswith("not quite")
+    cpu_like = {"eager_ms_per_token": 2.0, "replay_ms_per_token": 1.0,
+                "work_per_step": {"eager": {"aten_ops": 10}, "replay": {"aten_ops": 10}}}
+    assert "GPU result" in lesson05.check_launch_cost_us(1.0, record=cpu_like)

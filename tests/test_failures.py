@@ -141,3 +141,24 @@ def test_unguarded_out_of_range_is_refused_on_a_gpu(prompt):
     model = tiny_model("tiny-qwen3").cuda()
     with pytest.raises(ValueError, match="device-side assert"):
         F.reset_out_of_range(model, prompt(11, device="cuda"), 4, next_ids=prompt(7, seed=1, device="cuda"), guard=False)
+
+
+def test_host_counter_drift_sees_its_new_key_and_the_warmup_copies(setup):
+    model, a, _, _ = setup
+    drift, correct = F.watch_drift(model, a, steps=3)
+    p = a.shape[1]
+    for step, (d, c) in enumerate(zip(drift, correct, strict=True), start=1):
+        assert d.rope == c.rope == [p + step - 1]  # RoPE: the host counter is right
+        assert d.written == [p + F.WARMUP + step - 1] and c.written == [p + step - 1]
+        assert d.query_offset == p + F.WARMUP + step - 1  # the mask follows layer 0's counter, not position_ids
+        assert d.written[0] in d.visible  # the new key IS visible
+        assert d.extra_visible(c) == list(range(p + step, p + step + F.WARMUP))  # 3 more slots than correct
+    assert set(range(p, p + F.WARMUP)) <= set(drift[0].visible)  # the warm-up's copies are read
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_compiled_runner_fails_exactly_where_eager_code_fails(setup, name):
+    torch.compiler.reset()
+    compiled, eager = run(setup, name, "compiled"), run(setup, name, "eager")
+    assert torch.equal(compiled.tokens, eager.tokens) and compiled.first_wrong == eager.first_wrong
+    assert compiled.runner.startswith("COMPILED")

@@ -83,3 +83,12 @@ def test_reduction_attention_matches_sdpa(monkeypatch):
     torch.testing.assert_close(got, expected)
     with pytest.raises(ValueError, match="attention must be"):
         fusion.fused_copy(tiny_model("tiny-llama"), attention="flash")
+
+
+def test_prefill_mask_is_causal_from_the_counter():
+    from kvlab.graph_decoder import prefill_mask
+
+    mask = prefill_mask(torch.tensor(3), batch=2, bucket=4, slots=10)
+    assert mask.shape == (2, 1, 4, 10) and mask.dtype == torch.bool
+    for i in range(4):  # row i sits at position 3 + i and sees slots 0..3 + i
+        assert mask[1, 0, i].tolist() == [s <= 3 + i for s in range(10)]

@@ -368,3 +368,50 @@ def test_a_step_past_the_end_and_a_position_past_the_cache_are_refused(prompt):
 def test_eager_vs_replay_runs_outside_inference_mode(prompt):
     live = eager_vs_replay(tiny_model("tiny-llama"), prompt(5), steps=2, rounds=1)  # lesson 05 calls it like this
     assert live["eager_ms_per_token"] > 0 and live["replay_ms_per_token"] > 0
+
+
+def test_decoder_buffers_and_caches_cannot_be_shared_or_rebound(prompt):
+    model = model_on("tiny-llama", "cpu")
+    cache = GraphSafeStaticCache(config=model.config, max_cache_len=24)
+    GraphSafeDecoder(model, 24, cache=cache)
+    with pytest.raises(GraphSafeError, match="already belongs to another GraphSafeDecoder"):
+        GraphSafeDecoder(model, 24, cache=cache)
+    decoder = GraphSafeDecoder(model, 24)
+    with pytest.raises(GraphSafeError, match="read decoder.token by address"):
+        decoder.token = torch.zeros(1, 1, dtype=torch.long)
+    first = decoder.prefill(prompt(5))
+    kept = first.clone()
+    decoder.step()
+    assert torch.equal(first, kept)  # prefill's answer is a copy, not the static buffer the next step overwrites
+
+
+def test_values_and_valid_windows_are_checked_before_any_write(prompt):
+    model = model_on("tiny-llama", "cpu")
+    cache = GraphSafeStaticCache(config=model.config, max_cache_len=16)
+    with torch.inference_mode():
+        model(prompt(4), cache=cache)
+    before = state(cache)
+    k = torch.zeros(1, model.config.num_key_value_heads, 2, model.config.head_dim)
+    for v, says in [(k.double(), "values of shape"), (k[:, :, :1], "keys hold 2 tokens but values 1"),
+                    (k[..., :8], "values of shape")]:
+        with torch.inference_mode(), pytest.raises(GraphSafeError, match=says):
+            cache.update(k, v, 0)
+    for valid, says in [(torch.tensor(-2), "must be in \\[0, 2\\]"), (torch.tensor(6), "must be in \\[0, 2\\]")]:
+        with torch.inference_mode(), cache.valid_window(valid), pytest.raises(GraphSafeError, match=says):
+            cache.update(k, k, 0)
+    with pytest.raises(GraphSafeError, match="0-dim integer tensor"):
+        with cache.valid_window(torch.tensor(2.5)):
+            pass
+    assert_unchanged(cache, before)
+
+
+def test_a_decoder_of_another_model_and_bad_layer_indices_are_refused(prompt):
+    model, other = model_on("tiny-llama", "cpu"), tiny_model("tiny-llama", seed=3)
+    with pytest.raises(GraphSafeError, match="built for another model"):
+        decode_graph_safe(model, prompt(4), 3, decoder=GraphSafeDecoder(other, 16))
+    cache = GraphSafeStaticCache(config=model.config, max_cache_len=8)
+    k = torch.zeros(1, model.config.num_key_value_heads, 1, model.config.head_dim)
+    with torch.inference_mode(), pytest.raises(GraphSafeError, match="is not a layer of this cache"):
+        cache.update(k, k, 5)
+    with pytest.raises(ValueError, match="prefill_bucket must be in"):
+        GraphSafeDecoder(model, 16, prefill_bucket=2.5)

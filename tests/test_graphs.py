@@ -79,6 +79,32 @@ def test_rebinding_a_tensor_the_graph_read_leaves_the_graph_on_the_old_one(mode)
     assert g.replay().tolist() == [4.0, 4.0]
 
 
+def test_compiled_runner_recompiles_for_a_python_value_and_reads_rebound_tensors():
+    from kvlab.graphs import CompiledStep, step_runner
+
+    torch.compiler.reset()
+    state = {"k": 2.0, "w": torch.full((2,), 3.0)}
+    x = torch.ones(2)
+    step = step_runner("compiled", lambda t: t * state["k"] + state["w"], x, warmup=1)
+    assert isinstance(step, CompiledStep) and step.compiles == 1 and step.describe().startswith("COMPILED")
+    assert step.replay().tolist() == [5.0, 5.0] and step.compiles == 1  # same guards: no recompile
+    state["k"] = 10.0  # a Python value the graph specialised on: a guard fails, Dynamo recompiles
+    assert step.replay().tolist() == [13.0, 13.0] and step.compiles == 2
+    state["w"] = torch.full((2,), 7.0)  # a rebound tensor of the same shape: read anew, no recompile needed
+    assert step.replay().tolist() == [17.0, 17.0]
+
+
+def test_emulation_memory_splits_what_exists_anyway_from_what_the_recording_owns():
+    from kvlab.graphs import emulation_memory
+
+    w = torch.full((256,), 2.0)  # like a weight: read in place, never copied
+    x = torch.ones(256)
+    g = capture(lambda t: t * w + 1, x, warmup=0, emulate=True)
+    use = emulation_memory(g, [w, x])
+    assert use == {"shared": 2 * 256 * 4, "own": 256 * 4}  # own: the static output only
+    assert emulation_memory(g)["shared"] == 0
+
+
 @pytest.mark.parametrize("how", ["item", "bool", "branch", "nonzero", "tolist", "numpy", "asarray", "mask"])
 def test_host_sync_during_capture_is_an_error(how):
     x = torch.ones(3)
@@ -280,3 +306,22 @@ def test_a_host_read_is_refused_with_the_same_words_by_a_cuda_capture_and_the_em
         graphs._capture_cuda(step, (torch.ones(3),), 0, None, torch.device("cpu"))
     assert str(real.value) == str(emulated.value) and "host synchronization during capture" in str(real.value)
     graphs._capture_cuda(step, (torch.ones(3),), 0, None, torch.device("meta"))  # CPU tensors, a "meta" capture: read
+
+
+@pytest.mark.parametrize("how", ["repeat_interleave", "bincount", "index_put_mask", "setitem_mask", "equal", "allclose"])
+def test_data_dependent_shapes_and_python_bools_are_refused_at_capture(how):
+    """Once captured, then failing at replay with a raw shape error (or frozen on one branch): refused at capture."""
+    def set_masked(t):
+        y = t.clone()
+        y[t > 1] = 0.0
+        return y
+
+    steps = {"repeat_interleave": lambda t: torch.repeat_interleave(t, t.long()),
+             "bincount": lambda t: torch.bincount(t.long()).float(),
+             "index_put_mask": lambda t: t.clone().index_put_((t > 1,), torch.tensor(0.0)),
+             "setitem_mask": set_masked,
+             "equal": lambda t: t * 2 if torch.equal(t, torch.ones(4)) else t,
+             "allclose": lambda t: t * 2 if t.allclose(torch.ones(4)) else t}
+    with pytest.raises(CaptureError, match="host synchronization during capture"):
+        capture(steps[how], torch.ones(4), warmup=0)
+    assert torch.equal(capture(lambda t: torch.repeat_interleave(t, 2), torch.ones(2), warmup=0).replay(), torch.ones(4))

@@ -140,3 +140,39 @@ def test_a_cache_of_another_model_or_class_is_refused_before_any_write(llama, pr
         cache.reset()  # empty, but its buffers are shaped for the other model
     with pytest.raises(ValueError, match="torch.bfloat16 on cpu; this model needs 2, 16, torch.float32"):
         decode(llama, ids, 3, strategy="static", cache=cache)
+
+
+def test_counted_compile_counts_a_recompile_per_python_int_and_none_for_a_tensor():
+    from kvlab.hf_caches import counted_compile
+
+    torch.compiler.reset()
+    buf_t, buf_i = torch.zeros(8), torch.zeros(8)
+    pos_t, state = torch.zeros((), dtype=torch.long), {"pos": 0}
+
+    def at_tensor(x):
+        buf_t.index_copy_(0, pos_t.reshape(1), x)
+        pos_t.add_(1)
+        return buf_t.sum()
+
+    def at_int(x):
+        buf_i[state["pos"]] = x[0]
+        return buf_i.sum()
+
+    a = counted_compile(at_tensor, backend="eager", fullgraph=True)
+    b = counted_compile(at_int, backend="eager", fullgraph=True)
+    for i in range(4):
+        a(torch.tensor([i + 1.0]))
+        b(torch.tensor([i + 1.0]))
+        state["pos"] += 1
+    assert (a.compiles, b.compiles, a.calls) == (1, 4, 4)
+    assert buf_t.tolist()[:5] == buf_i.tolist()[:5] == [1.0, 2.0, 3.0, 4.0, 0.0]  # recompiled, never stale
+
+
+def test_a_static_cache_kvlab_filled_can_be_reset_outside_inference_mode(llama, prompt):
+    from transformers import StaticCache
+
+    cache = StaticCache(config=llama.config, max_cache_len=16)
+    ids = prompt(5)
+    first = decode(llama, ids, 3, strategy="static", cache=cache)
+    cache.reset()  # no "inplace update to inference tensor" error
+    assert torch.equal(decode(llama, ids, 3, strategy="static", cache=cache), first)

@@ -479,7 +479,7 @@ def test_the_step_advances_the_cache_counter_once(pytorch_form):
 
 @pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-gemma", "tiny-phi3"])
 def test_other_layers_are_refused_with_what_to_do(name):
-    with pytest.raises(ValueError, match="graph-safe-compiled"):
+    with pytest.raises(ValueError, match="Use the 'graph-safe' strategy .* fuse=False"):
         step.check_supported(tiny_model(name))
 
 
@@ -487,7 +487,7 @@ def test_other_layers_are_refused_with_what_to_do(name):
 def test_the_decoder_refuses_other_layers_with_what_to_do(name):
     from kvlab.graph_decoder import GraphSafeDecoder
 
-    with pytest.raises(ValueError, match="graph-safe-compiled"):
+    with pytest.raises(ValueError, match="Use the 'graph-safe' strategy"):
         GraphSafeDecoder(tiny_model(name), 32, step="kernels")
 
 

@@ -117,3 +117,22 @@ def test_a_step_time_that_comes_out_negative_is_refused():
 
     with pytest.raises(measure.TimingError, match="is not above T\\(1\\)"):
         measure.time_decode(run, 4, "cpu", repeats=1)
+
+
+def test_time_decode_refuses_a_run_of_the_wrong_length_and_per_step_over_multi_step_graphs(model):
+    def short(n, on_token):
+        time.sleep(0.002 * n)
+        return torch.zeros(1, 2, dtype=torch.long)  # asked for n tokens, made 2
+
+    with pytest.raises(measure.TimingError, match="returned tokens of shape \\(1, 2\\)"):
+        measure.time_decode(short, 8, "cpu", repeats=1)
+    with pytest.raises(ValueError, match="steps per graph"):
+        measure.time_strategy(model, torch.tensor([[1, 2, 3]]), 4, strategy="graph-safe-kernels", per_step=True)
+    with pytest.raises(ValueError, match="k must be an int >= 1"):
+        measure.profile_steps(lambda n: None, 0, "cpu")
+    from transformers import BatchEncoding
+
+    ids = torch.tensor([[1, 2, 3]])
+    run = measure.time_strategy(model, BatchEncoding({"input_ids": ids, "attention_mask": torch.ones_like(ids)}), 3,
+                                repeats=1)
+    assert run.new_tokens == 3

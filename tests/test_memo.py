@@ -83,3 +83,36 @@ def test_the_kernels_decoder_follows_weights_written_in_place():
     assert decoder.stale()
     assert torch.equal(decode_graph_safe_kernels(model, IDS, 4), kvlab.decode(model, IDS, 4))
     assert memo.kept(model, "graph-decoder") != [decoder]
+
+
+@pytest.mark.parametrize("name", ["graph-safe-kernels", "graph-safe-compiled"])
+def test_weights_written_through_data_or_numpy_are_seen(name):
+    """Writes that bypass autograd's version counter (p.data, a NumPy view) still make the fused copy stale."""
+    model = kvlab.tiny_model("tiny-llama")
+    STRATEGIES[name](model, IDS, 4)
+    model.lm_head.weight.data.mul_(-1.0)
+    assert torch.equal(STRATEGIES[name](model, IDS, 4), kvlab.decode(model, IDS, 4))
+    model.model.layers[0].mlp.down_proj.weight.detach().numpy()[:] *= 3.0
+    assert torch.equal(STRATEGIES[name](model, IDS, 4), kvlab.decode(model, IDS, 4))
+
+
+@pytest.mark.parametrize("change", ["hook", "patched-forward", "eps", "swapped-act"])
+@pytest.mark.parametrize("name", ["graph-safe", "graph-safe-kernels"])
+def test_a_changed_module_makes_kept_decoders_stale(name, change):
+    """A hook, a patched forward, a norm's eps or a swapped submodule after the first decode: the next decode follows
+    the model as it is now (naive), instead of replaying what the graph froze."""
+    model = kvlab.tiny_model("tiny-llama")
+    STRATEGIES[name](model, IDS, 4)
+    layer = model.model.layers[0]
+    if change == "hook":
+        layer.mlp.register_forward_hook(lambda m, args, out: out * 2.0)
+    elif change == "patched-forward":
+        original = layer.mlp.forward
+        layer.mlp.forward = lambda x: original(x) * 0.5
+    elif change == "eps":
+        layer.input_layernorm.variance_epsilon = 0.5
+    else:
+        layer.mlp.act_fn = torch.nn.GELU()
+    if name == "graph-safe-kernels" and change in ("hook", "patched-forward", "swapped-act"):
+        return  # the kernels compute the layer themselves: modules' hooks and forwards are not what they run
+    assert torch.equal(STRATEGIES[name](model, IDS, 4), kvlab.decode(model, IDS, 4))

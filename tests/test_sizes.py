@@ -4,7 +4,7 @@ per-token bytes (GQA, the 7B example, bad input)."""
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
-from transformers import LlamaConfig
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from kvlab.models import TINY_CONFIGS, tiny_model
 from kvlab.sizes import (
@@ -13,6 +13,7 @@ from kvlab.sizes import (
     forward_flops,
     kv_bytes_per_token,
     kv_cache_bytes,
+    llama_parameter_count,
     model_sizes,
 )
 
@@ -138,3 +139,52 @@ def test_bad_counts(kw):
     args = dict(tokens=4) | kw
     with pytest.raises(ValueError):
         kv_cache_bytes(smollm2_config(), args.pop("tokens"), torch.float16, **args)
+
+
+@pytest.mark.parametrize("extra", [{}, dict(tie_word_embeddings=True), dict(attention_bias=True, mlp_bias=True),
+                                   dict(head_dim=32)])
+def test_llama_parameter_count_matches_the_tensors(extra):
+    cfg = LlamaConfig(**{**dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2), **extra})
+    model = LlamaForCausalLM(cfg)
+    assert llama_parameter_count(cfg) == sum(p.numel() for p in model.parameters())
+
+
+def test_llama2_7b_parameter_count():
+    """LLaMA-2-7B's published count, 6,738,415,616, from its config (counted on the meta device: no memory)."""
+    cfg = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=32, vocab_size=32000)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    assert llama_parameter_count(cfg) == sum(p.numel() for p in model.parameters()) == 6_738_415_616
+    smol = smollm2_config()
+    smol.tie_word_embeddings = True
+    assert llama_parameter_count(smol) == 134_515_008
+
+
+def test_size_arithmetic_refuses_nonsense():
+    from kvlab.handwritten import cat_bytes_copied
+    from kvlab.sizes import floor_ms, tensor_bytes
+
+    cfg = smollm2_config()
+    with pytest.raises(ValueError, match="batch must be a positive int"):
+        cat_bytes_copied(cfg, 4, 3, torch.float32, batch=-1)
+    for kw in (dict(gbps=-1.0), dict(gbps=0.0), dict(batch=-1)):
+        args = dict(weight_bytes=1e9, kv_per_token=1000, batch=1, context=10.0, gbps=100.0) | kw
+        with pytest.raises(ValueError, match="floor_ms needs"):
+            floor_ms(**args)
+    bad = smollm2_config()
+    bad.num_attention_heads = 0
+    with pytest.raises(ValueError, match="num_attention_heads must be a positive int"):
+        model_sizes(bad)
+    from types import SimpleNamespace
+
+    odd = SimpleNamespace(num_hidden_layers=2, hidden_size=65, num_attention_heads=4, num_key_value_heads=4,
+                          intermediate_size=128, vocab_size=256)  # no head_dim given
+    with pytest.raises(ValueError, match="not a multiple"):
+        model_sizes(odd)
+    if hasattr(torch, "float4_e2m1fn_x2"):
+        with pytest.raises(ValueError, match="packs several elements"):
+            kv_bytes_per_token(cfg, "float4_e2m1fn_x2")
+    meta = [torch.empty(4, 4, device="meta"), torch.empty(8, device="meta")]
+    assert tensor_bytes(meta) == (16 + 8) * 4  # meta tensors have no address: each counts

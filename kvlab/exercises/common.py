@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import numbers
 
 NOT_ANSWERED = "not answered yet: replace `answer = None` with your number and run the cell again"
@@ -20,3 +21,20 @@ def check_number(answer, expected: float, *, what: str, hint: str, rel_tol: floa
         return f"correct: {what} = {expected:,}"
     off = f"{error / abs(expected):.1%} off" if expected else f"{error:g} off"
     return f"not quite: you gave {answer:,} for {what}, which is {off}. Hint: {hint}"
+
+
+def checker(fn):
+    """Make ``fn`` a checker that always returns a verdict: ``None`` as the answer is "not answered yet", and an
+    answer the comparison cannot even handle (a wrong type, a tensor on another device, ...) gets "not quite" with
+    what went wrong, never a traceback."""
+    @functools.wraps(fn)
+    def check(answer=None, *args, **kwargs) -> str:
+        if answer is None:
+            return NOT_ANSWERED
+        try:
+            return fn(answer, *args, **kwargs)
+        except Exception as e:  # the answer's shape or type, or a setting the checker cannot use: say so
+            return (f"not quite: this answer could not be checked ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "
+                    f"Hint: {(fn.__doc__ or '').strip().splitlines()[0]}")
+
+    return check

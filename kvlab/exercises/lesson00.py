@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from .common import check_number
+from ..runtime import as_dtype
+from .common import check_number, checker
 
 
 def parameter_bytes(model, dtype: torch.dtype) -> int:
     """Bytes of ``model``'s distinct parameters stored in ``dtype`` (a tied embedding/lm_head matrix counts once)."""
-    return sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=dtype).element_size()
+    return sum(p.numel() for p in model.parameters()) * as_dtype(dtype).itemsize
 
 
+@checker
 def check_parameter_bytes(answer, *, model, dtype: torch.dtype = torch.bfloat16) -> str:
     """Exercise: how many bytes do the model's weights take in ``dtype``?"""
     return check_number(
@@ -22,6 +24,7 @@ def check_parameter_bytes(answer, *, model, dtype: torch.dtype = torch.bfloat16)
     )
 
 
+@checker
 def check_queries_per_kv_head(answer, *, config) -> str:
     """Exercise: how many query heads share one key/value head (grouped-query attention)?"""
     return check_number(
@@ -31,6 +34,7 @@ def check_queries_per_kv_head(answer, *, config) -> str:
     )
 
 
+@checker
 def check_head_dim(answer, *, config) -> str:
     """Exercise: the length of the vector one attention head works with."""
     expected = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

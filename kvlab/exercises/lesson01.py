@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..sizes import forward_flops
-from .common import check_number
+from .common import check_number, checker
 
 
 def naive_positions(prompt_len: int, new_tokens: int) -> int:
@@ -11,6 +11,7 @@ def naive_positions(prompt_len: int, new_tokens: int) -> int:
     return new_tokens * prompt_len + new_tokens * (new_tokens - 1) // 2
 
 
+@checker
 def check_positions(answer, *, prompt_len: int, new_tokens: int) -> str:
     """Exercise: how many token positions does the naive loop process to make ``new_tokens`` after a prompt?"""
     return check_number(
@@ -20,6 +21,7 @@ def check_positions(answer, *, prompt_len: int, new_tokens: int) -> str:
     )
 
 
+@checker
 def check_step_flops(answer, *, config, length: int) -> str:
     """Exercise: FLOPs of the naive step that runs ``length`` positions (logits at every position, causal)."""
     return check_number(

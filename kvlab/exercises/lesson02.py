@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from ..handwritten import cat_bytes_copied
 from ..sizes import kv_cache_bytes
-from .common import check_number
+from .common import check_number, checker
 
 
+@checker
 def check_cache_bytes(answer, *, config, tokens: int, dtype, batch: int = 1) -> str:
     """Exercise: bytes of K and V a cache holds for ``batch`` sequences of ``tokens`` tokens."""
     return check_number(
@@ -16,6 +17,7 @@ def check_cache_bytes(answer, *, config, tokens: int, dtype, batch: int = 1) -> 
     )
 
 
+@checker
 def check_cat_bytes(answer, *, config, prompt_len: int, new_tokens: int, dtype, batch: int = 1) -> str:
     """Exercise: bytes torch.cat copies while the hand-written cache makes ``new_tokens`` tokens."""
     return check_number(
@@ -26,6 +28,7 @@ def check_cat_bytes(answer, *, config, prompt_len: int, new_tokens: int, dtype, 
     )
 
 
+@checker
 def check_cached_positions(answer, *, prompt_len: int, new_tokens: int) -> str:
     """Exercise: token positions the cached loop feeds to the model in total."""
     return check_number(

@@ -8,9 +8,10 @@ from __future__ import annotations
 import torch
 
 from ..sizes import kv_cache_bytes
-from .common import check_number
+from .common import check_number, checker
 
 
+@checker
 def check_static_cache_bytes(answer, *, config, max_cache_len: int, dtype, batch: int = 1) -> str:
     """Exercise: bytes a StaticCache of ``max_cache_len`` slots holds, however few tokens were decoded."""
     return check_number(
@@ -36,6 +37,7 @@ def counter_after(prompt_len: int, steps: int) -> int:
     return int(cache.layers[0].cumulative_length)
 
 
+@checker
 def check_counter_after(answer, *, prompt_len: int = 12, steps: int = 5) -> str:
     """Exercise: ``cumulative_length`` after a ``prompt_len``-token prefill and ``steps`` decode calls."""
     return check_number(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import NOT_ANSWERED, check_number
+from .common import NOT_ANSWERED, check_number, checker
 
 
 @torch.inference_mode()
@@ -25,6 +25,7 @@ def counter_at_first_replay(prompt_len: int, warmup: int) -> int:
     return int(cache.layers[0].cumulative_length)
 
 
+@checker
 def check_counter_at_first_replay(answer, *, prompt_len: int = 20, warmup: int = 3) -> str:
     """Exercise: the counter a captured decode graph finds at its first replay."""
     return check_number(
@@ -34,6 +35,7 @@ def check_counter_at_first_replay(answer, *, prompt_len: int = 20, warmup: int =
     )
 
 
+@checker
 def check_first_decode_slot(answer, *, prompt_len: int = 37, bucket: int = 64) -> str:
     """Exercise: after a prefill captured at ``bucket`` tokens replays a ``prompt_len``-token prompt, into which
     slot does the first decoded token's key go?"""
@@ -44,6 +46,7 @@ def check_first_decode_slot(answer, *, prompt_len: int = 37, bucket: int = 64) -
     )
 
 
+@checker
 def check_eager_would_be_right(answer) -> str:
     """Exercise: which lesson-04 scenarios would give the right tokens if the step ran eagerly (no capture)?
     Answer with a set of scenario names."""
@@ -51,8 +54,8 @@ def check_eager_would_be_right(answer) -> str:
 
     if answer is None:
         return NOT_ANSWERED
-    if isinstance(answer, str) or not hasattr(answer, "__iter__"):
-        return f"not quite: give a set of scenario names, e.g. {{'cache-recreated'}}; got {answer!r}"
+    if isinstance(answer, str | dict) or not hasattr(answer, "__iter__") or not all(isinstance(a, str) for a in answer):
+        return f"not quite: give a set of scenario names (strings), e.g. {{'cache-recreated'}}; got {answer!r}"
     answer = set(answer)
     unknown = answer - set(SCENARIOS)
     if unknown:

@@ -5,9 +5,11 @@ The expected values are measured live on a tiny model with the package's own cac
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
-from .common import NOT_ANSWERED, check_number
+from .common import NOT_ANSWERED, check_number, checker
 
 
 def _tiny():
@@ -35,6 +37,7 @@ def padded_prefill_counters(prompt_len: int, bucket: int) -> tuple[int, int]:
     return int(vanilla.get_seq_length()), int(safe.cache_position)
 
 
+@checker
 def check_counters_after_padded_prefill(answer, *, prompt_len: int = 21, bucket: int = 32) -> str:
     """Exercise: a prefill padded to ``bucket`` runs a ``prompt_len``-token prompt. Give (vanilla counter,
     graph-safe counter) afterwards."""
@@ -43,7 +46,10 @@ def check_counters_after_padded_prefill(answer, *, prompt_len: int = 21, bucket:
     expected = padded_prefill_counters(prompt_len, bucket)
     if not isinstance(answer, (tuple, list)) or len(answer) != 2:
         return f"not quite: give a pair (vanilla counter, graph-safe counter), got {answer!r}"
-    if tuple(int(a) for a in answer) == expected:
+    answer = tuple(a.item() if isinstance(a, torch.Tensor) and a.numel() == 1 else a for a in answer)
+    if not all(isinstance(a, numbers.Integral) and not isinstance(a, bool) for a in answer):
+        return f"not quite: a counter is a whole number of tokens; give two ints, got {answer!r}"
+    if answer == expected:
         return f"correct: vanilla counts every row of the bucket ({expected[0]}), graph-safe only the valid ones ({expected[1]})"
     return (f"not quite: you gave {tuple(answer)!r}. Hint: vanilla StaticLayer.update adds key_states.shape[-2] (the padded length); "
             "the graph-safe update adds the valid count.")
@@ -62,6 +68,7 @@ def seed_reset_next_slot(max_cache_len: int) -> int:
     return int(torch.arange(1) + cache.layers[0].cumulative_length)  # what StaticLayer.update computes
 
 
+@checker
 def check_seed_reset_slot(answer, *, max_cache_len: int = 64) -> str:
     """Exercise: after the seed's reset, which slot index does the next token's write target?"""
     expected = seed_reset_next_slot(max_cache_len)
@@ -87,6 +94,7 @@ def reference_write_positions(counter: int, valid: int, bucket: int, max_cache_l
 CASES = [(0, 5, 8, 16), (10, 3, 4, 16), (0, 8, 8, 16), (14, 4, 4, 16), (7, 1, 1, 16)]  # (counter, valid, bucket, slots)
 
 
+@checker
 def check_write_positions(fn) -> str:
     """Exercise: write ``positions(counter, valid, bucket, max_cache_len) -> LongTensor [bucket]``: valid rows go to
     counter + i, padded rows (and anything past the end) to the trash slot ``max_cache_len``."""
@@ -98,7 +106,10 @@ def check_write_positions(fn) -> str:
             got = torch.as_tensor(fn(*case))
         except Exception as e:  # a student's bug: report it, never raise
             return f"not quite: positions{case} raised {type(e).__name__}: {e}"
-        if got.shape != expected.shape or not torch.equal(got.long(), expected):
+        if got.dtype.is_floating_point or got.dtype.is_complex or got.dtype == torch.bool:
+            return (f"not quite: positions{case} gave a {got.dtype} tensor; slots are indices: return a LongTensor "
+                    "(torch.where of integer tensors stays integer)")
+        if got.shape != expected.shape or not torch.equal(got.long().cpu(), expected):
             return (f"not quite: positions(counter, valid, bucket, max_cache_len)={case} gave {got.tolist()}, expected "
                     f"{expected.tolist()}. Hint: rows = arange(bucket); keep = (rows < valid) & (counter + rows < max_cache_len); "
                     "torch.where(keep, counter + rows, max_cache_len).")
@@ -108,11 +119,17 @@ def check_write_positions(fn) -> str:
 def launch_cost_us(record: dict) -> float:
     """Host time per kernel launch implied by a recorded GPU eager-vs-replay result, in microseconds."""
     eager, replay = record["work_per_step"]["eager"], record["work_per_step"]["replay"]
+    if "kernel_launch_calls" not in eager:
+        raise ValueError("this record has no kernel launch counts (a CPU run counts aten operations): use the "
+                         "recorded GPU result, data/lesson05_gpu.json")
     saved_ms = record["eager_ms_per_token"] - record["replay_ms_per_token"]
     removed = eager["kernel_launch_calls"] - replay["kernel_launch_calls"]
+    if removed <= 0:
+        raise ValueError("in this record the replay removed no kernel launch, so there is no cost per launch to find")
     return 1e3 * saved_ms / removed
 
 
+@checker
 def check_launch_cost_us(answer, *, record: dict) -> str:
     """Exercise: from the recorded GPU result, how many microseconds did each removed kernel launch cost?"""
     return check_number(
