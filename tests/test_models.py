@@ -334,14 +334,20 @@ def test_real_model_knows_the_capital_of_france(real_model):
     assert "Paris" in tok.decode(new[0], skip_special_tokens=True)
 
 
-def test_a_converted_model_whose_contents_changed_is_converted_again(empty_cache, fake_wheel, monkeypatch):
+def converted_then_damaged(monkeypatch, where: slice):
+    """Convert the fake model, then zero the bytes ``where`` of its weights (same size, other contents)."""
     calls = []
     monkeypatch.setattr(models, "_load_gguf", fake_gguf_loader(calls))
     target = models.smollm2_folder()
     weights = target / "model.safetensors"
     data = bytearray(weights.read_bytes())
-    data[len(data) // 2:len(data) // 2 + 64] = bytes(64)  # zeroed in the middle: same size, other contents
+    data[where] = bytes(len(data[where]))
     weights.write_bytes(bytes(data))
+    return calls, target, weights, bytes(data)
+
+
+def test_a_converted_model_whose_contents_changed_is_converted_again(empty_cache, fake_wheel, monkeypatch):
+    calls, target, _, _ = converted_then_damaged(monkeypatch, slice(-4096, -4032))  # zeroed near the end
     assert models.is_converted(target) and models.damaged_files(target) == ["model.safetensors"]
     assert models.smollm2_folder() == target and len(calls) == 2  # detected and converted again
     assert models.damaged_files(target) == []
@@ -362,13 +368,7 @@ def test_an_older_marker_without_checksums_is_converted_again(empty_cache, fake_
 
 
 def test_a_damaged_folder_is_kept_when_it_cannot_be_converted_again(empty_cache, fake_wheel, monkeypatch):
-    calls = []
-    monkeypatch.setattr(models, "_load_gguf", fake_gguf_loader(calls))
-    target = models.smollm2_folder()
-    weights = target / "model.safetensors"
-    data = bytearray(weights.read_bytes())
-    data[-64:] = bytes(64)
-    weights.write_bytes(bytes(data))
+    _, _, weights, data = converted_then_damaged(monkeypatch, slice(-64, None))
 
     def offline(workdir):
         raise models.ModelUnavailableError("pip could not download it (offline)")
