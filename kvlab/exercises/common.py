@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import numbers
+import os
 
 NOT_ANSWERED = "not answered yet: replace `answer = None` with your number and run the cell again"
 
@@ -38,3 +40,87 @@ def checker(fn):
                     f"Hint: {(fn.__doc__ or '').strip().splitlines()[0]}")
 
     return check
+
+
+# ---- exercises where the student writes code (issue 14's shape; every lesson uses it) ----------------------------
+#
+# A code exercise in a notebook is a cell tagged ``exercise`` holding a stub the student replaces:
+#
+#     def attend(q, keys, values):          # the student's code goes here
+#         raise NotImplementedError         # <- "not attempted" until this line is gone
+#     print(lesson02.check_attend(attend))  # a verdict, never a traceback
+#     # lesson02.check_attend.show_solution()  <- a solution, only on request
+#
+# With ``KVLAB_SOLUTIONS=1`` in the environment (the test suite sets it), a stub that is still unattempted is
+# replaced by the reference solution, so nbmake runs every checker's full path against the reference.
+
+
+SOLUTIONS_ENV = "KVLAB_SOLUTIONS"
+NOT_ATTEMPTED = ("not attempted: replace the `raise NotImplementedError` line with your code and run the cell "
+                 "again (the lesson runs on without it)")
+
+
+class NotAttempted(Exception):
+    """The student's code still raises NotImplementedError (or the answer is still None)."""
+
+
+def solutions_filled_in() -> bool:
+    """True where ``KVLAB_SOLUTIONS=1``: unattempted exercises are checked with the reference solution."""
+    return os.environ.get(SOLUTIONS_ENV, "") == "1"
+
+
+def call_student(fn, *args, **kwargs):
+    """Call the student's ``fn``; a NotImplementedError becomes NotAttempted, any other error propagates."""
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError as e:
+        raise NotAttempted from e
+
+
+def code_checker(solution):
+    """Make ``check(student_fn, **settings) -> verdict`` a checker of code written against ``solution``.
+
+    The verdict is "not attempted" while the student's function still raises NotImplementedError (or is None),
+    "not quite: your code raised ..." with the error's first line when it fails otherwise, and whatever ``check``
+    says when it runs. ``check`` calls the student's code through :func:`call_student`. Under
+    ``KVLAB_SOLUTIONS=1`` an unattempted function is replaced by ``solution`` and the verdict says so. The
+    checker gets ``.solution`` and ``.show_solution()`` (prints the reference source: on request only).
+    """
+    def wrap(check):
+        @functools.wraps(check)
+        def checked(student=None, *args, **kwargs) -> str:
+            filled = ""
+            if student is None:
+                if not solutions_filled_in():
+                    return NOT_ATTEMPTED
+                student, filled = solution, f"(the reference solution, filled in by {SOLUTIONS_ENV}=1) "
+            try:
+                return filled + check(student, *args, **kwargs)
+            except NotAttempted:
+                if not solutions_filled_in() or filled:
+                    return NOT_ATTEMPTED
+                return f"(the reference solution, filled in by {SOLUTIONS_ENV}=1) " + check(solution, *args, **kwargs)
+            except Exception as e:  # the student's code failed: say how, and where to look
+                return (f"not quite: your code raised {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}. "
+                        f"Hint: {(check.__doc__ or '').strip().splitlines()[0]}")
+
+        checked.solution = solution
+        checked.show_solution = lambda: print(inspect.getsource(solution))
+        return checked
+
+    return wrap
+
+
+def check_prediction(prediction, *, measured, choices: dict, what: str) -> str:
+    """A "predict, then run" question: ``prediction`` is one key of ``choices`` (key -> what it would mean),
+    ``measured`` the key the run just showed. Under ``KVLAB_SOLUTIONS=1`` a missing prediction is filled in."""
+    if prediction is None:
+        if not solutions_filled_in():
+            return "not predicted: write your prediction (one of " + ", ".join(map(repr, choices)) + ") before running"
+        prediction = measured
+    if prediction not in choices:
+        return f"not quite: {what} is one of {', '.join(map(repr, choices))}, got {prediction!r}"
+    if prediction == measured:
+        return f"correct: {what} is {measured!r}: {choices[measured]}"
+    return (f"not quite: you predicted {prediction!r} ({choices[prediction]}), but the run shows {measured!r}: "
+            f"{choices[measured]}")
