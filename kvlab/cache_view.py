@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from .measure import StepClock
 from .plotting import figure
+from .runtime import pick_device
 
 
 def describe_layer(layer) -> dict:
@@ -35,6 +37,18 @@ def slot_norms(layer, batch: int = 0) -> torch.Tensor:
     return keys.detach().float().norm(dim=(0, 2)).cpu()
 
 
+def head_norms(layer, batch: int = 0) -> torch.Tensor:
+    """L2 norm of the stored key of each kv head in each cache slot, over head_dim: ``[kv_heads, slots]`` (0 = empty)."""
+    keys = layer.keys[batch]  # [kv_heads, slots, head_dim]
+    return keys.detach().float().norm(dim=-1).cpu()
+
+
+def buffer_lengths(cache) -> list[int]:
+    """Every layer's buffer length in slots (0 before allocation): ``max_cache_len`` for a StaticCache (plus the trash
+    slot for a graph-safe one), the tokens held for a cache grown by ``torch.cat``."""
+    return [0 if getattr(layer, "keys", None) is None else int(layer.keys.shape[-2]) for layer in cache.layers]
+
+
 def counters(cache) -> list[int]:
     """Every layer's ``cumulative_length`` (one sync): they should all agree, and lesson 04 shows when they do not."""
     values = [layer.cumulative_length.reshape(()) for layer in cache.layers
@@ -43,27 +57,44 @@ def counters(cache) -> list[int]:
 
 
 class CacheRecorder:
-    """An ``on_token`` callback that snapshots, after every step, the per-slot key norms of some layers, every
-    layer's counter, and the token. Layers are looked up in ``cache.layers`` at each call (what the model sees now).
+    """An ``on_token`` callback that snapshots, after every step, the per-slot key norms of some layers (also per kv
+    head), every layer's counter and buffer length, the token, and the wall time since the previous token.
+    Layers are looked up in ``cache.layers`` at each call (what the model sees now).
+
+    The time is read with ``kvlab.measure.StepClock`` (the device synchronized) from the end of the previous
+    recording to this token, so the recording itself is not counted; the first one counts from the recorder's
+    creation, and any work between two tokens (a capture, a prefill) is part of the later one's time.
     """
 
     def __init__(self, cache, layers=(0,), then=None):
         self.cache, self.layers, self.then = cache, tuple(layers), then
         self.rows: dict[int, list[torch.Tensor]] = {i: [] for i in self.layers}  # per layer, per step: [slots]
-        self.counters: list[list[int]] = []  # per step: one int per layer
-        self.tokens: list[torch.Tensor] = []  # per step: [batch, 1]
+        self.heads: dict[int, list[torch.Tensor]] = {i: [] for i in self.layers}  # per layer, per step: [kv_heads, slots]
+        self.counters: list[list[int]] = []  # per step: one int per layer ([] for a cache without counter tensors)
+        self.lengths: list[list[int]] = []  # per step: every layer's buffer length in slots
+        self.tokens: list[torch.Tensor] = []  # per token: [batch, 1]
+        self.token_counts: list[int] = []  # per step: tokens seen up to it (a bare snapshot adds none)
+        self.seconds: list[float | None] = []  # per step: wall time since the previous token (None: a bare snapshot)
+        self._clock = StepClock(pick_device())
 
     def snapshot(self) -> None:
         """Record the cache as it is now, without a token (e.g. right after a reset)."""
         for i in self.layers:
             self.rows[i].append(slot_norms(self.cache.layers[i]))
+            self.heads[i].append(head_norms(self.cache.layers[i]))
         self.counters.append(counters(self.cache))
+        self.lengths.append(buffer_lengths(self.cache))
+        self.token_counts.append(len(self.tokens))
+        self.seconds.append(None)
 
     def __call__(self, step: int, token_ids: torch.Tensor) -> None:
-        self.snapshot()
+        self._clock(step, token_ids)  # synchronizes, then reads the time since the clock started
         self.tokens.append(token_ids.detach().clone())
+        self.snapshot()
+        self.seconds[-1] = self._clock.times[-1]
         if self.then is not None:
             self.then(step, token_ids)
+        self._clock = StepClock(token_ids.device)  # the next token's time starts after this recording
 
     def matrix_of(self, layer: int) -> torch.Tensor:
         """``[steps, slots]`` for one recorded layer: row ``i`` is what it held after new token ``i``."""

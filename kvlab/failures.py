@@ -244,8 +244,10 @@ def _prefill(model, prompt_ids, cache):
 
 @torch.inference_mode()
 def padding_pollution(model, prompt_ids, max_new_tokens, *, runner="graph", ref=None, bucket=None,
-                      pad_id: int = 0) -> FailureResult:
-    """The prefill captured at a padded bucket size: the padding is written into the cache and counted."""
+                      pad_id: int = 0, fix=None) -> FailureResult:
+    """The prefill captured at a padded bucket size: the padding is written into the cache and counted.
+
+    ``fix(cache)``: run right after the padded prefill's replay, before decoding (lesson 04's exercise)."""
     p, n = prompt_ids.shape[1], max_new_tokens
     bucket = bucket or bucket_len(p)
     if bucket <= p:
@@ -264,6 +266,8 @@ def padding_pollution(model, prompt_ids, max_new_tokens, *, runner="graph", ref=
     error = None
     try:
         first = graph.replay().clone()  # writes all `bucket` rows, padding included; every counter += bucket
+        if fix is not None:
+            fix(cache)
         rec(0, first)
         next_ids, guard = first, room_guard(cache)
         for step in range(1, n):  # eager decode: nothing else is captured, only the prefill's damage shows
@@ -294,14 +298,21 @@ def warmup_advance(model, prompt_ids, max_new_tokens, *, runner="graph", ref=Non
 
 
 @torch.inference_mode()
-def control_rewound(model, prompt_ids, max_new_tokens, *, runner="graph", ref=None, warmup=WARMUP) -> FailureResult:
-    """Not a failure: the same capture, with every counter rewound in place after it. Proves the machinery right."""
+def control_rewound(model, prompt_ids, max_new_tokens, *, runner="graph", ref=None, warmup=WARMUP,
+                    fix=None) -> FailureResult:
+    """Not a failure: the same capture, with every counter rewound in place after it. Proves the machinery right.
+
+    ``fix(cache)``: run instead of ``rewind(cache, warmup)`` between the capture and the first replay (lesson 04's
+    exercise passes the student's own)."""
     ref = _reference_for(model, prompt_ids, max_new_tokens, ref, prompt_ids.shape[1] + max_new_tokens + warmup)
     cache = make_static_cache(model, ref.slots)
     first = _prefill(model, prompt_ids, cache)
     static_ids = first.clone()
     graph = step_runner(runner, decode_step_fn(model, cache), static_ids, warmup=warmup, before_replay=room_guard(cache))
-    rewind(cache, warmup)
+    if fix is None:
+        rewind(cache, warmup)
+    else:
+        fix(cache)
     rec = CacheRecorder(cache, LAYERS)
     error = _replay_loop(graph, static_ids, first, max_new_tokens, rec)
     return _result("control-rewound", ref, rec, graph.describe(), error)

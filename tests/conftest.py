@@ -3,8 +3,13 @@ how to get it."""
 
 import os
 
-import pytest
-import torch
+# Under pytest-xdist (`-n`), one intra-op thread per worker: two workers of two threads each on a 2-core machine
+# spin against each other. Notebook kernels inherit the variable.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 REQUIRE_ENV = "KVLAB_REQUIRE_REAL_MODEL"  # =1: a missing real model fails the tests instead of skipping them
 

@@ -1,29 +1,50 @@
-"""Exercise checkers of lesson 05: None, right and wrong answers."""
+"""Lesson 05's checkers: each gets its solution (correct), typical wrong answers (the specific hint), an unattempted
+stub (not attempted, or the reference filled in under KVLAB_SOLUTIONS=1) and code that raises (reported)."""
 
+import pytest
 import torch
 
 from kvlab.exercises import lesson05
-from kvlab.exercises.common import NOT_ANSWERED
+from kvlab.exercises.common import NOT_ANSWERED, NOT_ATTEMPTED
+from kvlab.graph_safe_cache import GraphSafeStaticCache
+
+FILLED = "(the reference solution, filled in by KVLAB_SOLUTIONS=1) correct"
 
 
-def test_counters_after_padded_prefill():
-    assert lesson05.padded_prefill_counters(21, 32) == (32, 21)
-    assert lesson05.check_counters_after_padded_prefill(None) == NOT_ANSWERED
-    assert lesson05.check_counters_after_padded_prefill((32, 21)).startswith("correct")
-    assert lesson05.check_counters_after_padded_prefill((21, 21)).startswith("not quite")
-    assert lesson05.check_counters_after_padded_prefill((32, 32)).startswith("not quite")
-    assert lesson05.check_counters_after_padded_prefill(32).startswith("not quite")
-    assert lesson05.check_counters_after_padded_prefill((16, 5), prompt_len=5, bucket=16).startswith("correct")
+def stub(*args):
+    raise NotImplementedError
 
 
-def test_seed_reset_slot():
-    assert lesson05.seed_reset_next_slot(64) == 64
-    assert lesson05.check_seed_reset_slot(None) == NOT_ANSWERED
-    assert "out of range" in lesson05.check_seed_reset_slot(64)
-    assert lesson05.check_seed_reset_slot(63).startswith("not quite")
-    assert lesson05.check_seed_reset_slot(0).startswith("not quite")
-    assert lesson05.check_seed_reset_slot(16, max_cache_len=16).startswith("correct")
+def raises(*args):
+    raise ValueError("a bug of the student's")
 
+
+@pytest.mark.parametrize("check", [lesson05.check_write_positions, lesson05.check_write_valid, lesson05.check_reset])
+def test_stub_none_and_errors(check, monkeypatch):
+    assert check(raises).startswith("not quite: your code raised ValueError: a bug of the student's")
+    assert check(stub).startswith(FILLED)  # the suite runs with KVLAB_SOLUTIONS=1
+    monkeypatch.delenv("KVLAB_SOLUTIONS", raising=False)
+    assert check(stub) == NOT_ATTEMPTED and check(None) == NOT_ATTEMPTED
+
+
+# ---- predict, then run ----------------------------------------------------------------------------------------------
+
+def test_counters_prediction(monkeypatch):
+    vanilla, safe = lesson05.padded_prefill_counters(21, 32, steps=3)
+    assert (vanilla, safe) == (32 + 3, 21 + 3)  # vanilla counts the bucket, graph-safe the valid rows
+    assert lesson05.check_counters_prediction("B").startswith("correct")
+    wrong = lesson05.check_counters_prediction("A")
+    assert wrong.startswith("not quite: you predicted 'A'") and f"vanilla {vanilla}, graph-safe {safe}" in wrong
+    assert "one of 'A', 'B', 'C', 'D'" in lesson05.check_counters_prediction("E")
+    assert lesson05.check_counters_prediction("B", prompt_len=5, bucket=16, steps=0).startswith("correct")
+    monkeypatch.delenv("KVLAB_SOLUTIONS", raising=False)
+    unanswered = lesson05.check_counters_prediction(None)
+    assert unanswered.startswith("not predicted") and str(vanilla) not in unanswered  # nothing given away
+    with pytest.raises(ValueError, match="prompt_len <= bucket"):
+        lesson05.padded_prefill_counters(40, 32)
+
+
+# ---- the write positions --------------------------------------------------------------------------------------------
 
 def right_positions(counter, valid, bucket, max_cache_len):
     rows = torch.arange(bucket)
@@ -32,34 +53,148 @@ def right_positions(counter, valid, bucket, max_cache_len):
 
 
 def test_write_positions():
-    assert lesson05.check_write_positions(None) == NOT_ANSWERED
-    assert lesson05.check_write_positions(right_positions).startswith("correct")
+    assert lesson05.check_write_positions(lesson05.check_write_positions.solution).startswith("correct")
+    assert lesson05.check_write_positions(right_positions).startswith("correct")  # written out = the package's
     no_trash = lambda c, v, b, m: torch.arange(b) + c  # noqa: E731  (writes the padding, like vanilla)
-    assert lesson05.check_write_positions(no_trash).startswith("not quite")
+    assert "padding-pollution" in lesson05.check_write_positions(no_trash)
     no_end_check = lambda c, v, b, m: torch.where(torch.arange(b) < v, torch.arange(b) + c, m)  # noqa: E731
-    assert "(14, 4, 4, 16)" in lesson05.check_write_positions(no_end_check)
-    assert "raised ZeroDivisionError" in lesson05.check_write_positions(lambda *a: 1 / 0)
+    verdict = lesson05.check_write_positions(no_end_check)
+    assert "counter=14" in verdict and "past the end" in verdict
+    shifted = lambda c, v, b, m: right_positions(c + 1, v, b, m)  # noqa: E731
+    assert "off by one" in lesson05.check_write_positions(shifted)
+    last_real = lambda c, v, b, m: right_positions(c, v, b, m).clamp(max=m - 1)  # noqa: E731
+    assert "slot max_cache_len - 1 is a real one" in lesson05.check_write_positions(last_real)
 
+    def host_read(c, v, b, m):  # right eagerly, refused by a capture
+        n = int(v)
+        return torch.cat([right_positions(c, v, b, m)[:n], torch.full((b - n,), m)])
+
+    assert "a captured graph refuses it" in lesson05.check_write_positions(host_read)
+    assert "LongTensor" in lesson05.check_write_positions(lambda *case: right_positions(*case).double() + 0.7)
+    assert "shape" in lesson05.check_write_positions(lambda *case: right_positions(*case).to("meta"))
+    assert "shape [8]" in lesson05.check_write_positions(lambda c, v, b, m: right_positions(c, v, b, m)[: int(v)])
+
+
+# ---- the valid-window write -----------------------------------------------------------------------------------------
+
+def write(keys, values, new_k, new_v, counter, valid, *, k=True, v=True, advance=None, shift=0, padding=False,
+          in_place=True):
+    """The write, written out, with one switch per typical mistake."""
+    slots, rows = keys.shape[2] - 1, torch.arange(new_k.shape[2])
+    keep = (torch.ones_like(rows, dtype=torch.bool) if padding else rows < valid) & (counter + rows + shift < slots)
+    at = torch.where(keep, counter + rows + shift, slots)
+    for do, buffer, new in ((k, keys, new_k), (v, values, new_v)):
+        if do:
+            buffer.index_copy_(2, at, new) if in_place else buffer.index_copy(2, at, new)
+    return counter.add_(valid if advance is None else advance(new_k.shape[2]))
+
+
+def test_write_valid():
+    assert lesson05.check_write_valid(lesson05.check_write_valid.solution).startswith("correct")
+    assert lesson05.check_write_valid(write).startswith("correct")  # written out = GraphSafeStaticCache.update
+    assert "by the padded length" in lesson05.check_write_valid(lambda *a: write(*a, advance=lambda t: t))
+    assert "off by one position" in lesson05.check_write_valid(lambda *a: write(*a, shift=1))
+    assert "K without V" in lesson05.check_write_valid(lambda *a: write(*a, v=False))
+    assert "V without K" in lesson05.check_write_valid(lambda *a: write(*a, k=False))
+    assert "padded rows (i >= valid) were written into real slots" in lesson05.check_write_valid(
+        lambda *a: write(*a, padding=True))
+    assert "nothing was written" in lesson05.check_write_valid(lambda *a: write(*a, in_place=False))
+
+    def rebound(keys, values, *rest):
+        keys.data = keys.clone()  # a new tensor behind the same Python object: data_ptr changes
+        return write(keys, values, *rest)
+
+    assert "data_ptr changed" in lesson05.check_write_valid(rebound)
+
+    def returned_not_advanced(keys, values, new_k, new_v, counter, valid):
+        write(keys, values, new_k, new_v, counter.clone(), valid)
+        return counter + valid
+
+    assert "advance it in place" in lesson05.check_write_valid(returned_not_advanced)
+    assert "you returned None" in lesson05.check_write_valid(lambda *a: (write(*a), None)[1])
+
+    def sliced(keys, values, new_k, new_v, counter, valid):  # right eagerly; int() is a host read
+        c, n = int(counter), int(valid)
+        keys[:, :, c : c + n] = new_k[:, :, :n]
+        values[:, :, c : c + n] = new_v[:, :, :n]
+        return counter.add_(valid)
+
+    assert "a captured graph refuses it" in lesson05.check_write_valid(sliced)
+
+
+def test_package_write_is_the_cache_update():
+    keys, values, new_k, new_v = lesson05.write_inputs(1, 2, 16, 4, 8, seed=0)
+    out_k, out_v, counter = lesson05.package_write(keys, values, new_k, new_v, 3, 5)
+    assert counter == 8
+    assert torch.equal(out_k[:, :, 3:8], new_k[:, :, :5]) and torch.equal(out_v[:, :, 3:8], new_v[:, :, :5])
+    assert torch.equal(out_k[:, :, :3], keys[:, :, :3]) and torch.equal(out_k[:, :, 8:16], keys[:, :, 8:16])
+
+
+# ---- the in-place reset ---------------------------------------------------------------------------------------------
+
+def test_reset():
+    assert lesson05.check_reset(GraphSafeStaticCache.reset).startswith("correct")
+    from transformers import StaticCache
+
+    assert lesson05.check_reset(StaticCache.reset).startswith("correct")  # 5.24's own reset is in place too
+
+    def rebinds_buffers(cache):
+        for layer in cache.layers:
+            layer.keys, layer.values = torch.zeros_like(layer.keys), torch.zeros_like(layer.values)
+        cache.cache_position.zero_()
+
+    assert "the graph keeps reading and writing the old buffer" in lesson05.check_reset(rebinds_buffers)
+
+    def rebinds_counter(cache):
+        for layer in cache.layers:
+            layer.keys.zero_()
+            layer.values.zero_()
+            layer.cumulative_length = torch.zeros_like(layer.cumulative_length)
+
+    assert "counter is a new tensor" in lesson05.check_reset(rebinds_counter)
+
+    def forgets_counter(cache):
+        for layer in cache.layers:
+            layer.keys.zero_()
+            layer.values.zero_()
+
+    assert "the counter was forgotten" in lesson05.check_reset(forgets_counter)
+
+    def seed_recipe(cache):
+        forgets_counter(cache)
+        cache.cache_position.fill_(cache.max_cache_len)
+
+    assert "first seed's recipe" in lesson05.check_reset(seed_recipe)
+    assert "the old prompt is still there" in lesson05.check_reset(lambda cache: cache.cache_position.zero_())
+
+    def visible_slots_only(cache):
+        for layer in cache.layers:
+            layer.keys[:, :, : cache.max_cache_len].zero_()
+            layer.values[:, :, : cache.max_cache_len].zero_()
+        cache.cache_position.zero_()
+
+    assert "the trash slot" in lesson05.check_reset(visible_slots_only)
+
+
+def test_solutions_are_shown_only_on_request(capsys):
+    lesson05.check_reset.show_solution()
+    assert "zero_()" in capsys.readouterr().out
+    lesson05.check_write_valid.show_solution()
+    assert "index_copy_" in capsys.readouterr().out
+
+
+# ---- the launch cost, from a record ---------------------------------------------------------------------------------
 
 def test_launch_cost():
     record = {"eager_ms_per_token": 3.0, "replay_ms_per_token": 0.5,
-              "work_per_step": {"eager": {"kernel_launch_calls": 1001}, "replay": {"kernel_launch_calls": 1}}}
+              "work_per_step": {"eager": {"kernel_launch_calls": 1000}, "replay": {"kernel_launch_calls": 0}}}
     assert abs(lesson05.launch_cost_us(record) - 2.5) < 1e-9
     assert lesson05.check_launch_cost_us(None, record=record) == NOT_ANSWERED
     assert lesson05.check_launch_cost_us(2.5, record=record).startswith("correct")
     assert lesson05.check_launch_cost_us(2.6, record=record).startswith("correct")  # within 10 %
-    assert lesson05.check_launch_cost_us(3.0, record=record).startswith("not quite")  # eager time / launches
-
-
-def test_truncated_or_mistyped_answers_are_not_correct():
-    from kvlab.exercises import lesson05
-
-    right = lesson05.padded_prefill_counters(21, 32)
-    assert lesson05.check_counters_after_padded_prefill(right).startswith("correct")
-    for wrong in [(right[0] + 0.9, right[1] + 0.7), tuple(str(x) for x in right), ("a", 21), (None, 21), ([32], [21])]:
-        assert lesson05.check_counters_after_padded_prefill(wrong).startswith("not quite"), wrong
-    assert lesson05.check_write_positions(lambda *case: right_positions(*case).double() + 0.7).startswith("not quite")
-    assert lesson05.check_write_positions(lambda *case: right_positions(*case).to("meta")).startswith("not quite")
+    assert "whole eager step over its launches" in lesson05.check_launch_cost_us(3.0, record=record)  # 3 ms / 1000
+    assert lesson05.check_launch_cost_us(25.0, record=record).startswith("not quite")
+    assert lesson05.check_launch_cost_us("fast", record=record).startswith("not quite")
     cpu_like = {"eager_ms_per_token": 2.0, "replay_ms_per_token": 1.0,
                 "work_per_step": {"eager": {"aten_ops": 10}, "replay": {"aten_ops": 10}}}
     assert "GPU result" in lesson05.check_launch_cost_us(1.0, record=cpu_like)

@@ -1,66 +1,161 @@
-"""Lesson 06 checkers: right answers pass, wrong ones get a hint, None says not answered."""
+"""Lesson 06's checkers: each gets its solution (correct), typical wrong answers (the specific hint), an unattempted
+stub (not attempted, or the reference filled in under KVLAB_SOLUTIONS=1) and code that raises (reported)."""
+
+import statistics
 
 import pytest
+import torch
 
-from kvlab import bench
+from kvlab import bench, sizes
 from kvlab.exercises import lesson06
-from kvlab.exercises.common import NOT_ANSWERED
+from kvlab.exercises.common import NOT_ANSWERED, NOT_ATTEMPTED
+
+FILLED = "(the reference solution, filled in by KVLAB_SOLUTIONS=1) correct"
 
 
-@pytest.fixture(scope="module")
-def record():
-    rec = bench.recorded("h200_batch1")
-    assert rec is not None, "data/h200_batch1.json is part of the course"
-    return rec
+def stub(*args):
+    raise NotImplementedError
 
 
-def test_floor(record):
-    right = lesson06.floor_ms(record)
-    row = next(r for r in record["results"] if r["strategy"] == "naive")
-    assert right == pytest.approx(row["floor_ms_per_token"])  # the same formula as the benchmark's
-    assert lesson06.check_floor(None, record) == NOT_ANSWERED
-    assert lesson06.check_floor(right * 1.0005, record).startswith("correct")  # rounding
-    assert lesson06.check_floor(right * 1.01, record).startswith("not quite")
-    m, st = record["model"], record["settings"]
-    no_kv = 1e3 * m["weight_bytes"] / (record["copy_bandwidth_gbps"] * 1e9)  # the cache term left out
-    full_context = 1e3 * (m["weight_bytes"] + (st["prompt_len"] + st["new_tokens"]) * m["kv_bytes_per_token"]) / (
-        record["copy_bandwidth_gbps"] * 1e9)  # the whole context instead of the average
-    assert lesson06.check_floor(no_kv, record).startswith("not quite")
-    assert lesson06.check_floor(full_context, record).startswith("not quite")
-    assert lesson06.check_floor(right * 2, record).startswith("not quite") and "Hint" in lesson06.check_floor(right * 2, record)
-    assert lesson06.check_floor("fast", record).startswith("not quite")
+def raises(*args):
+    raise ValueError("a bug of the student's")
 
 
-def test_idle_fraction(record):
-    right = lesson06.idle_fraction(record, "static")
-    assert 0 < right < 1
-    assert lesson06.check_idle_fraction(round(right, 2), record).startswith("correct")
-    assert lesson06.check_idle_fraction(right / 2, record).startswith("not quite")
-    assert lesson06.check_idle_fraction(None, record) == NOT_ANSWERED
-    assert "no 'flash'" in lesson06.check_idle_fraction(0.5, record, "flash")  # a verdict, never a traceback
+@pytest.mark.parametrize("check", [lesson06.check_tokens_per_s, lesson06.check_step_floor_ms, lesson06.check_norm_matmul])
+def test_stub_none_and_errors(check, monkeypatch):
+    assert check(check.solution).startswith("correct")
+    assert check(raises).startswith("not quite: your code raised ValueError: a bug of the student's")
+    assert check(stub).startswith(FILLED)  # the suite runs with KVLAB_SOLUTIONS=1
+    monkeypatch.delenv("KVLAB_SOLUTIONS", raising=False)
+    assert check(stub) == NOT_ATTEMPTED and check(None) == NOT_ATTEMPTED
 
+
+# ---- tokens per second by the decode rule ---------------------------------------------------------------------------
+
+def rule(t1, tn, n, batch, *, middle=statistics.median, steps=lambda n: n - 1, prefill=True, per_batch=True):
+    step = (middle(tn) - (middle(t1) if prefill else 0)) / steps(n)
+    return (batch if per_batch else 1) / step
+
+
+def test_tokens_per_s():
+    check = lesson06.check_tokens_per_s
+    assert check(rule).startswith("correct")  # written out = kvlab.measure's DecodeTiming
+    assert "divided by n: T(n) holds the prefill" in check(lambda *a: rule(*a, prefill=False, steps=lambda n: n))
+    assert "off by one" in check(lambda *a: rule(*a, steps=lambda n: n))
+    assert "mean of the repeats" in check(lambda *a: rule(*a, middle=statistics.fmean))
+    assert "fastest repeat (min)" in check(lambda *a: rule(*a, middle=min))
+    assert "multiply by batch" in check(lambda *a: rule(*a, per_batch=False))
+    assert "seconds per step" in check(lambda t1, tn, n, batch: 1 / rule(t1, tn, n, 1))
+    paired = lambda t1, tn, n, b: statistics.median(b * (n - 1) / (y - x) for x, y in zip(t1, tn, strict=True))  # noqa: E731
+    assert "paired repeat i" in check(paired)
+    assert "no number" in check(lambda *a: "fast")
+
+
+def test_timing_cases_tell_the_mistakes_apart():
+    for seed, case in enumerate(lesson06.RATE_CASES):
+        t1, tn = lesson06.timing_case(*case, seed)
+        right = lesson06.tokens_per_s_solution(t1, tn, *case[:2])
+        assert right == pytest.approx(case[1] * (case[0] - 1) / (statistics.median(tn) - statistics.median(t1)))
+        wrong = [v for v in lesson06._rate_variants(t1, tn, *case[:2]).values() if v != pytest.approx(right, rel=1e-6)]
+        assert len(wrong) >= 6  # batch 1 makes "multiply by batch" the right answer, and a pairing may agree
+
+
+# ---- the bandwidth floor --------------------------------------------------------------------------------------------
+
+def floor(config, weight_bytes, dtype, batch, context, gbps, *, heads="kv_heads", k_and_v=2, weights_per_seq=False,
+          cache_batch=True):
+    s = sizes.model_sizes(config)
+    kv = k_and_v * s.layers * getattr(s, heads) * s.head_dim * torch.empty((), dtype=dtype).element_size()
+    weights = weight_bytes * (batch if weights_per_seq else 1)
+    return 1e3 * (weights + (batch if cache_batch else 1) * context * kv) / (gbps * 1e9)
+
+
+def test_step_floor_ms():
+    check = lesson06.check_step_floor_ms
+    assert check(floor).startswith("correct")  # written out = kvlab.sizes.floor_ms with kv_bytes_per_token
+    assert "kv_heads heads per layer, not the query heads" in check(lambda *a: floor(*a, heads="heads"))
+    assert "K without V" in check(lambda *a: floor(*a, k_and_v=1))
+    assert "not once per sequence" in check(lambda *a: floor(*a, weights_per_seq=True))
+    assert "multiply the cache term by batch" in check(lambda *a: floor(*a, cache_batch=False))
+    assert "not 2**30" in check(lambda *a: floor(*a) * 1e9 / 2**30)
+    assert "that is seconds" in check(lambda *a: floor(*a) / 1e3)
+
+    def two_bytes(config, weight_bytes, dtype, *rest):
+        return floor(config, weight_bytes, torch.float16, *rest)
+
+    assert "read it from the dtype" in check(two_bytes)
+
+    def hidden_over_heads(config, *rest):
+        return floor(config.__class__(**{**config.to_dict(), "head_dim": None}), *rest)
+
+    assert "not hidden_size / heads" in check(hidden_over_heads)
+
+
+def test_floor_is_the_benchmarks():
+    from transformers import LlamaConfig
+
+    from kvlab.models import SMOLLM2_SHAPE
+
+    record = bench.recorded("h200_batch1")
+    assert record is not None, "data/h200_batch1.json is part of the course"
+    s, m = record["settings"], record["model"]
+    config = LlamaConfig(**SMOLLM2_SHAPE)
+    assert sizes.kv_bytes_per_token(config, torch.bfloat16) == m["kv_bytes_per_token"]
+    context = s["prompt_len"] + (s["new_tokens"] - 1) / 2  # the benchmark's average context
+    ours = lesson06.step_floor_ms_solution(config, m["weight_bytes"], torch.bfloat16, 1, context, record["copy_bandwidth_gbps"])
+    assert ours == pytest.approx(record["results"][0]["floor_ms_per_token"])
+
+
+# ---- predict, then read: the fastest at batch 64 --------------------------------------------------------------------
+
+def test_fastest_prediction(monkeypatch):
+    sweep = bench.recorded("h200_batch_sweep")
+    assert sweep is not None, "data/h200_batch_sweep.json is part of the course"
+    rates = lesson06.rates_at(sweep, 64)
+    fastest = max(rates, key=rates.get)
+    slower = min(rates, key=rates.get)
+    assert lesson06.check_fastest_prediction(fastest, sweep).startswith("correct")
+    wrong = lesson06.check_fastest_prediction(slower, sweep)
+    assert wrong.startswith(f"not quite: you predicted {slower!r}") and f"{rates[fastest]:,.0f}" in wrong
+    assert "one of" in lesson06.check_fastest_prediction("flash", sweep)
+    assert lesson06.check_fastest_prediction(max(lesson06.rates_at(sweep, 1), key=lesson06.rates_at(sweep, 1).get),
+                                             sweep, batch=1).startswith("correct")
+    assert "no recorded batch sweep" in lesson06.check_fastest_prediction("static", None)
+    with pytest.raises(ValueError, match="batch sizes are"):
+        lesson06.rates_at(sweep, 3)
+    monkeypatch.delenv("KVLAB_SOLUTIONS", raising=False)
+    unanswered = lesson06.check_fastest_prediction(None, sweep)
+    assert unanswered.startswith("not predicted") and "tokens/s" not in unanswered  # nothing given away
+
+
+# ---- the padded rows of a batch bucket ------------------------------------------------------------------------------
 
 def test_padding_rows():
     assert lesson06.bucket_for(5, (1, 2, 4, 8)) == 8 and lesson06.bucket_for(8, (8, 1)) == 8
     assert lesson06.check_padding_rows(None) == NOT_ANSWERED
     assert lesson06.check_padding_rows(3).startswith("correct") and "valid window" in lesson06.check_padding_rows(3)
-    assert lesson06.check_padding_rows(5).startswith("not quite")
+    assert "5 is the number of real rows" in lesson06.check_padding_rows(5)
+    assert "8 is the bucket the engine replays" in lesson06.check_padding_rows(8)
+    assert lesson06.check_padding_rows(2).startswith("not quite")
     assert lesson06.check_padding_rows(0, running=16).startswith("correct")
     with pytest.raises(ValueError, match="do not fit"):
         lesson06.bucket_for(40, (1, 2, 4, 8, 16, 32))
 
 
+# ---- RMSNorm + matmul -----------------------------------------------------------------------------------------------
+
+def norm_matmul(x, norm_weight, weight, eps):
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight) @ weight.T
+
+
 def test_norm_matmul():
-    import torch
-
-    def right(x, norm_weight, weight, eps):
-        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight) @ weight.T
-
-    assert lesson06.check_norm_matmul(None) == NOT_ANSWERED
-    assert lesson06.check_norm_matmul(right).startswith("correct")
-    assert lesson06.check_norm_matmul(lambda x, nw, w, eps: (x * nw) @ w.T).startswith("not quite")  # no normalization
-    assert lesson06.check_norm_matmul(lambda x, nw, w, eps: x @ w).startswith("not quite")  # wrong shapes: reported
-    no_eps = lambda x, nw, w, eps: (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)) * nw) @ w.T  # noqa: E731
-    assert lesson06.check_norm_matmul(no_eps).startswith("not quite")
-    assert lesson06.check_norm_matmul(lambda *a: right(*a).double()).startswith("correct")  # float64: the same values
-    assert "float" in lesson06.check_norm_matmul(lambda *a: right(*a).long())
+    check = lesson06.check_norm_matmul
+    assert check(norm_matmul).startswith("correct")
+    assert check(lambda *a: norm_matmul(*a).double()).startswith("correct")  # float64: the same values
+    assert "no normalization" in check(lambda x, nw, w, eps: (x * nw) @ w.T)
+    assert "norm_weight left out" in check(lambda x, nw, w, eps: norm_matmul(x, torch.ones_like(nw), w, eps))
+    assert "eps left out" in check(lambda x, nw, w, eps: norm_matmul(x, nw, w, 0.0))
+    assert "LayerNorm" in check(lambda x, nw, w, eps: norm_matmul(x - x.mean(-1, keepdim=True), nw, w, eps))
+    assert "your code raised RuntimeError" in check(lambda x, nw, w, eps: x @ w)  # [rows, K] @ [N, K]
+    assert "multiply by weight.T" in check(lambda *a: norm_matmul(*a).T)
+    assert "float" in check(lambda *a: norm_matmul(*a).long())

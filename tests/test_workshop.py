@@ -105,8 +105,14 @@ def test_the_schedule_sums_are_the_sums_of_its_rows():
     assert int(total[5].strip("*")) == sum(int(r[5]) for r in rows) == sum(r.total for r in core)
     for column in (2, 3, 4):  # run, reading, exercises: the total row sums the lesson rows
         assert int(total[column]) == sum(int(r[column]) for r in rows if r[1] != "break")
-    found = re.search(r"core path \(lessons 01-05\) takes (\d+) minutes", workshop.verdict(plan))
+    said = workshop.verdict(plan)
+    found = re.search(r"with every exercise done in the room it takes (\d+) minutes", said, re.I)
     assert found and int(found.group(1)) == sum(r.total for r in core)
+    # the room plan: the same lessons without exercises, its own breaks
+    lessons = [r for r in core if r.label != "break"]
+    room = workshop.with_breaks([workshop.Row(r.part, r.label, run=r.run, reading=r.reading) for r in lessons])
+    found = re.search(r"as homework, takes (\d+) minutes", said)
+    assert found and int(found.group(1)) == sum(r.total for r in room) < sum(r.total for r in core)
 
 
 def test_run_times_are_read_from_the_recorded_runs():
@@ -120,3 +126,15 @@ def test_run_times_are_read_from_the_recorded_runs():
     row = workshop.lesson_row("core", "01_x.ipynb", workshop.Text(), rows)
     assert (row.run, row.gpu_run, row.recorded) == (3, 1, True)  # minutes, rounded up
     assert workshop.lesson_row("core", "02_y.ipynb", workshop.Text(), rows).recorded is False
+
+
+def test_an_exercises_section_counts_as_exercises_not_reading():
+    words = " ".join(["word"] * 180)  # one minute of reading at 180 words per minute
+    nb = {"cells": [md(f"## Lesson part\n{words}"), md(f"## Exercises\n{words}\n\n**Exercise 1.** do it"),
+                    code("def f():\n    raise NotImplementedError\nprint(check(f))", "exercise"),
+                    md("## Summary\nshort")]}
+    text = workshop.analyse(nb)
+    assert text.exercises == 1
+    assert text.words == len(f"Lesson part {words} Summary short".split())  # the Exercises text is not reading
+    assert text.code_lines == 0
+    assert text.sections["## Exercises"][0] > 180  # still listed under its heading by --sections

@@ -18,7 +18,9 @@ Per lesson (a notebook of notebooks/, named by its two-digit prefix):
 - **exercises**: ``EXERCISE_MINUTES`` each. An exercise is a markdown line that starts with ``**Exercise`` (lessons
   00-02 write "**Exercise 1.**") or with a bold number ``**1.**`` (lessons 03-06 write their exercises so), or a
   cell tagged "exercise" that holds no such line (a code cell so tagged right after a counted exercise is taken as
-  its checker, not a new exercise).
+  its checker, not a new exercise). The words and code of a lesson's "Exercises" section (a heading whose title
+  ends with "Exercises") are part of its exercises' minutes, not of its reading, so setting the exercises as
+  homework takes all of them out of the room.
 - **optional sections**: a heading line that ends with "(optional)", or a cell tagged "optional" (from its first
   heading on, or the whole cell), starts an optional section; it lasts until the next heading of the same or a
   higher level (fewer ``#``). Reading and exercises inside it are left out of the core path and shown apart.
@@ -87,9 +89,12 @@ class Text:
     # each heading ("## title", as written) -> [words, code lines, exercises] up to the next heading, optional or not
     sections: dict[str, list[int]] = field(default_factory=dict)
 
-    def add(self, optional: bool, *, words: int = 0, code_lines: int = 0, exercises: int = 0, section: str = "") -> None:
+    def add(self, optional: bool, *, words: int = 0, code_lines: int = 0, exercises: int = 0, section: str = "",
+            exercise_text: bool = False) -> None:
         counts = self.sections.setdefault(section, [0, 0, 0])
         counts[0], counts[1], counts[2] = counts[0] + words, counts[1] + code_lines, counts[2] + exercises
+        if exercise_text:  # an Exercises section's own text: inside EXERCISE_MINUTES, not reading
+            words = code_lines = 0
         if optional:
             self.optional_words += words
             self.optional_code_lines += code_lines
@@ -132,6 +137,7 @@ def analyse(notebook: dict) -> Text:
     optional_level = None  # the heading level of the optional section we are in, or None
     previous_counted = False  # the previous cell counted an exercise (a tagged code cell after it is its checker)
     section = "(before the first section)"
+    exercises_level = None  # the heading level of the Exercises section we are in, or None
     for cell in notebook.get("cells", []):
         tags = _tags(cell)
         if tags & SKIPPED_TAGS:
@@ -152,16 +158,22 @@ def analyse(notebook: dict) -> Text:
                     level, title = len(heading.group(1)), heading.group(2)
                     if optional_level is not None and level <= optional_level:
                         optional_level = None  # the same or a higher level ends the optional section
+                    if exercises_level is not None and level <= exercises_level:
+                        exercises_level = None
+                    if title.lower().endswith("exercises"):
+                        exercises_level = level
                     if title.lower().endswith("(optional)") or (tagged_optional and first_heading):
                         optional_level = level if optional_level is None else min(optional_level, level)
                         text.optional_sections.append(title)
                     first_heading = False
                     section = f"{heading.group(1)} {title}"
-                    text.add(optional_level is not None, words=len(title.split()), section=section)
+                    text.add(optional_level is not None, words=len(title.split()), section=section,
+                             exercise_text=exercises_level is not None)
                     continue
                 n = 1 if not fenced and EXERCISE_LINE.match(line) else 0
                 exercises_here += n
-                text.add(optional_level is not None, words=len(line.split()), exercises=n, section=section)
+                text.add(optional_level is not None, words=len(line.split()), exercises=n, section=section,
+                         exercise_text=exercises_level is not None)
             if "exercise" in tags and exercises_here == 0:
                 exercises_here = 1
                 text.add(optional_level is not None, exercises=1, section=section)
@@ -169,7 +181,8 @@ def analyse(notebook: dict) -> Text:
                 optional_level = None
         elif cell.get("cell_type") == "code":
             optional = optional_level is not None or "optional" in tags
-            text.add(optional, code_lines=sum(1 for line in lines if line.strip()), section=section)
+            text.add(optional, code_lines=sum(1 for line in lines if line.strip()), section=section,
+                     exercise_text=exercises_level is not None)
             if "exercise" in tags and not previous_counted:
                 exercises_here = 1
                 text.add(optional, exercises=1, section=section)
@@ -332,23 +345,26 @@ def verdict(plan: dict[str, list[Row]]) -> str:
     lessons = [r for r in core if r.label != "break"]
     breaks, optional = len(core) - len(lessons), sum(r.optional for r in lessons)
     missing = [r.label for r in lessons if not r.recorded]
-    fits = total <= WORKSHOP_MINUTES
-    words = (f"**The core path (lessons 01-05) takes {total} minutes on the recorded CPU, {breaks} break"
-             f"{'' if breaks == 1 else 's'} included: it "
-             + (f"fits {WORKSHOP_MINUTES} minutes, with {WORKSHOP_MINUTES - total} to spare.**" if fits else
-                f"does not fit {WORKSHOP_MINUTES} minutes: {total - WORKSHOP_MINUTES} minutes over.**"))
-    words += f" With the recorded GPU run times instead it takes {gpu_total} minutes."
+    # The room plan: run time and reading, the exercises (their text included) set as homework; the schedule's
+    # total column adds them back, for a workshop that does them in the room.
+    homework = with_breaks([Row(r.part, r.label, run=r.run, reading=r.reading) for r in lessons])
+    short, short_breaks = sum(r.total for r in homework), sum(1 for r in homework if r.label == "break")
+    fits = short <= WORKSHOP_MINUTES
+    words = (f"**The core path (lessons 01-05), run time and reading with the exercises set as homework, takes {short} "
+             f"minutes on the recorded CPU, {short_breaks} break{'' if short_breaks == 1 else 's'} included: it "
+             + (f"fits {WORKSHOP_MINUTES} minutes, with {WORKSHOP_MINUTES - short} to spare.**" if fits else
+                f"does not fit {WORKSHOP_MINUTES} minutes: {short - WORKSHOP_MINUTES} minutes over.**"))
+    gpu_short = sum(BREAK_MINUTES if r.label == "break" else (r.gpu_run or 0) + r.reading
+                    for r in with_breaks([Row(r.part, r.label, run=r.run, reading=r.reading, gpu_run=r.gpu_run)
+                                          for r in lessons]))
+    words += f" With the recorded GPU run times instead it takes {gpu_short} minutes."
+    words += (f" With every exercise done in the room it takes {total} minutes ({breaks} break{'' if breaks == 1 else 's'}"
+              f"; {gpu_total} with the GPU run times).")
     marked = [f'{r.label[:2]} "{title}"' for r in lessons for title in r.optional_sections]
-    words += (f" Marked optional in lessons 01-05, and left out of that total ({optional} minutes): {'; '.join(marked)}."
+    words += (f" Marked optional in lessons 01-05, and left out of these totals ({optional} minutes): {'; '.join(marked)}."
               if marked else " No section of lessons 01-05 is marked optional yet.")
     if missing:
         words += f" No passed full-size CPU run is recorded for {', '.join(missing)}: their run time counts 0."
-    homework = with_breaks([Row(r.part, r.label, run=r.run, reading=r.reading) for r in lessons])
-    short = sum(r.total for r in homework)
-    words += (f" With the exercises set as homework it takes {short} minutes"
-              + (f" ({sum(1 for r in homework if r.label == 'break')} breaks): "
-                 + (f"{WORKSHOP_MINUTES - short} to spare." if short <= WORKSHOP_MINUTES else
-                    f"still {short - WORKSHOP_MINUTES} over.")) if not fits else ".")
     pre, separate = plan["pre-work"], plan["separate session"]
     if pre:
         words += f" Pre-work (lesson 00): {sum(r.total for r in pre)} minutes."

@@ -1,120 +1,425 @@
 """Checkers for lesson 05 (the graph-safe StaticCache). Each returns a verdict string; print it.
 
-The expected values are measured live on a tiny model with the package's own caches, not typed in.
+The code exercises run the student's function beside the package's own cache (``GraphSafeStaticCache``) on the same
+tensors, eagerly and inside a captured graph (``kvlab.graphs.capture``, emulated on a CPU), and name the typical
+mistake they find. Expected values are measured live on a tiny model or read from the recorded GPU file.
 """
 
 from __future__ import annotations
 
-import numbers
+import functools
 
 import torch
 
-from .common import NOT_ANSWERED, check_number, checker
+from ..graph_safe_cache import GraphSafeError, GraphSafeStaticCache
+from .common import call_student, check_number, check_prediction, checker, code_checker
 
 
+@functools.cache
 def _tiny():
     from ..models import tiny_model
 
     return tiny_model("tiny-llama")
 
 
+def _cache(max_cache_len: int):
+    """An empty one-layer GraphSafeStaticCache (the layer count is all a cache takes from a config)."""
+    from transformers import LlamaConfig
+
+    from ..models import TINY_COMMON
+
+    return GraphSafeStaticCache(config=LlamaConfig(**{**TINY_COMMON, "num_hidden_layers": 1}), max_cache_len=max_cache_len)
+
+
+def _as_int(x):
+    """An int from an int or a one-element integer tensor, else None."""
+    if isinstance(x, torch.Tensor) and x.numel() == 1 and not (x.dtype.is_floating_point or x.dtype == torch.bool):
+        return int(x)
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def _replay(fn, statics: list[torch.Tensor], refill) -> list[torch.Tensor] | str:
+    """Capture ``fn(*statics)`` (no warm-up), call ``refill()`` to put new values in the static tensors, replay once;
+    returns the replay's outputs, or a verdict when the capture refused the function (a host read of a tensor)."""
+    from ..graphs import CaptureError, capture
+
+    try:
+        graph = capture(lambda *t: call_student(fn, *t), *statics, warmup=0, emulate=True)
+    except CaptureError as e:
+        return (f"not quite: right eagerly, but a captured graph refuses it ({str(e).split('. A captured')[0]}). Hint: "
+                "keep counter and valid on the device: no int(), .item(), `if` or slice bound from them; compute with "
+                "torch.arange / torch.where and index with the resulting tensor")
+    refill()
+    out = graph.replay()
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+FROZEN = ("Hint: a Python value computed from counter or valid (or a slice) is frozen at capture; every replay must "
+          "read the tensors where they live: torch.where(rows < valid, counter + rows, max_cache_len)")
+
+
+# ---- 1 · predict, then run: the counters after a padded prefill ------------------------------------------------------
+
 @torch.inference_mode()
-def padded_prefill_counters(prompt_len: int, bucket: int) -> tuple[int, int]:
+def padded_prefill_counters(prompt_len: int, bucket: int, steps: int = 0) -> tuple[int, int]:
     """(vanilla StaticCache counter, GraphSafeStaticCache counter) after one prefill padded to ``bucket`` tokens
-    of which the first ``prompt_len`` are the prompt."""
+    of which the first ``prompt_len`` are the prompt, then ``steps`` one-token decode steps, on a tiny model."""
     from transformers import StaticCache
 
-    from ..graph_safe_cache import GraphSafeStaticCache
-
+    if not (isinstance(prompt_len, int) and isinstance(bucket, int) and 1 <= prompt_len <= bucket):
+        raise ValueError(f"need 1 <= prompt_len <= bucket (ints), got prompt_len={prompt_len!r}, bucket={bucket!r}")
     model = _tiny()
     ids = torch.zeros(1, bucket, dtype=torch.long)
     ids[:, :prompt_len] = torch.arange(1, prompt_len + 1)
-    vanilla = StaticCache(config=model.config, max_cache_len=2 * bucket)
-    safe = GraphSafeStaticCache(config=model.config, max_cache_len=2 * bucket)
+    vanilla = StaticCache(config=model.config, max_cache_len=bucket + steps + 1)
+    safe = GraphSafeStaticCache(config=model.config, max_cache_len=bucket + steps + 1)
     model(ids, cache=vanilla)
     with safe.valid_window(torch.tensor(prompt_len)):
         model(ids, cache=safe)
+    token = torch.ones(1, 1, dtype=torch.long)
+    for _ in range(steps):
+        model(token, cache=vanilla)
+        model(token, cache=safe)
     return int(vanilla.get_seq_length()), int(safe.cache_position)
 
 
-@checker
-def check_counters_after_padded_prefill(answer, *, prompt_len: int = 21, bucket: int = 32) -> str:
-    """Exercise: a prefill padded to ``bucket`` runs a ``prompt_len``-token prompt. Give (vanilla counter,
-    graph-safe counter) afterwards."""
-    if answer is None:
-        return NOT_ANSWERED
-    expected = padded_prefill_counters(prompt_len, bucket)
-    if not isinstance(answer, (tuple, list)) or len(answer) != 2:
-        return f"not quite: give a pair (vanilla counter, graph-safe counter), got {answer!r}"
-    answer = tuple(a.item() if isinstance(a, torch.Tensor) and a.numel() == 1 else a for a in answer)
-    if not all(isinstance(a, numbers.Integral) and not isinstance(a, bool) for a in answer):
-        return f"not quite: a counter is a whole number of tokens; give two ints, got {answer!r}"
-    if answer == expected:
-        return f"correct: vanilla counts every row of the bucket ({expected[0]}), graph-safe only the valid ones ({expected[1]})"
-    return (f"not quite: you gave {tuple(answer)!r}. Hint: vanilla StaticLayer.update adds key_states.shape[-2] (the padded length); "
-            "the graph-safe update adds the valid count.")
+COUNTER_CHOICES = {
+    "A": "both counters at prompt + steps",
+    "B": "vanilla at bucket + steps, graph-safe at prompt + steps",
+    "C": "both counters at bucket + steps",
+    "D": "vanilla at prompt + steps, graph-safe at bucket + steps",
+}
+COUNTER_WHY = ("vanilla StaticLayer.update adds T, the padded length, so the padding counts as context; the graph-safe "
+               "update adds the valid count, a device tensor")
 
 
-@torch.inference_mode()
-def seed_reset_next_slot(max_cache_len: int) -> int:
-    """The slot a vanilla StaticCache's next write targets after the first seed's reset (counters = max_cache_len)."""
-    from ..failures import seed_reset
-    from ..hf_caches import make_static_cache
-
-    model = _tiny()
-    cache = make_static_cache(model, max_cache_len)
-    model(torch.arange(1, 4)[None], cache=cache)
-    seed_reset(cache)
-    return int(torch.arange(1) + cache.layers[0].cumulative_length)  # what StaticLayer.update computes
-
-
-@checker
-def check_seed_reset_slot(answer, *, max_cache_len: int = 64) -> str:
-    """Exercise: after the seed's reset, which slot index does the next token's write target?"""
-    expected = seed_reset_next_slot(max_cache_len)
-    verdict = check_number(
-        answer, expected, what="the slot of the next write",
-        hint="StaticLayer.update writes at arange(T) + cumulative_length, and the reset set cumulative_length to max_cache_len.",
-    )
-    if verdict.startswith("correct"):
-        verdict += f": but a layer has slots 0..{max_cache_len - 1} only, so this write is out of range"
+def check_counters_prediction(prediction=None, *, prompt_len: int = 21, bucket: int = 32, steps: int = 3) -> str:
+    """Predict, then run: a ``prompt_len``-token prompt padded to ``bucket`` is prefilled, then ``steps`` tokens are
+    decoded, once on a vanilla StaticCache and once on a GraphSafeStaticCache (valid window = the prompt). Which of
+    ``COUNTER_CHOICES`` are the two counters? The run is made here, live."""
+    vanilla, safe = padded_prefill_counters(prompt_len, bucket, steps)
+    p, b = prompt_len + steps, bucket + steps
+    table = {"A": (p, p), "B": (b, p), "C": (b, b), "D": (p, b)}
+    measured = next((key for key, pair in table.items() if pair == (vanilla, safe)), None)
+    if measured is None:  # the package changed under the question: say what the run showed
+        return f"the run gave vanilla {vanilla}, graph-safe {safe}, which none of the choices describes"
+    verdict = check_prediction(prediction, measured=measured, choices=COUNTER_CHOICES,
+                               what=f"the pair of counters after a {prompt_len}-token prompt padded to {bucket}, then {steps} steps")
+    if verdict.startswith(("correct", "not quite: you predicted")):
+        verdict += f" (measured just now: vanilla {vanilla}, graph-safe {safe}). Why: {COUNTER_WHY}"
     return verdict
 
 
-def reference_write_positions(counter: int, valid: int, bucket: int, max_cache_len: int) -> torch.Tensor:
-    """What ``GraphSafeStaticCache`` computes: the slot each of ``bucket`` incoming rows is written to. [bucket]"""
-    from ..graph_safe_cache import GraphSafeStaticCache
+# ---- 2 · the write positions of override 1 ---------------------------------------------------------------------------
 
-    cache = GraphSafeStaticCache(config=_tiny().config, max_cache_len=max_cache_len)
+def write_positions_solution(counter, valid, bucket: int, max_cache_len: int) -> torch.Tensor:
+    """The package's own positions: ``GraphSafeStaticCache.write_positions`` of a cache whose counter is ``counter``,
+    inside ``valid_window(valid)``. [bucket]"""
+    cache = _cache(max_cache_len)
     cache.set_position(counter)
-    with cache.valid_window(torch.tensor(valid)):
+    with cache.valid_window(torch.as_tensor(valid)):
         return cache.write_positions(bucket, torch.device("cpu"))
 
 
-CASES = [(0, 5, 8, 16), (10, 3, 4, 16), (0, 8, 8, 16), (14, 4, 4, 16), (7, 1, 1, 16)]  # (counter, valid, bucket, slots)
+POSITION_CASES = [(0, 5, 8, 16), (10, 3, 4, 16), (0, 8, 8, 16), (14, 4, 4, 16), (7, 1, 1, 16)]  # counter, valid, bucket, slots
 
 
-@checker
+def _positions_mistake(got: torch.Tensor, counter: int, valid: int, bucket: int, slots: int) -> str:
+    rows = torch.arange(bucket)
+    want = write_positions_solution(counter, valid, bucket, slots)
+    real = (rows < valid) & (counter + rows < slots)  # rows that go to a real slot
+    case = f"positions(counter={counter}, valid={valid}, bucket={bucket}, max_cache_len={slots}) gave {got.tolist()}, expected {want.tolist()}"
+    for shift in (1, -1):
+        if real.any() and torch.equal(got[real], want[real] + shift):
+            return (f"not quite: {case}. Hint: off by one position: valid row i goes to slot counter + i (row 0 to the "
+                    f"counter itself: it counts the tokens already held, so it is the next free slot)")
+    padded = (rows >= valid) & (counter + rows < slots)
+    if padded.any() and torch.equal(got[padded], counter + rows[padded]):
+        return (f"not quite: {case}. Hint: padded rows (i >= valid) went to real slots counter + i: the padding enters "
+                "the cache as context (padding-pollution). Send them to the trash slot, max_cache_len")
+    if (~real).any() and torch.equal(got[~real], torch.full_like(got[~real], slots - 1)):
+        return (f"not quite: {case}. Hint: the trash slot is the extra slot at index max_cache_len; slot "
+                "max_cache_len - 1 is a real one, the last token's")
+    if torch.equal(got[real], want[real]) and (got[~real] > slots).any():
+        return (f"not quite: {case}. Hint: a row that would land past the end (counter + i >= max_cache_len) must go to "
+                "the trash slot too: the buffers have max_cache_len + 1 slots, so a larger index is out of range")
+    return (f"not quite: {case}. Hint: rows = arange(bucket); a row keeps counter + i only if i < valid and "
+            "counter + i < max_cache_len, else max_cache_len (torch.where)")
+
+
+@code_checker(write_positions_solution)
 def check_write_positions(fn) -> str:
-    """Exercise: write ``positions(counter, valid, bucket, max_cache_len) -> LongTensor [bucket]``: valid rows go to
-    counter + i, padded rows (and anything past the end) to the trash slot ``max_cache_len``."""
-    if fn is None:
-        return NOT_ANSWERED
-    for case in CASES:
-        expected = reference_write_positions(*case)
-        try:
-            got = torch.as_tensor(fn(*case))
-        except Exception as e:  # a student's bug: report it, never raise
-            return f"not quite: positions{case} raised {type(e).__name__}: {e}"
-        if got.dtype.is_floating_point or got.dtype.is_complex or got.dtype == torch.bool:
-            return (f"not quite: positions{case} gave a {got.dtype} tensor; slots are indices: return a LongTensor "
-                    "(torch.where of integer tensors stays integer)")
-        if got.shape != expected.shape or not torch.equal(got.long().cpu(), expected):
-            return (f"not quite: positions(counter, valid, bucket, max_cache_len)={case} gave {got.tolist()}, expected "
-                    f"{expected.tolist()}. Hint: rows = arange(bucket); keep = (rows < valid) & (counter + rows < max_cache_len); "
-                    "torch.where(keep, counter + rows, max_cache_len).")
-    return f"correct: all {len(CASES)} cases match GraphSafeStaticCache.write_positions (trash slot and end of cache included)"
+    """Exercise: positions(counter, valid, bucket, max_cache_len): counter + i for valid rows, else the trash slot.
 
+    counter and valid are 0-dim long tensors; the result is a LongTensor [bucket]. Rows past the end (counter + i >=
+    max_cache_len) go to the trash slot too. Checked eagerly, then replayed from a captured graph at other values."""
+    for counter, valid, bucket, slots in POSITION_CASES:
+        got = call_student(fn, torch.tensor(counter), torch.tensor(valid), bucket, slots)
+        if not isinstance(got, torch.Tensor):
+            return f"not quite: positions returned a {type(got).__name__}; return a LongTensor of shape [bucket]"
+        if got.dtype.is_floating_point or got.dtype.is_complex or got.dtype == torch.bool:
+            return (f"not quite: positions gave a {got.dtype} tensor; slots are indices: return a LongTensor "
+                    "(torch.where of integer tensors stays integer)")
+        if got.device.type != "cpu" or tuple(got.shape) != (bucket,):
+            return (f"not quite: positions(..., bucket={bucket}, ...) gave shape {tuple(got.shape)} on {got.device}; one "
+                    f"slot per incoming row, padded rows included: shape [{bucket}], on the counter's device")
+        if not torch.equal(got.long(), write_positions_solution(counter, valid, bucket, slots)):
+            return _positions_mistake(got.long(), counter, valid, bucket, slots)
+    counter, valid = torch.tensor(0), torch.tensor(5)
+    replayed = _replay(lambda c, v: fn(c, v, 8, 16), [counter, valid], lambda: (counter.fill_(6), valid.fill_(2)))
+    if isinstance(replayed, str):
+        return replayed
+    want = write_positions_solution(6, 2, 8, 16)
+    if not torch.equal(replayed[0].long(), want):
+        return (f"not quite: captured at counter 0, valid 5 and replayed at counter 6, valid 2, your positions gave "
+                f"{replayed[0].tolist()}, expected {want.tolist()}. {FROZEN}")
+    return (f"correct: all {len(POSITION_CASES)} cases match GraphSafeStaticCache.write_positions (trash slot and end of "
+            "cache included), and a captured graph of your function follows new counter and valid values")
+
+
+# ---- 3 · the valid-window write -------------------------------------------------------------------------------------
+
+def package_write(keys, values, new_k, new_v, counter: int, valid: int):
+    """What ``GraphSafeStaticCache.update`` does to copies of these buffers: ``(keys, values, counter)`` afterwards.
+
+    keys, values: ``[batch, kv_heads, max_cache_len + 1, head_dim]`` (the last slot is the trash slot);
+    new_k, new_v: ``[batch, kv_heads, T, head_dim]``; counter, valid: ints."""
+    batch, heads, slots, head_dim = keys.shape
+    cache = _cache(slots - 1)
+    cache.early_initialization(batch, heads, head_dim, keys.dtype, keys.device)
+    layer = cache.layers[0]
+    layer.keys.copy_(keys)
+    layer.values.copy_(values)
+    cache.set_position(counter)
+    with cache.valid_window(torch.tensor(valid)):
+        cache.update(new_k, new_v, 0)
+    return layer.keys.clone(), layer.values.clone(), int(cache.cache_position)
+
+
+def write_valid_solution(keys, values, new_k, new_v, counter, valid):
+    """Override 1 on bare buffers: the slots of exercise 2 (the package's ``write_positions``), then what
+    ``GraphSafeStaticCache.update`` does with them: one index_copy_ each for K and V, the counter advanced in place."""
+    at = write_positions_solution(counter, valid, new_k.shape[2], keys.shape[2] - 1)  # [T]
+    keys.index_copy_(2, at, new_k)
+    values.index_copy_(2, at, new_v)
+    return counter.add_(valid)
+
+
+WRITE_CASES = [  # (batch, kv_heads, max_cache_len, head_dim, T, counter, valid)
+    (1, 2, 16, 4, 8, 0, 5),  # a prefill padded to a bucket of 8
+    (2, 2, 16, 4, 4, 9, 3),  # batch 2, a later chunk
+    (1, 2, 16, 4, 1, 7, 1),  # one decode step
+    (1, 2, 16, 4, 4, 14, 2),  # near the end: the padded rows would land past the buffer
+]
+
+
+def write_inputs(batch, heads, slots, head_dim, length, seed):
+    gen = torch.Generator().manual_seed(seed)
+    buffers = [torch.randn(batch, heads, slots + 1, head_dim, generator=gen) for _ in range(2)]  # keys, values
+    new = [torch.randn(batch, heads, length, head_dim, generator=gen) for _ in range(2)]  # new_k, new_v
+    return buffers + new
+
+
+def _lands(buffer, new, counter, valid, slots, shift) -> bool:
+    """Do the valid rows of ``new`` sit at slots counter + i + shift of ``buffer``?"""
+    rows = [i for i in range(valid) if 0 <= counter + i + shift < slots]
+    return bool(rows) and all(torch.equal(buffer[:, :, counter + i + shift], new[:, :, i]) for i in rows)
+
+
+def _write_mistake(got, before, new, counter, valid, slots, case) -> str | None:
+    """A hint for buffers that differ from the package's, or None when they match."""
+    (gk, gv), (bk, bv), (nk, nv), want = got, before, new, package_write(*before, *new, counter, valid)
+    k_ok, v_ok = (torch.equal(g[:, :, :slots], w[:, :, :slots]) for g, w in zip((gk, gv), want[:2], strict=True))
+    if k_ok and v_ok:
+        return None
+    k_same, v_same = torch.equal(gk, bk), torch.equal(gv, bv)
+    if k_same and v_same:
+        return (f"not quite: {case}: nothing was written into keys or values. Hint: write into the buffers in place "
+                "(keys.index_copy_(2, slots, new_k), with the underscore): keys.index_copy(...) or keys = ... makes a "
+                "new tensor that neither the caller nor a captured graph ever reads")
+    if k_ok and v_same:
+        return f"not quite: {case}: keys are right, values were never written. Hint: K without V: write new_v into values too"
+    if v_ok and k_same:
+        return f"not quite: {case}: values are right, keys were never written. Hint: V without K: write new_k into keys too"
+    for buffer, rows, what in ((gk, nk, "keys"), (gv, nv, "values")):
+        for shift in (1, -1):
+            if _lands(buffer, rows, counter, valid, slots, shift):
+                return (f"not quite: {case}: your {what} put row i at slot counter + i {'+' if shift > 0 else '-'} 1. "
+                        "Hint: off by one position: the counter is the number of tokens held, so row 0 goes to slot "
+                        "counter itself")
+    padded = [i for i in range(valid, nk.shape[2]) if counter + i < slots]
+    for buffer, rows in ((gk, nk), (gv, nv)):
+        if padded and any(torch.equal(buffer[:, :, counter + i], rows[:, :, i]) for i in padded):
+            return (f"not quite: {case}: padded rows (i >= valid) were written into real slots counter + i. Hint: padding "
+                    "written into the cache becomes context (padding-pollution); send padded rows to the trash slot, "
+                    "index max_cache_len")
+    return (f"not quite: {case}: your buffers differ from GraphSafeStaticCache.update's in slots 0..max_cache_len - 1. "
+            "Hint: slots = torch.where((rows < valid) & (counter + rows < max_cache_len), counter + rows, "
+            "max_cache_len); then index_copy_ along dim 2 into keys and into values")
+
+
+def _counter_mistake(counter_after: int, returned, counter: int, valid: int, length: int, case) -> str | None:
+    want = counter + valid
+    if counter_after == want:
+        if _as_int(returned) != want:
+            return (f"not quite: {case}: the counter tensor is right ({want}) but you returned {returned!r}. Hint: "
+                    "return the counter (the tensor you advanced)")
+        return None
+    if counter_after == counter and _as_int(returned) == want:
+        return (f"not quite: {case}: you returned {want}, but the counter tensor itself still holds {counter}. Hint: a "
+                "captured graph and every layer read the counter by address: advance it in place, counter.add_(valid)")
+    if counter_after == counter + length and length != valid:
+        return (f"not quite: {case}: the counter went from {counter} to {counter_after}, by the padded length {length}. "
+                f"Hint: advance it by the valid count ({valid}), not by T: that is what a vanilla StaticLayer gets wrong")
+    return (f"not quite: {case}: the counter went from {counter} to {counter_after}, expected {want}. Hint: it advances by "
+            "valid, once per write")
+
+
+@code_checker(write_valid_solution)
+def check_write_valid(fn) -> str:
+    """Exercise: write_valid puts the first valid rows at slots counter + i in place, advances counter by valid in place.
+
+    keys/values ``[batch, kv_heads, max_cache_len + 1, head_dim]`` (the last slot is the trash slot), new_k/new_v
+    ``[batch, kv_heads, T, head_dim]``, counter and valid 0-dim long tensors; the padded rows go to the trash slot;
+    returns the counter. Checked against GraphSafeStaticCache.update, eagerly and replayed from a captured graph."""
+    for seed, (batch, heads, slots, head_dim, length, counter, valid) in enumerate(WRITE_CASES):
+        case = (f"[batch {batch}, kv_heads {heads}, max_cache_len {slots}, T {length}], counter {counter}, valid {valid}")
+        inputs = write_inputs(batch, heads, slots, head_dim, length, seed)
+        keys, values = (t.clone() for t in inputs[:2])
+        c, v = torch.tensor(counter), torch.tensor(valid)
+        addresses = keys.data_ptr(), values.data_ptr(), c.data_ptr()
+        try:
+            returned = call_student(fn, keys, values, *inputs[2:], c, v)
+        except (IndexError, RuntimeError) as e:
+            if counter + length > slots:
+                return (f"not quite: {case}: your code raised {type(e).__name__}: {str(e).splitlines()[0][:120]}. Hint: "
+                        "rows that would land at or past max_cache_len must go to the trash slot (index max_cache_len) "
+                        "too: counter + i is only a slot while it is < max_cache_len")
+            raise
+        if (keys.data_ptr(), values.data_ptr(), c.data_ptr()) != addresses:
+            return (f"not quite: {case}: keys, values or counter point at new memory after your call (data_ptr changed: "
+                    "keys.data = ..., set_ or resize). Hint: a captured graph keeps the old address; write into the "
+                    "tensors in place (index_copy_, add_)")
+        mistake = _write_mistake((keys, values), inputs[:2], inputs[2:], counter, valid, slots, case)
+        mistake = mistake or _counter_mistake(int(c), returned, counter, valid, length, case)
+        if mistake:
+            return mistake
+    # captured once at one counter and valid count, replayed at others: only device-side values may change
+    batch, heads, slots, head_dim, length, _, _ = WRITE_CASES[0]
+    statics = [t.clone() for t in write_inputs(batch, heads, slots, head_dim, length, 10)] + [torch.tensor(0), torch.tensor(5)]
+    later = write_inputs(batch, heads, slots, head_dim, length, 11)
+
+    def refill():
+        for static, new in zip(statics, later, strict=False):
+            static.copy_(new)
+        statics[4].fill_(3)
+        statics[5].fill_(2)
+
+    replayed = _replay(fn, statics, refill)
+    if isinstance(replayed, str):
+        return replayed
+    want_k, want_v, want_c = package_write(*later, 3, 2)
+    got_ok = all(torch.equal(g[:, :, :slots], w[:, :, :slots]) for g, w in ((statics[0], want_k), (statics[1], want_v)))
+    if not got_ok or int(statics[4]) != want_c:
+        return (f"not quite: captured at counter 0, valid 5 and replayed at counter 3, valid 2, your write left the counter "
+                f"at {int(statics[4])} (expected {want_c}){'' if got_ok else ' and the buffers wrong'}. {FROZEN}")
+    return (f"correct: all {len(WRITE_CASES)} cases give GraphSafeStaticCache.update's buffers and counter, in place at the "
+            "same addresses, and a graph captured once follows a new counter and valid count at replay")
+
+
+# ---- 4 · the in-place reset -----------------------------------------------------------------------------------------
+
+RESET_NEW_TOKENS = 4
+RESET_BUCKET = 8  # the prefill graph's bucket: a shorter prompt leaves padding in the trash slot
+
+
+@torch.inference_mode()
+def _captured_decoder(prompt: torch.Tensor, max_cache_len: int = 24):
+    """A GraphSafeDecoder on the tiny model that decoded ``prompt``, its padded prefill and its decode step captured."""
+    from ..graph_decoder import GraphSafeDecoder
+
+    decoder = GraphSafeDecoder(_tiny(), max_cache_len, prefill_bucket=RESET_BUCKET, warmup=1)
+    decoder.generate(prompt, RESET_NEW_TOKENS)
+    return decoder
+
+
+@torch.inference_mode()
+def _replay_prompt(decoder, prompt: torch.Tensor) -> torch.Tensor:
+    """``prompt`` through the decoder's captured graphs as they are, with no reset of its own: the prefill graph
+    (prompt refilled in place, its valid length in the device tensor), then the decode graph. [1, RESET_NEW_TOKENS]"""
+    decoder.prompt.zero_()
+    decoder.prompt[:, : prompt.shape[1]].copy_(prompt)
+    decoder.valid.fill_(prompt.shape[1])
+    decoder.prefill_graph.replay()
+    return torch.cat([decoder.token.clone(), decoder.decode_steps(RESET_NEW_TOKENS - 1)], dim=1)
+
+
+@functools.cache
+def _naive_tokens(prompt: tuple[int, ...]) -> torch.Tensor:
+    """The naive loop's RESET_NEW_TOKENS tokens after ``prompt`` on the tiny model (the reference, made once)."""
+    from ..decoding import decode_naive
+
+    return decode_naive(_tiny(), torch.tensor([prompt]), RESET_NEW_TOKENS)
+
+
+def _reset_mistake(cache, addresses: tuple, held: int) -> str | None:
+    layers = len(cache.layers)
+    now = cache.fingerprint()
+    if now[:layers] != addresses[:layers]:
+        return ("not quite: after your reset some layer's counter is a new tensor (layer.cumulative_length = ...). Hint: "
+                "the captured graph keeps advancing the old one at its old address; zero the one shared counter in place: "
+                "cache.cache_position.zero_()")
+    if now[layers:] != addresses[layers:]:
+        return ("not quite: after your reset some key or value buffer is a new tensor (layer.keys = torch.zeros_like(...)). "
+                "Hint: rebinding instead of writing in place: the graph keeps reading and writing the old buffer at its "
+                "old address; empty it in place with layer.keys.zero_()")
+    try:
+        position = int(cache.cache_position)
+    except GraphSafeError as e:
+        return f"not quite: {e}"
+    if position == held:
+        return (f"not quite: the counter still says {held} tokens. Hint: the counter was forgotten: the next prompt would "
+                "be written after the old one, at the wrong positions; zero it in place too")
+    if position == cache.max_cache_len:
+        return (f"not quite: the counter is at max_cache_len ({position}): the first seed's recipe. Hint: on 5.24 the next "
+                "write goes to slot counter + i, past the end; an empty cache holds 0 tokens")
+    if position != 0:
+        return f"not quite: the counter is at {position} after your reset. Hint: an empty cache holds 0 tokens: zero_() it"
+    stale = [what for what in ("keys", "values") if any(getattr(layer, what).any() for layer in cache.layers)]
+    if stale:
+        trash_only = all(not getattr(layer, what)[:, :, : cache.max_cache_len].any() for layer in cache.layers for what in stale)
+        where = "the trash slot (index max_cache_len) still holds padding" if trash_only else "the old prompt is still there"
+        return (f"not quite: {' and '.join(stale)} of some layer are not all zero after your reset: {where}. Hint: zero every "
+                f"layer's keys and values in place, all max_cache_len + 1 slots (the override's reset, like 5.24's own, "
+                "leaves a cache equal to a fresh one)")
+    return None
+
+
+@code_checker(GraphSafeStaticCache.reset)  # the package's own override 3, called as reset(cache)
+def check_reset(fn) -> str:
+    """Exercise: reset(cache) zeroes every layer's keys and values and the one counter in place, rebinding nothing.
+
+    Checked on a cache whose padded prefill and decode step were captured for a first prompt, then by running a second
+    prompt through those same two graphs."""
+    first, second = torch.tensor([[5, 6, 7, 8, 9, 10, 11]]), torch.tensor([[40, 41, 42]])
+    decoder = _captured_decoder(first)
+    cache = decoder.cache
+    addresses, held = cache.fingerprint(), int(cache.cache_position)
+    with torch.inference_mode():
+        call_student(fn, cache)
+    mistake = _reset_mistake(cache, addresses, held)
+    if mistake:
+        return mistake
+    tokens, want = _replay_prompt(decoder, second), _naive_tokens(tuple(second[0].tolist()))
+    if not torch.equal(tokens, want):
+        wrong = int((tokens != want).int().argmax())
+        return (f"not quite: the graphs captured for the first prompt decoded the second one wrong from token {wrong}. "
+                "Hint: after the reset the cache must be what a fresh one is: zeroed buffers, counter 0, same tensors")
+    return ("correct: same addresses, counter 0, buffers zeroed (trash slot included); the prefill and decode graphs "
+            "captured for the first prompt then decoded the second token-exact against the naive loop")
+
+
+# ---- 5 · the host cost of a launch, from the recorded GPU file -------------------------------------------------------
 
 def launch_cost_us(record: dict) -> float:
     """Host time per kernel launch implied by a recorded GPU eager-vs-replay result, in microseconds."""
@@ -132,7 +437,14 @@ def launch_cost_us(record: dict) -> float:
 @checker
 def check_launch_cost_us(answer, *, record: dict) -> str:
     """Exercise: from the recorded GPU result, how many microseconds did each removed kernel launch cost?"""
-    return check_number(
-        answer, launch_cost_us(record), what="host microseconds per removed kernel launch", rel_tol=0.1,
+    expected = launch_cost_us(record)
+    verdict = check_number(
+        answer, expected, what="host microseconds per removed kernel launch", rel_tol=0.1,
         hint="(eager ms per token - replay ms per token) / (kernel launches per eager step - per replay), times 1000.",
     )
+    whole_step = 1e3 * record["eager_ms_per_token"] / record["work_per_step"]["eager"]["kernel_launch_calls"]
+    if verdict.startswith("not quite: you gave") and abs(float(answer) - whole_step) <= 0.05 * whole_step:
+        verdict = verdict.split(" Hint:")[0] + (
+            " Hint: that is the whole eager step over its launches; only the time replay saves is host work: "
+            "(eager ms - replay ms) per token over the launches replay removed, times 1000.")
+    return verdict

@@ -1,52 +1,204 @@
 """Checkers for lesson 06 (benchmarks). Each returns a verdict string; print it.
 
-Expected values come from the benchmark record the student is looking at (recorded or live), never typed in.
+The code exercises run the student's function beside the package's own (``kvlab.measure``'s decode rule,
+``kvlab.sizes``' bandwidth floor, ``kvlab.kernels.gemv``) on inputs made here, and name the typical mistake they
+find. The other answers come from the benchmark record the student is looking at (recorded or live), never typed in.
 """
 
 from __future__ import annotations
 
-from .common import NOT_ANSWERED, check_number, checker
+import math
+import numbers
+import random
+import statistics
+
+import torch
+
+from .. import sizes
+from ..kernels import gemv as kernels_gemv
+from ..measure import DecodeTiming
+from .common import NOT_ANSWERED, call_student, check_number, check_prediction, checker, code_checker
 
 
-def _row(record: dict, strategy: str, batch: int = 1) -> dict:
-    for row in record["results"]:
-        if row["strategy"] == strategy and row["batch"] == batch:
-            return row
-    raise ValueError(f"the record has no {strategy!r} result at batch {batch}; pick one of "
-                     f"{sorted({r['strategy'] for r in record['results']})}")
+def _number(x) -> float | None:
+    """A float from a real number or a one-element tensor, else None."""
+    if isinstance(x, torch.Tensor) and x.numel() == 1 and x.dtype.is_floating_point:
+        return float(x)
+    return float(x) if isinstance(x, numbers.Real) and not isinstance(x, bool) else None
 
 
-def floor_ms(record: dict, batch: int = 1) -> float:
-    """The bandwidth floor of one decode step for ``record``: (weights + batch x average context x KV bytes) / bandwidth."""
-    s, m = record["settings"], record["model"]
-    context = s["prompt_len"] + (s["new_tokens"] - 1) / 2
-    return 1e3 * (m["weight_bytes"] + batch * context * m["kv_bytes_per_token"]) / (record["copy_bandwidth_gbps"] * 1e9)
+def _close(a: float, b: float, rel: float = 1e-6) -> bool:
+    return math.isclose(a, b, rel_tol=rel)
 
 
-@checker
-def check_floor(answer, record: dict, *, batch: int = 1) -> str:
-    """Exercise: from the record's weight bytes, KV bytes per token, average context and copy bandwidth, the
-    fastest any decode step could be, in milliseconds."""
-    return check_number(
-        answer, floor_ms(record, batch), what="the floor of one decode step (ms)", rel_tol=0.001,
-        hint="bytes read once per step = weight_bytes + batch x (prompt_len + (new_tokens - 1) / 2) x kv_bytes_per_token; "
-             "divide by copy_bandwidth_gbps x 1e9 and multiply by 1e3 for ms.",
-    )
+def _first_match(got: float, variants: dict[str, float], rel: float = 1e-6) -> str | None:
+    """The hint of the first wrong variant that ``got`` equals, else None."""
+    return next((hint for hint, value in variants.items() if _close(got, value, rel)), None)
 
 
-def idle_fraction(record: dict, strategy: str, batch: int = 1) -> float:
-    row = _row(record, strategy, batch)
-    return 1 - row["busy_ms_per_step"] / row["ms_per_token"]
+# ---- 1 · tokens per second by the course's rule ---------------------------------------------------------------------
+
+def tokens_per_s_solution(t1, tn, n: int, batch: int) -> float:
+    """The course's decode rule (``kvlab.measure``): T(1) and T(n) are medians over repeats, as ``time_decode`` takes
+    them; ``DecodeTiming`` then makes one step ``(T(n) - T(1)) / (n - 1)`` and ``batch`` tokens per step."""
+    timing = DecodeTiming(label="exercise", batch=batch, new_tokens=n, tokens=torch.empty(batch, n, dtype=torch.long),
+                          warmup_seconds=0.0, prefill_seconds=statistics.median(t1), total_seconds=statistics.median(tn),
+                          step_seconds=None, peak_memory_bytes=0, env={})
+    return timing.tokens_per_s
 
 
-@checker
-def check_idle_fraction(answer, record: dict, strategy: str = "static", *, batch: int = 1) -> str:
-    """Exercise: what fraction of one decode step of ``strategy`` does the device sit idle?"""
-    return check_number(
-        answer, round(idle_fraction(record, strategy, batch), 3), what=f"the idle fraction of a {strategy} step",
-        rel_tol=0.03, hint="idle = 1 - busy_ms_per_step / ms_per_token (busy: the summed kernel time the profiler saw in one step).",
-    )
+RATE_CASES = [(16, 4, 5), (64, 1, 3), (9, 8, 3)]  # (n new tokens, batch, repeats)
 
+
+def timing_case(n: int, batch: int, repeats: int, seed: int) -> tuple[list[float], list[float]]:
+    """Made-up repeats of T(1) and T(n) in seconds: a prefill, n - 1 steps, small noise, and one slow repeat of each
+    (a busy machine), in another position for T(1) and T(n)."""
+    rng = random.Random(seed)
+    prefill, step = rng.uniform(3e-3, 8e-3), rng.uniform(0.5e-3, 3e-3)
+    t1 = [prefill * rng.uniform(0.97, 1.03) for _ in range(repeats)]
+    tn = [(prefill + (n - 1) * step) * rng.uniform(0.97, 1.03) for _ in range(repeats)]
+    t1[0] *= 2.5
+    tn[-1] *= 2.0
+    return t1, tn
+
+
+def _rate_variants(t1, tn, n: int, batch: int) -> dict[str, float]:
+    med1, medn = statistics.median(t1), statistics.median(tn)
+    return {
+        "you divided by n: T(n) holds the prefill too (T(1)), so the prefill's time was counted as decoding; subtract "
+        "T(1) and divide by the n - 1 steps that follow it": batch * n / medn,
+        "off by one: T(n) - T(1) holds n - 1 steps (the first token comes with the prefill), so divide by n - 1, "
+        "not n": batch * n / (medn - med1),
+        "you took the mean of the repeats: one slow repeat (a busy machine) drags a mean along; the rule takes the "
+        "median": batch * (n - 1) / (statistics.fmean(tn) - statistics.fmean(t1)),
+        "you took the fastest repeat (min): the rule takes the median, the typical run": batch * (n - 1) / (min(tn) - min(t1)),
+        "you paired repeat i of T(1) with repeat i of T(n): they are separate runs; take the median of each first": (
+            statistics.median(batch * (n - 1) / (b - a) for a, b in zip(t1, tn, strict=True))),
+        "each step makes one token for every sequence of the batch: multiply by batch": (n - 1) / (medn - med1),
+        "that is seconds per step; tokens per second is batch / seconds per step": (medn - med1) / (n - 1),
+        "that is milliseconds per step; tokens per second is batch / seconds per step": 1e3 * (medn - med1) / (n - 1),
+    }
+
+
+@code_checker(tokens_per_s_solution)
+def check_tokens_per_s(fn) -> str:
+    """Exercise: tokens_per_s(t1, tn, n, batch) = batch / ((median T(n) - median T(1)) / (n - 1)), times in seconds."""
+    for seed, (n, batch, repeats) in enumerate(RATE_CASES):
+        t1, tn = timing_case(n, batch, repeats, seed)
+        want = tokens_per_s_solution(t1, tn, n, batch)
+        case = f"n={n}, batch={batch}, {repeats} repeats"
+        got = _number(call_student(fn, list(t1), list(tn), n, batch))
+        if got is None:
+            return f"not quite: for {case} your function returned no number; return tokens per second as a float"
+        if not _close(got, want):
+            hint = _first_match(got, _rate_variants(t1, tn, n, batch))
+            return (f"not quite: for {case} you gave {got:,.6g} tokens/s, the rule gives {want:,.6g}. Hint: "
+                    + (hint or "medians of T(1) and of T(n) over the repeats, then batch * (n - 1) / (T(n) - T(1))"))
+    return (f"correct: all {len(RATE_CASES)} cases match kvlab.measure's rule (medians over repeats, the prefill "
+            "subtracted, n - 1 steps, batch tokens per step)")
+
+
+# ---- 2 · the bandwidth floor of a decode step -----------------------------------------------------------------------
+
+def step_floor_ms_solution(config, weight_bytes: int, dtype, batch: int, context: float, gbps: float) -> float:
+    """The package's floor (``kvlab.sizes``): every weight read once per step, plus each sequence's cache of ``context``
+    tokens (``kv_bytes_per_token``: K and V of every layer and kv head), over the bandwidth, in milliseconds."""
+    return sizes.floor_ms(weight_bytes, sizes.kv_bytes_per_token(config, dtype), batch, context, gbps)
+
+
+def floor_cases() -> list[tuple]:
+    """(label, config, weight_bytes, dtype, batch, context, gbps): SmolLM2-135M's shape (GQA: 9 query heads, 3 kv
+    heads) and a tiny config whose head_dim is not hidden / heads."""
+    from transformers import LlamaConfig
+
+    from ..models import SMOLLM2_SHAPE, TINY_COMMON
+
+    smol, odd = LlamaConfig(**SMOLLM2_SHAPE), LlamaConfig(**{**TINY_COMMON, "head_dim": 24})
+    return [
+        ("SmolLM2-135M's shape, bfloat16, batch 64", smol, 2 * sizes.llama_parameter_count(smol), torch.bfloat16, 64, 400.5, 4000.0),
+        ("a tiny Llama with head_dim 24, float64, batch 8", odd, 8 * sizes.llama_parameter_count(odd), torch.float64, 8, 100.0, 50.0),
+        ("SmolLM2-135M's shape, float16, batch 1", smol, 2 * sizes.llama_parameter_count(smol), torch.float16, 1, 95.5, 3000.0),
+    ]
+
+
+def _floor_variants(config, weight_bytes, dtype, batch, context, gbps) -> dict[str, float]:
+    s = sizes.model_sizes(config)
+    element = torch.empty((), dtype=dtype).element_size()
+
+    def floor(*, weights=weight_bytes, kv=None, b=batch, bandwidth=gbps * 1e9, scale=1e3):
+        kv = sizes.kv_bytes_per_token(config, dtype) if kv is None else kv
+        return scale * (weights + b * context * kv) / bandwidth
+
+    kv_of = lambda heads=s.kv_heads, head_dim=s.head_dim, layers=s.layers, each=element, k_and_v=2: (  # noqa: E731
+        k_and_v * layers * heads * head_dim * each)
+    variants = {
+        "the cache holds kv_heads heads per layer, not the query heads (grouped-query attention shares each kv head "
+        "among several query heads)": floor(kv=kv_of(heads=s.heads)),
+        "K without V: a cached token holds a key AND a value per kv head and layer (2 x layers x kv_heads x head_dim "
+        "x bytes)": floor(kv=kv_of(k_and_v=1)),
+        "a cached token is stored in every layer: multiply by the number of layers": floor(kv=kv_of(layers=1)),
+        "use the config's head_dim (model_sizes(config).head_dim): here it is not hidden_size / heads": floor(
+            kv=kv_of(head_dim=s.hidden // s.heads)),
+        "every sequence of the batch has its own cache: multiply the cache term by batch": floor(b=1),
+        "the weights are read once per step for the whole batch, not once per sequence": floor(
+            weights=batch * weight_bytes),
+        "a step also reads the cache: add batch x context x KV bytes per token": floor(kv=0),
+        "GB/s means 1e9 bytes per second, not 2**30": floor(bandwidth=gbps * 2**30),
+        "that is seconds; the floor is asked in milliseconds (x 1e3)": floor(scale=1.0),
+        "that is microseconds; the floor is asked in milliseconds": floor(scale=1e6),
+    }
+    for each in (1, 2, 4, 8):
+        if each != element:
+            variants.setdefault(f"an element of {dtype} is {element} bytes, not {each}: read it from the dtype "
+                                "(torch.empty((), dtype=dtype).element_size())", floor(kv=kv_of(each=each)))
+    return variants
+
+
+@code_checker(step_floor_ms_solution)
+def check_step_floor_ms(fn) -> str:
+    """Exercise: floor ms = 1e3 x (weight_bytes + batch x context x KV bytes per token) / (gbps x 1e9), KV from config."""
+    for label, config, weight_bytes, dtype, batch, context, gbps in floor_cases():
+        want = step_floor_ms_solution(config, weight_bytes, dtype, batch, context, gbps)
+        got = _number(call_student(fn, config, weight_bytes, dtype, batch, context, gbps))
+        if got is None:
+            return f"not quite: for {label} your function returned no number; return the floor in milliseconds"
+        if not _close(got, want):
+            hint = _first_match(got, _floor_variants(config, weight_bytes, dtype, batch, context, gbps))
+            return (f"not quite: for {label}, context {context}, {gbps:g} GB/s you gave {got:.6g} ms, expected "
+                    f"{want:.6g} ms. Hint: " + (hint or "KV bytes per token = 2 x layers x kv_heads x head_dim x bytes "
+                                                "per element; floor = 1e3 x (weights + batch x context x KV) / (gbps x 1e9)"))
+    return ("correct: your floor equals kvlab.sizes.floor_ms with kv_bytes_per_token for every case (GQA, an explicit "
+            "head_dim, three dtypes, batch 1 to 64)")
+
+
+# ---- 3 · predict, then read: the fastest strategy at a large batch --------------------------------------------------
+
+def rates_at(record: dict, batch: int) -> dict[str, float]:
+    """tokens/s of every token-exact strategy of ``record`` at ``batch``, in the record's order."""
+    rates = {r["strategy"]: r["tokens_per_s"] for r in record["results"] if r["batch"] == batch and r["exact"]}
+    if not rates:
+        raise ValueError(f"the record has no token-exact result at batch {batch}; its batch sizes are "
+                         f"{sorted({r['batch'] for r in record['results']})}")
+    return rates
+
+
+def check_fastest_prediction(prediction=None, record: dict | None = None, *, batch: int = 64) -> str:
+    """Predict, then read: which strategy of the recorded batch sweep makes the most tokens/s at ``batch``?"""
+    if record is None:
+        return ("no recorded batch sweep (data/h200_batch_sweep.json) here: there is nothing to check a prediction "
+                "against; record one with `python -m kvlab.bench --batch ...` on a GPU")
+    rates = rates_at(record, batch)
+    fastest = max(rates, key=rates.get)
+    choices = {name: f"{rate:,.0f} tokens/s at batch {batch}" for name, rate in rates.items()}
+    verdict = check_prediction(prediction, measured=fastest, choices=choices,
+                               what=f"the fastest strategy at batch {batch} in the recorded sweep")
+    if verdict.startswith(("correct", "not quite: you predicted")):
+        verdict += "\n" + "\n".join(f"  {name:<20} {rate:>10,.0f} tokens/s" for name, rate in
+                                    sorted(rates.items(), key=lambda item: -item[1]))
+    return verdict
+
+
+# ---- 4 · padded rows of a batch bucket ------------------------------------------------------------------------------
 
 def bucket_for(n: int, buckets) -> int:
     """The smallest captured batch size that holds ``n`` sequences (what a serving engine pads to)."""
@@ -69,35 +221,60 @@ def check_padding_rows(answer, *, running: int = 5, buckets=(1, 2, 4, 8, 16, 32)
     )
     if verdict.startswith("correct"):
         verdict += ": their writes must not enter the cache, which is what override 1 (the valid window) guarantees"
+    elif verdict.startswith("not quite: you gave") and answer in (bucket, running):
+        verdict = verdict.split(" Hint:")[0] + (
+            f" Hint: {answer} is the {'bucket the engine replays' if answer == bucket else 'number of real rows'}; the "
+            "padded rows are the bucket's rows that no running sequence fills.")
     return verdict
 
 
-@checker
+# ---- 5 · the first kernel of a layer: RMSNorm + matmul --------------------------------------------------------------
+
+def norm_matmul_solution(x, norm_weight, weight, eps):
+    """The package's own: ``kvlab.kernels.gemv.gemv`` with the norm prologue (the PyTorch form on a CPU)."""
+    return kernels_gemv.gemv(x, weight, norm=norm_weight, eps=eps)
+
+
+NORM_CASES = [(1, 64, 48, 1e-6, 3.0), (3, 576, 96, 1e-5, 3.0), (2, 64, 32, 0.5, 0.3)]  # rows, K, N, eps, scale of x
+# the last case makes eps matter: mean(x^2) is about 0.09 there, so leaving eps out is off by far
+
+
+def _norm_variants(x, norm_weight, weight, eps) -> dict[str, torch.Tensor]:
+    ms = x.pow(2).mean(-1, keepdim=True)
+    return {
+        "no normalization: divide each row of x by its rms, sqrt(mean(x^2) + eps), before the matmul": (x * norm_weight) @ weight.T,
+        "norm_weight left out: the normalized row is scaled by norm_weight (elementwise) before the matmul": (
+            x * torch.rsqrt(ms + eps)) @ weight.T,
+        "eps left out: rms = sqrt(mean(x^2) + eps), eps inside the square root": (x * torch.rsqrt(ms) * norm_weight) @ weight.T,
+        "eps goes inside the square root: sqrt(mean(x^2) + eps), not sqrt(mean(x^2)) + eps": (
+            x / (ms.sqrt() + eps) * norm_weight) @ weight.T,
+        "that is a LayerNorm (mean subtracted): RMSNorm only divides by the root mean square": (
+            (x - x.mean(-1, keepdim=True)) * torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + eps) * norm_weight) @ weight.T,
+        "the mean is over the last dimension (each row's K numbers), not over the rows": (
+            x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + eps) * norm_weight) @ weight.T,
+    }
+
+
+@code_checker(norm_matmul_solution)
 def check_norm_matmul(fn) -> str:
-    """Exercise: write ``norm_matmul(x, norm_weight, weight, eps) -> [rows, N]``, what the first kernel of every layer of
-    ``graph-safe-kernels`` computes: LlamaRMSNorm of x ``[rows, K]``, then ``@ weight.T`` (weight ``[N, K]``). Checked
-    against ``kvlab.kernels.gemv.gemv(x, weight, norm=norm_weight, eps=eps)`` in float32 on the CPU."""
-    import torch
-
-    from ..kernels import gemv as kernels_gemv
-
-    if fn is None:
-        return NOT_ANSWERED
+    """Exercise: norm_matmul = RMSNorm of each row of x [rows, K] (norm_weight, eps), then @ weight.T ([N, K]) -> [rows, N]."""
     gen = torch.Generator().manual_seed(6)
-    for rows, k, n, eps, scale in [(1, 64, 48, 1e-6, 3.0), (3, 576, 96, 1e-5, 3.0), (2, 64, 32, 0.5, 0.3)]:
-        # the last case makes eps matter: mean(x^2) is about 0.09 there, so leaving eps out is off by far
+    for rows, k, n, eps, scale in NORM_CASES:
         x, weight = torch.randn(rows, k, generator=gen) * scale, torch.randn(n, k, generator=gen) / k**0.5
         norm_weight = torch.rand(k, generator=gen) + 0.5
-        expected = kernels_gemv.gemv(x, weight, norm=norm_weight, eps=eps)
-        try:
-            got = torch.as_tensor(fn(x, norm_weight, weight, eps))
-        except Exception as e:  # a student's bug: report it, never raise
-            return f"not quite: norm_matmul raised {type(e).__name__}: {e}"
+        expected = norm_matmul_solution(x, norm_weight, weight, eps)
+        got = call_student(fn, x.clone(), norm_weight.clone(), weight.clone(), eps)
+        if not isinstance(got, torch.Tensor):
+            return f"not quite: norm_matmul returned a {type(got).__name__}; return a tensor [rows, N]"
         if not got.dtype.is_floating_point:
             return f"not quite: norm_matmul returned a {got.dtype} tensor; the result of a norm and a matmul is a float"
-        if got.shape != expected.shape or not torch.allclose(got.double(), expected.double(), rtol=1e-4, atol=1e-5):
-            return (f"not quite: for x {list(x.shape)} and weight {list(weight.shape)} your result differs from the kernel's "
-                    f"(shape {list(got.shape)}, expected {list(expected.shape)}). Hint: rms = sqrt(mean(x^2 over the last "
-                    "dim) + eps); (x / rms * norm_weight) @ weight.T.")
+        if got.device.type != "cpu" or got.shape != expected.shape:
+            return (f"not quite: for x {list(x.shape)} and weight {list(weight.shape)} you returned shape {list(got.shape)} "
+                    f"on {got.device}, expected {list(expected.shape)}. Hint: weight is [N, K]: multiply by weight.T")
+        if not torch.allclose(got.double(), expected.double(), rtol=1e-4, atol=1e-5):
+            hint = next((h for h, v in _norm_variants(x, norm_weight, weight, eps).items()
+                         if torch.allclose(got.double(), v.double(), rtol=1e-4, atol=1e-5)), None)
+            return (f"not quite: for x {list(x.shape)}, eps {eps} your result differs from the kernel's. Hint: "
+                    + (hint or "rms = sqrt(mean(x^2 over the last dim) + eps); (x / rms * norm_weight) @ weight.T"))
     return ("correct: your norm + matmul equals kvlab.kernels.gemv.gemv(..., norm=...). In the kernel each program recomputes "
             "the row's rms itself, so the normed x never goes to memory and no separate norm kernel runs")
