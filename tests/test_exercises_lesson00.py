@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+from student_code import STUDENT_ERROR, raises, stub
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from kvlab import models
@@ -152,21 +153,13 @@ def test_gqa_prediction_unanswered(monkeypatch):
 CODE_CHECKERS = [lesson00.check_parameter_count, lesson00.check_chat_ids]
 
 
-def stub(*args):
-    raise NotImplementedError
-
-
-def raises(*args):
-    raise ValueError("something else went wrong")
-
-
 @pytest.mark.parametrize("check", CODE_CHECKERS, ids=lambda c: c.__name__)
 def test_unattempted_filled_in_and_raising(check, monkeypatch):
     monkeypatch.delenv("KVLAB_SOLUTIONS", raising=False)
     assert check(stub) == NOT_ATTEMPTED
     assert check(None) == NOT_ATTEMPTED
     raised = check(raises)
-    assert raised.startswith("not quite: your code raised ValueError: something else went wrong") and "Hint:" in raised
+    assert raised.startswith("not quite: your code raised ValueError: " + STUDENT_ERROR) and "Hint:" in raised
     monkeypatch.setenv("KVLAB_SOLUTIONS", "1")
     filled = check(stub)
     assert filled.startswith("(the reference solution, filled in by KVLAB_SOLUTIONS=1) correct"), filled

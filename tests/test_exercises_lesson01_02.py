@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from student_code import STUDENT_ERROR, raises, stub
 from transformers import LlamaConfig
 
 from kvlab.decoding import decode_naive
@@ -292,14 +293,6 @@ def test_cache_vs_weights_prediction(monkeypatch):
 # ---- every code checker: not attempted, filled in, raising, solution on request -----------------------------------
 
 
-def stub(*args):
-    raise NotImplementedError
-
-
-def raises(*args):
-    raise ValueError("something else went wrong")
-
-
 class StubCache:
     def __init__(self):
         self.keys, self.values = [], []
@@ -310,7 +303,7 @@ class StubCache:
 
 class RaisingCache(StubCache):
     def update(self, key_states, value_states, layer_idx):
-        raise ValueError("something else went wrong")
+        raise ValueError(STUDENT_ERROR)
 
 
 CODE_CHECKERS = [(lesson01.check_naive_decode, stub, raises), (lesson01.check_step_flops, stub, raises),
@@ -323,7 +316,7 @@ def test_unattempted_filled_in_and_raising(check, unattempted, raising, monkeypa
     assert check(unattempted) == NOT_ATTEMPTED
     assert check(None) == NOT_ATTEMPTED
     raised = check(raising)
-    assert raised.startswith("not quite: your code raised ValueError: something else went wrong") and "Hint:" in raised
+    assert raised.startswith("not quite: your code raised ValueError: " + STUDENT_ERROR) and "Hint:" in raised
     monkeypatch.setenv("KVLAB_SOLUTIONS", "1")
     filled = check(unattempted)
     assert filled.startswith("(the reference solution, filled in by KVLAB_SOLUTIONS=1) correct"), filled

@@ -3,25 +3,16 @@ stub (not attempted, or the reference filled in under KVLAB_SOLUTIONS=1) and cod
 
 import pytest
 import torch
+from student_code import FILLED, STUDENT_ERROR, raises, stub
 
 from kvlab.exercises import lesson05
 from kvlab.exercises.common import NOT_ANSWERED, NOT_ATTEMPTED
 from kvlab.graph_safe_cache import GraphSafeStaticCache
 
-FILLED = "(the reference solution, filled in by KVLAB_SOLUTIONS=1) correct"
-
-
-def stub(*args):
-    raise NotImplementedError
-
-
-def raises(*args):
-    raise ValueError("a bug of the student's")
-
 
 @pytest.mark.parametrize("check", [lesson05.check_write_positions, lesson05.check_write_valid, lesson05.check_reset])
 def test_stub_none_and_errors(check, monkeypatch):
-    assert check(raises).startswith("not quite: your code raised ValueError: a bug of the student's")
+    assert check(raises).startswith("not quite: your code raised ValueError: " + STUDENT_ERROR)
     assert check(stub).startswith(FILLED)  # the suite runs with KVLAB_SOLUTIONS=1
     monkeypatch.delenv("KVLAB_SOLUTIONS", raising=False)
     assert check(stub) == NOT_ATTEMPTED and check(None) == NOT_ATTEMPTED

@@ -5,26 +5,17 @@ import statistics
 
 import pytest
 import torch
+from student_code import FILLED, STUDENT_ERROR, raises, stub
 
 from kvlab import bench, sizes
 from kvlab.exercises import lesson06
 from kvlab.exercises.common import NOT_ANSWERED, NOT_ATTEMPTED
 
-FILLED = "(the reference solution, filled in by KVLAB_SOLUTIONS=1) correct"
-
-
-def stub(*args):
-    raise NotImplementedError
-
-
-def raises(*args):
-    raise ValueError("a bug of the student's")
-
 
 @pytest.mark.parametrize("check", [lesson06.check_tokens_per_s, lesson06.check_step_floor_ms, lesson06.check_norm_matmul])
 def test_stub_none_and_errors(check, monkeypatch):
     assert check(check.solution).startswith("correct")
-    assert check(raises).startswith("not quite: your code raised ValueError: a bug of the student's")
+    assert check(raises).startswith("not quite: your code raised ValueError: " + STUDENT_ERROR)
     assert check(stub).startswith(FILLED)  # the suite runs with KVLAB_SOLUTIONS=1
     monkeypatch.delenv("KVLAB_SOLUTIONS", raising=False)
     assert check(stub) == NOT_ATTEMPTED and check(None) == NOT_ATTEMPTED
