@@ -55,3 +55,32 @@ def random_prompt(length: int, *, batch: int = 1, seed: int = 0, device="cpu") -
 def prompt():
     """``prompt(length, *, batch=1, seed=0, device="cpu")``: random prompt ids (``random_prompt``)."""
     return random_prompt
+
+
+@pytest.hookimpl(trylast=True)  # after -m/-k have deselected what they deselect
+def pytest_collection_modifyitems(config, items):
+    """Each lesson runs once per session. Where tests/test_browser.py runs a lesson in JupyterLab (selected, and
+    chromium and Playwright are here, or ``KVLAB_REQUIRE_BROWSER=1`` makes their absence a failure), that run, with
+    the same ``KVLAB_QUICK`` and ``KVLAB_SOLUTIONS`` and failing on any cell's error as nbmake does, stands in for
+    nbmake's: the nbmake item of that lesson is deselected, and the header says so."""
+    import test_browser
+
+    browsed = {item.callspec.params["name"] for item in items
+               if item.nodeid.startswith("tests/test_browser.py::test_lesson_runs_in_jupyterlab")}
+    runs = test_browser.unavailable() is None or os.environ.get(test_browser.REQUIRE_ENV) == "1"
+    twice = [item for item in items if item.nodeid.startswith("notebooks/") and item.path.name in browsed]
+    if browsed and runs and twice:
+        items[:] = [item for item in items if item not in twice]
+        config.hook.pytest_deselected(items=twice)
+        config._kvlab_browsed = sorted(item.path.name for item in twice)
+    # Longest first: the modules with a test marked heavy, then the notebooks, lead, so that `--dist loadscope`
+    # (pyproject.toml: a module at a time to a worker, so a module's fixtures run once) hands them out first and the
+    # two workers finish together instead of one starting a notebook as the other ends.
+    items.sort(key=lambda item: 0 if item.get_closest_marker("heavy") else 1 if item.nodeid.startswith("notebooks/") else 2)
+
+
+def pytest_report_collectionfinish(config, start_path, items):
+    browsed = getattr(config, "_kvlab_browsed", None)
+    if browsed:
+        return (f"nbmake does not run {', '.join(browsed)}: tests/test_browser.py runs them in JupyterLab (quick mode "
+                "and solutions as nbmake's), so each lesson runs once")

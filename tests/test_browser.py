@@ -4,9 +4,12 @@ cell, and the test checks what a student would see.
 One JupyterLab server for the module: 127.0.0.1, a free port, a random token, ``--allow-root`` only when running as
 root, its own settings, workspaces, runtime and IPython folders in a temporary directory. It serves a temporary copy
 of ``notebooks/`` (next to a link to ``data/``, which lesson 05 reads), so the outputs saved below never reach the
-repository's notebooks, which are stored without outputs. Its kernels get ``KVLAB_QUICK=1`` and no
-``KVLAB_SOLUTIONS``: the lessons as a student gets them, at CI's size. One headless chromium for the module, a fresh
-browser context per notebook.
+repository's notebooks, which are stored without outputs. Its kernels get ``KVLAB_QUICK=1`` and, from
+tests/conftest.py, ``KVLAB_SOLUTIONS=1``: this run stands in for nbmake's run of the two lessons (where it runs,
+conftest deselects those two nbmake items, so each lesson runs once per session), so it runs them as nbmake would,
+every checker fed its reference solution, at CI's size. (The lessons as shipped, every exercise "not attempted",
+run to the end in tests/test_exercise_cells.py.) One headless chromium for the module, a fresh browser context per
+notebook.
 
 For each notebook: open ``lab/tree/notebooks/<name>``, wait for the kernel to be idle, click Run > Run All Cells,
 wait until no cell is queued or running, save the copy (File > Save Notebook) and collect ``problems``:
@@ -85,19 +88,24 @@ def _missing(why: str):
     pytest.skip(why)
 
 
-def _chromium() -> str:
-    """The chromium to drive: ``$KVLAB_CHROMIUM``, else ``chromium`` or ``chromium-browser`` on PATH."""
+def _chromium() -> str | None:
+    """The chromium to drive: ``$KVLAB_CHROMIUM``, else ``chromium`` or ``chromium-browser`` on PATH; None if none."""
     if os.environ.get(CHROMIUM_ENV):
-        path = shutil.which(os.environ[CHROMIUM_ENV])
-        if path is None:
-            _missing(f"{CHROMIUM_ENV}={os.environ[CHROMIUM_ENV]} is not an executable: "
-                     "point it at a chromium or unset it")
-        return path
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        _missing("no chromium found: `sudo apt-get install -y --no-install-recommends chromium` (Debian/Ubuntu), "
-                 f"or set {CHROMIUM_ENV}=/path/to/chromium; not `playwright install`")
-    return path
+        return shutil.which(os.environ[CHROMIUM_ENV])
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def unavailable() -> str | None:
+    """Why this module cannot run here, with the command that fixes it; None when it can (tests/conftest.py asks too)."""
+    if importlib.util.find_spec("playwright") is None:
+        return ("Playwright for Python is not installed: `pip install playwright` (or `pip install -r "
+                "requirements.txt`); not `playwright install`: the test drives the system's chromium")
+    if _chromium() is None:
+        if os.environ.get(CHROMIUM_ENV):
+            return f"{CHROMIUM_ENV}={os.environ[CHROMIUM_ENV]} is not an executable: point it at a chromium or unset it"
+        return ("no chromium found: `sudo apt-get install -y --no-install-recommends chromium` (Debian/Ubuntu), "
+                f"or set {CHROMIUM_ENV}=/path/to/chromium; not `playwright install`")
+    return None
 
 
 def _free_port() -> int:
@@ -134,9 +142,9 @@ class Lab:
 
 @pytest.fixture(scope="module")
 def chromium_path():
-    if importlib.util.find_spec("playwright") is None:
-        _missing("Playwright for Python is not installed: `pip install playwright` (or `pip install -r "
-                 "requirements.txt`); not `playwright install`: the test drives the system's chromium")
+    why = unavailable()
+    if why is not None:
+        _missing(why)
     return _chromium()
 
 
@@ -153,7 +161,7 @@ def lab(chromium_path, tmp_path_factory):
            "JUPYTERLAB_WORKSPACES_DIR": str(root / "lab-workspaces"),
            "JUPYTER_CONFIG_DIR": str(root / "jupyter-config"), "JUPYTER_RUNTIME_DIR": str(root / "jupyter-runtime"),
            "IPYTHONDIR": str(root / "ipython")}
-    env.pop("KVLAB_SOLUTIONS", None)  # tests/conftest.py sets it for nbmake; a student's kernel does not have it
+    env.setdefault("KVLAB_SOLUTIONS", "1")  # as nbmake's kernels have it (tests/conftest.py): this run stands in for theirs
     port, token, log = _free_port(), secrets.token_hex(16), root / "jupyterlab.log"
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
            f"--ServerApp.token={token}", "--ServerApp.port_retries=0"] + (["--allow-root"] if AS_ROOT else [])
@@ -339,6 +347,7 @@ def _inspector_problems(page, facts: dict, caption_timeout_s: float) -> list[str
     return problems
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", LESSONS)
 def test_lesson_runs_in_jupyterlab_and_its_inspector_follows_the_slider(lab, browser, name):
     problems, facts = _run_all_and_check(lab, browser, name, shot=SHOTS / f"{Path(name).stem}.png")

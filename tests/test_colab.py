@@ -231,6 +231,7 @@ def _run(command, *, env, timeout=900):
 
 
 @pytest.mark.skipif(_git_head() is None, reason="needs this repository's .git (it clones the committed HEAD)")
+@pytest.mark.heavy
 def test_colab_install_in_a_fresh_environment(tmp_path):
     """About 2 minutes with pip's cache warm: most of it is installing torch, then the course's dependencies."""
     head = _git_head()

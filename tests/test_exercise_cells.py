@@ -45,3 +45,25 @@ def test_no_solution_is_printed_by_default(path):
         for line in c.splitlines():
             if "show_solution()" in line:
                 assert line.lstrip().startswith("#"), f"{path.name}: a solution shown by default: {line.strip()}"
+
+
+def test_a_lesson_as_shipped_runs_to_the_end_and_says_not_attempted(monkeypatch):
+    """Lesson 00 as a student gets it (no ``KVLAB_SOLUTIONS``, quick mode), in a fresh kernel: every cell runs, and
+    each code-writing exercise answers "not attempted". (nbmake and the browser test run every lesson with the
+    solutions filled in; this is the one run of the stubs as stored.)"""
+    import nbformat
+    from nbclient import NotebookClient
+
+    from kvlab.exercises.common import SOLUTIONS_ENV
+
+    monkeypatch.delenv(SOLUTIONS_ENV, raising=False)
+    monkeypatch.setenv("KVLAB_QUICK", "1")
+    path = NOTEBOOKS[0]
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+    exercises = [c for c in nb.cells if c.cell_type == "code" and "exercise" in c.metadata.get("tags", [])
+                 and stubs(c.source)]
+    assert len(exercises) >= 2, path.name
+    for cell in exercises:
+        said = "".join(o.get("text", "") for o in cell.outputs if o.get("output_type") == "stream")
+        assert "not attempted" in said, f"{path.name}: an unattempted exercise said {said[:300]!r}:\n{cell.source[:200]}"
