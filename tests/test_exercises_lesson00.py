@@ -6,12 +6,11 @@ import re
 
 import pytest
 import torch
-from student_code import STUDENT_ERROR, raises, stub
+from student_code import assert_unattempted_filled_in_and_raising, raises
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from kvlab import models
 from kvlab.exercises import lesson00
-from kvlab.exercises.common import NOT_ATTEMPTED
 from kvlab.models import tiny_model
 from kvlab.sizes import llama_parameter_count
 
@@ -155,14 +154,7 @@ CODE_CHECKERS = [lesson00.check_parameter_count, lesson00.check_chat_ids]
 
 @pytest.mark.parametrize("check", CODE_CHECKERS, ids=lambda c: c.__name__)
 def test_unattempted_filled_in_and_raising(check, monkeypatch):
-    monkeypatch.delenv("KVLAB_SOLUTIONS", raising=False)
-    assert check(stub) == NOT_ATTEMPTED
-    assert check(None) == NOT_ATTEMPTED
-    raised = check(raises)
-    assert raised.startswith("not quite: your code raised ValueError: " + STUDENT_ERROR) and "Hint:" in raised
-    monkeypatch.setenv("KVLAB_SOLUTIONS", "1")
-    filled = check(stub)
-    assert filled.startswith("(the reference solution, filled in by KVLAB_SOLUTIONS=1) correct"), filled
+    assert_unattempted_filled_in_and_raising(check, monkeypatch)
     assert check(raises).startswith("not quite: your code raised ValueError")  # an attempt is checked as it is
 
 

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from student_code import STUDENT_ERROR, raises, stub
+from student_code import STUDENT_ERROR, assert_unattempted_filled_in_and_raising, raises, stub
 from transformers import LlamaConfig
 
 from kvlab.decoding import decode_naive
 from kvlab.exercises import lesson01, lesson02
-from kvlab.exercises.common import NOT_ANSWERED, NOT_ATTEMPTED, check_number
+from kvlab.exercises.common import NOT_ANSWERED, check_number
 from kvlab.handwritten import HandwrittenCache
 from kvlab.models import tiny_model
 from kvlab.sizes import flops_breakdown, forward_flops
@@ -312,14 +312,7 @@ CODE_CHECKERS = [(lesson01.check_naive_decode, stub, raises), (lesson01.check_st
 
 @pytest.mark.parametrize("check, unattempted, raising", CODE_CHECKERS, ids=lambda x: getattr(x, "__name__", ""))
 def test_unattempted_filled_in_and_raising(check, unattempted, raising, monkeypatch):
-    monkeypatch.delenv("KVLAB_SOLUTIONS", raising=False)
-    assert check(unattempted) == NOT_ATTEMPTED
-    assert check(None) == NOT_ATTEMPTED
-    raised = check(raising)
-    assert raised.startswith("not quite: your code raised ValueError: " + STUDENT_ERROR) and "Hint:" in raised
-    monkeypatch.setenv("KVLAB_SOLUTIONS", "1")
-    filled = check(unattempted)
-    assert filled.startswith("(the reference solution, filled in by KVLAB_SOLUTIONS=1) correct"), filled
+    assert_unattempted_filled_in_and_raising(check, monkeypatch, unattempted, raising)
 
 
 @pytest.mark.parametrize("check", [c for c, _, _ in CODE_CHECKERS], ids=lambda c: c.__name__)
