@@ -6,7 +6,8 @@ where it runs, not where it was launched.
 **The decode rule**, the same for the lessons and the benchmark: ``T(n)`` is the wall time of one whole decode
 of ``n`` new tokens, ``T(1)`` of one token (the prefill). One decode step takes ``(T(n) - T(1)) / (n - 1)``; each
 sequence of the batch gets one token per step. ``T(1)`` and ``T(n)`` are medians over repeats, and the first call
-(compile, capture, autotune, lazy set-up) is timed apart as the warm-up. With ``per_step=True`` a clock also reads
+(compile, capture, autotune, lazy set-up) is timed apart as the warm-up; a one-token call is also made once untimed
+before ``T(1)`` is timed, since its own first use is slower too. With ``per_step=True`` a clock also reads
 the time after every token (one device sync per token): the same rule, plus the time of each step along the
 sequence, for paths that make one token per launch. A path that replays several steps per graph hands its tokens
 to the clock in a burst after each replay, so its per-step times mean nothing: ``time_strategy`` refuses
@@ -132,6 +133,7 @@ def time_decode(run: Callable[[int, OnToken], torch.Tensor], new_tokens: int, de
         total = statistics.median(sum(times) for times in clocked)
     else:
         steps = None
+        run(1, None)  # untimed: the one-token path has first-use set-up of its own (warm-up, not prefill)
         prefill = statistics.median(wall(lambda: run(1, None), device) for _ in range(repeats))
         reset_peak_memory(device)
         totals = []

@@ -45,7 +45,8 @@ def test_time_decode_subtracts_the_prefill_and_keeps_the_warmup_apart():
         return torch.zeros(3, n, dtype=torch.long)
 
     timing = measure.time_decode(run, 5, "cpu", repeats=2, warmup_tokens=4, label="x")
-    assert [n for n, _ in calls] == [4, 1, 1, 5, 5] and all(t is None for _, t in calls)  # no clock: no sync per token
+    assert [n for n, _ in calls] == [4, 1, 1, 1, 5, 5] and all(t is None for _, t in calls)  # no clock: no sync per token
+    # warm-up (4), the one-token call's own untimed first use, then T(1) and T(5) twice each
     assert timing.step_seconds is None and timing.batch == 3 and timing.new_tokens == 5
     assert timing.ms_per_token == pytest.approx(1e3 * (timing.total_seconds - timing.prefill_seconds) / 4)
 
