@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.utils.benchmark as benchmark
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .decoding import OnToken
 from .runtime import environment, pick_device, synchronize
@@ -281,22 +282,40 @@ def profile_steps(run: Callable[[int], object], k: int, device) -> dict:
 
 # aten ops that only make a new view of existing memory: no kernel runs for them
 VIEW_OPS = {"view", "_unsafe_view", "slice", "select", "t", "transpose", "unsqueeze", "squeeze", "expand", "alias",
-            "permute", "reshape", "getitem", "detach"}
+            "permute", "reshape", "detach"}
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the aten operations dispatched under it, composite ones (``linear``, ``to``, SDPA) decomposed first,
+    as ``make_fx`` traces them, so each count is of an operation that runs a kernel (or a view)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        with self:  # the decomposition's own operations are dispatched, and counted, here again
+            out = func.decompose(*args, **kwargs)
+        if out is not NotImplemented:
+            return out
+        self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **kwargs)
 
 
 def step_op_counts(model, cache, token: torch.Tensor) -> Counter:
-    """The operations one decode step of ``model`` over ``cache`` runs, traced with make_fx: ``{op name: count}``,
-    views left out (they launch no kernel). The trace runs the step once; the cache's state is restored after it."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
+    """The operations one decode step of ``model`` over ``cache`` runs: ``{op name: count}``, views left out (they
+    launch no kernel). Counted by a dispatch mode with make_fx's decompositions (the same counts as a make_fx trace,
+    without building its graph). The step runs once; the cache's state is restored after it."""
     state = [t for layer in cache.layers for t in (layer.keys, layer.values, layer.cumulative_length)]
     saved = [t.clone() for t in state]
+    counter = _OpCounter()
     with torch.inference_mode():
-        traced = make_fx(lambda ids: model(input_ids=ids, cache=cache).logits, tracing_mode="real")(token)
+        with counter:
+            model(input_ids=token, cache=cache)
         for t, old in zip(state, saved, strict=True):
             t.copy_(old)
-    names = (getattr(n.target, "__name__", str(n.target)).split(".")[0] for n in traced.graph.nodes if n.op == "call_function")
-    return Counter(name for name in names if name not in VIEW_OPS)
+    return Counter({name: n for name, n in counter.ops.items() if name not in VIEW_OPS})
 
 
 # ------------------------------------------------------------------------------------------------ memory
