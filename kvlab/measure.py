@@ -264,9 +264,11 @@ def launches(fn, device) -> dict:
 
 def profile_steps(run: Callable[[int], object], k: int, device) -> dict:
     """Kernels (GPU) or leaf ops (CPU) per decode step and their busy time, from profiles of ``run(1)`` and
-    ``run(1 + k)`` (k decode steps apart), with the last step's timeline and its heaviest kernels."""
+    ``run(1 + k)`` (k decode steps apart, each run once unprofiled before), with the last step's timeline and its
+    heaviest kernels."""
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         raise ValueError(f"k must be an int >= 1 (decode steps between the two profiles), got {k!r}")
+    run(1), run(1 + k)  # unprofiled first: a length not run before may capture or compile (its warm-up is not a step)
     one, many = profile(lambda: run(1), device).kernels, profile(lambda: run(1 + k), device).kernels
     per_step = (len(many) - len(one)) / k
     busy = max(0.0, (sum(e[1] for e in many) - sum(e[1] for e in one)) / k)  # a difference: noise can push it below 0
