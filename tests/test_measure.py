@@ -137,3 +137,24 @@ def test_time_decode_refuses_a_run_of_the_wrong_length_and_per_step_over_multi_s
     run = measure.time_strategy(model, BatchEncoding({"input_ids": ids, "attention_mask": torch.ones_like(ids)}), 3,
                                 repeats=1)
     assert run.new_tokens == 3
+
+
+def test_profile_steps_leaves_a_new_lengths_set_up_out_of_the_step():
+    seen = set()
+
+    def step_only(n):  # the same work per decode step, with no set-up
+        x = torch.zeros(4)
+        for _ in range(n - 1):
+            x = x + 1
+        return x
+
+    def run(n):  # the first call at each length also does set-up first (as a capture or a compile would)
+        if n not in seen:
+            seen.add(n)
+            for _ in range(40):
+                torch.ones(2).mul_(3)
+        return step_only(n)
+
+    run(1)  # as after time_decode: one-token calls already ran, the length 1 + k did not
+    expected = measure.profile_steps(step_only, 2, "cpu")["kernels_per_step"]
+    assert expected > 0 and measure.profile_steps(run, 2, "cpu")["kernels_per_step"] == expected
