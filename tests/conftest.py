@@ -75,7 +75,8 @@ def pytest_collection_modifyitems(config, items):
         config._kvlab_browsed = sorted(item.path.name for item in twice)
     # Longest first: the modules with a test marked heavy, then the notebooks, lead, so that `--dist loadscope`
     # (pyproject.toml: a module at a time to a worker, so a module's fixtures run once) hands them out first and the
-    # two workers finish together instead of one starting a notebook as the other ends.
+    # two workers finish together instead of one starting a notebook as the other ends. `--no-loadscope-reorder`
+    # keeps this order: by default xdist >= 3.5 hands out the modules with the most tests first (notebooks last).
     items.sort(key=lambda item: 0 if item.get_closest_marker("heavy") else 1 if item.nodeid.startswith("notebooks/") else 2)
 
 
