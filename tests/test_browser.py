@@ -251,9 +251,16 @@ def _run_all_and_check(lab: Lab, browser, name: str, *, shot: Path | None = None
         before = copy.stat().st_mtime_ns
         page.locator("#jp-MainMenu .lm-MenuBar-item", has_text="File").click()
         page.locator(".lm-Menu .lm-Menu-item[data-command='docmanager:save']").click()
+        from jupyter_server.services.contents.fileio import path_to_intermediate
+
+        # jupyter_server's atomic write backs the file up to its intermediate (".~name"), then rewrites the file in
+        # place (a reader can see it empty, or half written) and removes the intermediate once the write is synced:
+        # a new mtime with no intermediate left is the whole file
+        intermediate = Path(path_to_intermediate(str(copy)))
         deadline = time.monotonic() + 30
-        while copy.stat().st_mtime_ns == before and time.monotonic() < deadline:
-            time.sleep(0.2)  # the server writes a temporary file and renames it: a new mtime is the whole file
+        while ((copy.stat().st_mtime_ns == before or intermediate.exists() or not copy.stat().st_size)
+               and time.monotonic() < deadline):
+            time.sleep(0.2)
         problems += _saved_problems(nbformat.read(copy, as_version=4), copy.stat().st_mtime_ns != before)
 
         problems += _inspector_problems(page, facts, caption_timeout_s)
