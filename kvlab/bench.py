@@ -394,7 +394,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", type=_dtype, default=None, help="timing dtype (default bfloat16 on CUDA, float32 on CPU); checks run in float32")
     p.add_argument("--check-tokens", type=_count(0), default=None, help="tokens of the fp32 check against naive (default 32; quick: 8; 0: no check)")
     p.add_argument("--no-check-compiled", action="store_true", help="skip the fp32 check of compiled strategies (saves their fp32 compile)")
-    p.add_argument("--repeats", type=_count(1), default=None, help="timed repeats of compiled/graph strategies (default 3, quick mode too)")
+    p.add_argument("--repeats", type=_count(1), default=3, help="timed repeats of compiled/graph strategies (default 3, quick mode too)")
     p.add_argument("--profile-steps", type=_count(0), default=None, help="decode steps traced by torch.profiler (default 16; quick: 2; 0: none)")
     p.add_argument("--time-budget", type=_seconds, default=None, help="seconds after which remaining strategies are skipped")
     p.add_argument("--device", type=_device, default=None, help="cpu, cuda or cuda:N (default: cuda when there is a GPU)")
@@ -417,7 +417,7 @@ def main(argv=None) -> dict:
             args.model, prompt_len=pick(args.prompt_len, 64, 16), new_tokens=pick(args.new_tokens, 256, 16),
             batches=args.batch, strategies=args.strategies, dtype=args.dtype,
             check_tokens=pick(args.check_tokens, 32, 8), check_compiled=not args.no_check_compiled,
-            repeats=3 if args.repeats is None else args.repeats, profile_k=pick(args.profile_steps, 16, 2), time_budget=args.time_budget,
+            repeats=args.repeats, profile_k=pick(args.profile_steps, 16, 2), time_budget=args.time_budget,
             device=args.device, seed=args.seed, quick=quick, command=command, out=out,
         )
     except (BenchArgumentError, ModelUnavailableError) as e:  # raised before any timing

@@ -37,14 +37,16 @@ CASES = {  # batch, heads, kv_heads, cache slots, head_dim, valid slots, dtype
     "one-valid-slot": (1, 9, 3, 320, 64, 1, torch.float32),  # every other share of the cache is empty
     "no-gqa-bf16": (2, 8, 8, 40, 32, 40, torch.bfloat16),
 }
-# on CUDA every model with and without a real graph; in the CPU interpreter (about 10 s each, and "graph" is the
-# emulation there) each model once and each graph setting once
+
+
 def tokens(cuda: int, cpu: int) -> int:
     """A decode's length: shorter in the CPU interpreter (seconds per token there), still ending on a partial
     multi-step call where the CUDA length does."""
     return cuda if DEVICE == "cuda" else cpu
 
 
+# on CUDA every model with and without a real graph; in the CPU interpreter (about 10 s each, and "graph" is the
+# emulation there) each model once and each graph setting once
 DECODES = ([(name, graph) for name in ("tiny-llama", "tiny-qwen2") for graph in (False, True)] if DEVICE == "cuda"
            else [("tiny-llama", False), ("tiny-qwen2", True)])
 
