@@ -75,11 +75,16 @@ CONSOLE_NOISE: list[tuple[str, str]] = [
 ]
 
 # JupyterLab's settings for the test server (its own JUPYTERLAB_SETTINGS_DIR): no news fetch, no update check
-# (both would reach the internet, which CI may not have, and pop up notifications over the page).
+# (both would reach the internet, which CI may not have, and pop up notifications over the page). No autosave: it
+# fires 120 s after the notebook opens, near when Run All ends on CI and the test clicks Save itself; two saves in
+# flight can open JupyterLab's modal "File changed" dialog, which would trap the focus the slider's key needs.
 LAB_SETTINGS = {"@jupyterlab/apputils-extension/notification.jupyterlab-settings":
-                {"fetchNews": "false", "checkForUpdates": False}}
+                {"fetchNews": "false", "checkForUpdates": False},
+                "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings": {"autosave": False}}
 
 CAPTION_STEP = re.compile(r"^\s*step (\d+)")
+# A key press that does not reach the slider is pressed again (and said in facts["keys_lost"]), at most this often
+KEY_ATTEMPTS = 3
 
 
 def _missing(why: str):
@@ -262,6 +267,8 @@ def _run_all_and_check(lab: Lab, browser, name: str, *, shot: Path | None = None
                and time.monotonic() < deadline):
             time.sleep(0.2)
         problems += _saved_problems(nbformat.read(copy, as_version=4), copy.stat().st_mtime_ns != before)
+        if dialog := _dialog_text(page):
+            problems.append(f"after File > Save{dialog}")
 
         problems += _inspector_problems(page, facts, caption_timeout_s)
         plots = page.evaluate("() => [...document.querySelectorAll('.jp-OutputArea-output"
@@ -289,6 +296,17 @@ def _run_all_and_check(lab: Lab, browser, name: str, *, shot: Path | None = None
         lab.shut_down_kernels()
         facts["wall_s"] = round(time.monotonic() - t0, 1)
     return problems, facts
+
+
+def _focused(page) -> str:
+    return page.evaluate("() => { const e = document.activeElement;"
+                         " return e ? [e.tagName.toLowerCase(), ...e.classList].join('.') : 'nothing'; }")
+
+
+def _dialog_text(page) -> str:
+    """'' or ', a dialog open: <its text>': a modal JupyterLab dialog traps the focus, so no widget gets a key."""
+    dialogs = page.locator(".jp-Dialog")
+    return f", a dialog open: {' '.join(dialogs.first.inner_text().split())[:160]!r}" if dialogs.count() else ""
 
 
 def _saved_problems(nb, saved: bool) -> list[str]:
@@ -336,8 +354,15 @@ def _inspector_problems(page, facts: dict, caption_timeout_s: float) -> list[str
         now, top = (round(float(handle.get_attribute(a))) for a in ("aria-valuenow", "aria-valuemax"))
         key, want = ("ArrowRight", now + 1) if now < top else ("ArrowLeft", now - 1)
         old_src = image.get_attribute("src")
-        handle.focus()
-        handle.press(key)
+        for attempt in range(1, KEY_ATTEMPTS + 1):
+            handle.press(key)  # focuses the handle, then the key
+            try:
+                page.wait_for_function("([h, n]) => Math.round(+h.getAttribute('aria-valuenow')) !== n",
+                                       arg=[handle.element_handle(), now], timeout=3_000, polling=100)
+                break
+            except Exception:  # the key went elsewhere: say where, then press again
+                facts.setdefault("keys_lost", []).append(f"{where}: {key} #{attempt} with the focus on "
+                                                         f"{_focused(page)}{_dialog_text(page)}")
         try:
             page.wait_for_function("([c, k]) => new RegExp('^\\\\s*step ' + k + '(\\\\D|$)').test(c.textContent)",
                                    arg=[caption.element_handle(), want], timeout=caption_timeout_s * 1000,
