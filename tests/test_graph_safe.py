@@ -195,18 +195,19 @@ def test_one_live_counter_shared_by_every_layer(prompt):
         cache.set_position(25)
 
 
-def test_shared_counter_removes_work_per_step(prompt):
-    """Counted on the traced decode step: vanilla computes positions and advances a counter in every layer,
-    graph-safe computes the positions once and advances its one counter once."""
+@pytest.mark.parametrize("device", DEVICES)  # lesson 05 counts on the student's device: CUDA picks other SDPA kernels
+def test_shared_counter_removes_work_per_step(prompt, device):
+    """Counted on the decode step: vanilla computes positions and advances a counter in every layer, graph-safe
+    computes the positions once and advances its one counter once."""
     config = LlamaConfig(**{**TINY_COMMON, "num_hidden_layers": 4})
-    model = AutoModelForCausalLM.from_config(config).eval()
+    model = AutoModelForCausalLM.from_config(config).eval().to(device)
     counts = {}
     for cls in (StaticCache, GraphSafeStaticCache):
         cache = cls(config=model.config, max_cache_len=24)
         with torch.inference_mode():
-            model(prompt(5), cache=cache)
+            model(prompt(5, device=device), cache=cache)
         before = int(cache.get_seq_length())
-        counts[cls] = step_op_counts(model, cache, prompt(1))
+        counts[cls] = step_op_counts(model, cache, prompt(1, device=device))
         assert int(cache.get_seq_length()) == before  # counting ran the step, then undid it
     vanilla, safe, layers = counts[StaticCache], counts[GraphSafeStaticCache], model.config.num_hidden_layers
     assert vanilla["add_"] == layers and safe["add_"] == 1
