@@ -57,6 +57,9 @@ def prompt():
     return random_prompt
 
 
+BROWSED = pytest.StashKey[list]()  # the lessons tests/test_browser.py runs instead of nbmake
+
+
 @pytest.hookimpl(trylast=True)  # after -m/-k have deselected what they deselect
 def pytest_collection_modifyitems(config, items):
     """Each lesson runs once per session. Where tests/test_browser.py runs a lesson in JupyterLab (selected, and
@@ -72,7 +75,7 @@ def pytest_collection_modifyitems(config, items):
     if browsed and runs and twice:
         items[:] = [item for item in items if item not in twice]
         config.hook.pytest_deselected(items=twice)
-        config._kvlab_browsed = sorted(item.path.name for item in twice)
+        config.stash[BROWSED] = sorted(item.path.name for item in twice)
     # Longest first: the modules with a test marked heavy, then the notebooks, lead, so that `--dist loadscope`
     # (pyproject.toml: a module at a time to a worker, so a module's fixtures run once) hands them out first and the
     # two workers finish together instead of one starting a notebook as the other ends. `--no-loadscope-reorder`
@@ -81,7 +84,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_report_collectionfinish(config, start_path, items):
-    browsed = getattr(config, "_kvlab_browsed", None)
+    browsed = config.stash.get(BROWSED, None)
     if browsed:
         return (f"nbmake does not run {', '.join(browsed)}: tests/test_browser.py runs them in JupyterLab (quick mode "
                 "and solutions as nbmake's), so each lesson runs once")
