@@ -2,6 +2,7 @@
 
 import json
 import time
+from collections import Counter
 
 import pytest
 import torch
@@ -158,3 +159,24 @@ def test_profile_steps_leaves_a_new_lengths_set_up_out_of_the_step():
     run(1)  # as after time_decode: one-token calls already ran, the length 1 + k did not
     expected = measure.profile_steps(step_only, 2, "cpu")["kernels_per_step"]
     assert expected > 0 and measure.profile_steps(run, 2, "cpu")["kernels_per_step"] == expected
+
+
+@pytest.mark.parametrize("cache_class", ["StaticCache", "GraphSafeStaticCache"])
+def test_step_op_counts_equal_a_make_fx_trace(model, cache_class):
+    """What step_op_counts' docstring and lesson 05 say: the counts of a make_fx trace of the step, op by op."""
+    import transformers
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kvlab.graph_safe_cache import GraphSafeStaticCache
+
+    cls = GraphSafeStaticCache if cache_class == "GraphSafeStaticCache" else getattr(transformers, cache_class)
+    cache = cls(config=model.config, max_cache_len=16)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.inference_mode():
+        model(ids, cache=cache)
+    counted = measure.step_op_counts(model, cache, ids[:, -1:])
+    with torch.inference_mode():  # the trace runs the step for real: it advances the cache, which is then thrown away
+        traced = make_fx(lambda t: model(input_ids=t, cache=cache).logits, tracing_mode="real")(ids[:, -1:])
+    names = [n.target.__name__.split(".")[0] for n in traced.graph.nodes
+             if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
+    assert counted and counted == Counter(name for name in names if name not in measure.VIEW_OPS)
