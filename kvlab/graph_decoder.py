@@ -51,6 +51,14 @@ def prefill_mask(start: torch.Tensor, batch: int, bucket: int, slots: int, devic
     return allowed[None, None].expand(batch, 1, bucket, slots)
 
 
+def model_step(model, cache, token: torch.Tensor) -> torch.Tensor:
+    """One decode step through the model's forward: reads ``token`` [batch, 1], writes the argmax of the next one into
+    it, advances the cache's counter."""
+    logits = model(input_ids=token, cache=cache, use_cache=True).logits  # [batch, 1, vocab]
+    token.copy_(logits[:, -1, :].argmax(dim=-1, keepdim=True))
+    return token
+
+
 class GraphSafeDecoder:
     """Prefill eagerly, capture ``steps`` decode steps in one graph, replay it for any number of prompts.
 
@@ -96,9 +104,9 @@ class GraphSafeDecoder:
             from .kernels.step import arrival_counters
 
             self.done = arrival_counters(self.model, batch, self.device)  # attention's counters, left at zero
-        self._run_step = self.one_step
-        if compile_mode is not None:  # callers are in inference mode; dynamo compiles the plain method
-            self._run_step = torch.compile(self.one_step, mode=compile_mode, fullgraph=True)
+        self.compiled_step = None  # model_step compiled (compile_mode): a plain function, so no cycle through self
+        if compile_mode is not None:  # callers are in inference mode
+            self.compiled_step = torch.compile(model_step, mode=compile_mode, fullgraph=True)
         if prefill_bucket is not None:
             self.prompt = torch.zeros(batch, prefill_bucket, dtype=torch.long, device=self.device)  # [batch, bucket]
             self.valid = torch.zeros((), dtype=torch.long, device=self.device)  # valid prompt length, on the device
@@ -159,9 +167,7 @@ class GraphSafeDecoder:
             from .kernels.step import kernel_step
 
             return kernel_step(self.model, self.cache, token, self.done)
-        logits = self.model(input_ids=token, cache=self.cache, use_cache=True).logits  # [batch, 1, vocab]
-        token.copy_(logits[:, -1, :].argmax(dim=-1, keepdim=True))
-        return token
+        return (self.compiled_step or model_step)(self.model, self.cache, token)
 
     def multi_step(self, n: int):
         """A function of the static token that runs ``n`` steps and returns their tokens ``[batch, n]``."""
@@ -169,7 +175,7 @@ class GraphSafeDecoder:
 
         def run(token: torch.Tensor) -> torch.Tensor:
             for k in range(n):
-                self._run_step(token)
+                self.one_step(token)
                 out[:, k : k + 1].copy_(token)
             return out
 

@@ -18,11 +18,20 @@ tensor arguments either the result of an earlier operation or a tensor that exis
 weight, a cache buffer), held by reference, so replay reads and mutates it where it lives. The recording call's
 own writes are undone so that, as on CUDA, capturing itself changes nothing. Emulation gives the same tokens as
 a real graph; it skips the model's Python code at replay, but still launches every operation one by one.
+
+One capture records at a time in a process (other threads wait for it), with Python's automatic garbage collection
+paused while it records: a CUDA graph destroyed during another capture invalidates that capture ("operation failed
+due to a previous error during capture"), and a dead reference cycle holding a graph would otherwise be collected
+at whatever allocation triggers the collector. A captured step freed while a capture records (dropped by the step
+itself, or collected by an explicit ``gc.collect()``) makes the capture fail with the same ``CaptureError`` on CUDA
+and in the emulation.
 """
 
 from __future__ import annotations
 
+import gc
 import sys
+import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -106,17 +115,58 @@ HOST_READS = {  # Python-level reads of a tensor's value: a capture refuses them
 }
 
 
+class _Recording:
+    """The capture recording now in this process: its thread, and the captured steps freed while it records."""
+
+    lock = threading.Lock()  # one capture at a time per process
+    thread: int | None = None
+    freed: list[str] = []
+
+
+def is_recording() -> bool:
+    """Whether this thread is recording a capture right now (a real CUDA graph or the emulation)."""
+    return _Recording.thread == threading.get_ident()
+
+
+FREED_DURING_CAPTURE = (
+    "a captured graph was freed while this capture recorded ({what}): destroying a CUDA graph during a capture "
+    "invalidates the capture (CUDA: 'operation failed due to a previous error during capture'), and the emulation "
+    "refuses it the same way. Drop graphs before capturing or after, never inside the captured step, and keep them "
+    "out of reference cycles (a graph in a cycle is freed whenever the garbage collector runs)."
+)
+
+
+@contextmanager
+def _recording():
+    """Hold the process's capture lock while one capture records, with automatic garbage collection paused (a dead
+    reference cycle holding a graph must not be collected mid-capture); yields the list of captured steps freed
+    meanwhile. Python values only: nothing is left changed when it ends."""
+    if is_recording():
+        raise CaptureError("capture() was called inside a step being captured: capture each step on its own")
+    with _Recording.lock:
+        collecting = gc.isenabled()
+        gc.disable()
+        _Recording.thread, _Recording.freed = threading.get_ident(), []
+        try:
+            yield _Recording.freed
+        finally:
+            _Recording.thread = None
+            if collecting:
+                gc.enable()
+
+
 @contextmanager
 def _no_host_reads(device: torch.device | None = None):
-    """Refuse ``HOST_READS`` while a step is captured: on a GPU each copies the device's data to the host, which a
-    capture refuses (``.numpy()`` of a CUDA tensor even raises a TypeError of its own), and some run no aten
-    operation, so the emulation's recorder cannot see them. ``device``: refuse only tensors there (a real capture:
-    CPU tensors may still be read); None: every tensor (the emulation, where everything is on the CPU)."""
+    """Refuse ``HOST_READS`` in the capturing thread while a step is captured: on a GPU each copies the device's data
+    to the host, which a capture refuses (``.numpy()`` of a CUDA tensor even raises a TypeError of its own), and some
+    run no aten operation, so the emulation's recorder cannot see them. ``device``: refuse only tensors there (a real
+    capture: CPU tensors may still be read); None: every tensor (the emulation, where everything is on the CPU).
+    Other threads, and every thread once the capture ends, see the methods unchanged (callers hold ``_recording``)."""
     patched = {}
 
     def refuse(name, why, inherited):
         def method(self, *args, **kwargs):
-            if device is not None and self.device.type != device.type:
+            if not is_recording() or (device is not None and self.device.type != device.type):
                 return inherited(self, *args, **kwargs)
             raise _host_sync(f"Tensor.{name}()", why)
         return method
@@ -278,6 +328,11 @@ class CapturedStep:
     def __repr__(self) -> str:
         return f"<CapturedStep {self.describe()}>"
 
+    def __del__(self):
+        if _Recording.thread is not None:  # another capture is recording: freeing this graph spoils it
+            kind = "an emulated step" if self.emulated else "a CUDA graph"
+            _Recording.freed.append(f"{kind} captured in {self.capture_seconds:.2f} s")
+
     def _check_inputs(self) -> None:
         for i, (t, (ptr, shape)) in enumerate(zip(self.static_inputs, self._addresses, strict=True)):
             if t.data_ptr() != ptr or tuple(t.shape) != shape:
@@ -338,25 +393,30 @@ def _capture_cuda(fn, static_inputs, warmup, before_replay, device) -> CapturedS
         torch.cuda.current_blas_handle()
     graph = torch.cuda.CUDAGraph()
     raised, end_failed = None, False  # what the step itself raised while being captured; capture_end() failed
-    try:
-        # torch.cuda.graph's __exit__ restores the current stream only when capture_end() succeeds; this outer
-        # context puts the caller's stream (and device) back however the capture ends.
-        with torch.cuda.stream(torch.cuda.current_stream(device)), torch.cuda.graph(graph):
-            try:
-                with _no_host_reads(torch.device(device)):  # the emulation's words for .item(), .numpy(), ...
-                    out = fn(*static_inputs)  # recorded, not run
-            except BaseException as e:  # leave the block normally, so that the capture ends; raised below
-                raised = e
-    except RuntimeError as e:  # capture_begin() or capture_end() failed (an invalidated capture, ...)
-        if raised is None:
-            if "captur" in str(e).lower():
-                raise _refused(e) from e
-            raise
-        # The capture was spoilt by what the step did before it raised: the step's own error says why, not this.
-        end_failed = True
-        if hasattr(raised, "add_note"):  # Python 3.11+
-            raised.add_note(f"(kvlab.graphs.capture: ending the abandoned CUDA capture then failed too: "
-                            f"{(str(e).strip().splitlines() or [type(e).__name__])[0]})")
+    with _recording() as freed:
+        try:
+            # torch.cuda.graph's __exit__ restores the current stream only when capture_end() succeeds; this outer
+            # context puts the caller's stream (and device) back however the capture ends.
+            with torch.cuda.stream(torch.cuda.current_stream(device)), torch.cuda.graph(graph):
+                try:
+                    with _no_host_reads(torch.device(device)):  # the emulation's words for .item(), .numpy(), ...
+                        out = fn(*static_inputs)  # recorded, not run
+                except BaseException as e:  # leave the block normally, so that the capture ends; raised below
+                    raised = e
+        except RuntimeError as e:  # capture_begin() or capture_end() failed (an invalidated capture, ...)
+            if freed:
+                raise CaptureError(FREED_DURING_CAPTURE.format(what="; ".join(freed))) from e
+            if raised is None:
+                if "captur" in str(e).lower():
+                    raise _refused(e) from e
+                raise
+            # The capture was spoilt by what the step did before it raised: the step's own error says why, not this.
+            end_failed = True
+            if hasattr(raised, "add_note"):  # Python 3.11+
+                raised.add_note(f"(kvlab.graphs.capture: ending the abandoned CUDA capture then failed too: "
+                                f"{(str(e).strip().splitlines() or [type(e).__name__])[0]})")
+        if freed:  # CUDA did not notice (a graph never replayed holds no executable): refuse it all the same
+            raise CaptureError(FREED_DURING_CAPTURE.format(what="; ".join(freed)))
     if raised is not None:
         if type(raised) in _CUDA_ERRORS and (end_failed or "captur" in str(raised).lower()):
             raise _refused(raised) from raised  # a CUDA call of the step was refused (a host sync, ...)
@@ -379,7 +439,7 @@ def _libraries_see_a_capture():
         yield
         return
     original = utils.is_cuda_stream_capturing
-    utils.is_cuda_stream_capturing = lambda: True
+    utils.is_cuda_stream_capturing = lambda: is_recording() or original()  # this thread's capture only
     try:
         yield
     finally:
@@ -392,13 +452,16 @@ def _capture_emulated(fn, static_inputs, warmup, before_replay, device) -> Captu
         fn(*static_inputs)  # real calls, as on CUDA: every side effect happens
 
     recorder = _Recorder()
-    try:
-        with recorder, _libraries_see_a_capture(), _no_host_reads():
-            leaves, spec = _flat_tensors(fn(*static_inputs), "the captured function")
-        outputs = [recorder.encode(t) for t in leaves]
-        meta = [(t.shape, t.dtype, t.device) for t in leaves]
-    finally:
-        recorder.undo()  # CUDA's capture runs no kernel: undo what recording ran, so capturing has no side effect
+    with _recording() as freed:
+        try:
+            with recorder, _libraries_see_a_capture(), _no_host_reads():
+                leaves, spec = _flat_tensors(fn(*static_inputs), "the captured function")
+            outputs = [recorder.encode(t) for t in leaves]
+            meta = [(t.shape, t.dtype, t.device) for t in leaves]
+        finally:
+            recorder.undo()  # CUDA's capture runs no kernel: undo what recording ran, so capturing has no side effect
+        if freed:
+            raise CaptureError(FREED_DURING_CAPTURE.format(what="; ".join(freed)))
     traced = RecordedOps(recorder.nodes, outputs)
     del recorder, leaves  # the recording call's intermediates are not needed any more
     # Like a CUDA graph's outputs right after capture, the static outputs exist but hold nothing yet.

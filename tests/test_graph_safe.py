@@ -7,6 +7,9 @@ on CPU the capture is kvlab.graphs' emulation.
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, StaticCache
@@ -117,6 +120,56 @@ def test_strategy_reuses_its_decoder_and_calls_on_token(device, prompt):
     assert torch.equal(decode_graph_safe(model, b, 5, decoder=own), kvlab.decode(model, b, 5))
     fresh = GraphSafeStaticCache(config=model.config, max_cache_len=40)
     assert torch.equal(decode_graph_safe(model, b, 5, cache=fresh), kvlab.decode(model, b, 5))
+
+
+# ------------------------------------------------------------------------------ graphs freed at the right moment
+
+
+DECODER_SETTINGS = {"one-step": {}, "bucketed-16-step": {"prefill_bucket": 16, "steps": 16},
+                    "kernels": {"step": "kernels", "steps": 4}}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("settings", DECODER_SETTINGS.values(), ids=DECODER_SETTINGS.keys())
+def test_a_dropped_decoder_is_freed_at_once_with_its_graphs(device, settings, prompt):
+    """No reference cycle holds a decoder's graphs: `del` frees them, whenever the garbage collector would run."""
+    model = model_on("tiny-llama", device)
+    gc.collect()
+    gc.disable()
+    try:
+        decoder = GraphSafeDecoder(model, 40, **settings)
+        decoder.generate(prompt(9, device=device), 20)
+        graphs = [*decoder.graphs.values()] + ([decoder.prefill_graph] if decoder.prefill_graph else [])
+        refs = [weakref.ref(x) for x in (decoder, decoder.cache, *graphs)]
+        assert len(refs) >= 3
+        del decoder, graphs
+        assert [r() for r in refs] == [None] * len(refs)
+    finally:
+        gc.enable()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_dropped_decoder_collected_inside_the_next_capture_spoils_nothing(device, prompt):
+    """The H200's failure made deterministic: a collection inside the next decoder's capture. A dropped decoder whose
+    graphs sat in a reference cycle was freed there and CUDA invalidated the capture ('operation failed due to a
+    previous error during capture'); now nothing is left for the collector to free."""
+    model = model_on("tiny-llama", device)
+    ids = prompt(9, device=device)
+    expected = kvlab.decode(model, ids, NEW)
+
+    def collect_inside_a_capture(module, args):
+        if capturing():
+            gc.collect()
+
+    gc.collect()
+    handle = model.register_forward_pre_hook(collect_inside_a_capture)
+    try:
+        dropped = GraphSafeDecoder(model, 40)
+        dropped.generate(ids, 4)
+        del dropped
+        assert torch.equal(GraphSafeDecoder(model, 40).generate(ids, NEW), expected)
+    finally:
+        handle.remove()
 
 
 @needs_cuda
@@ -374,9 +427,10 @@ def test_eager_vs_replay_runs_outside_inference_mode(prompt):
 def test_decoder_buffers_and_caches_cannot_be_shared_or_rebound(prompt):
     model = model_on("tiny-llama", "cpu")
     cache = GraphSafeStaticCache(config=model.config, max_cache_len=24)
-    GraphSafeDecoder(model, 24, cache=cache)
+    owner = GraphSafeDecoder(model, 24, cache=cache)  # alive while it is referenced (no cycle keeps it longer)
     with pytest.raises(GraphSafeError, match="already belongs to another GraphSafeDecoder"):
         GraphSafeDecoder(model, 24, cache=cache)
+    del owner
     decoder = GraphSafeDecoder(model, 24)
     with pytest.raises(GraphSafeError, match="read decoder.token by address"):
         decoder.token = torch.zeros(1, 1, dtype=torch.long)

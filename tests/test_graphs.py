@@ -1,5 +1,8 @@
 """kvlab.graphs: the capture/replay contract, emulated on CPU and (on a GPU) real, with the same results."""
 
+import gc
+import threading
+
 import pytest
 import torch
 
@@ -325,3 +328,63 @@ def test_data_dependent_shapes_and_python_bools_are_refused_at_capture(how):
     with pytest.raises(CaptureError, match="host synchronization during capture"):
         capture(steps[how], torch.ones(4), warmup=0)
     assert torch.equal(capture(lambda t: torch.repeat_interleave(t, 2), torch.ones(2), warmup=0).replay(), torch.ones(4))
+
+
+FREED = "a captured graph was freed while this capture recorded"
+
+
+def test_a_step_freed_while_another_capture_records_spoils_that_capture(mode):
+    """CUDA invalidates a capture during which a graph is destroyed; kvlab says so in the same words on CUDA and in
+    the emulation, so that a CPU run catches a graph dropped (or collected) at the wrong moment."""
+    device, emulate = mode
+    x, y = torch.ones(3, device=device), torch.ones(3, device=device)
+    held = [capture(lambda t: t * 2, x, warmup=1, emulate=emulate)]
+
+    def step(t):
+        held.clear()  # the last reference to the first graph: it is destroyed while this capture records
+        return t + 1
+
+    with pytest.raises(CaptureError, match=FREED):
+        capture(step, y, warmup=0, emulate=emulate)  # no warm-up: the recorded call is the one that drops it
+    g = capture(lambda t: t + 1, y, warmup=0, emulate=emulate)  # the process captures normally afterwards
+    assert torch.equal(g.replay(), y + 1)
+
+
+def test_automatic_garbage_collection_pauses_while_a_step_records(mode):
+    device, emulate = mode
+    seen = []
+    capture(lambda t: (seen.append(gc.isenabled()), t + 1)[1], torch.ones(2, device=device), warmup=1,
+            emulate=emulate)
+    assert seen == [True, False], "warm-up calls run with the collector on; the recorded call with it paused"
+    assert gc.isenabled()
+    gc.disable()
+    try:  # a collector the caller had turned off stays off
+        capture(lambda t: t + 1, torch.ones(2, device=device), warmup=0, emulate=emulate)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_a_capture_in_one_thread_leaves_other_threads_and_torch_unchanged():
+    """Host reads are refused in the capturing thread only, and torch.Tensor's methods are the same afterwards."""
+    originals = {name: torch.Tensor.__dict__.get(name) for name in ("item", "__int__", "__bool__", "tolist")}
+    recording, other_thread_read = threading.Event(), threading.Event()
+    reads = []
+
+    def step(t):
+        recording.set()
+        assert other_thread_read.wait(10)
+        return t + 1
+
+    def reader():
+        assert recording.wait(10)
+        reads.append((int(torch.tensor(3)), torch.tensor([1.5]).item(), bool(torch.tensor(1))))
+        other_thread_read.set()
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    capture(step, torch.ones(2), warmup=0)
+    thread.join()
+    assert reads == [(3, 1.5, True)]
+    assert {name: torch.Tensor.__dict__.get(name) for name in originals} == originals
+    assert int(torch.tensor(3)) == 3
