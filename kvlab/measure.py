@@ -5,7 +5,7 @@ where it runs, not where it was launched.
 
 **The decode rule**, the same for the lessons and the benchmark: ``T(n)`` is the wall time of one whole decode
 of ``n`` new tokens, ``T(1)`` of one token (the prefill). One decode step takes ``(T(n) - T(1)) / (n - 1)``; each
-sequence of the batch gets one token per step. ``T(1)`` and ``T(n)`` are medians over repeats, and the first call
+sequence of the batch gets one token per step. ``T(1)`` and ``T(n)`` are medians over repeats, timed in turns, and the first call
 (compile, capture, autotune, lazy set-up) is timed apart as the warm-up; a one-token call is also made once untimed
 before ``T(1)`` is timed, since its own first use is slower too. With ``per_step=True`` a clock also reads
 the time after every token (one device sync per token): the same rule, plus the time of each step along the
@@ -16,6 +16,7 @@ to the clock in a burst after each replay, so its per-step times mean nothing: `
 
 from __future__ import annotations
 
+import gc
 import resource
 import statistics
 import sys
@@ -135,16 +136,16 @@ def time_decode(run: Callable[[int, OnToken], torch.Tensor], new_tokens: int, de
     else:
         steps = None
         run(1, None)  # untimed: the one-token path has first-use set-up of its own (warm-up, not prefill)
-        prefill = statistics.median(wall(lambda: run(1, None), device) for _ in range(repeats))
         reset_peak_memory(device)
-        totals = []
-        for _ in range(repeats):
+        prefills, totals = [], []
+        for _ in range(repeats):  # T(1) and T(n) in turns: a busy moment of the machine slows both alike
+            prefills.append(wall(lambda: run(1, None), device))
             synchronize(device)
             t0 = time.perf_counter()
             tokens = run(new_tokens, None)
             synchronize(device)
             totals.append(time.perf_counter() - t0)
-        total = statistics.median(totals)
+        prefill, total = statistics.median(prefills), statistics.median(totals)
     if tokens.dim() != 2 or tokens.shape[1] != new_tokens:
         raise TimingError(f"{label or 'run'}({new_tokens}) returned tokens of shape {tuple(tokens.shape)}, not "
                           f"[batch, {new_tokens}]: the rule needs the run to make exactly the tokens it was asked for")
@@ -337,6 +338,26 @@ def peak_memory_bytes(device) -> int:
     if torch.device(device).type == "cuda":
         return torch.cuda.max_memory_allocated(device)
     return process_peak_rss_bytes()
+
+
+def allocated_by(make: Callable[[], object], device) -> tuple[object, int | None]:
+    """``make()``, and the bytes of CUDA memory it left allocated (``torch.cuda.memory_allocated`` after minus before:
+    whole blocks of the caching allocator). Garbage is collected first and the collector paused meanwhile, so that
+    nothing else is freed in between; None off CUDA."""
+    if torch.device(device).type != "cuda":
+        return make(), None
+    gc.collect()
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        made = make()
+        torch.cuda.synchronize(device)
+        return made, torch.cuda.memory_allocated(device) - before
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def cache_bytes(cache) -> int:

@@ -46,8 +46,8 @@ def test_time_decode_subtracts_the_prefill_and_keeps_the_warmup_apart():
         return torch.zeros(3, n, dtype=torch.long)
 
     timing = measure.time_decode(run, 5, "cpu", repeats=2, warmup_tokens=4, label="x")
-    assert [n for n, _ in calls] == [4, 1, 1, 1, 5, 5] and all(t is None for _, t in calls)  # no clock: no sync per token
-    # warm-up (4), the one-token call's own untimed first use, then T(1) and T(5) twice each
+    assert [n for n, _ in calls] == [4, 1, 1, 5, 1, 5] and all(t is None for _, t in calls)  # no clock: no sync per token
+    # warm-up (4), the one-token call's own untimed first use, then T(1) and T(5) in turns, twice each
     assert timing.step_seconds is None and timing.batch == 3 and timing.new_tokens == 5
     assert timing.ms_per_token == pytest.approx(1e3 * (timing.total_seconds - timing.prefill_seconds) / 4)
 
@@ -180,3 +180,10 @@ def test_step_op_counts_equal_a_make_fx_trace(model, cache_class):
     names = [n.target.__name__.split(".")[0] for n in traced.graph.nodes
              if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
     assert counted and counted == Counter(name for name in names if name not in measure.VIEW_OPS)
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_allocated_by_counts_the_allocators_blocks_on_cuda_and_nothing_elsewhere(device):
+    made, grew = measure.allocated_by(lambda: torch.empty(1024, 1024, device=device), device)  # 4 MiB of float32
+    assert made.shape == (1024, 1024)
+    assert grew == (4 * 2**20 if device == "cuda" else None)
