@@ -1,4 +1,5 @@
-"""tools/run_notebooks.py on two tiny generated notebooks: one passes, one fails an assertion; rows merge by hardware."""
+"""tools/run_notebooks.py on two tiny generated notebooks: one passes, one fails an assertion; rows merge by hardware
+and carry the code hash; the README's table says whether each machine's rows are current."""
 
 import json
 import os
@@ -60,6 +61,9 @@ def test_runs_each_notebook_reports_failures_and_merges_by_hardware(tmp_path):
     csv_lines = out.with_suffix(".csv").read_text().splitlines()
     assert csv_lines[0].startswith("notebook,passed,error,failed_cell,wall_s,peak_rss_mb") and len(csv_lines) == 5
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == stored  # the notebooks were not rewritten
+    hashes = _code_hash().tree_hashes(SCRIPT.parent.parent, paths={"notebooks": folder})  # the folder run
+    assert ok["code_hash"] == bad["code_hash"] == hashes
+    assert csv_lines[0].endswith(",code_hash") and csv_lines[1].endswith("," + hashes["combined"])
 
 
 def _tool():
@@ -69,6 +73,34 @@ def _tool():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _code_hash():
+    _tool()  # puts tools/ on sys.path
+    import code_hash
+
+    return code_hash
+
+
+def test_the_readme_table_says_whether_each_machine_is_current():
+    tool = _tool()
+    now = {"kvlab": "k" * 64, "notebooks": "n" * 64, "tests": "t" * 64}
+    same = {**now, "combined": "c" * 64}
+    base = {"passed": True, "wall_s": 10.0, "peak_rss_mb": 1024.0, "cuda_max_allocated_mb": None, "model": "real",
+            "quick": False, "commit": "abc1234", "date": "2026-12-01T10:00:00+00:00"}
+    rows = [{**base, "notebook": "00_a.ipynb", "hardware": "CPU: x", "code_hash": same},
+            {**base, "notebook": "01_b.ipynb", "hardware": "CPU: x", "code_hash": {**same, "tests": "t2"}},  # not a lesson's
+            {**base, "notebook": "00_a.ipynb", "hardware": "NVIDIA H200", "date": "2026-12-02T09:00:00+00:00",
+             "code_hash": {**same, "kvlab": "old", "notebooks": "old"}},
+            {**base, "notebook": "01_b.ipynb", "hardware": "NVIDIA H200"},  # recorded before rows had a code hash
+            {**base, "notebook": "00_a.ipynb", "hardware": "NVIDIA A100", "code_hash": {**same, "notebooks": "old"}},
+            {**base, "notebook": "01_b.ipynb", "hardware": "NVIDIA A100", "code_hash": {**same, "notebooks": "old"}}]
+    status = tool.readme_table(rows, now=now).splitlines()[-1]
+    assert "CPU: x: current (code hash kvlab/ kkkkkkk, notebooks/ nnnnnnn);" in status
+    assert ("NVIDIA H200: 00: kvlab/, notebooks/ changed since these runs (rows of 2026-12-02); 01: code hash not "
+            "recorded (rows of 2026-12-01)") in status
+    assert "NVIDIA A100: notebooks/ changed since these runs (rows of 2026-12-01);" in status
+    assert "current" not in status.split("NVIDIA A100:")[1]
 
 
 def test_record_has_every_lesson_passing_at_full_size_on_a_cpu_and_an_h200_and_the_readme_shows_it():

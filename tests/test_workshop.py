@@ -138,3 +138,16 @@ def test_an_exercises_section_counts_as_exercises_not_reading():
     assert text.words == len(f"Lesson part {words} Summary short".split())  # the Exercises text is not reading
     assert text.code_lines == 0
     assert text.sections["## Exercises"][0] > 180  # still listed under its heading by --sections
+
+
+def test_the_run_table_says_whether_each_machine_is_current():
+    now = {"kvlab": "k" * 64, "notebooks": "n" * 64, "tests": "t" * 64}
+    texts = {"00": ("00_a.ipynb", workshop.Text())}
+    row = {"notebook": "00_a.ipynb", "passed": True, "quick": False, "wall_s": 30.0, "date": "2026-12-01T10:00:00+00:00"}
+    rows = [{**row, "hardware": "CPU: laptop", "device": "cpu", "code_hash": {**now, "combined": "c"}},
+            {**row, "hardware": "NVIDIA H200", "device": "cuda", "code_hash": {**now, "kvlab": "old", "combined": "d"}},
+            {**row, "hardware": "NVIDIA A100", "device": "cuda"}]
+    status = workshop.run_table(texts, rows, now=now).splitlines()[-1]
+    assert "CPU: laptop: current (code hash kvlab/ kkkkkkk, notebooks/ nnnnnnn)" in status
+    assert "NVIDIA H200: kvlab/ changed since these runs (rows of 2026-12-01)" in status
+    assert "NVIDIA A100: code hash not recorded (rows of 2026-12-01)" in status

@@ -30,7 +30,12 @@ there for other hardware are kept; a row for the same (notebook, hardware) is re
 H200 run sit side by side. ``error`` is "ExceptionName: first line of its message (cell i)" with i the 0-based
 index among all the notebook's cells (also in ``failed_cell``), or null. A kernel that died (or a cell that
 would not stop when interrupted) reports nothing: its memory fields are null, and hardware and versions come
-from a separate Python process. Prints a table at the end; exits 1 if any notebook failed.
+from a separate Python process. ``code_hash`` is ``tools/code_hash.py``'s hashes of the checkout's ``kvlab/``,
+``tests/`` and the notebooks folder run (under the name ``notebooks``), and their ``combined`` one, taken before
+the first notebook runs; the CSV holds the combined one. Prints a table at the end; exits 1 if any notebook failed.
+
+``--readme`` writes, under the table, whether each machine's rows are current: their ``code_hash`` of ``kvlab/``
+and ``notebooks/`` against this checkout's when the table is written (``code_hash.status_sentence``).
 """
 
 from __future__ import annotations
@@ -46,11 +51,15 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+if str(Path(__file__).resolve().parent) not in sys.path:  # tools/, also when this file is loaded by its path
+    sys.path.append(str(Path(__file__).resolve().parent))
+import code_hash  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 MARKER = "KVLAB_RUN_REPORT "
 FIELDS = ["notebook", "passed", "error", "failed_cell", "wall_s", "peak_rss_mb", "cuda_max_allocated_mb",
           "cuda_max_reserved_mb", "device", "hardware", "model", "dtype", "quick", "python", "torch", "transformers",
-          "commit", "uncommitted", "date", "timeout_s"]
+          "commit", "uncommitted", "date", "timeout_s", "code_hash"]
 
 SETUP = r'''
 def _kvlab_keep_cuda_peaks():
@@ -204,7 +213,8 @@ def run_notebook(path: Path, *, timeout: float, env: dict) -> tuple[dict, dict |
             "wall_s": wall}, report
 
 
-def row_for(path: Path, outcome: dict, report: dict | None, fallback, *, quick: bool, timeout: float) -> dict:
+def row_for(path: Path, outcome: dict, report: dict | None, fallback, *, quick: bool, timeout: float,
+            hashes: dict | None = None) -> dict:
     rep = report if report and report.get("hardware") else {**fallback(), **(report or {})}
     git = rep.get("git") or {}
     random = rep.get("random_env") or not rep.get("real_model_converted", False)
@@ -215,7 +225,8 @@ def row_for(path: Path, outcome: dict, report: dict | None, fallback, *, quick: 
             "model": "random" if random else "real", "dtype": rep.get("dtype"), "quick": quick,
             "python": rep.get("python"), "torch": rep.get("torch"), "transformers": rep.get("transformers"),
             "commit": git.get("commit"), "uncommitted": git.get("uncommitted"),
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "timeout_s": timeout}
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "timeout_s": timeout,
+            "code_hash": hashes}
 
 
 def merge(out: Path, new: list[dict]) -> list[dict]:
@@ -234,7 +245,8 @@ def write(out: Path, rows: list[dict]) -> None:
     with open(out.with_suffix(".csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         writer.writeheader()
-        writer.writerows({k: ",".join(v) if isinstance(v, list) else v for k, v in r.items()} for r in rows)
+        writer.writerows({k: ",".join(v) if isinstance(v, list) else v.get("combined") if isinstance(v, dict) else v
+                          for k, v in r.items()} for r in rows)
 
 
 def table(rows: list[dict]) -> str:
@@ -251,8 +263,9 @@ def table(rows: list[dict]) -> str:
 README_START, README_END = "<!-- notebook-runs:start -->", "<!-- notebook-runs:end -->"
 
 
-def readme_table(rows: list[dict]) -> str:
-    """The README's table of recorded runs: one column per hardware, full-size runs only."""
+def readme_table(rows: list[dict], now: dict | None = None) -> str:
+    """The README's table of recorded runs: one column per hardware, full-size runs only, and whether each column
+    is current against ``now`` (default: this checkout's hashes)."""
     full = [r for r in rows if not r.get("quick")]
     hardware = sorted({r["hardware"] for r in full}, key=lambda h: (not h.startswith("CPU"), h))
     by = {(r["notebook"], r["hardware"]): r for r in full}
@@ -272,6 +285,8 @@ def readme_table(rows: list[dict]) -> str:
     lines.append("")
     lines.append("Recorded by `python tools/run_notebooks.py` at full size, read from `data/notebook_runs.json`; code: " +
                  "; ".join(f"{h} at {', '.join(m)}" for h, m in made.items()) + ".")
+    lines.append("")
+    lines.append(code_hash.status_sentence(full, hardware, code_hash.tree_hashes(ROOT) if now is None else now))
     return "\n".join(lines)
 
 
@@ -302,6 +317,7 @@ def main(argv=None) -> int:
     if not paths:
         sys.exit(f"no notebook in {folder}")
     env = {**os.environ, "KVLAB_QUICK": "1" if args.quick else "0"}
+    hashes = code_hash.tree_hashes(ROOT, paths={"notebooks": folder})
     fallback_cache: list[dict] = []
 
     def fallback() -> dict:
@@ -313,7 +329,7 @@ def main(argv=None) -> int:
     for k, path in enumerate(paths, 1):
         print(f"[{k}/{len(paths)}] {path.name} ({'quick' if args.quick else 'full size'}) ...", flush=True)
         outcome, report = run_notebook(path, timeout=args.timeout, env=env)
-        row = row_for(path, outcome, report, fallback, quick=args.quick, timeout=args.timeout)
+        row = row_for(path, outcome, report, fallback, quick=args.quick, timeout=args.timeout, hashes=hashes)
         rows.append(row)
         print(f"  {'passed' if row['passed'] else 'FAILED: ' + row['error']} in {row['wall_s']:.1f} s", flush=True)
         write(out, merge(out, [row]))  # after each notebook: a run cut short keeps what it finished

@@ -30,7 +30,8 @@ schedule's sums are the sums of the numbers it shows.
 
 The workshop: lesson 00 is pre-work, lessons 01-05 are the core path, with a ``BREAK_MINUTES`` break at the lesson
 boundary where the time since the last break comes nearest to ``BREAK_EVERY_MINUTES``; lesson 06 is a session of its
-own. The block written into INSTRUCTORS.md holds the run-time table, the schedule and whether the core path fits
+own. The block written into INSTRUCTORS.md holds the run-time table (with whether each machine's rows are current:
+their ``code_hash`` against this checkout's, ``tools/code_hash.py``), the schedule and whether the core path fits
 ``WORKSHOP_MINUTES``; every number in it is read from the data and the notebooks, never typed.
 """
 
@@ -43,6 +44,10 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # tools/, also when this file is loaded by its path
+    sys.path.append(str(Path(__file__).resolve().parent))
+import code_hash  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -286,8 +291,9 @@ def schedule(texts: dict[str, tuple[str, Text]], rows: list[dict]) -> dict[str, 
 
 # ------------------------------------------------------------------------------------------------------ rendering
 
-def run_table(texts: dict[str, tuple[str, Text]], rows: list[dict]) -> str:
-    """One column per recorded hardware (CPUs first), one row per lesson: seconds and minutes of the full-size run."""
+def run_table(texts: dict[str, tuple[str, Text]], rows: list[dict], now: dict | None = None) -> str:
+    """One column per recorded hardware (CPUs first), one row per lesson: seconds and minutes of the full-size run;
+    then whether each column is current against ``now`` (default: this checkout's hashes)."""
     full = [r for r in rows if not r.get("quick")]
     hardware = sorted({r["hardware"] for r in full if hardware_kind(r)}, key=lambda h: (not h.startswith("CPU"), h))
     by = {(r["notebook"], r["hardware"]): r for r in full}
@@ -307,6 +313,7 @@ def run_table(texts: dict[str, tuple[str, Text]], rows: list[dict]) -> str:
     lines += ["", "Full-size runs (`KVLAB_QUICK=0`, one fresh kernel per notebook, model loading included) recorded by "
               "`python tools/run_notebooks.py` in `data/notebook_runs.json`; code: "
               + "; ".join(f"{h} at {', '.join(m)}" for h, m in made.items()) + "."]
+    lines += ["", code_hash.status_sentence(full, hardware, code_hash.tree_hashes(ROOT) if now is None else now)]
     return "\n".join(lines)
 
 

@@ -1,0 +1,255 @@
+"""tools/gpu_check.py and tools/code_hash.py on a CPU: the code hash and what it leaves out, --status, merging a
+part into a record, and a pytest run read into per-file results."""
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu_check = load("gpu_check")
+code_hash = load("code_hash")
+
+
+def checkout(root: Path) -> Path:
+    """A tiny checkout: the project's .gitignore and a file or two in each hashed folder."""
+    root.mkdir(parents=True)
+    shutil.copy(ROOT / ".gitignore", root / ".gitignore")
+    for rel, text in {"kvlab/__init__.py": "x = 1\n", "kvlab/sub/b.py": "y = 2\n", "notebooks/00_a.ipynb": "{}\n",
+                      "tests/test_a.py": "def test_a():\n    pass\n"}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_the_hash_is_stable_ignores_what_git_ignores_and_changes_with_a_file(tmp_path):
+    root = checkout(tmp_path / "repo")
+    first = code_hash.tree_hashes(root)
+    assert set(first) == {"kvlab", "notebooks", "tests", "combined"} and code_hash.tree_hashes(root) == first
+    for rel in ("kvlab/__pycache__/__init__.cpython-312.pyc", "kvlab/stray.pyc", "tests/.pytest_cache/v/x",
+                "notebooks/.ipynb_checkpoints/00_a-checkpoint.ipynb", "kvlab/kvlab.egg-info/PKG-INFO",
+                "notebooks/.nb.lock"):  # the last two: only the project's .gitignore leaves them out
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(b"generated")
+    assert code_hash.tree_hashes(root) == first
+    copy = tmp_path / "elsewhere"  # a copy without .git (the GPU machine's) hashes the same
+    shutil.copytree(root, copy)
+    assert code_hash.tree_hashes(copy) == first
+    (root / "kvlab" / "sub" / "b.py").write_text("y = 3\n")
+    second = code_hash.tree_hashes(root)
+    assert second["kvlab"] != first["kvlab"] and second["combined"] != first["combined"]
+    assert (second["notebooks"], second["tests"]) == (first["notebooks"], first["tests"])
+    assert code_hash.changed_folders(first, second) == ["kvlab"]
+    (copy / "kvlab" / "sub" / "b.py").rename(copy / "kvlab" / "sub" / "c.py")  # same bytes, another name
+    assert code_hash.tree_hashes(copy)["kvlab"] != first["kvlab"]
+
+
+def test_the_hashed_files_are_the_files_git_keeps():
+    """On this checkout: what the walker hashes is what git lists, tracked or untracked, less what it ignores."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "--", *code_hash.FOLDERS], cwd=ROOT,
+                            capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip(f"no git checkout here (the GPU machine's copy): {listed.stderr.strip()[:200]}")
+    kept = sorted(p for p in set(listed.stdout.splitlines()) if (ROOT / p).is_file())
+    walked = sorted(f"{name}/{rel}" for name in code_hash.FOLDERS for rel in code_hash.folder_files(ROOT / name, ROOT))
+    assert walked == kept
+
+
+def test_gitignore_patterns():
+    rules = code_hash.parse_ignore("# c\n*.egg-info/\n/out/\nbuild/\n*.log\n!keep.log\ndocs/**/gen\n")
+    assert code_hash.is_ignored("kvlab/x.egg-info", True, rules) and not code_hash.is_ignored("kvlab/x.egg-info", False, rules)
+    assert code_hash.is_ignored("out", True, rules) and not code_hash.is_ignored("kvlab/out", True, rules)  # anchored
+    assert code_hash.is_ignored("tests/build", True, rules)  # unanchored: any level
+    assert code_hash.is_ignored("a/b.log", False, rules) and not code_hash.is_ignored("a/keep.log", False, rules)
+    assert code_hash.is_ignored("docs/gen", False, rules) and code_hash.is_ignored("docs/a/b/gen", False, rules)
+    assert not code_hash.is_ignored("docs/a/gen2", False, rules)
+
+
+def record_for(root: Path, out: Path) -> dict:
+    part = {"part": "tests", "name": "tests/", "size": "quick", "weights": "random", "hardware": "NVIDIA H200",
+            "runs": [{"run": 1, "passed": True, "wall_s": 1.0}], "passed": True, "date": "2026-12-02T10:31:00+00:00"}
+    record = gpu_check.put_part(gpu_check.load_record(out, code_hash.tree_hashes(root)), part)
+    gpu_check.write_json(out, record)
+    return record
+
+
+def last_line(capsys) -> str:
+    return capsys.readouterr().out.strip().splitlines()[-1]
+
+
+def test_status_says_current_then_names_the_changed_folders_without_the_word_current(tmp_path, capsys):
+    root, out = checkout(tmp_path / "repo"), tmp_path / "gpu_check.json"
+    assert gpu_check.main(["--status", "--root", str(root), "--out", str(out)]) == 1  # no record yet
+    assert "current" not in last_line(capsys).lower()
+    record_for(root, out)
+    assert gpu_check.main(["--status", "--root", str(root), "--out", str(out)]) == 0
+    line = last_line(capsys)
+    assert line == ("current: pytest (quick, random weights): 1 of 1 runs passed on NVIDIA H200 at "
+                    "2026-12-02 10:31 UTC")
+    (root / "kvlab" / "__init__.py").write_text("x = 2\n")
+    assert gpu_check.main(["--status", "--root", str(root), "--out", str(out)]) == 1
+    line = last_line(capsys)
+    assert line == "stale: kvlab/ changed since the GPU check of 2026-12-02 10:31 UTC"
+    (root / "tests" / "test_b.py").write_text("")  # a new file counts too
+    assert gpu_check.main(["--status", "--root", str(root), "--out", str(out)]) == 1
+    line = last_line(capsys)
+    assert line.startswith("stale: kvlab/, tests/ changed since") and "current" not in line.lower()
+
+
+def test_status_needs_neither_torch_nor_long(tmp_path):
+    script = ("import sys; sys.path.insert(0, 'tools'); import gpu_check; "
+              f"rc = gpu_check.main(['--status', '--out', {str(tmp_path / 'none.json')!r}]); "
+              "print('torch imported' if 'torch' in sys.modules else 'no torch', rc)")
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip().splitlines()[-1] == "no torch 1", proc.stdout + proc.stderr
+    assert time.perf_counter() - started < 20
+
+
+def test_a_part_merges_into_a_record_of_the_same_hash_and_another_hash_starts_anew(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    hashes = {"kvlab": "a", "notebooks": "b", "tests": "c", "combined": "abc"}
+
+    def part(kind, name, size="full", runs=1, date="2026-12-02T10:00:00+00:00"):
+        return {"part": kind, "name": name, "size": size, "weights": "real", "date": date,
+                "runs": [{"run": k, "passed": True} for k in range(1, runs + 1)]}
+
+    first = gpu_check.load_record(out, hashes)
+    assert first["parts"] == [] and first["code_hash"] == hashes
+    for p in (part("notebook", "05_x.ipynb"), part("notebook", "00_y.ipynb"), part("tests", "tests/")):
+        gpu_check.put_part(first, p)
+    gpu_check.write_json(out, first)
+    second = gpu_check.load_record(out, dict(hashes))
+    gpu_check.put_part(second, part("notebook", "05_x.ipynb", runs=5, date="2026-12-02T11:00:00+00:00"))
+    gpu_check.put_part(second, part("notebook", "05_x.ipynb", size="quick"))  # another mode: another part
+    keys = [(p["part"], p["name"], p["size"], len(p["runs"])) for p in second["parts"]]
+    assert keys == [("tests", "tests/", "full", 1), ("notebook", "00_y.ipynb", "full", 1),
+                    ("notebook", "05_x.ipynb", "full", 5), ("notebook", "05_x.ipynb", "quick", 1)]
+    assert second["date"] == "2026-12-02T11:00:00+00:00"
+    gpu_check.write_json(out, second)
+    assert json.loads(out.read_text()) == second
+    other = gpu_check.load_record(out, {**hashes, "kvlab": "z", "combined": "zbc"})
+    assert other["parts"] == [] and other["code_hash"]["combined"] == "zbc"
+
+
+def pytest_in(folder: Path, *paths: str) -> dict:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    command = [sys.executable, "-m", "pytest", "-o", "addopts=", "-p", "no:cacheprovider", "-q",
+               "--continue-on-collection-errors", *paths]
+    return gpu_check.run_tests(command, env=env, cwd=folder, timeout=120)
+
+
+def test_a_pytest_run_is_read_into_per_file_results(tmp_path):
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test_pass.py").write_text("def test_one():\n    pass\n\ndef test_two():\n    pass\n")
+    (tests / "test_fail.py").write_text(
+        "import pytest\n\n"
+        "def test_ok():\n    pass\n\n"
+        "def test_bad():\n    assert 1 == 2, 'one is not two\\nsecond line'\n\n"
+        "class TestGroup:\n    @pytest.mark.parametrize('x', [1, 2])\n    def test_p(self, x):\n        assert x == 1\n\n"
+        "@pytest.fixture\ndef broken():\n    raise RuntimeError('fixture broke')\n\n"
+        "def test_uses_broken(broken):\n    pass\n\n"
+        "@pytest.mark.skip(reason='not here')\ndef test_skipped():\n    pass\n")
+    (tests / "test_broken.py").write_text("import nonexistent_module_of_kvlab\n")
+
+    run = pytest_in(tmp_path, "tests")
+    assert run["passed"] is False and run["returncode"] == 1 and run["wall_s"] > 0
+    files = {f["file"]: f for f in run["files"]}
+    assert set(files) == {"tests/test_pass.py", "tests/test_fail.py", "tests/test_broken.py"}
+    assert files["tests/test_pass.py"]["passed"] is True and files["tests/test_pass.py"]["tests"] == 2
+    fail = files["tests/test_fail.py"]
+    assert (fail["passed"], fail["tests"], fail["failed"], fail["errors"], fail["skipped"]) == (False, 6, 2, 1, 1)
+    assert {f["id"]: f["message"] for f in fail["failures"]} == {
+        "tests/test_fail.py::test_bad": "AssertionError: one is not two",
+        "tests/test_fail.py::TestGroup::test_p[2]": "assert 2 == 1",
+        "tests/test_fail.py::test_uses_broken": 'failed on setup with "RuntimeError: fixture broke"'}
+    assert files["tests/test_broken.py"]["failures"] == [
+        {"id": "tests/test_broken.py", "message": "ModuleNotFoundError: No module named 'nonexistent_module_of_kvlab'"}]
+    assert run["counts"] == {"tests": 9, "passed": 4, "failed": 2, "errors": 2, "skipped": 1}
+    assert len(run["failures"]) == 4 and all(f["cuda_max_allocated_mb"] is None for f in run["files"])
+
+    passing = pytest_in(tmp_path, "tests/test_pass.py")
+    assert passing["passed"] is True and passing["returncode"] == 0 and passing["failures"] == []
+    assert [f["file"] for f in passing["files"]] == ["tests/test_pass.py"]
+
+
+def test_a_junit_file_without_file_attributes_still_names_the_files(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_m.py").write_text("")
+    xml = tmp_path / "junit.xml"
+    xml.write_text('<testsuites><testsuite name="pytest" tests="2">'
+                   '<testcase classname="tests.test_m.TestK" name="test_a[x.y]" time="0.5">'
+                   '<failure message="ValueError: bad&#10;more">trace</failure></testcase>'
+                   '<testcase classname="tests.test_m" name="test_b" time="0.25" /></testsuite></testsuites>')
+    parsed = gpu_check.parse_junit(xml, tmp_path)
+    assert [(f["file"], f["tests"], f["duration_s"]) for f in parsed["files"]] == [("tests/test_m.py", 2, 0.75)]
+    assert parsed["failures"] == [{"id": "tests/test_m.py::TestK::test_a[x.y]", "message": "ValueError: bad"}]
+
+
+def test_main_runs_the_tests_then_a_notebook_and_a_second_call_replaces_only_its_part(tmp_path, monkeypatch):
+    folder, out, copies = tmp_path / "nbs", tmp_path / "record.json", tmp_path / "copies"
+    folder.mkdir()
+    v4 = nbformat.v4
+    nb = v4.new_notebook(cells=[v4.new_code_cell("import os\nassert os.environ['KVLAB_QUICK'] == '1'")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, folder / "00_tiny.ipynb")
+    (tmp_path / "test_ok.py").write_text("def test_ok():\n    pass\n")
+    (tmp_path / "test_no.py").write_text("def test_no():\n    assert False, 'planted'\n")
+    for name in [k for k in os.environ if k.startswith("PYTEST")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setattr(gpu_check, "MODEL_HALF_HERE", tmp_path / "no-half")  # never join the GPU machine's halves
+    monkeypatch.setattr(gpu_check, "MODEL_WHEEL", tmp_path / "no-wheel.whl")
+
+    def tests_of(path):
+        monkeypatch.setattr(gpu_check, "TEST_COMMAND", ["-m", "pytest", "-o", "addopts=", "-p", "no:cacheprovider",
+                                                        "-q", "--rootdir", str(tmp_path), str(path)])
+
+    probed = []
+
+    def probe_once(env, probe=gpu_check.probe):  # the second call reuses the first call's real probe
+        if not probed:
+            probed.append(probe(env))
+        return probed[0]
+
+    monkeypatch.setattr(gpu_check, "probe", probe_once)
+    tests_of(tmp_path / "test_ok.py")
+    common = ["--notebooks-dir", str(folder), "--out", str(out), "--copy-to", str(copies)]
+    assert gpu_check.main(common) == 0
+    record = json.loads(out.read_text())
+    assert json.loads((copies / "record.json").read_text()) == record
+    assert record["code_hash"] == code_hash.tree_hashes(ROOT, paths={"notebooks": folder})
+    assert [(p["part"], p["name"], p["size"], p["weights"], p["passed"]) for p in record["parts"]] == [
+        ("tests", "tests/", "quick", "random", True), ("notebook", "00_tiny.ipynb", "quick", "random", True)]
+    tests, notebook = record["parts"]
+    assert set(tests["versions"]) == {"python", "torch", "cuda", "triton", "transformers"} and tests["hardware"]
+    assert tests["runs"][0]["files"][0]["file"] == "test_ok.py" and tests["command"].startswith("python3 tools/gpu_check.py")
+    run = notebook["runs"][0]
+    assert (run["run"], run["passed"], run["model"], run["quick"], run["code_hash"]) == (1, True, "random", True,
+                                                                                        record["code_hash"])
+
+    tests_of(tmp_path / "test_no.py")
+    assert gpu_check.main([*common, "--parts", "tests", "--test-runs", "2"]) == 1
+    again = json.loads(out.read_text())
+    assert again["parts"][1] == notebook  # kept
+    runs = again["parts"][0]["runs"]
+    assert again["parts"][0]["passed"] is False and [r["run"] for r in runs] == [1, 2]
+    assert runs[1]["failures"] == [{"id": "test_no.py::test_no", "message": "AssertionError: planted"}]

