@@ -253,3 +253,7 @@ def test_main_runs_the_tests_then_a_notebook_and_a_second_call_replaces_only_its
     runs = again["parts"][0]["runs"]
     assert again["parts"][0]["passed"] is False and [r["run"] for r in runs] == [1, 2]
     assert runs[1]["failures"] == [{"id": "test_no.py::test_no", "message": "AssertionError: planted"}]
+    assert gpu_check.main([*common, "--missing"]) == 0  # the record holds both parts in this mode: nothing runs
+    assert json.loads(out.read_text()) == again
+    assert gpu_check.main([*common, "--missing", "--test-runs", "3"]) == 1  # one run short: the tests run again
+    assert [r["passed"] for r in json.loads(out.read_text())["parts"][0]["runs"]] == [False, False, False]

