@@ -232,7 +232,7 @@ def test_main_runs_the_tests_then_a_notebook_and_a_second_call_replaces_only_its
 
     monkeypatch.setattr(gpu_check, "probe", probe_once)
     tests_of(tmp_path / "test_ok.py")
-    common = ["--notebooks-dir", str(folder), "--out", str(out), "--copy-to", str(copies)]
+    common = ["--notebooks-dir", str(folder), "--out", str(out), "--copy-to", str(copies), "--workers", "0"]
     assert gpu_check.main(common) == 0
     record = json.loads(out.read_text())
     assert json.loads((copies / "record.json").read_text()) == record

@@ -70,7 +70,7 @@ import run_notebooks  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "data" / "gpu_check.json"
 RUNS_OUT = ROOT / "data" / "notebook_runs"
-TEST_COMMAND = ["-m", "pytest", "-o", "addopts=", "tests/", "-n", "8", "--ignore=tests/test_colab.py",
+TEST_COMMAND = ["-m", "pytest", "-o", "addopts=", "tests/", "--ignore=tests/test_colab.py",
                 "--ignore=tests/test_browser.py"]  # after the interpreter
 JUNIT_OPTIONS = ["-o", "junit_family=xunit1"]  # xunit1 keeps each case's file
 SITE = Path("/tmp/site")
@@ -409,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weights", choices=("random", "real"), help="override the weights (quick: random, --full: real)")
     p.add_argument("--parts", default="tests,notebooks", help="comma-separated: tests, notebooks (default both)")
     p.add_argument("--test-runs", type=int, default=1, help="runs of the test suite in a row (default 1)")
+    p.add_argument("--workers", type=int, default=8, help="pytest-xdist workers of the test suite (default 8; 0: one process)")
     p.add_argument("--notebook-runs", type=int, default=1, help="runs of each notebook in a row (default 1)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per notebook and per test run (default 600)")
     p.add_argument("--out", type=Path, default=OUT, help="the record (default data/gpu_check.json)")
@@ -470,8 +471,9 @@ def main(argv: list[str] | None = None) -> int:
         part = {"part": "tests", "name": "tests/", **common, "runs": []}
         done.append(part)
         for k in range(1, args.test_runs + 1):
-            say(f"[tests {k}/{args.test_runs}] {shlex.join(['python3', *TEST_COMMAND])} ({size}, {weights} weights)")
-            run = run_tests([sys.executable, *TEST_COMMAND], env=env, cwd=ROOT, timeout=args.timeout)
+            command = [*TEST_COMMAND, *(["-n", str(args.workers)] if args.workers else [])]
+            say(f"[tests {k}/{args.test_runs}] {shlex.join(['python3', *command])} ({size}, {weights} weights)")
+            run = run_tests([sys.executable, *command], env=env, cwd=ROOT, timeout=args.timeout)
             part["runs"].append({"run": k, **run})
             say(f"  {'passed' if run['passed'] else 'FAILED'} in {run['wall_s']:.1f} s: {run['counts']}")
             save(part)
