@@ -415,7 +415,7 @@ def _capture_cuda(fn, static_inputs, warmup, before_replay, device) -> CapturedS
             if hasattr(raised, "add_note"):  # Python 3.11+
                 raised.add_note(f"(kvlab.graphs.capture: ending the abandoned CUDA capture then failed too: "
                                 f"{(str(e).strip().splitlines() or [type(e).__name__])[0]})")
-        if freed:  # CUDA did not notice (a graph never replayed holds no executable): refuse it all the same
+        if freed:  # where CUDA let the capture end anyway: the same refusal as the emulation's
             raise CaptureError(FREED_DURING_CAPTURE.format(what="; ".join(freed)))
     if raised is not None:
         if type(raised) in _CUDA_ERRORS and (end_failed or "captur" in str(raised).lower()):
