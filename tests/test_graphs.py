@@ -388,3 +388,31 @@ def test_a_capture_in_one_thread_leaves_other_threads_and_torch_unchanged():
     assert reads == [(3, 1.5, True)]
     assert {name: torch.Tensor.__dict__.get(name) for name in originals} == originals
     assert int(torch.tensor(3)) == 3
+
+
+def test_two_threads_decoding_their_own_models_through_graphs_get_right_tokens():
+    """Each thread's captures wait for the other's (one at a time per process); at 0aea04c most of these decodes
+    raised CaptureError, and afterwards int(tensor) raised it in the main thread too."""
+    import kvlab
+    from kvlab.models import tiny_model
+
+    models = [tiny_model("tiny-llama"), tiny_model("tiny-qwen2")]
+    ids = torch.randint(0, 100, (1, 7), generator=torch.Generator().manual_seed(0))
+    want = [kvlab.decode(m, ids, 8) for m in models]
+    right, errors = [], []
+
+    def work(i):
+        for k in range(4):  # a new cache length each time: a new decoder, so a new capture
+            try:
+                right.append(torch.equal(kvlab.decode(models[i], ids, 8, strategy="graph-safe", max_cache_len=16 + k),
+                                         want[i]))
+            except Exception as e:  # the assertion below prints it
+                errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and right == [True] * 8, (right, errors)
+    assert int(torch.tensor(3)) == 3
