@@ -7,14 +7,14 @@ of lesson 04 are fixed by the decoder's rules, ``kvlab.graph_decoder``):
    ``valid_length`` tokens enter the cache (the padded rows are routed to one extra "trash" slot at index
    ``max_cache_len`` that attention never reads), and the counter advances by the valid count, not by T.
    The valid count is a device tensor, so one graph captured at bucket T serves every length up to T.
-2. ``reset()`` is in place: the buffers (trash slot included) and the one counter are zeroed, no tensor is
-   reallocated or rebound. 5.24's own ``StaticCache.reset()`` (``CacheLayerMixin.reset`` per layer) already does
-   the same in place; the override zeroes the shared counter once instead of once per layer and drops the write
-   positions of a forward. Lesson 05 shows the two give the same tokens, addresses and contents.
-3. ``cache_position`` is one live counter: all layers share ONE 0-dim tensor as ``cumulative_length``; the
+2. ``cache_position`` is one live counter: all layers share ONE 0-dim tensor as ``cumulative_length``; the
    property looks it up on each access (``lazy_initialization`` would rebind a cached reference), and the
    model's RoPE positions, its causal mask, every layer's write and the decode loop all read it. Write
    positions are computed once per forward (first layer) and the counter advances once (last layer).
+3. ``reset()`` is in place: the buffers (trash slot included) and the one counter are zeroed, no tensor is
+   reallocated or rebound. 5.24's own ``StaticCache.reset()`` (``CacheLayerMixin.reset`` per layer) already does
+   the same in place; the override zeroes the shared counter once instead of once per layer and drops the write
+   positions of a forward. Lesson 05 shows the two give the same tokens, addresses and contents.
 
 The decoder that captures and replays a step over this cache is ``kvlab.graph_decoder.GraphSafeDecoder``.
 """
@@ -55,7 +55,7 @@ class GraphSafeLayer(StaticLayer):
     def __init__(self, max_cache_len: int, owner: GraphSafeStaticCache):
         super().__init__(max_cache_len=max_cache_len)
         self._owner = weakref.ref(owner)
-        self.cumulative_length = owner._counter  # one tensor for all layers (override 3)
+        self.cumulative_length = owner._counter  # one tensor for all layers (override 2)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         owner = self._owner()
@@ -123,7 +123,7 @@ class GraphSafeStaticCache(StaticCache):
                 "Use a model without sliding-window/linear layers (e.g. Mistral with sliding_window=None)."
             )
         with torch.inference_mode(False):
-            self._counter = torch.tensor(0, dtype=torch.long)  # THE position counter (override 3)
+            self._counter = torch.tensor(0, dtype=torch.long)  # THE position counter (override 2)
         self.valid_length: torch.Tensor | None = None  # device tensor while a padded input runs (override 1)
         self._positions: torch.Tensor | None = None  # write positions of the current forward
         self.frozen = False  # True once a graph captured this cache's buffers
@@ -132,7 +132,7 @@ class GraphSafeStaticCache(StaticCache):
         super(StaticCache, self).__init__(layers=layers, **kwargs)  # Cache.__init__: skip StaticCache's layer dispatch
         self.max_cache_len = max_cache_len
 
-    # ---- override 3: one live counter --------------------------------------------------------------
+    # ---- override 2: one live counter --------------------------------------------------------------
     @property
     def cache_position(self) -> torch.Tensor:
         """The number of tokens in the cache = the position of the next token: a 0-dim device tensor.
@@ -247,7 +247,7 @@ class GraphSafeStaticCache(StaticCache):
                 f"(or GraphSafeDecoder) with a larger max_cache_len, or decode fewer tokens."
             )
 
-    # ---- override 2: reset in place ----------------------------------------------------------------
+    # ---- override 3: reset in place ----------------------------------------------------------------
     def reset(self) -> None:
         """Empty the cache in place: zero the buffers, set the one counter to 0 (no tensor is reallocated)."""
         for layer in self.layers:
