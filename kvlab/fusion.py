@@ -22,7 +22,7 @@ without changing what is computed:
   is written ``(x * W).sum(-1)``. Inductor turns that into one reduction kernel over all output rows at
   once (hundreds of thread blocks streaming the weight), with the producer of ``x`` (SiLU*up) and the
   consumer (residual add) fused in; a matmul template at M=1 keeps most of the GPU idle. Eager code
-  (and more rows than ``GEMV_MAX_ROWS``) keeps ``F.linear``.
+  (and more rows than ``REDUCTION_MAX_ROWS``) keeps ``F.linear``.
 
 ``fused_copy(model)`` applies them to a copy, kept per model, so the original stays untouched.
 """
@@ -45,7 +45,7 @@ TRITON_ATTENTION_NAME = "kvlab-decode-triton"
 ATTENTIONS = {True: ATTENTION_NAME, "reduction": REDUCTION_ATTENTION_NAME, "triton": TRITON_ATTENTION_NAME}
 
 
-def decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+def packed_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """SDPA where one query token's heads sharing a kv head become rows: no ``repeat_kv`` copy of the cache.
 
     query [b, heads, 1, d], key/value [b, kv_heads, L, d], mask [b, 1, 1, L] -> output [b, 1, heads, d].
@@ -65,12 +65,12 @@ def reduction_attention(module, query, key, value, attention_mask, dropout=0.0, 
     """Compiled, one query token: softmax(q.k * scale + mask) . v as broadcast multiply-sums, in float32.
 
     query [b, heads, 1, d], key/value [b, kv_heads, L, d], bool mask [b, 1, 1, L] (True: attend) -> [b, 1, heads, d].
-    Eager, or several query tokens (the prefill): ``decode_attention``.
+    Eager, or several query tokens (the prefill): ``packed_sdpa_attention``.
     """
     b, heads, q_len, d = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     if q_len != 1 or not torch.compiler.is_compiling():
-        return decode_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return packed_sdpa_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     group = heads // kv_heads
     q = query.reshape(b, kv_heads, group, 1, d).float()  # [b, kv_heads, group, 1, d]
     scores = (q * key.unsqueeze(2).float()).sum(-1) * scaling  # [b, kv_heads, group, L]: reduction over d
@@ -86,12 +86,12 @@ def triton_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     """One query token: ``kvlab.kernels.attention``'s split-K Triton kernel, reading the cache in place.
 
     Where it cannot run (no Triton, no CUDA, a GPU older than Ampere such as a T4, the prefill, other shapes):
-    ``decode_attention``.
+    ``packed_sdpa_attention``.
     """
     from .kernels import attention, common
 
     if not (common.available(query) and attention.supports(query, key, value, attention_mask)):
-        return decode_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return packed_sdpa_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     return attention.decode_attention(query, key, value, attention_mask, scaling), None
 
 
@@ -101,7 +101,7 @@ def register_decode_attention() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    functions = {ATTENTION_NAME: decode_attention, REDUCTION_ATTENTION_NAME: reduction_attention,
+    functions = {ATTENTION_NAME: packed_sdpa_attention, REDUCTION_ATTENTION_NAME: reduction_attention,
                  TRITON_ATTENTION_NAME: triton_attention}
     for name, fn in functions.items():
         AttentionInterface.register(name, fn)
@@ -133,12 +133,12 @@ def _fused_mlp_forward(self, x):
     return self.down_proj(self.act_fn(gate) * up)
 
 
-GEMV_MAX_ROWS = 8  # up to this many rows (batch x tokens), a compiled linear is written as a reduction
+REDUCTION_MAX_ROWS = 8  # up to this many rows (batch x tokens), a compiled linear is written as a reduction
 
 
 def _gemv_linear_forward(self, x):
     """``F.linear``, except under torch.compile for few rows: ``(x * W).sum(-1)``, one fused reduction kernel."""
-    if torch.compiler.is_compiling() and x.numel() // x.shape[-1] <= GEMV_MAX_ROWS:
+    if torch.compiler.is_compiling() and x.numel() // x.shape[-1] <= REDUCTION_MAX_ROWS:
         y = (x.unsqueeze(-2) * self.weight).sum(-1)  # [..., 1, in] * [out, in] -> sum over in -> [..., out]
         return y if self.bias is None else y + self.bias
     return F.linear(x, self.weight, self.bias)

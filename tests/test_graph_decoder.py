@@ -32,7 +32,7 @@ def test_gemv_path_matches_linear(monkeypatch):
     fusion.use_gemv(layer)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))  # the reduction form
-    big = torch.randn(3, fusion.GEMV_MAX_ROWS, 16)  # too many rows: back to F.linear
+    big = torch.randn(3, fusion.REDUCTION_MAX_ROWS, 16)  # too many rows: back to F.linear
     torch.testing.assert_close(layer(big), F.linear(big, layer.weight, layer.bias))
 
 
@@ -76,7 +76,7 @@ def test_reduction_attention_matches_sdpa(monkeypatch):
     q, k, v = (torch.randn(2, 6, 1, 8, generator=gen), torch.randn(2, 2, 10, 8, generator=gen), torch.randn(2, 2, 10, 8, generator=gen))
     mask = (torch.arange(10) <= 6).reshape(1, 1, 1, 10).expand(2, 1, 1, 10)  # 7 slots written, 3 hidden
     module = torch.nn.Module()
-    expected, _ = fusion.decode_attention(module, q, k, v, mask, scaling=8**-0.5)
+    expected, _ = fusion.packed_sdpa_attention(module, q, k, v, mask, scaling=8**-0.5)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     got, _ = fusion.reduction_attention(module, q, k, v, mask, scaling=8**-0.5)
     assert got.shape == (2, 1, 6, 8)

@@ -60,7 +60,7 @@ def check_kernel(case: str, with_mask: bool) -> None:
     mask = (torch.arange(length, device=DEVICE) < valid).reshape(1, 1, 1, length) if with_mask else None  # batch broadcast
     assert common.available(q) and attention.supports(q, k, v, mask)
     got = attention.decode_attention(q, k, v, mask, d**-0.5)
-    expected, _ = fusion.decode_attention(torch.nn.Module(), q, k, v, mask, scaling=d**-0.5)
+    expected, _ = fusion.packed_sdpa_attention(torch.nn.Module(), q, k, v, mask, scaling=d**-0.5)
     assert got.shape == expected.shape == (b, 1, heads, d)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
