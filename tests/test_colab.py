@@ -7,6 +7,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -108,7 +109,13 @@ def test_the_setup_cell_does_nothing_outside_colab(monkeypatch, capsys):
     exec(compile(setup_cell(a_notebook_with_the_cells()), "colab-setup", "exec"), namespace)
     assert capsys.readouterr() == ("", "")
     assert os.getcwd() == cwd and sys.path == path
-    assert set(namespace) - {"__builtins__", "__name__"} == {"sys"}  # it defines nothing a lesson could trip on
+    assert set(namespace) - {"__builtins__", "__name__"} == {"os", "runpy", "subprocess", "sys"}  # modules only
+
+
+def test_the_setup_cell_is_six_lines_and_its_logic_is_one_file():
+    source = setup_cell(a_notebook_with_the_cells())
+    assert len(source.splitlines()) <= 6, source
+    assert "kvlab/colab_setup.py" in source and (ROOT / "kvlab" / "colab_setup.py").is_file()
 
 
 # ----------------------------------------------------- the cell on a faked Colab, pip and git faked (fast, here)
@@ -137,6 +144,8 @@ def fake_colab(monkeypatch, tmp_path):
                 return subprocess.CompletedProcess(command, 128, "", "fatal: repository not found")
             (home / "kvlab").mkdir(parents=True)
             (home / "notebooks").mkdir()
+            for name in ("kvlab/colab_setup.py", "pyproject.toml"):  # what the cell and colab_setup.py read
+                (home / name).write_text((ROOT / name).read_text())
         return subprocess.CompletedProcess(command, 0, "", "")
 
     monkeypatch.setattr(subprocess, "run", run)
@@ -148,8 +157,8 @@ def test_on_colab_the_cell_clones_installs_with_constraints_and_reports(fake_col
     exec(compile(setup_cell(a_notebook_with_the_cells()), "colab-setup", "exec"), {"__name__": "__main__"})
     (clone, _), (pip, constraints) = calls
     assert clone == ["git", "clone", "--quiet", "--depth", "1", "https://example.invalid/kvlab", str(home)]
-    assert pip == [sys.executable, "-m", "pip", "install", "--quiet", "--constraint", pip[6], "--editable", str(home)]
-    assert not Path(pip[6]).exists()  # the constraints file is removed after pip
+    assert pip == [sys.executable, "-m", "pip", "install", "--constraint", pip[5], "--editable", str(home)]
+    assert not Path(pip[5]).exists()  # the constraints file is removed after pip
     kept = dict(line.split("==") for line in constraints.splitlines())
     assert kept["torch"] == importlib.metadata.version("torch")  # pip may not replace Colab's torch...
     for name in ("ipywidgets", "jupyter-core", "ipykernel", "triton"):  # ...nor its widgets and jupyter
@@ -158,15 +167,50 @@ def test_on_colab_the_cell_clones_installs_with_constraints_and_reports(fake_col
     assert not {"transformers", "kvlab", "numpy"} & set(kept)  # transformers is upgraded to the pin
     assert os.getcwd() == str(home / "notebooks") and sys.path[0] == str(home)
     out = capsys.readouterr().out
-    assert f"kvlab installed from https://example.invalid/kvlab into {home}" in out
+    assert "installing the course from https://example.invalid/kvlab into this Colab session" in out
+    assert "downloads the model again (93 MB)" in out  # a student on Colab is told that this is expected
     assert f"torch {importlib.metadata.version('torch')} and ipywidgets" in out and "<runtime summary>" in out
 
 
 def test_on_colab_a_kernel_that_imported_transformers_is_told_to_restart(fake_colab, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "transformers", types.ModuleType("transformers"))  # the old one, in memory
+    old = types.ModuleType("transformers")
+    old.__version__ = "5.15.0"  # Colab's, imported before the cell
+    monkeypatch.setitem(sys.modules, "transformers", old)
     exec(compile(setup_cell(a_notebook_with_the_cells()), "colab-setup", "exec"), {"__name__": "__main__"})
     out = capsys.readouterr().out
-    assert "Runtime > Restart session" in out and "<runtime summary>" not in out
+    assert "transformers 5.15.0 was imported" in out and "Runtime > Restart session" in out
+    assert "<runtime summary>" not in out
+
+
+def test_on_colab_the_pinned_transformers_already_imported_needs_no_restart(fake_colab, monkeypatch, capsys):
+    pinned = types.ModuleType("transformers")
+    pinned.__version__ = kvlab.PINNED_TRANSFORMERS  # a second run of the cell, after a lesson imported it
+    monkeypatch.setitem(sys.modules, "transformers", pinned)
+    exec(compile(setup_cell(a_notebook_with_the_cells()), "colab-setup", "exec"), {"__name__": "__main__"})
+    out = capsys.readouterr().out
+    assert "Restart" not in out and "<runtime summary>" in out
+
+
+@pytest.mark.parametrize("torch_version", ["2.14.0+cu128", "2.5.1"])
+def test_on_colab_a_torch_outside_the_range_is_refused_before_pip(fake_colab, monkeypatch, torch_version):
+    home, calls = fake_colab
+    version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: torch_version if name == "torch" else version(name))
+    real = importlib.metadata.distributions
+
+    def distributions():
+        for dist in real():
+            if (dist.name or "").lower() == "torch":
+                fake = types.SimpleNamespace(name="torch", version=torch_version)
+                yield fake
+            else:
+                yield dist
+
+    monkeypatch.setattr(importlib.metadata, "distributions", distributions)
+    wanted = ",".join(kvlab.TORCH_RANGE)
+    with pytest.raises(RuntimeError, match=rf"torch {re.escape(torch_version)}, outside .*torch{re.escape(wanted)}.*Restart"):
+        exec(compile(setup_cell(a_notebook_with_the_cells()), "colab-setup", "exec"), {"__name__": "__main__"})
+    assert [c[0][:2] for c in calls] == [["git", "clone"]]  # pip never ran
 
 
 def test_on_colab_a_second_run_does_not_clone_again(fake_colab):
@@ -178,17 +222,34 @@ def test_on_colab_a_second_run_does_not_clone_again(fake_colab):
     assert sys.path.count(str(home)) == 1
 
 
-def test_on_colab_a_failed_clone_says_what_to_do(fake_colab, monkeypatch, capsys):
+def test_on_colab_a_failed_clone_says_what_to_do(fake_colab, monkeypatch):
     monkeypatch.setenv("KVLAB_TEST_CLONE", "fail")
-    with pytest.raises(RuntimeError, match="could not clone https://example.invalid/kvlab.*KVLAB_COLAB_SOURCE"):
+    with pytest.raises(RuntimeError, match="could not clone https://example.invalid/kvlab .fatal: repository not "
+                                           "found.*KVLAB_COLAB_SOURCE"):
         exec(compile(setup_cell(a_notebook_with_the_cells()), "colab-setup", "exec"), {"__name__": "__main__"})
-    assert "repository not found" in capsys.readouterr().out
+
+
+def test_on_colab_a_failed_pip_shows_pips_reasons(fake_colab, monkeypatch, capsys):
+    home, calls = fake_colab
+    fake_run = subprocess.run
+
+    def run(command, **kwargs):
+        if "pip" in command:
+            calls.append((command, None))
+            return subprocess.CompletedProcess(command, 1, "Collecting transformers==5.24.0\n",
+                                               "ERROR: ResolutionImpossible: torch==9.9 conflicts with kvlab\n")
+        return fake_run(command, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    with pytest.raises(RuntimeError, match="pip could not install the course .* pip's reasons are above"):
+        exec(compile(setup_cell(a_notebook_with_the_cells()), "colab-setup", "exec"), {"__name__": "__main__"})
+    assert "torch==9.9 conflicts with kvlab" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------- Colab simulated in a fresh environment (slow)
 DRIVER = textwrap.dedent('''\
     """Run as Colab would: google.colab imported at start-up, then the notebook's set-up cell."""
-    import importlib.metadata, importlib.util, json, os, sys
+    import contextlib, importlib.metadata, importlib.util, io, json, os, sys
 
     import google.colab  # the stub; Colab's kernel imports the real one before any cell
 
@@ -212,6 +273,10 @@ DRIVER = textwrap.dedent('''\
              "ipywidgets": importlib.util.find_spec("ipywidgets") is not None}
     assert after["transformers"] == "5.24.0" == after["pinned"], after
     assert after["torch"] == before["torch"] and after["torch_imported"] == before["torch"]["version"], (before, after)
+    second = io.StringIO()  # the cell run again, as the next notebook of the session does
+    with contextlib.redirect_stdout(second):
+        exec(compile(open(sys.argv[1]).read(), "colab-setup", "exec"), {"__name__": "__main__"})
+    after["second_run"] = second.getvalue()
     print("RESULT " + json.dumps({"before": before, "after": after}))
 ''')
 
@@ -267,4 +332,6 @@ def test_colab_install_in_a_fresh_environment(tmp_path):
     assert not after["ipywidgets"]  # the course itself pulls in no widgets (Colab keeps its own)
     cloned = subprocess.run(["git", "-C", str(home), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     assert cloned in (head, _git_head())  # this repository's HEAD (a commit made meanwhile is HEAD by then)
-    assert f"kvlab installed from {ROOT.as_uri()}" in out and "dtype: float32" in out
+    assert f"installing the course from {ROOT.as_uri()}" in out and "dtype: float32" in out
+    assert "installed already in this session" in after["second_run"] and "Restart" not in after["second_run"]
+    assert "dtype: float32" in after["second_run"]

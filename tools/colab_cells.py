@@ -3,9 +3,10 @@
 The repository URL stands in one place, ``[project.urls] Repository`` in pyproject.toml; this tool copies it into
 
 - cell 0 of every notebook: a markdown "Open in Colab" badge (tagged ``colab-badge``);
-- the first code cell of every notebook (tagged ``colab-setup``): on Colab only, it clones the repository, installs
-  the course from its pyproject (the pinned transformers) while keeping Colab's own torch, ipywidgets and jupyter
-  packages, and prints the runtime, GPU and dtype the lesson will use; elsewhere it does nothing;
+- the first code cell of every notebook (tagged ``colab-setup``, six lines): on Colab only, it clones the repository
+  and runs the clone's ``kvlab/colab_setup.py``, which installs the course from its pyproject (the pinned
+  transformers) while keeping Colab's own torch, ipywidgets and jupyter packages, and prints the runtime, GPU and
+  dtype the lesson will use; elsewhere it does nothing;
 - the README's badge line (it opens lesson 00).
 
 Re-running it changes nothing. A fork changes the one line in pyproject.toml and runs it again.
@@ -32,60 +33,15 @@ README_BADGE = re.compile(r"^\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)$", re.MULT
 # Notebook metadata Colab reads: open the notebook on a GPU runtime (a T4) unless the user picks another one.
 COLAB_METADATA = {"accelerator": "GPU", "colab": {"gpuType": "T4", "provenance": []}}
 
-# The set-up cell. It cannot import kvlab before installing it, so it is self-contained; {repository} is filled in.
+# The set-up cell: it clones the course, then the clone's kvlab/colab_setup.py does the rest (it runs before kvlab is
+# installed, so it cannot be imported as kvlab.colab_setup); {repository} is filled in.
 SETUP_CELL = '''\
-# On Colab only (elsewhere this cell does nothing): install the course from its repository, with the pinned
-# transformers, keeping Colab's own torch, ipywidgets and jupyter packages; then say what this runtime will use.
-import sys
-
-if "google.colab" in sys.modules:
-
-    def _install_kvlab_on_colab():
-        import importlib
-        import importlib.metadata
-        import os
-        import subprocess
-        import tempfile
-
-        def run(command, failure):
-            done = subprocess.run(command, capture_output=True, text=True)  # a child's output would not show here
-            if done.returncode:
-                print(done.stdout + done.stderr)
-                raise RuntimeError(failure)
-
-        source = os.environ.get("KVLAB_COLAB_SOURCE", "{repository}")
-        home = os.environ.get("KVLAB_COLAB_HOME", "/content/kvlab")
-        if not os.path.isdir(os.path.join(home, "kvlab")):
-            run(["git", "clone", "--quiet", "--depth", "1", source, home],
-                f"could not clone {{source}} (git's message is above): check the network, or set KVLAB_COLAB_SOURCE")
-        keep = {{}}  # installed packages pip must leave as they are: name -> version, one constraint each
-        for dist in importlib.metadata.distributions():
-            name = (dist.name or "").lower().replace("_", "-")
-            if name.startswith("jupyter") or name in ("torch", "torchvision", "torchaudio", "triton", "ipywidgets",
-                                                      "widgetsnbextension", "ipykernel", "ipython", "notebook"):
-                keep.setdefault(name, dist.version)
-        with tempfile.NamedTemporaryFile("w", suffix="-colab-keep.txt", delete=False) as constraints:
-            constraints.write("".join(f"{{name}}=={{version}}\\n" for name, version in keep.items()))
-        stale = "transformers" in sys.modules  # imported before the upgrade: this kernel would keep the old one
-        try:
-            run([sys.executable, "-m", "pip", "install", "--quiet", "--constraint", constraints.name, "--editable",
-                 home], f"pip could not install the course beside Colab's {{', '.join(sorted(keep))}} (above: why)")
-        finally:
-            os.unlink(constraints.name)
-        importlib.invalidate_caches()
-        if home not in sys.path:
-            sys.path.insert(0, home)  # an editable install's .pth file is read only by a new interpreter
-        os.chdir(os.path.join(home, "notebooks"))
-        if stale:
-            print("transformers was imported before this cell: Runtime > Restart session, then run the notebook again")
-            return
-        from kvlab import runtime
-
-        print(f"kvlab installed from {{source}} into {{home}}; torch {{keep.get('torch')}} and ipywidgets "
-              f"{{keep.get('ipywidgets', '(none)')}} kept as Colab has them")
-        print(runtime.runtime_summary())
-
-    _install_kvlab_on_colab()'''
+import os, runpy, subprocess, sys  # noqa: E401, I001
+if "google.colab" in sys.modules:  # Colab only (elsewhere nothing): clone the course; kvlab/colab_setup.py installs it
+    home, source = os.environ.get("KVLAB_COLAB_HOME", "/content/kvlab"), os.environ.get("KVLAB_COLAB_SOURCE", "{repository}")
+    if not os.path.isdir(home) and (git := subprocess.run(["git", "clone", "--quiet", "--depth", "1", source, home], capture_output=True, text=True)).returncode:
+        raise RuntimeError(f"could not clone {{source}} ({{git.stderr.strip()}}): check the network, or set KVLAB_COLAB_SOURCE")
+    runpy.run_path(f"{{home}}/kvlab/colab_setup.py", {{"HOME": home, "SOURCE": source}}, run_name="__main__")'''
 
 
 def repository_url(pyproject: Path = ROOT / "pyproject.toml") -> str:
