@@ -62,11 +62,9 @@ def check_torch(torch_version: str, wanted: str) -> None:
 
 def installed_from(home: str) -> bool:
     """Whether the kvlab that pip has is this clone, installed (editable) by an earlier run in this session."""
-    try:
-        url = json.loads(importlib.metadata.distribution("kvlab").read_text("direct_url.json") or "{}").get("url", "")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return os.path.realpath(url.removeprefix("file://")) == os.path.realpath(home)
+    urls = [json.loads(dist.read_text("direct_url.json") or "{}").get("url", "")  # the clone's own kvlab.egg-info,
+            for dist in importlib.metadata.distributions(name="kvlab")]              # found first on sys.path, has none
+    return any(os.path.realpath(url.removeprefix("file://")) == os.path.realpath(home) for url in urls if url)
 
 
 def install(home: str, keep: dict[str, str]) -> None:
