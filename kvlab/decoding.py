@@ -14,13 +14,27 @@ import torch
 OnToken = Callable[[int, torch.Tensor], None] | None
 
 
+def check_model(model) -> None:
+    """Refuse what is not a model before its first use: above all ``load_model``'s ``(model, tokenizer)`` pair."""
+    if isinstance(model, tuple):
+        kinds = ", ".join(type(x).__name__ for x in model)
+        raise TypeError(f"model is a tuple ({kinds}), not a model: kvlab.load_model returns (model, tokenizer). "
+                        "Unpack it first: model, tokenizer = kvlab.load_model(...)")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a transformers model (a torch.nn.Module), got {type(model).__name__}: "
+                        "load one with model, tokenizer = kvlab.load_model(...)")
+
+
 def check_inputs(model, input_ids: torch.Tensor, max_new_tokens: int) -> None:
     """Reject what would otherwise fail deep inside the model, or silently decode the wrong thing."""
+    check_model(model)
     if not isinstance(input_ids, torch.Tensor) or input_ids.dtype != torch.long or input_ids.dim() != 2:
+        cast = (" (token ids held as another dtype: convert them with input_ids.long())"
+                if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 else "")
         raise ValueError(
             "input_ids must be a LongTensor of shape [batch, prompt_len]; got "
-            f"{type(input_ids).__name__} {getattr(input_ids, 'dtype', '')} {tuple(getattr(input_ids, 'shape', ()))}. "
-            "Use tokenizer(text, return_tensors='pt').input_ids."
+            f"{type(input_ids).__name__} {getattr(input_ids, 'dtype', '')} {tuple(getattr(input_ids, 'shape', ()))}"
+            f"{cast}. Use tokenizer(text, return_tensors='pt').input_ids."
         )
     if input_ids.shape[0] == 0:
         raise ValueError("the batch is empty (input_ids has 0 rows): give at least one prompt")

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .cache_view import CacheRecorder
-from .decoding import OnToken, greedy
+from .decoding import OnToken, check_inputs, greedy
 from .graphs import ReplayError, step_runner
 from .hf_caches import check_room, decode_static, decode_step_fn, make_static_cache, require_empty
 
@@ -592,7 +592,10 @@ CONTROL_SPEC = dict(fn=control_rewound, group=0, frozen=False, needs_next=False,
 
 
 def run(name: str, model, prompt_ids, max_new_tokens, *, next_ids=None, **kwargs) -> FailureResult:
-    """Run one scenario by name (``control-rewound`` too)."""
+    """Run one scenario by name (``control-rewound`` too). The prompts are checked first (``check_inputs``)."""
+    check_inputs(model, prompt_ids, max_new_tokens)
+    if next_ids is not None:
+        check_inputs(model, next_ids, max_new_tokens)
     if name == CONTROL:
         return control_rewound(model, prompt_ids, max_new_tokens, **kwargs)
     if name not in SCENARIOS:

@@ -26,7 +26,7 @@ from contextlib import nullcontext
 
 import torch
 
-from .decoding import OnToken, check_inputs, greedy
+from .decoding import OnToken, check_inputs, check_model, greedy
 from .fusion import fused_copy
 from .graph_safe_cache import GraphSafeError, GraphSafeStaticCache
 from .graphs import capture
@@ -70,6 +70,7 @@ class GraphSafeDecoder:
     def __init__(self, model, max_cache_len: int, batch: int = 1, *, steps: int = 1, step: str = "model",
                  graph: bool = True, compile_mode: str | None = None, prefill_bucket: int | None = None,
                  warmup: int = 3, emulate: bool | None = None, cache: GraphSafeStaticCache | None = None):
+        check_model(model)
         param = next(model.parameters())
         for name, value in (("batch", batch), ("steps", steps)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -115,6 +116,11 @@ class GraphSafeDecoder:
         self._fingerprint = None  # the cache's addresses at capture
         self._weights = None  # the model's parameter and buffer addresses at capture
         self._source_state = source_state(self.source) if self.model is not self.source else None
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("a GraphSafeDecoder cannot be pickled or copied: it holds captured graphs bound to live memory "
+                        "(its cache and token buffer, read by address), which a copy would not own. Build a new "
+                        "GraphSafeDecoder instead (kvlab.decode keeps one per model and settings)")
 
     @property
     def token(self) -> torch.Tensor:

@@ -111,4 +111,23 @@ def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str
     chosen = strategy_named(strategy)
     input_ids = unpadded_ids(input_ids, attention_mask)
     check_inputs(model, input_ids, max_new_tokens)
+    check_options(kwargs)
     return chosen(model, input_ids, max_new_tokens, **kwargs)
+
+
+def check_options(options: dict) -> None:
+    """Refuse options of which a strategy would silently use only one: a ``decoder`` brings its own cache and cache
+    length, and a ``cache`` its own length."""
+    given = [name for name in ("decoder", "cache", "max_cache_len") if options.get(name) is not None]
+    if "decoder" in given and "cache" in given:
+        raise ValueError("pass decoder= or cache=, not both: a GraphSafeDecoder decodes into its own cache "
+                         "(decoder.cache) and would ignore cache=. Drop decoder= to decode into your cache (a decoder is "
+                         "built around it), or drop cache= to reuse the decoder")
+    if "decoder" in given and "max_cache_len" in given:
+        raise ValueError("pass decoder= or max_cache_len=, not both: a GraphSafeDecoder keeps the max_cache_len it was "
+                         "built with (decoder.max_cache_len) and would ignore max_cache_len=. Drop max_cache_len= to "
+                         "reuse the decoder, or drop decoder= for one of that length")
+    if "cache" in given and "max_cache_len" in given:
+        raise ValueError(f"pass cache= or max_cache_len=, not both: a cache keeps the length it was made with and "
+                         f"max_cache_len={options['max_cache_len']} would be ignored. Drop max_cache_len= to decode into "
+                         "your cache, or drop cache= for a new cache of that length")

@@ -111,3 +111,38 @@ def test_more_bad_inputs_get_a_clear_error(model, prompt):
     meta = tiny_model("tiny-llama").to("meta")
     with pytest.raises(ValueError, match="'meta' device"):
         kvlab.decode(meta, ids.to("meta"), 2)
+
+
+def test_load_models_pair_is_refused_with_what_to_do(prompt):
+    pair = kvlab.load_model("tiny-llama")
+    with pytest.raises(TypeError, match=r"load_model returns \(model, tokenizer\)\. Unpack it first"):
+        kvlab.decode(pair, prompt(4), 2)
+    with pytest.raises(TypeError, match="a torch.nn.Module"):
+        kvlab.decode("tiny-llama", prompt(4), 2)
+
+
+def test_float_ids_are_refused_with_the_conversion(model):
+    with pytest.raises(ValueError, match=r"LongTensor .* input_ids\.long\(\)"):
+        kvlab.decode(model, torch.tensor([[1.0, 2.0]]), 2)
+
+
+def test_options_a_strategy_would_ignore_are_refused(model, prompt):
+    from transformers import StaticCache
+
+    from kvlab.graph_decoder import GraphSafeDecoder
+    from kvlab.graph_safe_cache import GraphSafeStaticCache
+
+    ids = prompt(4)
+    decoder = GraphSafeDecoder(model, 16)
+    cache = GraphSafeStaticCache(config=model.config, max_cache_len=16)
+    with pytest.raises(ValueError, match="pass decoder= or cache=, not both.*Drop decoder="):
+        kvlab.decode(model, ids, 3, strategy="graph-safe", decoder=decoder, cache=cache)
+    with pytest.raises(ValueError, match="pass decoder= or max_cache_len=, not both"):
+        kvlab.decode(model, ids, 3, strategy="graph-safe", decoder=decoder, max_cache_len=32)
+    for strategy, made in (("graph-safe", cache), ("static", StaticCache(config=model.config, max_cache_len=16))):
+        with pytest.raises(ValueError, match="pass cache= or max_cache_len=, not both.*Drop max_cache_len="):
+            kvlab.decode(model, ids, 3, strategy=strategy, cache=made, max_cache_len=32)
+    want = kvlab.decode(model, ids, 3)  # each one alone is still taken
+    assert torch.equal(kvlab.decode(model, ids, 3, strategy="graph-safe", decoder=decoder), want)
+    assert torch.equal(kvlab.decode(model, ids, 3, strategy="graph-safe", cache=cache), want)
+    assert torch.equal(kvlab.decode(model, ids, 3, strategy="static", max_cache_len=32), want)

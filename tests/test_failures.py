@@ -114,6 +114,16 @@ def test_bad_calls_are_refused(setup):
         F.padding_pollution(model, a, N, bucket=8)
 
 
+def test_non_integer_ids_are_refused_at_the_door(setup):
+    model, a, b, _ = setup
+    with pytest.raises(ValueError, match=r"LongTensor .* input_ids\.long\(\)"):
+        F.run("warmup-advance", model, a.float(), 4)
+    with pytest.raises(ValueError, match="LongTensor"):
+        F.run("cache-recreated", model, a, 4, next_ids=b.float())
+    with pytest.raises(TypeError, match="Unpack it first"):
+        F.run("warmup-advance", (model, None), a, 4)
+
+
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: run on Colab/GPU machine")
 @pytest.mark.parametrize("name", NAMES + [F.CONTROL])
 def test_real_cuda_graph_gives_the_emulations_tokens(name, prompt):

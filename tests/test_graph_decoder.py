@@ -62,6 +62,21 @@ def test_bad_settings_are_refused():
         decode_graph_safe_compiled(model, torch.ones(1, 30, dtype=torch.long), 10, max_cache_len=32)
 
 
+def test_a_decoder_refuses_to_be_pickled_or_copied_saying_to_build_a_new_one():
+    import copy
+    import pickle
+
+    model = tiny_model("tiny-llama")
+    decoder = GraphSafeDecoder(model, 16)
+    decoder.generate(torch.tensor([[1, 2, 3]]), 4)  # a captured graph
+    for copier in (pickle.dumps, copy.deepcopy, copy.copy):
+        with pytest.raises(TypeError, match="cannot be pickled or copied: it holds captured graphs bound to live "
+                                            "memory.*Build a new GraphSafeDecoder"):
+            copier(decoder)
+    with pytest.raises(TypeError, match=r"load_model returns \(model, tokenizer\)"):
+        GraphSafeDecoder((model, None), 16)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run on Colab/GPU machine")
 def test_compiled_multi_step_graph_on_cuda():
     model = tiny_model("tiny-llama").cuda()
