@@ -23,15 +23,53 @@ def make_static_cache(model, max_cache_len: int) -> StaticCache:
     return StaticCache(config=model.config, max_cache_len=max_cache_len)
 
 
-def check_room(cache, prompt_len: int, max_new_tokens: int) -> None:
-    """Refuse, before any write, a decode that would not fit in a static cache (a device-side assert on a GPU)."""
+def check_room(cache, prompt_len: int, max_new_tokens: int, *, config=None) -> None:
+    """Refuse, before any write, a decode that would not fit in a static cache (a device-side assert on a GPU).
+
+    A full-attention layer must hold every token but the last one. A sliding-window layer (``is_sliding``) holds
+    ``min(max_cache_len, sliding_window)`` slots and rolls once full (transformers 5.24's ``StaticSlidingWindowLayer``),
+    so it serves any length when it holds the whole window: it needs ``min(need, sliding_window)`` slots. The
+    windows are read from ``config`` (the model's); without it a sliding layer's slots are taken as its window only
+    where they are known to be (``max_cache_len`` was above the window).
+    """
     need = prompt_len + max_new_tokens - 1  # the last token is returned, never written
-    limit = cache.get_max_length()
-    if limit is not None and limit > 0 and need > limit:
+    windows = _sliding_windows(config, len(cache.layers))
+    wanted = []  # per layer: (slots it holds, slots it needs, its window or None)
+    for i, layer in enumerate(cache.layers):
+        slots = layer.get_max_length()
+        if slots is None or slots <= 0:
+            continue  # a layer that grows (a DynamicCache's)
+        window = windows[i] if getattr(layer, "is_sliding", False) else None
+        if window is None and getattr(layer, "is_sliding", False) and not getattr(layer, "is_croppable", True):
+            window = slots  # max_cache_len was above the window: the layer holds exactly the window
+        wanted.append((slots, need if window is None else min(need, window), window))
+    short = [(slots, needs, window) for slots, needs, window in wanted if slots < needs]
+    if not short:
+        return
+    slots, needs, window = max(short, key=lambda w: w[1])
+    asked = max(needs for _, needs, _ in wanted)
+    if window is None:
         raise ValueError(
             f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) needs {need} cache slots but the cache holds "
-            f"max_cache_len={limit}: make a cache with max_cache_len >= {need}"
+            f"max_cache_len={slots}: make a cache with max_cache_len >= {asked}"
         )
+    raise ValueError(
+        f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) needs {need} positions; this model's sliding-window "
+        f"layers (window {window}) keep the last min(max_cache_len, {window}) tokens and roll, so they need "
+        f"max_cache_len >= min({need}, {window}) = {needs}, and this cache's sliding layers hold only {slots}: make a cache with "
+        f"max_cache_len >= {asked}"
+    )
+
+
+def _sliding_windows(config, layers: int) -> list[int | None]:
+    """Each layer's sliding window from the model's config (transformers' own reading of it), None where none."""
+    if config is None:
+        return [None] * layers
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    _, kwargs = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    windows = [kw.get("sliding_window") for kw in kwargs]
+    return windows if len(windows) == layers else [None] * layers
 
 
 def check_cache_for(model, cache, kind=None, *, batch: int | None = None) -> None:
@@ -114,7 +152,7 @@ def decode_static(model, input_ids, max_new_tokens, *, on_token: OnToken = None,
         cache = make_static_cache(model, input_ids.shape[1] + max_new_tokens if max_cache_len is None else max_cache_len)
     check_cache_for(model, cache, StaticCache, batch=input_ids.shape[0])
     require_empty(cache)
-    check_room(cache, input_ids.shape[1], max_new_tokens)
+    check_room(cache, input_ids.shape[1], max_new_tokens, config=model.config)
     if not cache.is_initialized:  # allocate the buffers outside inference mode: then cache.reset() works anywhere
         sizes, param = model_sizes(model.config), next(model.parameters())
         with torch.inference_mode(False):
@@ -179,7 +217,7 @@ def decode_compiled(model, input_ids, max_new_tokens, *, on_token: OnToken = Non
         cache = make_static_cache(model, input_ids.shape[1] + max_new_tokens)
     else:
         cache.reset()
-    check_room(cache, input_ids.shape[1], max_new_tokens)
+    check_room(cache, input_ids.shape[1], max_new_tokens, config=model.config)
     step = compiled_step or compile_step(model, cache, mode=mode)
     return cached_loop(model, input_ids, max_new_tokens, cache, step=step, on_token=on_token)
 

@@ -178,3 +178,27 @@ def test_a_static_cache_kvlab_filled_can_be_reset_outside_inference_mode(llama, 
     first = decode(llama, ids, 3, strategy="static", cache=cache)
     cache.reset()  # no "inplace update to inference tensor" error
     assert torch.equal(decode(llama, ids, 3, strategy="static", cache=cache), first)
+
+
+def test_a_sliding_window_static_cache_needs_only_the_window():
+    """transformers 5.24's sliding-window StaticCache layers hold min(max_cache_len, window) slots and roll: any
+    max_cache_len >= min(prompt + new - 1, window) is token-exact, a smaller one is refused saying so."""
+    import transformers
+
+    from kvlab.models import TINY_COMMON
+
+    config = transformers.MistralConfig(**{**TINY_COMMON, "sliding_window": 8})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    ids = torch.randint(1, 200, (1, 10), generator=torch.Generator().manual_seed(0))
+    want = decode(model, ids, 4)  # 10 + 4 - 1 = 13 positions, more than the window
+    for length in (None, 8, 9, 13, 32):
+        kw = {} if length is None else {"max_cache_len": length}
+        assert torch.equal(decode(model, ids, 4, strategy="static", **kw), want), length
+    with pytest.raises(ValueError, match=r"window 8\) keep the last .* max_cache_len >= min\(13, 8\) = 8.* hold only 7"):
+        decode(model, ids, 4, strategy="static", max_cache_len=7)
+    short = torch.randint(1, 200, (1, 4), generator=torch.Generator().manual_seed(1))
+    with pytest.raises(ValueError, match=r"min\(6, 8\) = 6"):
+        decode(model, short, 3, strategy="static", max_cache_len=5)
+    assert torch.equal(decode(model, short, 3, strategy="static", max_cache_len=6), decode(model, short, 3))
