@@ -513,6 +513,24 @@ def test_the_decoder_refuses_other_layers_with_what_to_do(name):
         GraphSafeDecoder(tiny_model(name), 32, step="kernels")
 
 
+def test_an_unregistered_attention_is_refused_with_what_is_supported():
+    from kvlab.graph_decoder import GraphSafeDecoder
+
+    model = tiny_model("tiny-llama")
+    model.set_attn_implementation("eager")
+    with pytest.raises(ValueError, match=r"attention implementation is 'eager'.*supported: .*sdpa.*set_attn_implementation"):
+        GraphSafeDecoder(model, 32, step="kernels")
+
+
+def test_a_config_that_disagrees_with_the_modules_is_refused():
+    import kvlab
+
+    model = tiny_model("tiny-llama")
+    model.config.num_hidden_layers = 1
+    with pytest.raises(ValueError, match=r"num_hidden_layers is 1 but the model has 2 decoder layers.*= 2"):
+        kvlab.decode(model, torch.tensor([[1, 2, 3]]), 4, strategy="graph-safe-kernels")
+
+
 def test_a_length_dependent_rope_is_refused():
     model = tiny_model("tiny-llama")
     model.model.rotary_emb.rope_type = "dynamic"

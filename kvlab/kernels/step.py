@@ -32,7 +32,21 @@ SUPPORTED = ("llama", "mistral", "qwen2")  # RMSNorm, rotate-half RoPE, SiLU-gat
 
 def check_supported(model) -> None:
     """Refuse, with what to do, a model whose layer is not the one the kernels compute."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     config = model.config
+    layers = len(model.model.layers) if hasattr(model, "model") and hasattr(model.model, "layers") else None
+    if layers is not None and layers != config.num_hidden_layers:
+        raise ValueError(f"model.config.num_hidden_layers is {config.num_hidden_layers} but the model has {layers} decoder "
+                         "layers (model.model.layers): the config was changed after the model was built, and the "
+                         f"kernels run every layer. Set it back (model.config.num_hidden_layers = {layers}), or build a "
+                         "model of the layers you want from its config")
+    attention = config._attn_implementation
+    if attention not in ALL_ATTENTION_FUNCTIONS:
+        raise ValueError(f"the model's attention implementation is {attention!r}; 'graph-safe-kernels' runs its prefill "
+                         "through transformers' registered attentions (supported: "
+                         f"{', '.join(sorted(n for n in ALL_ATTENTION_FUNCTIONS if '|' not in n))}). Call model.set_attn_implementation('sdpa') "
+                         "first (the course's default), or use the 'graph-safe' strategy, which runs any attention")
     why = None
     if config.model_type not in SUPPORTED:
         why = f"model_type {config.model_type!r} (supported: {', '.join(SUPPORTED)})"
