@@ -68,6 +68,10 @@ class CacheRecorder:
 
     def __init__(self, cache, layers=(0,), then=None):
         self.cache, self.layers, self.then = cache, tuple(layers), then
+        if any(not isinstance(i, int) or isinstance(i, bool) for i in self.layers):
+            raise ValueError(f"layers must be layer indices (ints), e.g. layers=(0, 1); got {layers!r}")
+        if cache.layers:  # a cache made from a config has its layers now (a hand-written one makes them on first use)
+            self._check_layers(allocated=False)
         self.rows: dict[int, list[torch.Tensor]] = {i: [] for i in self.layers}  # per layer, per step: [slots]
         self.heads: dict[int, list[torch.Tensor]] = {i: [] for i in self.layers}  # per layer, per step: [kv_heads, slots]
         self.counters: list[list[int]] = []  # per step: one int per layer ([] for a cache without counter tensors)
@@ -77,8 +81,27 @@ class CacheRecorder:
         self.seconds: list[float | None] = []  # per step: wall time since the previous token (None: a bare snapshot)
         self._clock = StepClock(pick_device())
 
+    def _check_layers(self, allocated: bool = True) -> None:
+        """Refuse recorded layers the cache does not have (or, with ``allocated``, whose buffers it has not made)."""
+        n = len(self.cache.layers)
+        if not self.layers:
+            return
+        if n == 0:
+            raise ValueError("the cache has no layers yet: a HandwrittenCache makes them on its first update (the "
+                             "prefill). Pass the recorder as on_token= to a decode, or take a snapshot after one")
+        missing = [i for i in self.layers if not -n <= i < n]
+        if missing:
+            raise ValueError(f"layers {missing} are not in this cache: it has {n} layers (0..{n - 1}). Record some of "
+                             f"them, e.g. CacheRecorder(cache, layers=(0, {n - 1}))")
+        empty = [i for i in self.layers if getattr(self.cache.layers[i], "keys", None) is None]
+        if allocated and empty:
+            raise ValueError(f"layers {empty} of the cache hold no buffers yet: a cache allocates them on its first "
+                             "update (the prefill). Pass the recorder as on_token= to a decode, or take a snapshot after "
+                             "one")
+
     def snapshot(self) -> None:
         """Record the cache as it is now, without a token (e.g. right after a reset)."""
+        self._check_layers()
         for i in self.layers:
             self.rows[i].append(slot_norms(self.cache.layers[i]))
             self.heads[i].append(head_norms(self.cache.layers[i]))

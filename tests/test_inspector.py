@@ -130,6 +130,22 @@ def test_text_with_a_tokenizer_ids_without(qwen3, ids):
     assert with_ids.text == " ".join(str(int(i)) for i in rec.token_ids[0])
 
 
+def test_a_recorder_refuses_layers_the_cache_lacks_and_snapshots_before_any_buffer(qwen3, ids):
+    from transformers import StaticCache
+
+    with pytest.raises(ValueError, match=r"the cache has no layers yet.*on_token="):
+        CacheRecorder(HandwrittenCache()).snapshot()
+    with pytest.raises(ValueError, match=r"hold no buffers yet.*on_token="):
+        CacheRecorder(StaticCache(config=qwen3.config, max_cache_len=32)).snapshot()
+    with pytest.raises(ValueError, match=r"layers \[7\] are not in this cache: it has 2 layers \(0\.\.1\)"):
+        CacheRecorder(StaticCache(config=qwen3.config, max_cache_len=32), layers=(7,))  # known at once
+    cache = HandwrittenCache()
+    with pytest.raises(ValueError, match=r"layers \[7\] are not in this cache: it has 2 layers"):
+        decode_handwritten(qwen3, ids, 3, cache=cache, on_token=CacheRecorder(cache, layers=(7,)))  # at the prefill
+    with pytest.raises(ValueError, match="layer indices"):
+        CacheRecorder(HandwrittenCache(), layers=("0",))
+
+
 def test_the_figure_shows_the_runs_side_by_side(warmup):
     import matplotlib.pyplot as plt
 
