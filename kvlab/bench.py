@@ -65,8 +65,9 @@ class BenchArgumentError(ValueError):
     """A setting the benchmark refuses before doing any work; the message says what to change."""
 
 
-def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, repeats, profile_k) -> None:
-    """Refuse impossible settings up front: a negative count would otherwise record checks that never ran."""
+def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, repeats, profile_k, out=None) -> None:
+    """Refuse impossible settings up front: a negative count would otherwise record checks that never ran, and an
+    ``out`` that cannot be written would lose every measurement after the first strategy's timing."""
     for name, value, least in (("prompt_len", prompt_len, 1), ("check_tokens", check_tokens, 0),
                                ("repeats", repeats, 1), ("profile_steps", profile_k, 0)):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
@@ -80,6 +81,30 @@ def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, re
     unknown = [s for s in strategies if s not in BENCHMARKED]
     if unknown:
         raise BenchArgumentError(f"unknown strategies {unknown}; choose from {', '.join(BENCHMARKED)}")
+    if out is not None:
+        check_writable(out)
+
+
+def check_writable(out) -> None:
+    """Refuse an ``out`` whose .json or .csv cannot be written, by writing there: the folder is made (as ``write``
+    makes it), an existing file is opened for appending (its content kept), a new one is tried as a temporary file."""
+    import tempfile
+
+    for path in out_paths(out):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.is_dir():
+                raise IsADirectoryError(f"{path} is a folder")
+            if path.exists():
+                with open(path, "a"):
+                    pass
+            else:
+                with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".probe"):
+                    pass
+        except OSError as e:
+            raise BenchArgumentError(f"--out {str(out)!r}: {path} cannot be written ({e.strerror or e}), so the "
+                                     "results would be lost after the timing: give a path in a folder you can write "
+                                     "to, e.g. --out out/mybench") from None
 
 
 def skip_reason(strategy, device, quick: bool, elapsed: float, budget: float | None) -> str | None:
@@ -106,7 +131,7 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
     started = time.perf_counter()
     strategies = list(DEFAULT_STRATEGIES if strategies is None else strategies)
     batches = list(batches)
-    check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, repeats, profile_k)
+    check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, repeats, profile_k, out)
     device = pick_device(device)
     dtype = pick_dtype(device, dtype)
     for knob in ("recompile_limit", "cache_size_limit"):  # fp32 + bf16 + batch sizes: more than the default 8
@@ -357,9 +382,13 @@ def _seconds(text: str) -> float:
 
 def _device(text: str) -> torch.device:
     try:
-        return pick_device(text)
+        device = pick_device(text)
     except (RuntimeError, ValueError) as e:
         raise argparse.ArgumentTypeError(str(e).splitlines()[0]) from None
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{text!r}: the benchmark decodes on cpu, cuda or cuda:N ({device.type!r} "
+                                         "tensors hold no values to decode or time); give one of those")
+    return device
 
 
 def _bounded(least: int, most: int):

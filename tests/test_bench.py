@@ -171,6 +171,30 @@ def test_out_under_a_file_and_a_decode_past_the_position_limit_are_refused_befor
     assert not out.with_suffix(".json").exists()
 
 
+def test_an_out_that_cannot_be_written_is_refused_before_any_timing(tmp_path, capsys, monkeypatch):
+    timed = []
+    monkeypatch.setattr(bench, "time_decode", lambda *a, **k: timed.append(a) or pytest.fail("timed"))
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--model", "tiny-llama", "--quick", "--strategies", "naive", "--profile-steps", "0",
+                    "--out", "/proc/self/nope/x"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "/proc/self/nope/x.json cannot be written" in err and "--out out/mybench" in err
+    with pytest.raises(bench.BenchArgumentError, match="is a folder"):
+        (tmp_path / "run.json").mkdir()
+        bench.check_settings(4, 3, [1], ["naive"], 2, 1, 0, out=tmp_path / "run")
+    assert timed == []
+    kept = tmp_path / "kept"
+    kept.with_suffix(".json").write_text("{}")
+    bench.check_settings(4, 3, [1], ["naive"], 2, 1, 0, out=kept)  # writable: passes, and keeps what is there
+    assert kept.with_suffix(".json").read_text() == "{}" and sorted(p.name for p in tmp_path.iterdir()) == ["kept.json", "run.json"]
+
+
+def test_the_meta_device_is_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench.parse_args(["--device", "meta"])
+    assert exit_.value.code == 2 and "'meta': the benchmark decodes on cpu, cuda or cuda:N" in capsys.readouterr().err
+
+
 def test_run_bench_refuses_negative_counts_instead_of_recording_unmade_checks():
     for kwargs in ({"check_tokens": -1}, {"profile_k": -1}, {"repeats": 0}, {"batches": [0]}, {"strategies": []}):
         with pytest.raises(bench.BenchArgumentError):
