@@ -56,6 +56,17 @@ def test_parameter_count_right_and_wrong(config):
     assert text.startswith("not quite") and "return a number" in text
 
 
+def test_parameter_count_takes_one_element_arrays_and_calls_nan_wrong():
+    import numpy as np
+
+    assert lesson00.check_parameter_count(lambda c: torch.tensor([llama_parameter_count(c)])).startswith("correct")
+    assert lesson00.check_parameter_count(lambda c: np.array([llama_parameter_count(c)])).startswith("correct")
+    nan = lesson00.check_parameter_count(lambda c: float("nan"))
+    assert nan.startswith("not quite: parameter_count should return a number") and "not a finite number" in nan
+    several = lesson00.check_parameter_count(lambda c: torch.tensor([1, 2]))
+    assert "shape (2,)" in several and "return a number" in several
+
+
 def test_parameter_count_names_the_config_it_failed_on():
     # a count that ignores tie_word_embeddings passes the tied SmolLM2 config but not its untied twin
     verdict = lesson00.check_parameter_count(lambda c: count(c, lm_head=False), config=SMOLLM2_CONFIG)

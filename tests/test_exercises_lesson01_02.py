@@ -38,6 +38,21 @@ def test_check_number_verdicts():
     assert check_number(1, 0, what="x", hint="h").startswith("not quite")
 
 
+def test_check_number_takes_any_one_real_number_and_refuses_the_rest():
+    for one in (torch.tensor([5]), torch.tensor([[5.0]]), np.array([5]), np.array(5.0), np.float32(5), np.int64(5)):
+        assert check_number(one, 5, what="x", hint="h").startswith("correct"), one
+    wrong = check_number(torch.tensor([6]), 5, what="x", hint="h")
+    assert wrong.startswith("not quite: you gave 6 for x") and "20.0% off" in wrong
+    for bad, says in ((torch.tensor([5, 5]), "shape (2,) (2 elements), not one number"),
+                      (np.array([5.0, 5.0]), "shape (2,)"), (torch.tensor([True]), "a bool"),
+                      (float("nan"), "nan, which is not a finite number"), (float("inf"), "inf, which is not"),
+                      (torch.tensor([float("nan")]), "not a finite number"), (1 + 0j, "a complex")):
+        verdict = check_number(bad, 5, what="x", hint="h")
+        assert verdict.startswith("not quite: x is a number, but you gave") and says in verdict, (bad, verdict)
+    assert "Hint: bytes, not bits" in lesson02.check_cache_bytes(  # a wrong tensor answer still gets its mistake named
+        torch.tensor([8 * 5120]), config=tiny_model("tiny-llama").config, tokens=10, dtype=torch.float32)
+
+
 # ---- lesson 01: the naive loop ----------------------------------------------------------------------------------
 
 
@@ -126,6 +141,14 @@ def test_step_flops(config):
     assert "return a number" in lesson01.check_step_flops(lambda c, n: [1], config=config)
 
 
+def test_step_flops_takes_one_element_arrays_and_calls_nan_and_inf_wrong():
+    assert lesson01.check_step_flops(lambda c, n: torch.tensor([forward_flops(c, n)])).startswith("correct")
+    assert lesson01.check_step_flops(lambda c, n: np.array([forward_flops(c, n)])).startswith("correct")
+    for bad in (float("nan"), float("inf"), -float("inf"), np.array([float("nan")])):
+        verdict = lesson01.check_step_flops(lambda c, n, bad=bad: bad)
+        assert verdict.startswith("not quite: step_flops should return a number") and "not a finite number" in verdict
+
+
 def test_doubling_prediction():
     assert [lesson01.doubling_choice(r) for r in (1.9, 2.8, 3.9)] == ["2x", "2x-4x", "4x"]
     right = lesson01.check_doubling_prediction("2x-4x", seconds=1.0, doubled_seconds=2.9)
@@ -168,6 +191,26 @@ def test_attend_reference_is_pytorch_attention():
         mask = torch.ones(T, S, dtype=torch.bool).tril(S - T)
         expected = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask)[0]
         assert torch.allclose(lesson02.attend(q, keys, values), expected)
+
+
+def test_attend_names_nan_and_inf_rows_instead_of_crashing():
+    def poisoned(value, row):
+        def attend(q, keys, values):
+            out = lesson02.attend(q, keys, values)
+            out[row % out.shape[0], 0] = value
+            return out
+        return attend
+
+    def masks_everything(q, keys, values):  # the mask counted from key 0: a single query sees no key, softmax is NaN
+        T, S = q.shape[0], keys.shape[0]
+        visible = torch.ones(T, S, dtype=torch.bool).tril(diagonal=-1)
+        scores = (q @ keys.T / math.sqrt(q.shape[-1])).masked_fill(~visible, float("-inf"))
+        return torch.softmax(scores, dim=-1) @ values
+
+    for student in (poisoned(float("nan"), 0), poisoned(float("inf"), -1), masks_everything):
+        verdict = lesson02.check_attend(student)
+        assert verdict.startswith("not quite: for 1 query") and "holds NaN or infinity" in verdict, verdict
+        assert "your code raised" not in verdict
 
 
 def test_attend_right_and_wrong():

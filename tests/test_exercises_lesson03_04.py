@@ -75,6 +75,11 @@ def test_static_cache_bytes_names_the_slip():
     assert "one token" in check(right // 1024)
     assert "Hint: it is preallocated" in check(right + 1)
     assert "not answered" in check(None)
+    import numpy as np
+
+    assert check(torch.tensor([right])).startswith("correct") and check(np.array([right])).startswith("correct")
+    assert "V is a second buffer" in check(torch.tensor([right // 2]))  # a one-element tensor's slip is named too
+    assert "not a finite number" in check(float("nan"))
 
 
 def rebinds_keys(cache):

@@ -186,6 +186,12 @@ def test_launch_cost():
     assert "whole eager step over its launches" in lesson05.check_launch_cost_us(3.0, record=record)  # 3 ms / 1000
     assert lesson05.check_launch_cost_us(25.0, record=record).startswith("not quite")
     assert lesson05.check_launch_cost_us("fast", record=record).startswith("not quite")
+    import numpy as np
+
+    assert lesson05.check_launch_cost_us(torch.tensor([2.5]), record=record).startswith("correct")
+    assert lesson05.check_launch_cost_us(np.array([2.5]), record=record).startswith("correct")
+    assert "whole eager step" in lesson05.check_launch_cost_us(np.array([3.0]), record=record)
+    assert "not a finite number" in lesson05.check_launch_cost_us(float("inf"), record=record)
     cpu_like = {"eager_ms_per_token": 2.0, "replay_ms_per_token": 1.0,
                 "work_per_step": {"eager": {"aten_ops": 10}, "replay": {"aten_ops": 10}}}
     assert "GPU result" in lesson05.check_launch_cost_us(1.0, record=cpu_like)

@@ -133,6 +133,21 @@ def test_padding_rows():
         lesson06.bucket_for(40, (1, 2, 4, 8, 16, 32))
 
 
+def test_number_answers_as_one_element_tensors_or_arrays_are_taken_and_nan_is_wrong():
+    import numpy as np
+
+    assert lesson06.check_padding_rows(torch.tensor([3])).startswith("correct")
+    assert "8 is the bucket the engine replays" in lesson06.check_padding_rows(np.array([8]))
+    assert "not a finite number" in lesson06.check_padding_rows(float("nan"))
+    rate = lesson06.tokens_per_s_solution
+    assert lesson06.check_tokens_per_s(lambda *a: np.array([rate(*a)])).startswith("correct")
+    assert lesson06.check_tokens_per_s(lambda *a: torch.tensor([round(rate(*a))], dtype=torch.float64)).startswith(
+        "not quite")  # rounded: a number, but not the rule's
+    assert "no number (nan, which is not a finite number: a division by zero" in lesson06.check_tokens_per_s(lambda *a: float("nan"))
+    floor = lesson06.step_floor_ms_solution
+    assert lesson06.check_step_floor_ms(lambda *a: np.array([[floor(*a)]])).startswith("correct")
+
+
 # ---- RMSNorm + matmul -----------------------------------------------------------------------------------------------
 
 def norm_matmul(x, norm_weight, weight, eps):

@@ -4,20 +4,56 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import numbers
 import os
 
 NOT_ANSWERED = "not answered yet: replace `answer = None` with your number and run the cell again"
 
 
-def check_number(answer, expected: float, *, what: str, hint: str, rel_tol: float = 0.0) -> str:
-    """Compare a numeric ``answer`` with ``expected`` (exactly, or within ``rel_tol``); return the verdict."""
-    if answer is None:
-        return NOT_ANSWERED
-    if hasattr(answer, "item") and getattr(answer, "ndim", 0) == 0:  # a 0-dim tensor or numpy scalar
+class NotANumber(ValueError):
+    """An answer that is not one finite real number; the message says what it is instead."""
+
+
+def real_number(answer) -> numbers.Real:
+    """The one finite real number ``answer`` holds, as a Python int or float (or another ``numbers.Real``): a number,
+    a NumPy scalar, or a tensor or array of one element (0-d, ``[1]``, ``[1, 1]``, ...). Raises :class:`NotANumber`
+    for anything else (a bool, a complex number, several elements, text, NaN or infinity)."""
+    if hasattr(answer, "item") and not isinstance(answer, numbers.Number):  # a tensor, an array, a NumPy scalar
+        size = answer.numel() if callable(getattr(answer, "numel", None)) else getattr(answer, "size", None)
+        if size != 1:
+            shape = tuple(getattr(answer, "shape", ()))
+            raise NotANumber(f"a {type(answer).__name__} of shape {shape} ({size} elements), not one number: return "
+                             "one value (x.item() of a one-element tensor or array)")
+        answer = answer.item()
+    elif hasattr(answer, "item") and not isinstance(answer, int | float):  # numpy's float64, int64, bool_, ...
         answer = answer.item()
     if isinstance(answer, bool) or not isinstance(answer, numbers.Real):
-        return f"not quite: {what} is a number, but you gave a {type(answer).__name__} ({answer!r})"
+        raise NotANumber(f"a {type(answer).__name__} ({answer!r:.80}), not a number")
+    if isinstance(answer, float) and not math.isfinite(answer):
+        raise NotANumber(f"{answer}, which is not a finite number: a division by zero or an overflow on the way?")
+    return answer
+
+
+def as_number(answer):
+    """``real_number(answer)`` where ``answer`` holds one finite real number, else ``answer`` unchanged: what a
+    number checker's entry does, so that its own comparisons see a Python number (``check_number`` then refuses the
+    rest with what it is)."""
+    try:
+        return real_number(answer)
+    except NotANumber:
+        return answer
+
+
+def check_number(answer, expected: float, *, what: str, hint: str, rel_tol: float = 0.0) -> str:
+    """Compare a numeric ``answer`` with ``expected`` (exactly, or within ``rel_tol``); return the verdict. Any one
+    real number is accepted (``real_number``: a tensor or array of one element too); NaN and infinity are wrong."""
+    if answer is None:
+        return NOT_ANSWERED
+    try:
+        answer = real_number(answer)
+    except NotANumber as e:
+        return f"not quite: {what} is a number, but you gave {e}"
     error = abs(answer - expected)
     if error <= rel_tol * abs(expected) or error == 0:
         return f"correct: {what} = {expected:,}"

@@ -11,12 +11,11 @@ from __future__ import annotations
 import copy
 import functools
 import math
-import numbers
 
 import torch
 
 from ..sizes import llama_parameter_count, model_sizes
-from .common import call_student, check_prediction, code_checker
+from .common import NotANumber, call_student, check_prediction, code_checker, real_number
 from .mistakes import first_match
 
 # ---- exercise 1: the parameter count of a Llama-style model, from its config ------------------------------------
@@ -82,10 +81,10 @@ def check_parameter_count(student, *, config=None) -> str:
                small_gqa_config()]
     for cfg in configs:
         got, right = call_student(student, copy.deepcopy(cfg)), llama_parameter_count(cfg)
-        if hasattr(got, "item") and getattr(got, "ndim", 1) == 0:
-            got = got.item()
-        if isinstance(got, bool) or not isinstance(got, numbers.Real):
-            return f"not quite: parameter_count should return a number, got a {type(got).__name__} ({got!r:.80})"
+        try:
+            got = real_number(got)
+        except NotANumber as e:
+            return f"not quite: parameter_count should return a number, got {e}"
         if got != right:
             hint = first_match(got, parameter_mistakes(cfg)) or (
                 "go part by part: per layer q_proj and o_proj (hidden x heads x head_dim), k_proj and v_proj (hidden x "

@@ -10,13 +10,12 @@
 from __future__ import annotations
 
 import copy
-import numbers
 
 import torch
 
 from ..decoding import decode_naive, first_mismatch
 from ..sizes import flops_breakdown, forward_flops, model_sizes
-from .common import call_student, check_prediction, code_checker
+from .common import NotANumber, call_student, check_prediction, code_checker, real_number
 from .lesson00 import describe, small_gqa_config
 from .mistakes import first_match, show_sources
 
@@ -157,10 +156,10 @@ def check_step_flops(student, *, config=None, length: int = 1000) -> str:
     for cfg in configs:
         for L in lengths:
             got, right = call_student(student, copy.deepcopy(cfg), L), forward_flops(cfg, L)
-            if hasattr(got, "item") and getattr(got, "ndim", 1) == 0:
-                got = got.item()
-            if isinstance(got, bool) or not isinstance(got, numbers.Real):
-                return f"not quite: step_flops should return a number, got a {type(got).__name__} ({got!r:.80})"
+            try:
+                got = real_number(got)
+            except NotANumber as e:
+                return f"not quite: step_flops should return a number, got {e}"
             if abs(got - right) > 0.01 * right:
                 hint = first_match(got, flops_mistakes(cfg, L), rtol=0.005) or (
                     "count part by part (kvlab.sizes' docstring above has the formula): per layer and position "

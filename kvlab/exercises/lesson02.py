@@ -16,7 +16,7 @@ import torch
 from ..decoding import decode_naive, first_mismatch
 from ..handwritten import HandwrittenCache, HandwrittenLayer, decode_handwritten
 from ..sizes import kv_cache_bytes, model_sizes
-from .common import call_student, check_number, check_prediction, checker, code_checker
+from .common import as_number, call_student, check_number, check_prediction, checker, code_checker
 from .mistakes import first_match, show_sources
 
 # ---- exercise 1: attention over a cache, one head ----------------------------------------------------------------
@@ -91,11 +91,18 @@ def check_attend(student) -> str:
             else:
                 why = "one output row of d per query."
             return f"not quite: for {where}, expected shape {tuple(right.shape)}, got {tuple(got.shape)}. Hint: {why}"
-        if torch.allclose(got.to(right.dtype), right, rtol=1e-9, atol=1e-12):
+        got = got.to(right.dtype)
+        if torch.allclose(got, right, rtol=1e-9, atol=1e-12):
             continue
         hint = first_match(got, attend_mistakes(q, keys, values), rtol=1e-9, atol=1e-12)
-        if hint is None:
-            bad = int(((got.to(right.dtype) - right).abs() > 1e-9).any(dim=-1).nonzero()[0])
+        finite = torch.isfinite(got).all(dim=-1)  # [T]
+        if hint is None and not bool(finite.all()):
+            bad = int((~finite).nonzero()[0])
+            hint = (f"row {bad} (the query at position {S - T + bad}) holds NaN or infinity: a softmax over scores "
+                    "that are all -inf (every key masked) is NaN, and so is everything computed from a NaN. Each query "
+                    "sees at least its own key: query i sees keys 0 .. S - T + i.")
+        elif hint is None:
+            bad = int((~torch.isclose(got, right, rtol=1e-9, atol=1e-12)).any(dim=-1).nonzero()[0])
             hint = (f"row {bad} (the query at position {S - T + bad}) is the first that differs: softmax over the keys "
                     "it may see of q @ keys.T / sqrt(d), times values.")
         return f"not quite: for {where}, your output differs. Hint: {hint}"
@@ -236,6 +243,7 @@ def cache_bytes_mistakes(config, tokens: int, dtype, batch: int) -> list[tuple[i
 @checker
 def check_cache_bytes(answer, *, config, tokens: int, dtype, batch: int = 1) -> str:
     """Exercise: bytes of K and V a cache holds for ``batch`` sequences of ``tokens`` tokens."""
+    answer = as_number(answer)
     return check_number(
         answer, kv_cache_bytes(config, tokens, dtype, batch=batch),
         what=f"KV cache bytes for {batch} x {tokens} tokens in {dtype}",
@@ -247,6 +255,7 @@ def check_cache_bytes(answer, *, config, tokens: int, dtype, batch: int = 1) -> 
 @checker
 def check_cached_positions(answer, *, prompt_len: int, new_tokens: int) -> str:
     """Exercise: token positions the cached loop feeds to the model in total."""
+    answer = as_number(answer)
     p, n = prompt_len, new_tokens
     mistakes = [
         (p + n, "the last token made is never fed back: the loop stops once it has it."),

@@ -15,7 +15,15 @@ import torch
 from ..decoding import first_mismatch, greedy
 from ..hf_caches import decode_static, make_static_cache
 from ..sizes import kv_cache_bytes, model_sizes
-from .common import call_student, check_number, check_prediction, checker, code_checker, solutions_filled_in
+from .common import (
+    as_number,
+    call_student,
+    check_number,
+    check_prediction,
+    checker,
+    code_checker,
+    solutions_filled_in,
+)
 
 # The checkers' model: tiny and random, and (with its q/k norms) sensitive enough to RoPE positions that a
 # position off by one changes the greedy tokens within a few steps.
@@ -50,6 +58,7 @@ def first_token_note(got: torch.Tensor, want: torch.Tensor) -> str:
 @checker
 def check_static_cache_bytes(answer, *, config, max_cache_len: int, dtype, batch: int = 1) -> str:
     """Exercise: bytes a StaticCache of ``max_cache_len`` slots holds, however few tokens were decoded."""
+    answer = as_number(answer)
     expected = kv_cache_bytes(config, max_cache_len, dtype, batch=batch)
     sizes = model_sizes(config)
     slips = [  # (the answer a typical slip gives, what the slip was)

@@ -12,7 +12,7 @@ import functools
 import torch
 
 from ..graph_safe_cache import GraphSafeError, GraphSafeStaticCache
-from .common import call_student, check_number, check_prediction, checker, code_checker
+from .common import as_number, call_student, check_number, check_prediction, checker, code_checker
 
 
 @functools.cache
@@ -437,6 +437,7 @@ def launch_cost_us(record: dict) -> float:
 @checker
 def check_launch_cost_us(answer, *, record: dict) -> str:
     """Exercise: from the recorded GPU result, how many microseconds did each removed kernel launch cost?"""
+    answer = as_number(answer)
     expected = launch_cost_us(record)
     verdict = check_number(
         answer, expected, what="host microseconds per removed kernel launch", rel_tol=0.1,

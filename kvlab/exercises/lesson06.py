@@ -8,7 +8,6 @@ find. The other answers come from the benchmark record the student is looking at
 from __future__ import annotations
 
 import math
-import numbers
 import random
 import statistics
 
@@ -17,14 +16,17 @@ import torch
 from .. import sizes
 from ..kernels import gemv as kernels_gemv
 from ..measure import DecodeTiming
-from .common import NOT_ANSWERED, call_student, check_number, check_prediction, checker, code_checker
-
-
-def _number(x) -> float | None:
-    """A float from a real number or a one-element tensor, else None."""
-    if isinstance(x, torch.Tensor) and x.numel() == 1 and x.dtype.is_floating_point:
-        return float(x)
-    return float(x) if isinstance(x, numbers.Real) and not isinstance(x, bool) else None
+from .common import (
+    NOT_ANSWERED,
+    NotANumber,
+    as_number,
+    call_student,
+    check_number,
+    check_prediction,
+    checker,
+    code_checker,
+    real_number,
+)
 
 
 def _close(a: float, b: float, rel: float = 1e-6) -> bool:
@@ -87,9 +89,10 @@ def check_tokens_per_s(fn) -> str:
         t1, tn = timing_case(n, batch, repeats, seed)
         want = tokens_per_s_solution(t1, tn, n, batch)
         case = f"n={n}, batch={batch}, {repeats} repeats"
-        got = _number(call_student(fn, list(t1), list(tn), n, batch))
-        if got is None:
-            return f"not quite: for {case} your function returned no number; return tokens per second as a float"
+        try:
+            got = float(real_number(call_student(fn, list(t1), list(tn), n, batch)))
+        except NotANumber as e:
+            return f"not quite: for {case} your function returned no number ({e}); return tokens per second as a float"
         if not _close(got, want):
             hint = _first_match(got, _rate_variants(t1, tn, n, batch))
             return (f"not quite: for {case} you gave {got:,.6g} tokens/s, the rule gives {want:,.6g}. Hint: "
@@ -159,9 +162,10 @@ def check_step_floor_ms(fn) -> str:
     """Exercise: floor ms = 1e3 x (weight_bytes + batch x context x KV bytes per token) / (gbps x 1e9), KV from config."""
     for label, config, weight_bytes, dtype, batch, context, gbps in floor_cases():
         want = step_floor_ms_solution(config, weight_bytes, dtype, batch, context, gbps)
-        got = _number(call_student(fn, config, weight_bytes, dtype, batch, context, gbps))
-        if got is None:
-            return f"not quite: for {label} your function returned no number; return the floor in milliseconds"
+        try:
+            got = float(real_number(call_student(fn, config, weight_bytes, dtype, batch, context, gbps)))
+        except NotANumber as e:
+            return f"not quite: for {label} your function returned no number ({e}); return the floor in milliseconds"
         if not _close(got, want):
             hint = _first_match(got, _floor_variants(config, weight_bytes, dtype, batch, context, gbps))
             return (f"not quite: for {label}, context {context}, {gbps:g} GB/s you gave {got:.6g} ms, expected "
@@ -214,6 +218,7 @@ def check_padding_rows(answer, *, running: int = 5, buckets=(1, 2, 4, 8, 16, 32)
     padded (wasted) rows does each replay compute?"""
     if answer is None:
         return NOT_ANSWERED
+    answer = as_number(answer)
     bucket = bucket_for(running, buckets)
     verdict = check_number(
         answer, bucket - running, what=f"the padded rows ({running} sequences in the bucket of {bucket})",

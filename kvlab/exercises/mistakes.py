@@ -7,6 +7,8 @@ import numbers
 
 import torch
 
+from .common import NotANumber, real_number
+
 
 def same(answer, value, *, rtol: float = 0.0, atol: float = 0.0) -> bool:
     """True where ``answer`` equals ``value``: numbers within ``rtol``/``atol``, tensors of one shape allclose
@@ -21,9 +23,9 @@ def same(answer, value, *, rtol: float = 0.0, atol: float = 0.0) -> bool:
             return torch.equal(answer, value)
         return torch.allclose(answer, value, rtol=rtol, atol=atol, equal_nan=True)
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        if hasattr(answer, "item") and getattr(answer, "ndim", 1) == 0:  # a 0-dim tensor or numpy scalar
-            answer = answer.item()
-        if isinstance(answer, bool) or not isinstance(answer, numbers.Real):
+        try:
+            answer = real_number(answer)  # a tensor or array of one element too
+        except NotANumber:
             return False
         return abs(answer - value) <= atol + rtol * abs(value)
     return answer == value
