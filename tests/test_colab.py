@@ -1,4 +1,4 @@
-"""The Colab path: every notebook's badge and set-up cell exactly as ``tools/colab_cells.py`` writes them, the set-up
+"""The Colab path: every notebook's badge and set-up cell exactly as ``tools/write_colab_cells.py`` writes them, the set-up
 cell inert outside Colab, and a simulated Colab: a fresh virtual environment holding torch and an older transformers
 (Colab has 5.15.0), a stub ``google.colab``, and the set-up cell installing the course from a clone of this
 repository. The simulation clones the committed HEAD (CI runs in a fresh clone): commit before running it."""
@@ -19,7 +19,7 @@ import pytest
 import kvlab
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("colab_cells", ROOT / "tools" / "colab_cells.py")
+_spec = importlib.util.spec_from_file_location("write_colab_cells", ROOT / "tools" / "write_colab_cells.py")
 colab_cells = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(colab_cells)
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -33,7 +33,7 @@ def cells(path: Path) -> list[dict]:
 def setup_cell(path: Path) -> str:
     """The source of a notebook's Colab set-up cell (what the tests run)."""
     found = [c for c in cells(path) if colab_cells.SETUP_TAG in c["metadata"].get("tags", [])]
-    assert len(found) == 1, f"{path.name}: no cell tagged {colab_cells.SETUP_TAG!r}: run python tools/colab_cells.py {path}"
+    assert len(found) == 1, f"{path.name}: no cell tagged {colab_cells.SETUP_TAG!r}: run python tools/write_colab_cells.py {path}"
     return "".join(found[0]["source"])
 
 
@@ -41,7 +41,7 @@ def a_notebook_with_the_cells() -> Path:
     for path in NOTEBOOKS:
         if any(colab_cells.SETUP_TAG in c["metadata"].get("tags", []) for c in cells(path)):
             return path
-    pytest.fail("no notebook has a Colab set-up cell: run python tools/colab_cells.py")
+    pytest.fail("no notebook has a Colab set-up cell: run python tools/write_colab_cells.py")
 
 
 # ------------------------------------------------------------------------------------------- the cells, as written
@@ -52,7 +52,7 @@ def test_the_repository_url_is_in_pyproject():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_has_the_colab_badge_and_setup_cells(path):
     """Cell 0 the badge, the first code cell the set-up cell, both exactly as the tool writes them (no outputs)."""
-    fix = f"run: python tools/colab_cells.py {path.relative_to(ROOT)}"
+    fix = f"run: python tools/write_colab_cells.py {path.relative_to(ROOT)}"
     nb = cells(path)
     assert colab_cells.BADGE_TAG in nb[0]["metadata"].get("tags", []), f"cell 0 is not the Colab badge; {fix}"
     assert "".join(nb[0]["source"]) == colab_cells.badge(REPOSITORY, path.name), fix
@@ -66,7 +66,7 @@ def test_notebook_has_the_colab_badge_and_setup_cells(path):
 def test_the_readme_badge_opens_lesson_00():
     readme = ROOT / "README.md"
     assert readme.read_text(encoding="utf-8") == colab_cells.render_readme(readme, REPOSITORY), \
-        "run: python tools/colab_cells.py"
+        "run: python tools/write_colab_cells.py"
     assert colab_cells.colab_url(REPOSITORY, "00_setup.ipynb") in readme.read_text(encoding="utf-8")
 
 

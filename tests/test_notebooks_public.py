@@ -138,7 +138,7 @@ def test_notebook_shows_source_and_loads_the_model_one_way(path):
 
 def test_no_code_cell_is_copied_between_notebooks():
     """Set-up shared by several lessons lives in ``kvlab.notebook`` (``lesson_setup``), not in copied cells. The
-    first code cell of each notebook is the Colab cell that ``tools/colab_cells.py`` writes: the same by design."""
+    first code cell of each notebook is the Colab cell that ``tools/write_colab_cells.py`` writes: the same by design."""
     seen: dict[str, str] = {}
     copies = []
     for path in NOTEBOOKS:

@@ -1,4 +1,4 @@
-"""tools/workshop.py: INSTRUCTORS.md's schedule block matches the recorded runs and the notebooks, and the tool's
+"""tools/write_workshop_schedule.py: INSTRUCTORS.md's schedule block matches the recorded runs and the notebooks, and the tool's
 reading time, optional sections, exercise count and breaks do what its docstring says (on tiny fake notebooks)."""
 
 import importlib.util
@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("workshop", ROOT / "tools" / "workshop.py")
+_spec = importlib.util.spec_from_file_location("write_workshop_schedule", ROOT / "tools" / "write_workshop_schedule.py")
 workshop = importlib.util.module_from_spec(_spec)
-sys.modules["workshop"] = workshop  # dataclasses look their module up while the class is made
+sys.modules["write_workshop_schedule"] = workshop  # dataclasses look their module up while the class is made
 _spec.loader.exec_module(workshop)
 
 
@@ -27,7 +27,7 @@ def runs() -> list[dict]:
 
 
 def test_the_committed_guide_matches_the_data():
-    assert workshop.main(["--check"]) == 0, "INSTRUCTORS.md's workshop block is stale: run python tools/workshop.py --write"
+    assert workshop.main(["--check"]) == 0, "INSTRUCTORS.md's workshop block is stale: run python tools/write_workshop_schedule.py --write"
 
 
 def test_check_fails_on_a_stale_block_and_write_fixes_it(tmp_path):
@@ -42,7 +42,7 @@ def test_check_fails_on_a_stale_block_and_write_fixes_it(tmp_path):
 
 def test_reading_time_and_an_optional_section_on_a_fake_notebook():
     notebook = {"cells": [
-        md("badge words that are not read", "colab-badge"),  # tools/colab_cells.py's cells are left out
+        md("badge words that are not read", "colab-badge"),  # tools/write_colab_cells.py's cells are left out
         md("# 9 · Title\none two three"),  # 3 + 3 words
         code("import os\n\nprint(os.getcwd())\n", "colab-setup"),
         md("## 1 · Core\nalpha beta gamma delta"),  # 3 + 4 words

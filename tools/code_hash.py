@@ -7,8 +7,8 @@ gitignore's syntax: ``#`` comments, ``!`` negation, ``*``, ``?``, ``**``, ``[...
 leading or inner ``/`` to anchor a pattern to its file's folder). So a copy of the working tree without ``.git``
 (the GPU machine's) hashes as the checkout does. ``combined`` hashes the folders' names and hashes together.
 
-Used by tools/run_notebooks.py (each row's ``code_hash``, the README's table) and tools/gpu_check.py, and read by
-tools/workshop.py.
+Used by tools/run_notebooks.py (each row's ``code_hash``), tools/write_readme_runs.py (the README's table) and
+tools/gpu_check.py, and read by tools/write_workshop_schedule.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,6 @@
     python tools/run_notebooks.py 01 03_hf_caches       # only these (a name, a name without .ipynb, or a prefix)
     python tools/run_notebooks.py --quick               # KVLAB_QUICK=1 in the kernels (CI's short run)
     python tools/run_notebooks.py --timeout 3600 --out data/notebook_runs_gpu --notebooks-dir notebooks
-    python tools/run_notebooks.py --readme              # only rewrite README.md's table of runs from the JSON
 
 Each notebook runs through nbclient in its own kernel (the notebook's kernelspec, ``python3``), with notebooks/
 as the working directory and ``KVLAB_QUICK`` set to 1 (``--quick``) or 0. ``--timeout`` (default 1800 s) is for
@@ -34,8 +33,7 @@ from a separate Python process. ``code_hash`` is ``tools/code_hash.py``'s hashes
 ``tests/`` and the notebooks folder run (under the name ``notebooks``), and their ``combined`` one, taken before
 the first notebook runs; the CSV holds the combined one. Prints a table at the end; exits 1 if any notebook failed.
 
-``--readme`` writes, under the table, whether each machine's rows are current: their ``code_hash`` of ``kvlab/``
-and ``notebooks/`` against this checkout's when the table is written (``code_hash.status_sentence``).
+README.md's table of these runs is written from the JSON by ``tools/write_readme_runs.py``, not by this tool.
 """
 
 from __future__ import annotations
@@ -260,45 +258,6 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-README_START, README_END = "<!-- notebook-runs:start -->", "<!-- notebook-runs:end -->"
-
-
-def readme_table(rows: list[dict], now: dict | None = None) -> str:
-    """The README's table of recorded runs: one column per hardware, full-size runs only, and whether each column
-    is current against ``now`` (default: this checkout's hashes)."""
-    full = [r for r in rows if not r.get("quick")]
-    hardware = sorted({r["hardware"] for r in full}, key=lambda h: (not h.startswith("CPU"), h))
-    by = {(r["notebook"], r["hardware"]): r for r in full}
-
-    def cell(r):
-        if r is None:
-            return "not recorded"
-        memory = (f"GPU peak {r['cuda_max_allocated_mb'] / 1024:.1f} GB" if r.get("cuda_max_allocated_mb") is not None
-                  else f"RSS peak {r['peak_rss_mb'] / 1024:.1f} GB" if r.get("peak_rss_mb") is not None else "memory unknown")
-        return f"{'passed' if r['passed'] else 'FAILED'}, {r['wall_s']:.0f} s, {memory}, {r['model']} model"
-
-    lines = ["| notebook | " + " | ".join(hardware) + " |", "| --- |" + " --- |" * len(hardware)]
-    for nb in sorted({r["notebook"] for r in full}):
-        lines.append(f"| `{nb.removesuffix('.ipynb')}` | " + " | ".join(cell(by.get((nb, h))) for h in hardware) + " |")
-    made = {h: sorted({f"{(r.get('commit') or '?')[:7]} ({(r.get('date') or '?')[:10]})" for r in full if r["hardware"] == h})
-            for h in hardware}
-    lines.append("")
-    lines.append("Recorded by `python tools/run_notebooks.py` at full size, read from `data/notebook_runs.json`; code: " +
-                 "; ".join(f"{h} at {', '.join(m)}" for h, m in made.items()) + ".")
-    lines.append("")
-    lines.append(code_hash.status_sentence(full, hardware, code_hash.tree_hashes(ROOT) if now is None else now))
-    return "\n".join(lines)
-
-
-def refresh_readme(readme: Path, rows: list[dict]) -> bool:
-    """Rewrite the block between the README's markers; True if it changed."""
-    text = readme.read_text()
-    start, end = text.index(README_START) + len(README_START), text.index(README_END)
-    new = text[:start] + "\n" + readme_table(rows) + "\n" + text[end:]
-    readme.write_text(new)
-    return new != text
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("notebooks", nargs="*", help="names or prefixes (default: all)")
@@ -306,13 +265,8 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=1800, help="seconds per notebook (default 1800)")
     p.add_argument("--out", default=str(ROOT / "data" / "notebook_runs"), help="output stem: STEM.json and STEM.csv")
     p.add_argument("--notebooks-dir", default=str(ROOT / "notebooks"), help="folder of the notebooks (default notebooks/)")
-    p.add_argument("--readme", action="store_true", help="only rewrite README.md's table of runs from --out's JSON")
     args = p.parse_args(argv)
     folder, out = Path(args.notebooks_dir).resolve(), Path(args.out)
-    if args.readme:
-        rows = json.loads(out.with_suffix(".json").read_text())["runs"]
-        print("README.md", "updated" if refresh_readme(ROOT / "README.md", rows) else "already up to date")
-        return 0
     paths = find_notebooks(folder, args.notebooks)
     if not paths:
         sys.exit(f"no notebook in {folder}")

@@ -11,9 +11,9 @@ The repository URL stands in one place, ``[project.urls] Repository`` in pyproje
 
 Re-running it changes nothing. A fork changes the one line in pyproject.toml and runs it again.
 
-    python tools/colab_cells.py                      # every notebook in notebooks/, and the README
-    python tools/colab_cells.py notebooks/03_hf_caches.ipynb notebooks/04_graph_replay_failures.ipynb
-    python tools/colab_cells.py --check              # exit 1 if a file differs from what it would write
+    python tools/write_colab_cells.py                      # every notebook in notebooks/, and the README
+    python tools/write_colab_cells.py notebooks/03_hf_caches.ipynb notebooks/04_graph_replay_failures.ipynb
+    python tools/write_colab_cells.py --check              # exit 1 if a file differs from what it would write
 """
 
 from __future__ import annotations
@@ -126,9 +126,9 @@ def main(argv: list[str] | None = None) -> int:
             if not args.check:
                 path.write_text(new, encoding="utf-8")
     for path in stale:
-        print(f"{'differs from what tools/colab_cells.py writes' if args.check else 'refreshed'}: {path}")
+        print(f"{'differs from what tools/write_colab_cells.py writes' if args.check else 'refreshed'}: {path}")
     if args.check and stale:
-        print("refresh with: python tools/colab_cells.py" + "".join(f" {nb}" for nb in args.notebooks))
+        print("refresh with: python tools/write_colab_cells.py" + "".join(f" {nb}" for nb in args.notebooks))
         return 1
     return 0
 

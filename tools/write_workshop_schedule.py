@@ -1,9 +1,9 @@
 """Plan a workshop from the course itself: minutes per lesson from the recorded runs and the notebooks' own text.
 
-    python tools/workshop.py              # print the run-time table and the schedule
-    python tools/workshop.py --write      # rewrite INSTRUCTORS.md's block between the workshop markers
-    python tools/workshop.py --check      # write nothing; exit 1 if that block differs from what --write writes
-    python tools/workshop.py --sections   # minutes of reading and exercises per section of every lesson (what to cut)
+    python tools/write_workshop_schedule.py              # print the run-time table and the schedule
+    python tools/write_workshop_schedule.py --write      # rewrite INSTRUCTORS.md's block between the workshop markers
+    python tools/write_workshop_schedule.py --check      # write nothing; exit 1 if that block differs from what --write writes
+    python tools/write_workshop_schedule.py --sections   # minutes of reading and exercises per section of every lesson (what to cut)
 
 Per lesson (a notebook of notebooks/, named by its two-digit prefix):
 
@@ -12,7 +12,7 @@ Per lesson (a notebook of notebooks/, named by its two-digit prefix):
   "cpu"), a GPU row when its hardware names NVIDIA or H200 (or its device is "cuda"). The schedule uses the slowest
   recorded CPU run of each lesson: a workshop runs on laptops. A run time is kept whole: a notebook runs end to end.
 - **reading**: the words of the markdown cells at ``WORDS_PER_MINUTE`` plus the non-blank lines of the code cells at
-  ``CODE_LINES_PER_MINUTE``. The Colab badge and set-up cells (tagged by ``tools/colab_cells.py``) are left out:
+  ``CODE_LINES_PER_MINUTE``. The Colab badge and set-up cells (tagged by ``tools/write_colab_cells.py``) are left out:
   they are machinery, not lesson. Output (printed tables, the package source that ``show_source`` displays) is not
   counted, so reading is a lower bound where a lesson shows a lot of source.
 - **exercises**: ``EXERCISE_MINUTES`` each. An exercise is a markdown line that starts with ``**Exercise`` (lessons
@@ -71,7 +71,7 @@ BREAK_EVERY_MINUTES = 60
 WORKSHOP_MINUTES = 180
 
 PRE_WORK, CORE, SEPARATE = ("00",), ("01", "02", "03", "04", "05"), ("06",)
-SKIPPED_TAGS = {"colab-badge", "colab-setup"}  # tools/colab_cells.py's cells: not part of any lesson's reading
+SKIPPED_TAGS = {"colab-badge", "colab-setup"}  # tools/write_colab_cells.py's cells: not part of any lesson's reading
 
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 FENCE = re.compile(r"^\s*(```|~~~)")
@@ -342,7 +342,7 @@ def schedule_table(plan: dict[str, list[Row]], rows: list[dict]) -> str:
               f"({', '.join(cpus)}). Reading: markdown at {WORDS_PER_MINUTE} words per minute plus code at "
               f"{CODE_LINES_PER_MINUTE} lines per minute. Exercises: {EXERCISE_MINUTES} minutes each. Breaks: "
               f"{BREAK_MINUTES} minutes at the lesson boundary nearest to every {BREAK_EVERY_MINUTES} minutes. "
-              "The rates are assumptions, stated and sourced in `tools/workshop.py`."]
+              "The rates are assumptions, stated and sourced in `tools/write_workshop_schedule.py`."]
     return "\n".join(lines)
 
 
@@ -429,8 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     new = refreshed(old, block)
     if args.check:
         if new != old:
-            print(f"{args.guide}: the workshop block differs from what tools/workshop.py writes "
-                  "(a notebook or data/notebook_runs.json changed); refresh with: python tools/workshop.py --write")
+            print(f"{args.guide}: the workshop block differs from what tools/write_workshop_schedule.py writes "
+                  "(a notebook or data/notebook_runs.json changed); refresh with: python tools/write_workshop_schedule.py --write")
             return 1
         return 0
     args.guide.write_text(new, encoding="utf-8")
