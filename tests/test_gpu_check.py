@@ -245,6 +245,8 @@ def test_main_runs_the_tests_then_a_notebook_and_a_second_call_replaces_only_its
     run = notebook["runs"][0]
     assert (run["run"], run["passed"], run["model"], run["quick"], run["code_hash"]) == (1, True, "random", True,
                                                                                         record["code_hash"])
+    assert [c["cell"] for c in run["slowest_cells"]] == [0]  # run_notebooks' row
+    assert "slowest cell 0: " in gpu_check.table(record["parts"])
 
     tests_of(tmp_path / "test_no.py")
     assert gpu_check.main([*common, "--parts", "tests", "--test-runs", "2"]) == 1

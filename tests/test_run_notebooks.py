@@ -1,5 +1,5 @@
 """tools/run_notebooks.py on two tiny generated notebooks: one passes, one fails an assertion; rows merge by hardware
-and carry the code hash."""
+and carry the code hash; each row lists its slowest cells from nbclient's timing."""
 
 import json
 import os
@@ -51,6 +51,8 @@ def test_runs_each_notebook_reports_failures_and_merges_by_hardware(tmp_path):
     assert ok["passed"] is True and ok["error"] is None and ok["failed_cell"] is None
     assert bad["passed"] is False and bad["failed_cell"] == 2
     assert bad["error"] == "AssertionError: y is not three (cell 2)"
+    assert sorted(c["cell"] for c in ok["slowest_cells"]) == [1, 2]  # code cells only: 0 is the title
+    assert sorted(c["cell"] for c in bad["slowest_cells"]) == [1, 2]  # the cells that ran, the failed one included
     cuda = torch.cuda.is_available()
     for row in (ok, bad):  # the report cell ran after the failure too
         assert row["wall_s"] > 0 and row["peak_rss_mb"] > 0
@@ -64,6 +66,37 @@ def test_runs_each_notebook_reports_failures_and_merges_by_hardware(tmp_path):
     hashes = _code_hash().tree_hashes(SCRIPT.parent.parent, paths={"notebooks": folder})  # the folder run
     assert ok["code_hash"] == bad["code_hash"] == hashes
     assert csv_lines[0].endswith(",code_hash") and csv_lines[1].endswith("," + hashes["combined"])
+
+
+def test_the_slowest_cell_leads_slowest_cells(tmp_path):
+    path = tmp_path / "slow.ipynb"
+    notebook(path, "x = 1", "import time; time.sleep(0.3)", "y = x + 1")  # cells 1-3, after the title cell
+    env = {**os.environ, "KVLAB_QUICK": "1", "KVLAB_RANDOM_WEIGHTS": "1"}
+    outcome, report = _tool().run_notebook(path, timeout=300, env=env)
+    assert outcome["passed"] is True, outcome
+    slowest = outcome["slowest_cells"]
+    assert slowest[0]["cell"] == 2 and slowest[0]["seconds"] >= 0.3, slowest
+    assert slowest[0]["first_line"] == "import time; time.sleep(0.3)"
+    assert sorted(c["cell"] for c in slowest) == [1, 2, 3]
+    assert [c["seconds"] for c in slowest] == sorted((c["seconds"] for c in slowest), reverse=True)
+    assert slowest[1]["seconds"] < 0.3
+
+
+def test_slowest_cells_keeps_five_and_cuts_the_first_line():
+    tool = _tool()
+    v4 = nbformat.v4
+
+    def timed(source, seconds):
+        cell = v4.new_code_cell(source)
+        cell.metadata["execution"] = {"iopub.execute_input": "2026-12-01T10:00:00.000000Z",
+                                      "shell.execute_reply": f"2026-12-01T10:00:{seconds:09.6f}Z"}
+        return cell
+
+    cells = [v4.new_markdown_cell("# t"), timed("\n  " + "a" * 100 + "\nb", 1.5), v4.new_code_cell("never ran")]
+    cells += [timed(f"c{k}", k) for k in range(6)] + [timed("outside n", 59)]
+    found = tool.slowest_cells(cells, len(cells) - 1)
+    assert [c["cell"] for c in found] == [8, 7, 6, 5, 1]
+    assert found[-1] == {"cell": 1, "seconds": 1.5, "first_line": "a" * 80}
 
 
 def _tool():

@@ -31,16 +31,18 @@ The record (``--out``, default data/gpu_check.json): ``code_hash`` (``tools/code
 ``wall_s``, ``pytest_command``, ``counts``, ``failures`` (test id and the first line of its message) and ``files``
 (per test file: ``passed``, counts, ``duration_s``, the sum of its cases' times, ``failures``,
 ``cuda_max_allocated_mb`` null); ``output_tail`` when pytest left no report. A notebook run: run_notebooks' row
-(``error``, ``failed_cell``, ``wall_s``, the memory peaks, ``model``, ...) with ``run``, its number. When ``--out``
+(``error``, ``failed_cell``, ``wall_s``, ``slowest_cells`` (up to 5 cells that ran, slowest first: ``cell``,
+``seconds``, ``first_line``), the memory peaks, ``model``, ...) with ``run``, its number. When ``--out``
 holds a record of the same combined hash, the parts run now replace their namesakes and the others stay; another
 hash starts a new record. The file is written after every run, so a call cut short keeps what finished, and
 ``--missing`` then runs only what the record of this code and mode lacks (the same command again finishes it). With
 ``--full`` and real weights, each notebook's row also goes into ``--runs-out`` (default data/notebook_runs) through
 run_notebooks' ``merge``/``write``.
 
-Prints a table at the end; exits 1 if anything failed. ``--status`` reads the record, hashes this checkout and
-prints as its last line ``current: WHAT on HARDWARE at DATE`` (exit 0) or ``stale: FOLDERS changed since the GPU
-check of DATE`` (exit 1; also 1 without a record); it imports neither torch nor kvlab.
+Prints a table at the end (under each notebook run, its slowest cell); exits 1 if anything failed. ``--status``
+reads the record, hashes this checkout and prints as its last line ``current: WHAT on HARDWARE at DATE`` (exit 0) or
+``stale: FOLDERS changed since the GPU check of DATE`` (exit 1; also 1 without a record); it imports neither torch
+nor kvlab.
 """
 
 from __future__ import annotations
@@ -396,6 +398,8 @@ def table(parts: list[dict]) -> str:
                          f"{mb(run.get('cuda_max_allocated_mb')):>7}  {detail}")
             for failure in run.get("failures", []) if part["part"] == "tests" else []:
                 lines.append(f"{'':<9} FAILED {failure['id']}: {failure['message']}")
+            for slow in (run.get("slowest_cells") or [])[:1] if part["part"] == "notebook" else []:
+                lines.append(f"{'':<9} slowest cell {slow['cell']}: {slow['seconds']:.1f} s, {slow['first_line']}")
     return "\n".join(lines)
 
 

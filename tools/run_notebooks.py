@@ -31,7 +31,12 @@ index among all the notebook's cells (also in ``failed_cell``), or null. A kerne
 would not stop when interrupted) reports nothing: its memory fields are null, and hardware and versions come
 from a separate Python process. ``code_hash`` is ``tools/code_hash.py``'s hashes of the checkout's ``kvlab/``,
 ``tests/`` and the notebooks folder run (under the name ``notebooks``), and their ``combined`` one, taken before
-the first notebook runs; the CSV holds the combined one. Prints a table at the end; exits 1 if any notebook failed.
+the first notebook runs; the CSV holds the combined one. ``slowest_cells`` (JSON only, not in the CSV): up to
+``SLOWEST_CELLS`` (5) of the notebook's code cells that ran, slowest first, each ``{"cell": i, "seconds": s,
+"first_line": text}``: i as in ``failed_cell``; s from nbclient's per-cell timestamps (``record_timing``, the
+kernel's ``iopub.execute_input`` to its ``shell.execute_reply`` of the cell, in the executed copy); text its
+first non-blank source line, stripped and cut to 80 characters. After a failure it lists the cells that ran, the
+failed one included. Prints a table at the end; exits 1 if any notebook failed.
 
 README.md's table of these runs is written from the JSON by ``tools/write_readme_runs.py``, not by this tool.
 """
@@ -58,6 +63,7 @@ MARKER = "KVLAB_RUN_REPORT "
 FIELDS = ["notebook", "passed", "error", "failed_cell", "wall_s", "peak_rss_mb", "cuda_max_allocated_mb",
           "cuda_max_reserved_mb", "device", "hardware", "model", "dtype", "quick", "python", "torch", "transformers",
           "commit", "uncommitted", "date", "timeout_s", "code_hash"]
+SLOWEST_CELLS = 5  # cells listed in a row's slowest_cells
 
 SETUP = r'''
 def _kvlab_keep_cuda_peaks():
@@ -144,6 +150,29 @@ def report_from(cell) -> dict | None:
     return None
 
 
+def _when(stamp: str) -> datetime:
+    """nbclient's timestamp ("2026-12-01T10:00:00.123456Z") as an aware datetime (Python 3.10 reads no "Z")."""
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+def slowest_cells(cells: list, n: int, keep: int = SLOWEST_CELLS) -> list[dict]:
+    """The ``keep`` slowest of the first ``n`` cells that carry nbclient's timing, slowest first (ties: in order)."""
+    timed = []
+    for index, cell in enumerate(cells[:n]):
+        execution = cell.get("metadata", {}).get("execution") or {}
+        start, end = execution.get("iopub.execute_input"), execution.get("shell.execute_reply")
+        if cell.get("cell_type") != "code" or not start or not end:
+            continue
+        try:
+            seconds = (_when(end) - _when(start)).total_seconds()
+        except (TypeError, ValueError):
+            continue
+        source = cell.get("source") or ""
+        first = next((line.strip() for line in source.splitlines() if line.strip()), "")
+        timed.append({"cell": index, "seconds": round(max(seconds, 0.0), 3), "first_line": first[:80]})
+    return sorted(timed, key=lambda c: c["seconds"], reverse=True)[:keep]
+
+
 def probe(env: dict) -> dict:
     """The report from a plain Python process: hardware and versions when the kernel could not give them."""
     proc = subprocess.run([sys.executable, "-c", REPORT], capture_output=True, text=True, env=env, timeout=300)
@@ -160,6 +189,8 @@ def run_notebook(path: Path, *, timeout: float, env: dict) -> tuple[dict, dict |
 
     nb = nbformat.read(path, as_version=4)
     n = len(nb.cells)
+    for c in nb.cells:  # timings saved in the file are not this run's
+        c.metadata.pop("execution", None)
     nb.cells += [nbformat.v4.new_code_cell(SETUP), nbformat.v4.new_code_cell(REPORT)]  # a copy: never saved
     errors: list[tuple[int | None, str, str]] = []  # (cell index, exception name, message) of the notebook's cells
 
@@ -171,7 +202,7 @@ def run_notebook(path: Path, *, timeout: float, env: dict) -> tuple[dict, dict |
     # allow_errors: the kernel must not abort the report cell queued behind a failed or interrupted one; the
     # hook above records the first error, and the loop stops there as a plain run would.
     client = NotebookClient(nb, timeout=timeout, resources={"metadata": {"path": str(path.parent)}},
-                            allow_errors=True, on_cell_error=on_cell_error, interrupt_on_timeout=True,
+                            allow_errors=True, on_cell_error=on_cell_error, interrupt_on_timeout=True, record_timing=True,
                             error_on_timeout={"ename": "CellTimeoutError", "evalue": f"the notebook ran past {timeout:.0f} s"})
     report, dead, cell = None, False, None
     started = time.perf_counter()
@@ -201,14 +232,15 @@ def run_notebook(path: Path, *, timeout: float, env: dict) -> tuple[dict, dict |
     except Exception as e:  # the kernel would not start, or nbclient itself failed
         wall = time.perf_counter() - started
         errors.append((cell, type(e).__name__, str(e)))
+    slowest = slowest_cells(nb.cells, n)
     if not errors:
-        return {"passed": True, "error": None, "failed_cell": None, "wall_s": wall}, report
+        return {"passed": True, "error": None, "failed_cell": None, "wall_s": wall, "slowest_cells": slowest}, report
     cell, name, message = errors[0]
     message = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", message).strip()  # terminal colours, as in pip's output
     first = message.splitlines()[0] if message else ""
     where = f" (cell {cell})" if cell is not None else " (before the first cell)"
     return {"passed": False, "error": f"{name}{': ' + first if first else ''}{where}", "failed_cell": cell,
-            "wall_s": wall}, report
+            "wall_s": wall, "slowest_cells": slowest}, report
 
 
 def row_for(path: Path, outcome: dict, report: dict | None, fallback, *, quick: bool, timeout: float,
@@ -244,7 +276,7 @@ def write(out: Path, rows: list[dict]) -> None:
         writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows({k: ",".join(v) if isinstance(v, list) else v.get("combined") if isinstance(v, dict) else v
-                          for k, v in r.items()} for r in rows)
+                          for k, v in r.items() if k in FIELDS} for r in rows)
 
 
 def table(rows: list[dict]) -> str:
