@@ -7,10 +7,10 @@ from student_code import FILLED, STUDENT_ERROR, raises, stub
 
 from kvlab.exercises import lesson05
 from kvlab.exercises.common import NOT_ANSWERED, NOT_ATTEMPTED
-from kvlab.graph_safe_cache import GraphSafeStaticCache
 
 
-@pytest.mark.parametrize("check", [lesson05.check_write_positions, lesson05.check_write_valid, lesson05.check_reset])
+@pytest.mark.parametrize("check", [lesson05.check_write_positions, lesson05.check_write_valid,
+                                   lesson05.check_graph_loop])
 def test_stub_none_and_errors(check, monkeypatch):
     assert check(raises).startswith("not quite: your code raised ValueError: " + STUDENT_ERROR)
     assert check(stub).startswith(FILLED)  # the suite runs with KVLAB_SOLUTIONS=1
@@ -121,55 +121,92 @@ def test_package_write_is_the_cache_update():
     assert torch.equal(out_k[:, :, :3], keys[:, :, :3]) and torch.equal(out_k[:, :, 8:16], keys[:, :, 8:16])
 
 
-# ---- the in-place reset ---------------------------------------------------------------------------------------------
+# ---- the whole loop over a vanilla StaticCache ---------------------------------------------------------------------
 
-def test_reset():
-    assert lesson05.check_reset(GraphSafeStaticCache.reset).startswith("correct")
+def loop(*, rewind="all", reset="in place", token="in place", positions="cache", captures="once", warmup=3,
+         keep="clone", host_read=False):
+    """lesson05.graph_loop_solution with one rule broken (the keyword that differs from its default)."""
     from transformers import StaticCache
 
-    assert lesson05.check_reset(StaticCache.reset).startswith("correct")  # 5.24's own reset is in place too
+    from kvlab.graphs import capture
 
-    def rebinds_buffers(cache):
-        for layer in cache.layers:
-            layer.keys, layer.values = torch.zeros_like(layer.keys), torch.zeros_like(layer.values)
-        cache.cache_position.zero_()
+    def run(model, cache, prompts, n):
+        graph, outs, state = None, [], {"cache": cache, "token": None, "pos": 0}
+        for k, prompt in enumerate(prompts):
+            if k and reset == "new cache":
+                state["cache"] = StaticCache(config=model.config, max_cache_len=cache.layers[0].max_cache_len)
+            elif k and reset == "rebind counters":
+                for layer in state["cache"].layers:
+                    layer.keys.zero_()
+                    layer.values.zero_()
+                    layer.cumulative_length = torch.zeros_like(layer.cumulative_length)
+            elif reset != "none":
+                state["cache"].reset()
+            first = model(prompt, cache=state["cache"]).logits[:, -1:].argmax(-1)
+            state["pos"] = prompt.shape[1]
+            if graph is None or captures == "per prompt":
+                state["token"] = first.clone()
 
-    assert "the graph keeps reading and writing the old buffer" in lesson05.check_reset(rebinds_buffers)
+                def step(ids):
+                    if host_read:
+                        assert ids.item() >= 0
+                    pos = None
+                    if positions == "python int":
+                        pos = torch.full((1, 1), state["pos"], dtype=torch.long)
+                    return model(ids, cache=state["cache"], position_ids=pos).logits[:, -1:].argmax(-1)
 
-    def rebinds_counter(cache):
-        for layer in cache.layers:
-            layer.keys.zero_()
-            layer.values.zero_()
-            layer.cumulative_length = torch.zeros_like(layer.cumulative_length)
+                graph = capture(step, state["token"], warmup=warmup)
+                layers = {"all": state["cache"].layers, "layer 0": state["cache"].layers[:1], None: []}[rewind]
+                for layer in layers:
+                    layer.cumulative_length.sub_(warmup)
+            state["token"].copy_(first)
+            out = [first]
+            for _ in range(n - 1):
+                made = graph.replay()
+                if token == "rebound":
+                    state["token"] = made.clone()
+                else:
+                    state["token"].copy_(made)
+                state["pos"] += 1
+                out.append(made.clone() if keep == "clone" else made)
+            outs.append(torch.cat(out, dim=1))
+        return outs
 
-    assert "counter is a new tensor" in lesson05.check_reset(rebinds_counter)
+    return run
 
-    def forgets_counter(cache):
-        for layer in cache.layers:
-            layer.keys.zero_()
-            layer.values.zero_()
 
-    assert "the counter was forgotten" in lesson05.check_reset(forgets_counter)
+def test_graph_loop_right():
+    assert lesson05.check_graph_loop(lesson05.graph_loop_solution).startswith("correct: 3 prompts")
+    assert lesson05.check_graph_loop(loop()).startswith("correct")
 
-    def seed_recipe(cache):
-        forgets_counter(cache)
-        cache.cache_position.fill_(cache.max_cache_len)
 
-    assert "first seed's recipe" in lesson05.check_reset(seed_recipe)
-    assert "the old prompt is still there" in lesson05.check_reset(lambda cache: cache.cache_position.zero_())
+@pytest.mark.parametrize("broken, said", [
+    (dict(rewind=None), "the 3 warm-up calls inside capture() ran the step for real"),
+    (dict(rewind="layer 0"), "layer 0's counter says 9, the others 12"),
+    (dict(reset="new cache"), "a forward ran on a cache other than the one you were given"),
+    (dict(reset="none"), "the cache still held the previous prompt"),
+    (dict(reset="rebind counters"), "a layer's counter or key/value buffer is a new tensor"),
+    (dict(token="rebound"), "replay 2 of prompt 1 (9 tokens) read token"),
+    (dict(positions="python int"), "frozen at capture"),
+    (dict(captures="per prompt"), "you captured a second graph"),
+    (dict(warmup=0), "capture(..., warmup=0)"),
+    (dict(keep="static output"), "keep a clone of each token"),
+    (dict(host_read=True), "your code raised CaptureError"),
+])
+def test_graph_loop_names_the_rule_broken(broken, said):
+    verdict = lesson05.check_graph_loop(loop(**broken))
+    assert verdict.startswith("not quite") and said in verdict, verdict
 
-    def visible_slots_only(cache):
-        for layer in cache.layers:
-            layer.keys[:, :, : cache.max_cache_len].zero_()
-            layer.values[:, :, : cache.max_cache_len].zero_()
-        cache.cache_position.zero_()
 
-    assert "the trash slot" in lesson05.check_reset(visible_slots_only)
+def test_graph_loop_leaves_the_tiny_model_as_it_was():
+    lesson05.check_graph_loop(loop(reset="new cache"))  # stopped by the forward hook, inside the student's loop
+    model = lesson05._tiny()
+    assert not model._forward_pre_hooks and lesson05.CapturedStep.replay is lesson05.CapturedStep.__dict__["replay"]
 
 
 def test_solutions_are_shown_only_on_request(capsys):
-    lesson05.check_reset.show_solution()
-    assert "zero_()" in capsys.readouterr().out
+    lesson05.check_graph_loop.show_solution()
+    assert "cumulative_length.sub_(3)" in capsys.readouterr().out
     lesson05.check_write_valid.show_solution()
     assert "index_copy_" in capsys.readouterr().out
 

@@ -8,10 +8,13 @@ mistake they find. Expected values are measured live on a tiny model or read fro
 from __future__ import annotations
 
 import functools
+from contextlib import contextmanager
 
 import torch
 
-from ..graph_safe_cache import GraphSafeError, GraphSafeStaticCache
+from ..cache_view import counters
+from ..graph_safe_cache import GraphSafeStaticCache
+from ..graphs import CapturedStep
 from .common import as_number, call_student, check_number, check_prediction, checker, code_checker
 
 
@@ -327,96 +330,191 @@ def check_write_valid(fn) -> str:
             "same addresses, and a graph captured once follows a new counter and valid count at replay")
 
 
-# ---- 4 · the in-place reset -----------------------------------------------------------------------------------------
+# ---- 4 · the whole loop: capture once, put the counters back, replay for every prompt --------------------------------
 
-RESET_NEW_TOKENS = 4
-RESET_BUCKET = 8  # the prefill graph's bucket: a shorter prompt leaves padding in the trash slot
-
-
-@torch.inference_mode()
-def _captured_decoder(prompt: torch.Tensor, max_cache_len: int = 24):
-    """A GraphSafeDecoder on the tiny model that decoded ``prompt``, its padded prefill and its decode step captured."""
-    from ..graph_decoder import GraphSafeDecoder
-
-    decoder = GraphSafeDecoder(_tiny(), max_cache_len, prefill_bucket=RESET_BUCKET, warmup=1)
-    decoder.generate(prompt, RESET_NEW_TOKENS)
-    return decoder
+LOOP_PROMPTS = (9, 5, 12)  # prompt lengths: the second is shorter than the first, the third longer
+LOOP_NEW_TOKENS = 6
+LOOP_WARMUP = 3  # the warm-up calls of the CUDA-graph docs' recipe, which the exercise asks for
 
 
-@torch.inference_mode()
-def _replay_prompt(decoder, prompt: torch.Tensor) -> torch.Tensor:
-    """``prompt`` through the decoder's captured graphs as they are, with no reset of its own: the prefill graph
-    (prompt refilled in place, its valid length in the device tensor), then the decode graph. [1, RESET_NEW_TOKENS]"""
-    decoder.prompt.zero_()
-    decoder.prompt[:, : prompt.shape[1]].copy_(prompt)
-    decoder.valid.fill_(prompt.shape[1])
-    decoder.prefill_graph.replay()
-    return torch.cat([decoder.token.clone(), decoder.decode_steps(RESET_NEW_TOKENS - 1)], dim=1)
+def graph_loop_solution(model, cache, prompts, n):
+    """Greedy-decode ``n`` tokens after each prompt of ``prompts`` (``[1, p]`` each) over one vanilla ``StaticCache``,
+    the decode step captured once (``kvlab.graphs.capture``, 3 warm-up calls) and replayed for every prompt."""
+    from ..graphs import capture
+
+    token, graph, outs = None, None, []
+    for prompt in prompts:
+        cache.reset()  # rule 2: the same cache, emptied in place (5.24's reset: zero_() on buffers and counters)
+        first = model(prompt, cache=cache).logits[:, -1:].argmax(-1)  # eager prefill: the first new token [1, 1]
+        if graph is None:
+            token = first.clone()  # the static input: written in place from now on, never rebound
+
+            def step(ids):  # no position_ids: rule 3, the model reads positions from the cache's counters
+                return model(ids, cache=cache).logits[:, -1:].argmax(-1)
+
+            graph = capture(step, token, warmup=3)
+            for layer in cache.layers:  # rule 1: the 3 warm-up calls advanced every counter; put each back in place
+                layer.cumulative_length.sub_(3)
+        token.copy_(first)
+        out = [first]
+        for _ in range(n - 1):
+            token.copy_(graph.replay())
+            out.append(token.clone())
+        outs.append(torch.cat(out, dim=1))  # [1, n]
+    return outs
 
 
-@functools.cache
-def _naive_tokens(prompt: tuple[int, ...]) -> torch.Tensor:
-    """The naive loop's RESET_NEW_TOKENS tokens after ``prompt`` on the tiny model (the reference, made once)."""
-    from ..decoding import decode_naive
-
-    return decode_naive(_tiny(), torch.tensor([prompt]), RESET_NEW_TOKENS)
+def loop_prompts() -> list[torch.Tensor]:
+    """The exercise's prompts (``LOOP_PROMPTS`` lengths) in the tiny model's vocabulary."""
+    g = torch.Generator().manual_seed(5)
+    return [torch.randint(1, 256, (1, p), generator=g) for p in LOOP_PROMPTS]
 
 
-def _reset_mistake(cache, addresses: tuple, held: int) -> str | None:
-    layers = len(cache.layers)
-    now = cache.fingerprint()
-    if now[:layers] != addresses[:layers]:
-        return ("not quite: after your reset some layer's counter is a new tensor (layer.cumulative_length = ...). Hint: "
-                "the captured graph keeps advancing the old one at its old address; zero the one shared counter in place: "
-                "cache.cache_position.zero_()")
-    if now[layers:] != addresses[layers:]:
-        return ("not quite: after your reset some key or value buffer is a new tensor (layer.keys = torch.zeros_like(...)). "
-                "Hint: rebinding instead of writing in place: the graph keeps reading and writing the old buffer at its "
-                "old address; empty it in place with layer.keys.zero_()")
+class _RuleBroken(Exception):
+    """Raised inside the student's loop by the watched replay: the verdict, before anything worse happens."""
+
+
+@contextmanager
+def _watch(model, cache, want: list[torch.Tensor], keys: list[torch.Tensor], n: int):
+    """Inside: every ``CapturedStep.replay()`` is checked before it runs (one graph, warmup, the cache's addresses
+    and counters, the static input token) and after (its token, and the key it wrote in layer 0), against the
+    naive tokens ``want`` and the eager loop's layer-0 keys ``keys`` of each prompt; the first rule broken raises
+    ``_RuleBroken`` with its verdict. Yields the list of replays seen."""
+    original = CapturedStep.replay
+    seen: list = []
+    captured_reading: list[int] = []  # the cache's addresses at the first replay: what the graph reads
+
+    def replay(self):
+        if not seen:
+            captured_reading[:] = _addresses(cache)
+        mistake = _before_replay(self, seen, captured_reading, cache, want, n)
+        if mistake:
+            raise _RuleBroken(mistake)
+        k, step = divmod(len(seen), n - 1)
+        seen.append(self)
+        out = original(self)
+        slot, made, right = LOOP_PROMPTS[k] + step, self.static_outputs[0].reshape(-1)[0].item(), want[k][0, step + 1].item()
+        rotated = cache.layers[0].keys[:, :, slot]  # [batch, kv_heads, head_dim]: the key this replay wrote
+        if made != right or not torch.allclose(rotated, keys[k][:, :, slot], atol=1e-5):
+            raise _RuleBroken(
+                f"not quite: replay {step + 1} of prompt {k + 1} read the right token and found the right counters, yet "
+                f"{f'made {made} instead of {right}' if made != right else f'wrote its key at slot {slot} rotated for another position'}. "
+                "Hint: something the step reads was frozen at capture: a position from a Python value (position_ids "
+                "built from an int) stays what it was then. Pass no position_ids: the model reads positions from the "
+                "cache's counters (rule 3)")
+        return out
+
+    def other_cache(module, args, kwargs):
+        if kwargs.get("cache") is not cache:
+            raise _RuleBroken(
+                "not quite: a forward ran on a cache other than the one you were given (a new StaticCache?). Hint: the "
+                "captured graph reads and writes the cache it was captured on, by address: keep that one and empty it "
+                "in place with cache.reset() before each prompt (rule 2)")
+
+    hook = model.register_forward_pre_hook(other_cache, with_kwargs=True)
+    CapturedStep.replay = replay
     try:
-        position = int(cache.cache_position)
-    except GraphSafeError as e:
-        return f"not quite: {e}"
-    if position == held:
-        return (f"not quite: the counter still says {held} tokens. Hint: the counter was forgotten: the next prompt would "
-                "be written after the old one, at the wrong positions; zero it in place too")
-    if position == cache.max_cache_len:
-        return (f"not quite: the counter is at max_cache_len ({position}): the first seed's recipe. Hint: on 5.24 the next "
-                "write goes to slot counter + i, past the end; an empty cache holds 0 tokens")
-    if position != 0:
-        return f"not quite: the counter is at {position} after your reset. Hint: an empty cache holds 0 tokens: zero_() it"
-    stale = [what for what in ("keys", "values") if any(getattr(layer, what).any() for layer in cache.layers)]
-    if stale:
-        trash_only = all(not getattr(layer, what)[:, :, : cache.max_cache_len].any() for layer in cache.layers for what in stale)
-        where = "the trash slot (index max_cache_len) still holds padding" if trash_only else "the old prompt is still there"
-        return (f"not quite: {' and '.join(stale)} of some layer are not all zero after your reset: {where}. Hint: zero every "
-                f"layer's keys and values in place, all max_cache_len + 1 slots (the override's reset, like 5.24's own, "
-                "leaves a cache equal to a fresh one)")
+        yield seen
+    finally:
+        CapturedStep.replay = original
+        hook.remove()
+
+
+@torch.inference_mode()
+def _eager_keys(model, prompt: torch.Tensor, n: int, slots: int) -> torch.Tensor:
+    """Layer 0's keys ``[1, kv_heads, slots, head_dim]`` after the eager StaticCache loop decoded ``n`` tokens of
+    ``prompt``: each slot's key rotated for its own position (what a frozen position gets wrong)."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=slots)
+    token = model(prompt, cache=cache).logits[:, -1:].argmax(-1)
+    for _ in range(n - 1):
+        token = model(token, cache=cache).logits[:, -1:].argmax(-1)
+    return cache.layers[0].keys.clone()
+
+
+def _addresses(cache) -> list[int]:
+    """The data pointers a captured step reads in ``cache``: every layer's counter, keys and values."""
+    return [t.data_ptr() for layer in cache.layers if layer.is_initialized
+            for t in (layer.cumulative_length, layer.keys, layer.values)]
+
+
+def _before_replay(graph, seen, reading, cache, want, n) -> str | None:
+    """What is wrong just before the next replay (``len(seen)`` replays so far), if anything."""
+    if seen and graph is not seen[0]:
+        return ("not quite: you captured a second graph. Hint: capture once, for the first prompt; every later prompt "
+                "replays the same graph after cache.reset() and its own eager prefill")
+    if graph.warmup != LOOP_WARMUP:
+        return (f"not quite: capture(..., warmup={graph.warmup}). Hint: use the recipe's warmup={LOOP_WARMUP}, and put "
+                "the counters back after it: that is the rule this exercise is about (rule 1)")
+    if len(seen) >= len(want) * (n - 1):
+        return (f"not quite: more than {n - 1} replays per prompt. Hint: each prompt's first token comes from its eager "
+                f"prefill, the other {n - 1} from one replay each")
+    k, step = divmod(len(seen), n - 1)
+    where, expected = f"replay {step + 1} of prompt {k + 1} ({LOOP_PROMPTS[k]} tokens)", LOOP_PROMPTS[k] + step
+    if _addresses(cache) != reading:
+        return (f"not quite: before {where} a layer's counter or key/value buffer is a new tensor. Hint: a captured "
+                "graph keeps the addresses it was captured with, and `layer.cumulative_length = torch.zeros(...)` (or a "
+                "new buffer) is a tensor it never reads. Reset in place: cache.reset() (rule 2)")
+    found = counters(cache)
+    if found != [expected] * len(found):
+        if all(c == expected + LOOP_WARMUP for c in found):
+            return (f"not quite: before {where} every counter says {expected + LOOP_WARMUP}, not {expected}: the "
+                    f"{LOOP_WARMUP} warm-up calls inside capture() ran the step for real and advanced them. Hint: right "
+                    f"after capture, put every layer's counter back in place: layer.cumulative_length.sub_({LOOP_WARMUP}) "
+                    "(rule 1)")
+        if found[0] == expected and all(c == expected + LOOP_WARMUP for c in found[1:]):
+            return (f"not quite: before {where} layer 0's counter says {expected}, the others {expected + LOOP_WARMUP}. "
+                    "Hint: get_seq_length() reads layer 0 only, but every layer writes at its own counter: put all of "
+                    "them back (rule 1)")
+        if k and step == 0 and all(c > expected for c in found):
+            return (f"not quite: before {where} the counters say {found[0]}, not {expected}: the cache still held the "
+                    "previous prompt when this one was prefilled. Hint: cache.reset() (in place) before each prompt's "
+                    "prefill (rule 2)")
+        return (f"not quite: before {where} the counters say {sorted(set(found))}, but the cache should hold {expected} "
+                "tokens (the prompt and the tokens decoded). Hint: only the prefill and the replays may move a counter; "
+                "put back what capture's warm-up moved")
+    token, right = graph.static_inputs[0].reshape(-1)[0].item(), want[k][0, step].item()
+    if token != right:
+        return (f"not quite: {where} read token {token}, but the token before it was {right}. Hint: the graph reads its "
+                "input tensor by address: write each new token (and each prompt's first one) into it with "
+                "token.copy_(...); `token = ...` names a new tensor the graph never reads")
     return None
 
 
-@code_checker(GraphSafeStaticCache.reset)  # the package's own override 3, called as reset(cache)
-def check_reset(fn) -> str:
-    """Exercise: reset(cache) zeroes every layer's keys and values and the one counter in place, rebinding nothing.
+@code_checker(graph_loop_solution)
+def check_graph_loop(fn) -> str:
+    """Exercise: prefill eagerly, capture the step once (warmup=3), put every counter back, replay; cache.reset() in place per prompt."""
+    from transformers import StaticCache
 
-    Checked on a cache whose padded prefill and decode step were captured for a first prompt, then by running a second
-    prompt through those same two graphs."""
-    first, second = torch.tensor([[5, 6, 7, 8, 9, 10, 11]]), torch.tensor([[40, 41, 42]])
-    decoder = _captured_decoder(first)
-    cache = decoder.cache
-    addresses, held = cache.fingerprint(), int(cache.cache_position)
-    with torch.inference_mode():
-        call_student(fn, cache)
-    mistake = _reset_mistake(cache, addresses, held)
-    if mistake:
-        return mistake
-    tokens, want = _replay_prompt(decoder, second), _naive_tokens(tuple(second[0].tolist()))
-    if not torch.equal(tokens, want):
-        wrong = int((tokens != want).int().argmax())
-        return (f"not quite: the graphs captured for the first prompt decoded the second one wrong from token {wrong}. "
-                "Hint: after the reset the cache must be what a fresh one is: zeroed buffers, counter 0, same tensors")
-    return ("correct: same addresses, counter 0, buffers zeroed (trash slot included); the prefill and decode graphs "
-            "captured for the first prompt then decoded the second token-exact against the naive loop")
+    from ..decoding import decode_naive
+
+    model, prompts, n = _tiny(), loop_prompts(), LOOP_NEW_TOKENS
+    want = [decode_naive(model, p, n) for p in prompts]
+    slots = max(LOOP_PROMPTS) + n + LOOP_WARMUP
+    keys = [_eager_keys(model, p, n, slots) for p in prompts]
+    cache = StaticCache(config=model.config, max_cache_len=slots)
+    try:
+        with torch.inference_mode(), _watch(model, cache, want, keys, n) as seen:
+            got = call_student(fn, model, cache, [p.clone() for p in prompts], n)
+    except _RuleBroken as e:
+        return str(e)
+    if not seen:
+        return ("not quite: no captured graph was replayed. Hint: graph = capture(step, token, warmup=3) once, after the "
+                "first prefill, then graph.replay() for every new token")
+    if len(seen) != len(prompts) * (n - 1):
+        return (f"not quite: {len(seen)} replays for {len(prompts)} prompts of {n} tokens. Hint: each prompt's first token "
+                f"comes from its eager prefill, the other {n - 1} from one replay each")
+    if not isinstance(got, (list, tuple)) or len(got) != len(prompts):
+        return (f"not quite: you returned a {type(got).__name__}. Hint: return a list of {len(prompts)} tensors [1, n], one "
+                "per prompt")
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        if not isinstance(g, torch.Tensor) or not torch.equal(g, w):
+            return (f"not quite: the replays made the right tokens, but what you returned for prompt {k + 1} is not them. "
+                    "Hint: the static output is overwritten by every replay: keep a clone of each token")
+    return (f"correct: {len(prompts)} prompts of {', '.join(map(str, LOOP_PROMPTS))} tokens, {n} tokens each, token-exact "
+            f"against the naive loop, from {len(seen)} replays of one graph captured with {LOOP_WARMUP} warm-up calls over "
+            f"one vanilla StaticCache ({seen[0].describe()})")
 
 
 # ---- 5 · the host cost of a launch, from the recorded GPU file -------------------------------------------------------
