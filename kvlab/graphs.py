@@ -497,6 +497,81 @@ def capture(fn: Callable, *static_inputs: torch.Tensor, warmup: int = 3, emulate
     return _capture_emulated(fn, static_inputs, warmup, before_replay, device)
 
 
+# ------------------------------------------------------------------ PyTorch's own recipe, on every machine
+
+class _EmulatedStream:
+    """A stand-in for ``torch.cuda.Stream``: without CUDA every operation runs in order, so waiting is a no-op."""
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+
+class EmulatedCUDAGraph:
+    """A stand-in for ``torch.cuda.CUDAGraph`` (lesson 04's raw recipe): ``with EMULATED_CUDA.graph(g):`` records
+    the block's aten operations and runs none of their effects on what existed before; ``g.replay()`` re-runs them
+    and writes every tensor the block made (its outputs, like a real graph's memory pool) in place, at its address."""
+
+    def __init__(self):
+        self.traced: RecordedOps | None = None
+        self.made: list[torch.Tensor] = []  # the block's own tensors, refilled by every replay
+
+    def replay(self) -> None:
+        if self.traced is None:
+            raise ReplayError("replay() before capture: record the step first, inside `with graph(g):`")
+        for tensor, new in zip(self.made, self.traced(), strict=True):
+            if tensor.data_ptr() != new.data_ptr():
+                tensor.copy_(new)
+
+
+@contextmanager
+def _emulated_graph(g: EmulatedCUDAGraph):
+    """``torch.cuda.graph(g)`` without CUDA: the block is recorded (host reads refused, as a real capture refuses
+    them); what it wrote into tensors made before it is put back, and what it made holds zeros until the first
+    replay, since a CUDA capture runs no kernel."""
+    if not isinstance(g, EmulatedCUDAGraph):
+        raise CaptureError(f"graph() takes an EMULATED_CUDA.CUDAGraph(), got {type(g).__name__}")
+    recorder = _Recorder()
+    with _recording() as freed:
+        try:
+            with recorder, _libraries_see_a_capture(), _no_host_reads():
+                yield
+        finally:
+            recorder.undo()
+        if freed:
+            raise CaptureError(FREED_DURING_CAPTURE.format(what="; ".join(freed)))
+    g.made = [t for t in recorder.alive if t._base is None]  # views follow their base
+    g.traced = RecordedOps(recorder.nodes, [recorder.encode(t) for t in g.made])
+    for t in g.made:
+        t.zero_()
+
+
+class _EmulatedCUDA:
+    """The five names of ``torch.cuda`` that PyTorch's CUDA-graph recipe uses, emulated without CUDA."""
+
+    Stream = _EmulatedStream
+    CUDAGraph = EmulatedCUDAGraph
+    graph = staticmethod(_emulated_graph)
+
+    @staticmethod
+    def current_stream() -> _EmulatedStream:
+        return _EmulatedStream()
+
+    @staticmethod
+    def stream(stream):
+        from contextlib import nullcontext
+
+        return nullcontext(stream)
+
+
+EMULATED_CUDA = _EmulatedCUDA()
+
+
+def cuda_or_emulation(device):
+    """``torch.cuda`` where ``device`` is a CUDA device, else ``EMULATED_CUDA``: the recipe's ``Stream``,
+    ``current_stream``, ``stream``, ``CUDAGraph`` and ``graph``, so that the same lines run on every machine."""
+    return torch.cuda if torch.device(device).type == "cuda" and torch.cuda.is_available() else EMULATED_CUDA
+
+
 def emulation_memory(step: CapturedStep, existing=()) -> dict[str, int]:
     """What an emulated step keeps alive, in bytes, by distinct storage: ``shared``, the storages of ``existing``
     tensors (weights, a cache, the static inputs: memory that exists anyway, which the recorded operations read and

@@ -416,3 +416,62 @@ def test_two_threads_decoding_their_own_models_through_graphs_get_right_tokens()
         t.join()
     assert errors == [] and right == [True] * 8, (right, errors)
     assert int(torch.tensor(3)) == 3
+
+
+# ---- PyTorch's raw recipe, the same lines on every machine (lesson 04) ----------------------------------------------
+
+def raw_recipe(cuda, device, step, static_x, warmup: int = 3):
+    """torch.cuda's documented capture recipe, written against ``cuda`` (torch.cuda or EMULATED_CUDA)."""
+    side = cuda.Stream()
+    side.wait_stream(cuda.current_stream())
+    with cuda.stream(side):
+        for _ in range(warmup):
+            step(static_x)
+    cuda.current_stream().wait_stream(side)
+    g = cuda.CUDAGraph()
+    with cuda.graph(g):
+        static_y = step(static_x)
+    return g, static_y
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_the_raw_recipe_runs_the_same_lines_emulated_and_on_cuda(device):
+    from kvlab.graphs import EMULATED_CUDA, cuda_or_emulation
+
+    cuda = cuda_or_emulation(device)
+    assert (cuda is torch.cuda) == (device == "cuda") and (cuda is EMULATED_CUDA) == (device == "cpu")
+    static_x = torch.zeros(4, device=device)
+    g, static_y = raw_recipe(cuda, device, lambda t: (t * 2 + 1).sin(), static_x)
+    address = static_y.data_ptr()
+    for values in ([0.0, 1.0, 2.0, 3.0], [10.0, 20.0, 30.0, 40.0]):
+        static_x.copy_(torch.tensor(values, device=device))
+        g.replay()
+        assert torch.equal(static_y, (torch.tensor(values, device=device) * 2 + 1).sin())
+    assert static_y.data_ptr() == address
+    static_x = torch.full((4,), 5.0, device=device)  # rebound: the graph keeps reading the old tensor (now 10..40)
+    g.replay()
+    assert torch.equal(static_y, (torch.tensor([10.0, 20.0, 30.0, 40.0], device=device) * 2 + 1).sin())
+
+
+def test_the_emulated_recipe_runs_nothing_at_capture_and_refuses_what_cuda_refuses():
+    from kvlab.graphs import EMULATED_CUDA
+
+    total = torch.zeros(2)
+    g = EMULATED_CUDA.CUDAGraph()
+    with pytest.raises(ReplayError, match="before capture"):
+        g.replay()
+    with EMULATED_CUDA.graph(g):
+        total.add_(1)  # a write into a tensor made before the block: not done by the capture, done by every replay
+        made = total * 3
+    assert torch.equal(total, torch.zeros(2)) and torch.equal(made, torch.zeros(2))  # a capture runs no kernel
+    g.replay()
+    g.replay()
+    assert torch.equal(total, torch.full((2,), 2.0)) and torch.equal(made, torch.full((2,), 6.0))
+    with pytest.raises(CaptureError, match=r"Tensor.__bool__\(\)"):
+        with EMULATED_CUDA.graph(EMULATED_CUDA.CUDAGraph()):
+            if total.sum() > 0:
+                pass
+    assert int(torch.tensor(3)) == 3 and gc.isenabled()  # nothing left changed by the refused capture
+    with pytest.raises(CaptureError, match="takes an EMULATED_CUDA.CUDAGraph"):
+        with EMULATED_CUDA.graph(object()):
+            pass
