@@ -1,11 +1,15 @@
 """tools/write_workshop_schedule.py: INSTRUCTORS.md's schedule block matches the recorded runs and the notebooks, and the tool's
-reading time, optional sections, exercise count and breaks do what its docstring says (on tiny fake notebooks)."""
+reading time, printed source, optional sections, exercises (in the room and homework), slack, breaks and verdict do
+what its docstring says (on tiny fake notebooks)."""
 
 import importlib.util
+import inspect
 import json
 import re
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("write_workshop_schedule", ROOT / "tools" / "write_workshop_schedule.py")
@@ -54,7 +58,7 @@ def test_reading_time_and_an_optional_section_on_a_fake_notebook():
         code("f = 6", "exercise"),  # exercise 3's checker: 1 line, not another exercise
     ]}
     text = workshop.analyse(notebook)
-    assert (text.words, text.code_lines, text.exercises) == (24, 3, 2)
+    assert (text.words, text.code_lines, text.room_exercises, text.homework_exercises) == (24, 3, 2, 0)
     assert (text.optional_words, text.optional_code_lines, text.optional_exercises) == (63, 3, 1)
     assert text.optional_sections == ["3 · Something (optional)"]
     assert abs(text.reading_minutes - (24 / workshop.WORDS_PER_MINUTE + 3 / workshop.CODE_LINES_PER_MINUTE)) < 1e-12
@@ -95,24 +99,52 @@ def test_the_schedule_sums_are_the_sums_of_its_rows():
     texts = workshop.lesson_texts(workshop.NOTEBOOKS)
     plan = workshop.schedule(texts, runs())
     core = plan["core"]
-    assert [r.label for r in core if r.label != "break"] == [texts[k][0].removesuffix(".ipynb") for k in workshop.CORE]
+    assert [r.label for r in core if r.lesson] == [texts[k][0].removesuffix(".ipynb") for k in workshop.CORE]
+    assert [r.label for r in core].count("slack") == 1 and core[-1].label == "slack"  # the slack, once, at the end
     for r in core:
-        assert r.total == (workshop.BREAK_MINUTES if r.label == "break" else r.run + r.reading + r.exercises)
+        fixed = {"break": workshop.BREAK_MINUTES, "slack": workshop.SLACK_MINUTES}
+        assert r.total == (fixed[r.label] if not r.lesson else r.run + r.reading + r.printed + r.exercises)
     table = workshop.schedule_table(plan, runs())
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines() if line.startswith("| core |")]
     *rows, total = cells
     assert len(rows) == len(core) and total[1] == "**core path total**"
-    assert int(total[5].strip("*")) == sum(int(r[5]) for r in rows) == sum(r.total for r in core)
-    for column in (2, 3, 4):  # run, reading, exercises: the total row sums the lesson rows
-        assert int(total[column]) == sum(int(r[column]) for r in rows if r[1] != "break")
+    assert int(total[6].strip("*")) == sum(int(r[6]) for r in rows) == sum(r.total for r in core)
+    for column in (2, 3, 4, 5, 7, 8):  # run, reading, printed, in-room, homework, optional: sums of the lesson rows
+        assert int(total[column]) == sum(int(r[column]) for r in rows if r[1] not in ("break", "slack"))
+    lessons = [r for r in core if r.lesson]
     said = workshop.verdict(plan)
-    found = re.search(r"with every exercise done in the room it takes (\d+) minutes", said, re.I)
+    found = re.search(r"the core path \(lessons 01-05\) takes (\d+) minutes on the recorded CPU, "
+                      r"(?:exactly 180|(\d+) (over|under) 180)", said)
     assert found and int(found.group(1)) == sum(r.total for r in core)
-    # the room plan: the same lessons without exercises, its own breaks
-    lessons = [r for r in core if r.label != "break"]
-    room = workshop.with_breaks([workshop.Row(r.part, r.label, run=r.run, reading=r.reading) for r in lessons])
-    found = re.search(r"as homework, takes (\d+) minutes", said)
-    assert found and int(found.group(1)) == sum(r.total for r in room) < sum(r.total for r in core)
+    if found.group(2):
+        assert int(found.group(2)) == abs(sum(r.total for r in core) - workshop.WORKSHOP_MINUTES)
+        assert (found.group(3) == "over") == (sum(r.total for r in core) > workshop.WORKSHOP_MINUTES)
+    parts = re.search(r"Its minutes: run time (\d+), reading (\d+) \((\d+) of it printed source\), in-room exercises "
+                      r"(\d+) \((\d+) exercises?\), (\d+) breaks? (\d+), slack (\d+)\.", said)
+    assert parts
+    run, reading, printed, room, room_count, breaks, break_minutes, slack = map(int, parts.groups())
+    assert run == sum(r.run for r in lessons) and printed == sum(r.printed for r in lessons)
+    assert reading == sum(r.reading + r.printed for r in lessons)
+    assert (room, room_count) == (sum(r.exercises for r in lessons), sum(r.room_count for r in lessons))
+    assert breaks == sum(1 for r in core if r.label == "break") and break_minutes == breaks * workshop.BREAK_MINUTES
+    assert slack == workshop.SLACK_MINUTES
+    assert run + reading + room + break_minutes + slack == int(found.group(1))
+    without = [r.label for r in lessons if r.room_count == 0]
+    for label in without:
+        assert f"`{label}`" in said.split("**")[1]
+    fits = sum(r.total for r in core) <= workshop.WORKSHOP_MINUTES and not without
+    assert said.startswith("**The plan fits:" if fits else "**The plan does not fit:")
+    for r in lessons:
+        if r.homework_count:
+            assert f"{r.label[:2]} {r.homework_count} exercise" in said and f"({r.homework} minutes)" in said
+    assert "as homework, takes" not in said and "every exercise done in the room" not in said  # the old framing
+
+
+def test_every_heading_led_exercise_of_the_course_counts_once():
+    for name, text in workshop.lesson_texts(workshop.NOTEBOOKS).values():
+        for title, (_, _, exercises, _) in text.sections.items():
+            if workshop.EXERCISE_HEADING.match(title.lstrip("# ")):
+                assert exercises == 1, (name, title)
 
 
 def test_run_times_are_read_from_the_recorded_runs():
@@ -134,7 +166,8 @@ def test_an_exercises_section_counts_as_exercises_not_reading():
                     code("def f():\n    raise NotImplementedError\nprint(check(f))", "exercise"),
                     md("## Summary\nshort")]}
     text = workshop.analyse(nb)
-    assert text.exercises == 1
+    assert (text.homework_exercises, text.room_exercises, text.optional_exercises) == (1, 0, 0)  # homework
+    assert text.homework_minutes == workshop.EXERCISE_MINUTES and text.exercise_minutes == 0
     assert text.words == len(f"Lesson part {words} Summary short".split())  # the Exercises text is not reading
     assert text.code_lines == 0
     assert text.sections["## Exercises"][0] > 180  # still listed under its heading by --sections
@@ -151,3 +184,164 @@ def test_the_run_table_says_whether_each_machine_is_current():
     assert "CPU: laptop: current (code hash kvlab/ kkkkkkk, notebooks/ nnnnnnn)" in status
     assert "NVIDIA H200: kvlab/ changed since these runs (rows of 2026-12-01)" in status
     assert "NVIDIA A100: code hash not recorded (rows of 2026-12-01)" in status
+
+
+# ------------------------------------------------------------------------------------- the source lessons print
+
+def nonblank(text: str) -> int:
+    return sum(1 for line in text.splitlines() if line.strip())
+
+
+def test_printed_source_counts_the_lines_show_source_displays():
+    from kvlab.measure import cache_bytes
+
+    imports = code("from kvlab.notebook import show_source\nfrom kvlab.measure import cache_bytes")
+    shown = workshop.analyse({"cells": [md("## 1 · Core"), imports, code("show_source(cache_bytes)")]})
+    plain = workshop.analyse({"cells": [md("## 1 · Core"), imports, code("print(cache_bytes)")]})  # the same one line
+    n = nonblank(inspect.getsource(cache_bytes))
+    assert n > 0
+    assert shown.sections["## 1 · Core"][1] == plain.sections["## 1 · Core"][1] + n  # --sections' code lines
+    assert shown.sections["## 1 · Core"][3] == n and plain.sections["## 1 · Core"][3] == 0
+    assert (shown.printed_lines, shown.code_lines) == (n, plain.code_lines)  # its own column, not the cells' code
+    assert abs(shown.printed_minutes - n / workshop.CODE_LINES_PER_MINUTE) < 1e-12
+    row = workshop.lesson_row("core", "01_x.ipynb", shown, [])
+    assert row.printed == workshop.up(n / workshop.CODE_LINES_PER_MINUTE) and row.total == row.reading + row.printed
+    # in an optional section: left out with it
+    optional = workshop.analyse({"cells": [md("## 2 · Deep (optional)"), imports, code("show_source(cache_bytes)")]})
+    assert (optional.printed_lines, optional.optional_printed_lines) == (0, n)
+    assert abs(optional.optional_minutes - workshop.minutes(4, 2 + 1 + n, 0)) < 1e-12  # the heading's 4 words
+
+
+def test_show_diff_counts_the_lines_of_the_diff_it_displays(monkeypatch):
+    import IPython.display
+
+    from kvlab import decoding, handwritten, notebook
+
+    displayed = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj: displayed.append(obj.data))
+    imports = code("from kvlab import decoding, handwritten\nfrom kvlab.notebook import show_diff")
+    for call, kwargs in (("show_diff(decoding.decode_naive, handwritten.decode_handwritten)", {}),
+                         ("show_diff(decoding.decode_naive, handwritten.decode_handwritten, context=3)", {"context": 3})):
+        displayed.clear()
+        notebook.show_diff(decoding.decode_naive, handwritten.decode_handwritten, **kwargs)
+        assert workshop.printed_source({"cells": [imports, code(call)]}) == {1: nonblank(displayed[0])}
+    both = nonblank(inspect.getsource(decoding.decode_naive)) + nonblank(inspect.getsource(handwritten.decode_handwritten))
+    assert workshop.printed_source({"cells": [imports, code(call)]})[1] != both  # the diff, not both sources
+
+
+def test_a_def_or_class_of_the_notebook_is_counted_from_its_own_source():
+    nb = {"cells": [code("from kvlab.notebook import show_source"),
+                    code("def helper(x):\n\n    return x + 1\n\n\nclass Box:\n    size = 1\n\n    def grow(self):\n        return 2\n"),
+                    code("show_source(helper)\nshow_source(Box.grow)\nshow_source(Box)")]}
+    assert workshop.printed_source(nb) == {2: 2 + 2 + 4}
+
+
+def test_a_display_inside_the_notebooks_own_function_is_counted_at_each_call():
+    from kvlab import failures
+    from kvlab.measure import cache_bytes
+
+    n = nonblank(inspect.getsource(cache_bytes))
+    nb = {"cells": [md("## 1 · Where it is defined"),
+                    code("from kvlab.notebook import show_source\nfrom kvlab.measure import cache_bytes\n\n"
+                         "def explain():\n    show_source(cache_bytes)\n"),
+                    md("## 2 · Where it runs"), code("explain()\nexplain()")]}
+    text = workshop.analyse(nb)
+    assert text.sections["## 1 · Where it is defined"][3] == 0 and text.sections["## 2 · Where it runs"][3] == 2 * n
+    # lesson 04's show(result): the scenario that made result, through RUNTIME_SHOWN
+    scenario = {"cells": [code("from kvlab import failures\nfrom kvlab.notebook import show_source"),
+                          code("def show(result):\n    spec = failures.SCENARIOS.get(result.name, failures.CONTROL_SPEC)\n"
+                               "    show_source(spec[\"fn\"])\n"),
+                          code("pad = failures.run(\"padding-pollution\", model, qa, N)\nshow(pad)"),
+                          code("control = failures.run(failures.CONTROL, model, qa, N)\nshow(control)")]}
+    assert workshop.printed_source(scenario) == {2: nonblank(inspect.getsource(failures.padding_pollution)),
+                                                 3: nonblank(inspect.getsource(failures.control_rewound))}
+
+
+def test_an_unresolved_argument_is_an_error_naming_the_lesson_cell_and_expression(tmp_path, capsys):
+    cells = [md("## 1 · Core"), code("from kvlab.notebook import show_source\nthing = make_thing()"),
+             code("show_source(thing.method)")]
+    with pytest.raises(workshop.UnresolvedSource) as raised:
+        workshop.analyse({"cells": cells}, "01_x")
+    assert len(raised.value.problems) == 1 and "01_x cell 2" in raised.value.problems[0]
+    assert "thing.method" in raised.value.problems[0]
+    local = [code("from kvlab.notebook import show_source\n\ndef f(obj):\n    show_source(obj)\n"), code("f(len)")]
+    with pytest.raises(workshop.UnresolvedSource, match=r"02_y cell 1 \(in f, defined in cell 0\).*local to f\(\)"):
+        workshop.analyse({"cells": local}, "02_y")
+    (tmp_path / "01_x.ipynb").write_text(json.dumps({"cells": cells}), encoding="utf-8")
+    assert workshop.main(["--notebooks-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "01_x cell 2" in err and "show_source(thing.method)" in err
+
+
+# ------------------------------------------------------------------------------ in the room, homework, optional
+
+def test_exercises_in_the_room_as_homework_and_optional():
+    nb = {"cells": [
+        md("## 1 · Body\ntext\n\n**Exercise 1 · Predict, then run** (before the answer)"),  # in the room
+        code("prediction = None", "exercise"),  # its checker
+        md("### Exercise 2 · The whole loop, by hand\nWrite it."),  # in the room, led by its heading
+        code("def loop():\n    raise NotImplementedError", "exercise"),  # its checker: the exercise counts once
+        md("## 2 · Deep (optional)\n**Exercise 3.** optional"),  # optional
+        md("## Exercises\n**Exercise 4.** homework\n\n**5.** numbered homework"),  # homework
+        code("answer = None", "exercise"),  # exercise 5's checker
+    ]}
+    text = workshop.analyse(nb)
+    assert (text.room_exercises, text.homework_exercises, text.optional_exercises) == (2, 2, 1)
+    assert text.sections["### Exercise 2 · The whole loop, by hand"][2] == 1
+    assert text.parts == {"## 1 · Body": "core", "### Exercise 2 · The whole loop, by hand": "core",
+                          "## 2 · Deep (optional)": "optional", "## Exercises": "homework"}
+    row = workshop.lesson_row("core", "05_x.ipynb", text, [])
+    assert (row.exercises, row.room_count) == (2 * workshop.EXERCISE_MINUTES, 2)
+    assert (row.homework, row.homework_count) == (2 * workshop.EXERCISE_MINUTES, 2)
+    assert row.total == row.reading + row.printed + row.exercises  # homework and optional left out
+
+
+def fake_texts(room: dict[str, int]) -> dict:
+    """Lessons 00-06 with 30 minutes of reading each, ``room[lesson]`` in-room exercises, one homework exercise."""
+    texts = {}
+    for lesson in (*workshop.PRE_WORK, *workshop.CORE, *workshop.SEPARATE):
+        text = workshop.Text(words=30 * workshop.WORDS_PER_MINUTE, room_exercises=room.get(lesson, 0),
+                             homework_exercises=1)
+        texts[lesson] = (f"{lesson}_l.ipynb", text)
+    return texts
+
+
+def test_the_slack_is_counted_once_in_the_core_path():
+    plan = workshop.schedule(fake_texts({k: 1 for k in workshop.CORE}), [])
+    core = plan["core"]
+    assert [r.label for r in core].count("slack") == 1 and core[-1].label == "slack"
+    lessons = [r for r in core if r.lesson]
+    breaks = [r for r in core if r.label == "break"]
+    assert sum(r.total for r in core) == (sum(r.total for r in lessons) + len(breaks) * workshop.BREAK_MINUTES
+                                          + workshop.SLACK_MINUTES)
+    assert sum(r.gpu_total for r in core) == sum(r.total for r in core)  # no runs recorded: 0 on both
+    assert all(r.label != "slack" for r in plan["pre-work"] + plan["separate session"])
+    assert workshop.with_breaks(lessons) == core[:-1]  # the slack does not move a break
+
+
+def test_the_verdict_names_a_core_lesson_without_an_in_room_exercise():
+    # 5 lessons of 35 minutes, 2 breaks, 15 of slack: 210 minutes, over 180
+    over = workshop.verdict(workshop.schedule(fake_texts({k: 1 for k in workshop.CORE}), []))
+    assert over.startswith("**The plan does not fit: the core path (lessons 01-05) takes 210 minutes on the recorded "
+                           "CPU, 30 over 180, and every core lesson has an in-room exercise.**")
+    assert ("Its minutes: run time 0, reading 150 (0 of it printed source), in-room exercises 25 (5 exercises), "
+            "2 breaks 20, slack 15.") in over
+    assert ("Homework, the exercises of the lessons' Exercises sections, left out of the room (25 minutes): "
+            "01 1 exercise (5 minutes); 02 1 exercise (5 minutes)") in over
+    assert "Pre-work (lesson 00): 30 minutes, and 5 of homework (1 exercise)." in over
+    # lessons 01 and 03 without one: 200 minutes, still over, and both named
+    lacking = workshop.verdict(workshop.schedule(fake_texts({"02": 1, "04": 1, "05": 1}), []))
+    assert lacking.startswith("**The plan does not fit: the core path (lessons 01-05) takes 200 minutes on the recorded "
+                              "CPU, 20 over 180, and `01_l`, `03_l` have no in-room exercise.**")
+    # a total that fits does not make the plan fit while a lesson has no in-room exercise
+    short = fake_texts({k: 1 for k in workshop.CORE if k != "04"})
+    for lesson in workshop.CORE:
+        short[lesson][1].words = 20 * workshop.WORDS_PER_MINUTE
+    said = workshop.verdict(workshop.schedule(short, []))
+    total = sum(r.total for r in workshop.schedule(short, [])["core"])
+    assert total <= workshop.WORKSHOP_MINUTES
+    assert said.startswith(f"**The plan does not fit: the core path (lessons 01-05) takes {total} minutes on the "
+                           f"recorded CPU, {workshop.WORKSHOP_MINUTES - total} under 180, but `04_l` has no in-room "
+                           "exercise.**")
+    short["04"][1].room_exercises = 1
+    assert workshop.verdict(workshop.schedule(short, [])).startswith("**The plan fits: the core path")
