@@ -104,14 +104,7 @@ class DecodeTiming:
                 "tokens_per_s": self.tokens_per_s, "peak_memory_mb": self.peak_memory_bytes / 2**20}
 
 
-def time_decode(run: Callable[[int, OnToken], torch.Tensor], new_tokens: int, device, *, repeats: int = 3,
-                per_step: bool = False, warmup_tokens: int | None = None, label: str = "") -> DecodeTiming:
-    """Time ``run(n, on_token) -> tokens [batch, n]`` by the decode rule (module docstring).
-
-    ``warmup_tokens``: the length of the untimed first call (default ``new_tokens``; a compiled or captured path
-    needs the full length to compile or capture everything the timed runs use).
-    """
-    device = pick_device(device)  # a clear error for "cuda" without a GPU
+def _check_timing_args(new_tokens, repeats, warmup_tokens) -> None:
     if not isinstance(new_tokens, int) or new_tokens < 2:
         raise ValueError(f"new_tokens must be an int >= 2 (the rule divides by n - 1), got {new_tokens!r}")
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
@@ -119,33 +112,66 @@ def time_decode(run: Callable[[int, OnToken], torch.Tensor], new_tokens: int, de
     if warmup_tokens is not None and (not isinstance(warmup_tokens, int) or isinstance(warmup_tokens, bool)
                                       or warmup_tokens < 1):
         raise ValueError(f"warmup_tokens must be a positive int or None (the full length), got {warmup_tokens!r}")
+
+
+def time_decode(run: Callable[[int, OnToken], torch.Tensor], new_tokens: int, device, *, repeats: int = 3,
+                per_step: bool = False, warmup_tokens: int | None = None, label: str = "") -> DecodeTiming:
+    """Time ``run(n, on_token) -> tokens [batch, n]`` by the decode rule (module docstring).
+
+    ``warmup_tokens``: the length of the untimed first call (default ``new_tokens``; a compiled or captured path
+    needs the full length to compile or capture everything the timed runs use).
+    """
+    if not per_step:
+        return time_decodes({label: run}, new_tokens, device, repeats=repeats, warmup_tokens=warmup_tokens)[label]
+    device = pick_device(device)  # a clear error for "cuda" without a GPU
+    _check_timing_args(new_tokens, repeats, warmup_tokens)
     warmup = wall(lambda: run(warmup_tokens or new_tokens, None), device)
-    if per_step:
-        reset_peak_memory(device)
-        clocked = []
-        for _ in range(repeats):
-            clock = StepClock(device)
-            tokens = run(new_tokens, clock)
-            clocked.append(clock.times)
-        if any(len(times) != tokens.shape[1] for times in clocked):
-            raise ValueError(f"{label or 'run'} called on_token {len(clocked[0])} times for {tokens.shape[1]} tokens: "
-                             "per_step needs a run that calls on_token once per token")
-        steps = [statistics.median(col) for col in zip(*clocked, strict=True)]
-        prefill = statistics.median(times[0] for times in clocked)
-        total = statistics.median(sum(times) for times in clocked)
-    else:
-        steps = None
+    reset_peak_memory(device)
+    clocked = []
+    for _ in range(repeats):
+        clock = StepClock(device)
+        tokens = run(new_tokens, clock)
+        clocked.append(clock.times)
+    if any(len(times) != tokens.shape[1] for times in clocked):
+        raise ValueError(f"{label or 'run'} called on_token {len(clocked[0])} times for {tokens.shape[1]} tokens: "
+                         "per_step needs a run that calls on_token once per token")
+    steps = [statistics.median(col) for col in zip(*clocked, strict=True)]
+    prefill = statistics.median(times[0] for times in clocked)
+    total = statistics.median(sum(times) for times in clocked)
+    return _timing(label, tokens, new_tokens, warmup, prefill, total, steps, peak_memory_bytes(device), device)
+
+
+def time_decodes(runs: dict[str, Callable[[int, OnToken], torch.Tensor]], new_tokens: int, device, *,
+                 repeats: int = 3, warmup_tokens: int | None = None) -> dict[str, DecodeTiming]:
+    """``time_decode`` of several paths (label -> run), timed in turns: every path's warm-up first, then in each of
+    ``repeats`` rounds every path's T(1) and T(n), one path after the other. A busy moment of a shared machine then
+    slows every path alike, so their ratios stay honest. Returns label -> ``DecodeTiming``."""
+    device = pick_device(device)  # a clear error for "cuda" without a GPU
+    _check_timing_args(new_tokens, repeats, warmup_tokens)
+    if not runs:
+        raise ValueError("give at least one run to time")
+    warmups = {label: wall(lambda run=run: run(warmup_tokens or new_tokens, None), device) for label, run in runs.items()}
+    for run in runs.values():
         run(1, None)  # untimed: the one-token path has first-use set-up of its own (warm-up, not prefill)
-        reset_peak_memory(device)
-        prefills, totals = [], []
-        for _ in range(repeats):  # T(1) and T(n) in turns: a busy moment of the machine slows both alike
-            prefills.append(wall(lambda: run(1, None), device))
+    prefills = {label: [] for label in runs}
+    totals = {label: [] for label in runs}
+    tokens, peaks = {}, dict.fromkeys(runs, 0)
+    for _ in range(repeats):
+        for label, run in runs.items():  # T(1) and T(n) in turns, path after path
+            reset_peak_memory(device)
+            prefills[label].append(wall(lambda run=run: run(1, None), device))
             synchronize(device)
             t0 = time.perf_counter()
-            tokens = run(new_tokens, None)
+            tokens[label] = run(new_tokens, None)
             synchronize(device)
-            totals.append(time.perf_counter() - t0)
-        prefill, total = statistics.median(prefills), statistics.median(totals)
+            totals[label].append(time.perf_counter() - t0)
+            peaks[label] = max(peaks[label], peak_memory_bytes(device))
+    return {label: _timing(label, tokens[label], new_tokens, warmups[label], statistics.median(prefills[label]),
+                           statistics.median(totals[label]), None, peaks[label], device) for label in runs}
+
+
+def _timing(label, tokens, new_tokens, warmup, prefill, total, steps, peak, device) -> DecodeTiming:
+    """The DecodeTiming of one path, refused where the rule's number would mean nothing."""
     if tokens.dim() != 2 or tokens.shape[1] != new_tokens:
         raise TimingError(f"{label or 'run'}({new_tokens}) returned tokens of shape {tuple(tokens.shape)}, not "
                           f"[batch, {new_tokens}]: the rule needs the run to make exactly the tokens it was asked for")
@@ -156,7 +182,7 @@ def time_decode(run: Callable[[int, OnToken], torch.Tensor], new_tokens: int, de
             "Time more tokens or more repeats, with nothing else running.")
     return DecodeTiming(label=label, batch=int(tokens.shape[0]), new_tokens=int(tokens.shape[1]), tokens=tokens,
                         warmup_seconds=warmup, prefill_seconds=prefill, total_seconds=total, step_seconds=steps,
-                        peak_memory_bytes=peak_memory_bytes(device), env=environment(device))
+                        peak_memory_bytes=peak, env=environment(device))
 
 
 def time_strategy(model, input_ids: torch.Tensor, new_tokens: int, *, strategy: str = "naive", repeats: int = 3,
