@@ -539,7 +539,9 @@ def _emulated_graph(g: EmulatedCUDAGraph):
             recorder.undo()
         if freed:
             raise CaptureError(FREED_DURING_CAPTURE.format(what="; ".join(freed)))
-    g.made = [t for t in recorder.alive if t._base is None]  # views follow their base
+    before = {id(x) for _, args, kwargs in recorder.nodes for x in pytree.tree_leaves((args, kwargs))
+              if isinstance(x, torch.Tensor)}  # tensors the block read or wrote that existed before it
+    g.made = [t for t in recorder.alive if t._base is None and id(t) not in before]  # views follow their base
     g.traced = RecordedOps(recorder.nodes, [recorder.encode(t) for t in g.made])
     for t in g.made:
         t.zero_()

@@ -461,17 +461,17 @@ def test_the_raw_recipe_runs_the_same_lines_emulated_and_on_cuda(device):
 def test_the_emulated_recipe_runs_nothing_at_capture_and_refuses_what_cuda_refuses():
     from kvlab.graphs import EMULATED_CUDA
 
-    total = torch.zeros(2)
+    total = torch.ones(2)
     g = EMULATED_CUDA.CUDAGraph()
     with pytest.raises(ReplayError, match="before capture"):
         g.replay()
     with EMULATED_CUDA.graph(g):
         total.add_(1)  # a write into a tensor made before the block: not done by the capture, done by every replay
         made = total * 3
-    assert torch.equal(total, torch.zeros(2)) and torch.equal(made, torch.zeros(2))  # a capture runs no kernel
+    assert torch.equal(total, torch.ones(2)) and torch.equal(made, torch.zeros(2))  # a capture runs no kernel
     g.replay()
     g.replay()
-    assert torch.equal(total, torch.full((2,), 2.0)) and torch.equal(made, torch.full((2,), 6.0))
+    assert torch.equal(total, torch.full((2,), 3.0)) and torch.equal(made, torch.full((2,), 9.0))
     with pytest.raises(CaptureError, match=r"Tensor.__bool__\(\)"):
         with EMULATED_CUDA.graph(EMULATED_CUDA.CUDAGraph()):
             if total.sum() > 0:
