@@ -413,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weights", choices=("random", "real"), help="override the weights (quick: random, --full: real)")
     p.add_argument("--parts", default="tests,notebooks", help="comma-separated: tests, notebooks (default both)")
     p.add_argument("--test-runs", type=int, default=1, help="runs of the test suite in a row (default 1)")
-    p.add_argument("--workers", type=int, default=8, help="pytest-xdist workers of the test suite (default 8; 0: one process)")
+    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2),
+                   help="pytest-xdist workers of the test suite (default: the machine's cores less 2; 0: one process)")
     p.add_argument("--notebook-runs", type=int, default=1, help="runs of each notebook in a row (default 1)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per notebook and per test run (default 600)")
     p.add_argument("--out", type=Path, default=OUT, help="the record (default data/gpu_check.json)")
