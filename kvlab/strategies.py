@@ -1,8 +1,8 @@
 """The one table of decoding strategies, and ``kvlab.decode``, the entry point that runs any of them.
 
-Each strategy is declared once below: its name, a one-line description, the function that decodes (imported on
-first use, so a lesson loads only what it uses), the keyword options that function gets, the lesson that builds
-it, and the flags the benchmark and its plots read. Adding a strategy means one ``Strategy(...)`` line here and a
+Each strategy is declared once below: its name, a one-line description, the function that decodes (the function
+itself, so a reader or a tool can follow a decode from here), the keyword options that function gets, the lesson that
+builds it, and the flags the benchmark and its plots read. Adding a strategy means one ``Strategy(...)`` line here and a
 test that it is token-exact against ``"naive"``.
 """
 
@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import import_module
 from types import MappingProxyType
 
 import torch
 
-from .decoding import check_inputs, unpadded_ids
+from .decoding import check_inputs, decode_naive, unpadded_ids
+from .failures import decode_static_graph
+from .graph_decoder import decode_graph_safe, decode_graph_safe_compiled, decode_graph_safe_kernels
+from .handwritten import decode_handwritten
+from .hf_caches import decode_dynamic, decode_generate, decode_reduce_overhead, decode_static
 
 KINDS = ("eager", "compiled", "graph")  # Python launches every kernel / torch.compile (with its own graphs) / kvlab captures
 
@@ -24,7 +27,7 @@ KINDS = ("eager", "compiled", "graph")  # Python launches every kernel / torch.c
 class Strategy:
     name: str
     about: str  # one line: what this path does
-    function: str  # "module:function", called as fn(model, input_ids, max_new_tokens, *, on_token=None, **options)
+    function: Callable  # called as function(model, input_ids, max_new_tokens, *, on_token=None, **options)
     lesson: int  # the lesson that builds it
     kind: str  # one of KINDS
     options: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))  # keywords always passed
@@ -36,45 +39,41 @@ class Strategy:
     exact: bool = True  # False only for lesson 04's first attempt, wrong by design (the benchmark leaves it out)
     steps_per_replay: int = 1  # decode steps one graph replay makes (their tokens reach on_token in a burst)
 
-    def decode_function(self) -> Callable:
-        module, name = self.function.split(":")
-        return getattr(import_module(module), name)
-
     def __call__(self, model, input_ids: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
         """Decode with this strategy's function and options (no input checks: ``kvlab.decode`` makes them)."""
-        return self.decode_function()(model, input_ids, max_new_tokens, **self.options, **kwargs)
+        return self.function(model, input_ids, max_new_tokens, **self.options, **kwargs)
 
 
 def _ablation(name: str, about: str, **options) -> Strategy:
-    return Strategy(f"graph-safe-compiled/{name}", f"ablation: {about}", "kvlab.graph_decoder:decode_graph_safe_compiled",
+    return Strategy(f"graph-safe-compiled/{name}", f"ablation: {about}", decode_graph_safe_compiled,
                     6, "compiled" if name == "no-graph" else "graph", MappingProxyType(options), sized=True,
                     compiled=True, cuda_only=True, warm_full=True, ablation=True,
                     steps_per_replay=options.get("steps", 16) if name != "no-graph" else 1)
 
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
-    Strategy("naive", "no cache: the whole sequence recomputed at every step", "kvlab.decoding:decode_naive", 1, "eager"),
-    Strategy("handwritten", "lesson 02's own KV cache (torch.cat per step)", "kvlab.handwritten:decode_handwritten", 2,
+    Strategy("naive", "no cache: the whole sequence recomputed at every step", decode_naive, 1, "eager"),
+    Strategy("handwritten", "lesson 02's own KV cache (torch.cat per step)", decode_handwritten, 2,
              "eager"),
-    Strategy("dynamic", "transformers DynamicCache, own eager loop", "kvlab.hf_caches:decode_dynamic", 3, "eager"),
-    Strategy("static", "transformers StaticCache, own eager loop", "kvlab.hf_caches:decode_static", 3, "eager",
+    Strategy("dynamic", "transformers DynamicCache, own eager loop", decode_dynamic, 3, "eager"),
+    Strategy("static", "transformers StaticCache, own eager loop", decode_static, 3, "eager",
              sized=True),
     Strategy("generate-static", 'model.generate(cache_implementation="static") (compiles the step itself on a GPU)',
-             "kvlab.hf_caches:decode_generate", 3, "compiled", MappingProxyType({"cache_implementation": "static"}),
+             decode_generate, 3, "compiled", MappingProxyType({"cache_implementation": "static"}),
              compiled=True, warm_full=True),
     Strategy("reduce-overhead", 'torch.compile(step, mode="reduce-overhead", fullgraph=True), StaticCache, Python loop',
-             "kvlab.hf_caches:decode_reduce_overhead", 3, "compiled", sized=True, compiled=True, warm_full=True),
+             decode_reduce_overhead, 3, "compiled", sized=True, compiled=True, warm_full=True),
     Strategy("static-graph", "vanilla StaticCache, decode step captured once and replayed: lesson 04's first attempt, "
-             "wrong by design", "kvlab.failures:decode_static_graph", 4, "graph", sized=True, exact=False),
+             "wrong by design", decode_static_graph, 4, "graph", sized=True, exact=False),
     Strategy("graph-safe", "GraphSafeStaticCache, eager kernels captured in one graph by kvlab",
-             "kvlab.graph_decoder:decode_graph_safe", 5, "graph", sized=True, warm_full=True),
+             decode_graph_safe, 5, "graph", sized=True, warm_full=True),
     Strategy("graph-safe-compiled", "graph-safe + fused projections, GEMV reductions, split-K Triton decode attention, "
              "step compiled (max-autotune-no-cudagraphs, coordinate descent), 16 steps per captured graph",
-             "kvlab.graph_decoder:decode_graph_safe_compiled", 6, "graph", sized=True, compiled=True, cuda_only=True,
+             decode_graph_safe_compiled, 6, "graph", sized=True, compiled=True, cuda_only=True,
              warm_full=True, steps_per_replay=16),
     Strategy("graph-safe-kernels", "graph-safe cache, the step as kvlab's own Triton kernels (5 per layer; GEMMs above "
              "kvlab.kernels.gemv.GEMV_MAX_ROWS rows), 16 steps per captured graph, no torch.compile (CPU: the same math "
-             "in PyTorch, graph emulated)", "kvlab.graph_decoder:decode_graph_safe_kernels", 6, "graph", sized=True,
+             "in PyTorch, graph emulated)", decode_graph_safe_kernels, 6, "graph", sized=True,
              warm_full=True, steps_per_replay=16),
     _ablation("sdpa-attention", "scaled_dot_product_attention (cuDNN flash attention on the GPU) instead of the Triton "
               "decode kernel", attention=True),

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kvlab
-from kvlab import bench, memo
+from kvlab import bench, decoding, memo
 from kvlab.strategies import BENCHMARKED, STRATEGIES, Strategy
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -49,7 +49,7 @@ def test_the_benchmark_lists_exactly_the_registry(capsys):
 
 def test_a_declaration_is_all_a_strategy_needs(model, ids, naive, monkeypatch):
     """One Strategy(...) entry makes a name usable by kvlab.decode (here: naive again, under another name)."""
-    extra = Strategy("naive-again", "the naive loop, declared twice", "kvlab.decoding:decode_naive", 1, "eager")
+    extra = Strategy("naive-again", "the naive loop, declared twice", decoding.decode_naive, 1, "eager")
     monkeypatch.setitem(STRATEGIES, extra.name, extra)
     assert torch.equal(kvlab.decode(model, ids, N, strategy="naive-again"), naive)
 
