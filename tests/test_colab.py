@@ -15,13 +15,12 @@ import types
 from pathlib import Path
 
 import pytest
+from tool_module import load_tool
 
 import kvlab
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("write_colab_cells", ROOT / "tools" / "write_colab_cells.py")
-colab_cells = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(colab_cells)
+colab_cells = load_tool("write_colab_cells")
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 REPOSITORY = colab_cells.repository_url()
 

@@ -1,7 +1,6 @@
 """tools/gpu_check.py and tools/code_hash.py on a CPU: the code hash and what it leaves out, --status, merging a
 part into a record, and a pytest run read into per-file results."""
 
-import importlib.util
 import json
 import os
 import shutil
@@ -12,19 +11,13 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from tool_module import load_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-gpu_check = load("gpu_check")
-code_hash = load("code_hash")
+gpu_check = load_tool("gpu_check")
+code_hash = load_tool("code_hash")
 
 
 def checkout(root: Path) -> Path:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import nbformat
 import torch
+from tool_module import load_tool
 
 import kvlab
 
@@ -100,12 +101,7 @@ def test_slowest_cells_keeps_five_and_cuts_the_first_line():
 
 
 def _tool():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("run_notebooks", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("run_notebooks")
 
 
 def _code_hash():

@@ -2,20 +2,16 @@
 reading time, printed source, optional sections, exercises (in the room and homework), slack, breaks and verdict do
 what its docstring says (on tiny fake notebooks)."""
 
-import importlib.util
 import inspect
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
+from tool_module import load_tool
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("write_workshop_schedule", ROOT / "tools" / "write_workshop_schedule.py")
-workshop = importlib.util.module_from_spec(_spec)
-sys.modules["write_workshop_schedule"] = workshop  # dataclasses look their module up while the class is made
-_spec.loader.exec_module(workshop)
+workshop = load_tool("write_workshop_schedule")
 
 
 def md(text: str, *tags: str) -> dict:

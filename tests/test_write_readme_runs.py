@@ -2,19 +2,16 @@
 committed README shows the committed record: every lesson run at full size on a CPU and an H200, a failed run shown as
 FAILED."""
 
-import importlib.util
 import json
 from pathlib import Path
 
+from tool_module import load_tool
+
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "tools" / "write_readme_runs.py"
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("write_readme_runs", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("write_readme_runs")
 
 
 def test_the_readme_table_says_whether_each_machine_is_current():
