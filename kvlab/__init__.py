@@ -33,24 +33,13 @@ def _check_versions() -> None:
 
 _check_versions()
 
+from .graph_decoder import GraphSafeDecoder  # noqa: E402
+from .graph_safe_cache import GraphSafeStaticCache  # noqa: E402
 from .models import ModelUnavailableError, load_model, tiny_model  # noqa: E402
 from .runtime import environment, hardware, quick_mode, size  # noqa: E402
 from .strategies import STRATEGIES, decode  # noqa: E402
 
 __all__ = [
-    "STRATEGIES", "ModelUnavailableError", "decode", "environment", "hardware", "load_model", "quick_mode", "size",
-    "tiny_model",
+    "STRATEGIES", "GraphSafeDecoder", "GraphSafeStaticCache", "ModelUnavailableError", "decode", "environment",
+    "hardware", "load_model", "quick_mode", "size", "tiny_model",
 ]
-
-
-def __getattr__(name: str):
-    """``kvlab.GraphSafeStaticCache`` / ``kvlab.GraphSafeDecoder``, imported on first use (they import transformers)."""
-    if name == "GraphSafeStaticCache":
-        from .graph_safe_cache import GraphSafeStaticCache
-
-        return GraphSafeStaticCache
-    if name == "GraphSafeDecoder":
-        from .graph_decoder import GraphSafeDecoder
-
-        return GraphSafeDecoder
-    raise AttributeError(f"module 'kvlab' has no attribute {name!r}")
