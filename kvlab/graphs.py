@@ -29,7 +29,6 @@ and in the emulation.
 
 from __future__ import annotations
 
-import gc
 import sys
 import threading
 import time
@@ -39,6 +38,8 @@ from contextlib import contextmanager
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from .runtime import collector_paused
 
 # Operations that need the host to see a tensor's value (or a data-dependent shape): CUDA refuses them
 # while a stream is capturing, and the emulation refuses them too.
@@ -143,16 +144,12 @@ def _recording():
     meanwhile. Python values only: nothing is left changed when it ends."""
     if is_recording():
         raise CaptureError("capture() was called inside a step being captured: capture each step on its own")
-    with _Recording.lock:
-        collecting = gc.isenabled()
-        gc.disable()
+    with _Recording.lock, collector_paused():
         _Recording.thread, _Recording.freed = threading.get_ident(), []
         try:
             yield _Recording.freed
         finally:
             _Recording.thread = None
-            if collecting:
-                gc.enable()
 
 
 @contextmanager

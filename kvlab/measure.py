@@ -30,7 +30,7 @@ import torch.utils.benchmark as benchmark
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .decoding import OnToken
-from .runtime import environment, pick_device, synchronize
+from .runtime import collector_paused, environment, pick_device, synchronize
 from .sizes import tensor_bytes
 
 
@@ -144,8 +144,9 @@ def time_decode(run: Callable[[int, OnToken], torch.Tensor], new_tokens: int, de
 def time_decodes(runs: dict[str, Callable[[int, OnToken], torch.Tensor]], new_tokens: int, device, *,
                  repeats: int = 3, warmup_tokens: int | None = None) -> dict[str, DecodeTiming]:
     """``time_decode`` of several paths (label -> run), timed in turns: every path's warm-up first, then in each of
-    ``repeats`` rounds every path's T(1) and T(n), one path after the other. A busy moment of a shared machine then
-    slows every path alike, so their ratios stay honest. Returns label -> ``DecodeTiming``."""
+    ``repeats`` rounds every path's T(1) and T(n), one path after the other, the garbage collector paused. A busy
+    moment of a shared machine then slows every path alike, so their ratios stay honest. Returns label ->
+    ``DecodeTiming``."""
     device = pick_device(device)  # a clear error for "cuda" without a GPU
     _check_timing_args(new_tokens, repeats, warmup_tokens)
     if not runs:
@@ -156,16 +157,17 @@ def time_decodes(runs: dict[str, Callable[[int, OnToken], torch.Tensor]], new_to
     prefills = {label: [] for label in runs}
     totals = {label: [] for label in runs}
     tokens, peaks = {}, dict.fromkeys(runs, 0)
-    for _ in range(repeats):
-        for label, run in runs.items():  # T(1) and T(n) in turns, path after path
-            reset_peak_memory(device)
-            prefills[label].append(wall(lambda run=run: run(1, None), device))
-            synchronize(device)
-            t0 = time.perf_counter()
-            tokens[label] = run(new_tokens, None)
-            synchronize(device)
-            totals[label].append(time.perf_counter() - t0)
-            peaks[label] = max(peaks[label], peak_memory_bytes(device))
+    with collector_paused():
+        for _ in range(repeats):
+            for label, run in runs.items():  # T(1) and T(n) in turns, path after path
+                reset_peak_memory(device)
+                prefills[label].append(wall(lambda run=run: run(1, None), device))
+                synchronize(device)
+                t0 = time.perf_counter()
+                tokens[label] = run(new_tokens, None)
+                synchronize(device)
+                totals[label].append(time.perf_counter() - t0)
+                peaks[label] = max(peaks[label], peak_memory_bytes(device))
     return {label: _timing(label, tokens[label], new_tokens, warmups[label], statistics.median(prefills[label]),
                            statistics.median(totals[label]), None, peaks[label], device) for label in runs}
 
@@ -214,19 +216,23 @@ def time_call(fn, *, label: str = "", min_run_time: float = 0.5, device=None) ->
 
 
 def time_interleaved(fns: dict, *, rounds: int = 5, device=None) -> dict[str, float]:
-    """Median seconds of each ``fn()`` of ``fns``, timed in turns: round 1 runs a, b, c; round 2 a, b, c; ...
+    """Median seconds of each ``fn()`` of ``fns``, timed in turns, each round starting one function later: round 1
+    runs a, b, c; round 2 b, c, a; round 3 c, a, b; ...
 
-    On a shared machine a slowdown then hits every function alike, so their ratios stay honest.
-    Each function runs once untimed first (warm-up).
+    On a shared machine a slowdown then hits every function alike, and a disturbance that recurs at the same point
+    of every round hits each function in turn, so their ratios stay honest. Each function runs once untimed first
+    (warm-up); the timed rounds run with the garbage collector paused (``collector_paused``).
     """
     if not fns or rounds < 1:
         raise ValueError("give at least one function and rounds >= 1")
-    times: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    times: dict[str, list[float]] = {name: [] for name in names}
     for fn in fns.values():
         fn()
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            times[name].append(wall(fn, device or "cpu"))
+    with collector_paused():
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                times[name].append(wall(fns[name], device or "cpu"))
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
@@ -373,17 +379,12 @@ def allocated_by(make: Callable[[], object], device) -> tuple[object, int | None
     if torch.device(device).type != "cuda":
         return make(), None
     gc.collect()
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device)
         made = make()
         torch.cuda.synchronize(device)
         return made, torch.cuda.memory_allocated(device) - before
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def cache_bytes(cache) -> int:

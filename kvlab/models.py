@@ -65,17 +65,22 @@ SMOLLM2_SHAPE = dict(
 )
 
 
-def random_smollm2(*, device=None, dtype=None, seed: int = 0):
+def random_smollm2(*, device=None, dtype=None, seed: int = 0, layers: int | None = None):
     """A LlamaForCausalLM of SmolLM2-135M's shape with random weights (same for the same seed and device), in eval mode.
 
-    Timings and cache mechanics match the real model; its text is meaningless, so label results made with it."""
+    Timings and cache mechanics match the real model; its text is meaningless, so label results made with it.
+    ``layers``: keep only the first ``layers`` of its 30 decoder layers (a shorter compile, same kernels per layer)."""
     import transformers
 
+    full = SMOLLM2_SHAPE["num_hidden_layers"]
+    if layers is not None and (not isinstance(layers, int) or isinstance(layers, bool) or not 1 <= layers <= full):
+        raise ValueError(f"layers must be an int from 1 to {full} (or None for all {full}), got {layers!r}")
     device = pick_device(device)
     dtype = pick_dtype(device, dtype)
+    shape = SMOLLM2_SHAPE | {"num_hidden_layers": layers or full}
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
         torch.manual_seed(seed)
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMOLLM2_SHAPE)).to(dtype)  # made on the device: fast
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape)).to(dtype)  # made on the device: fast
     return model.eval()
 
 

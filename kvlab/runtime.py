@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import platform
+from contextlib import contextmanager
 from functools import cache
 
 import torch
@@ -19,6 +21,21 @@ def quick_mode() -> bool:
 def size(full, quick):
     """Pick ``full`` for a person's run and ``quick`` under ``KVLAB_QUICK=1``."""
     return quick if quick_mode() else full
+
+
+@contextmanager
+def collector_paused():
+    """Pause Python's automatic garbage collection for the block (``timeit``'s rule), then restore it as it was.
+
+    The cyclic collector runs at whatever allocation crosses its threshold: inside a timed call it adds its pause to
+    one call's time, and inside a CUDA graph capture it can free a graph and invalidate the capture."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:

@@ -1,5 +1,6 @@
 """kvlab.measure.time_interleaved and time_decodes: turns, warm-up, medians, bad input."""
 
+import gc
 import time
 
 import pytest
@@ -10,10 +11,24 @@ from kvlab.measure import TimingError, time_decodes, time_interleaved
 
 def test_order_warmup_and_medians():
     calls = []
-    out = time_interleaved({"a": lambda: calls.append("a"), "b": lambda: (calls.append("b"), time.sleep(0.02))}, rounds=3)
-    assert calls == ["a", "b"] * 4  # one warm-up call each, then 3 rounds taking turns
-    assert set(out) == {"a", "b"}
-    assert out["b"] >= 0.02 > out["a"]
+    out = time_interleaved({"a": lambda: calls.append("a"), "b": lambda: (calls.append("b"), time.sleep(0.02)),
+                            "c": lambda: calls.append("c")}, rounds=4)
+    # one warm-up call each, then 4 rounds taking turns, each round starting one function later
+    assert calls == list("abc") + list("abc") + list("bca") + list("cab") + list("abc")
+    assert set(out) == {"a", "b", "c"}
+    assert out["b"] >= 0.02 > max(out["a"], out["c"])
+
+
+def test_collector_paused_only_while_timing():
+    seen = []
+    time_interleaved({"a": lambda: seen.append(gc.isenabled())}, rounds=2)
+    assert seen == [True, False, False] and gc.isenabled()  # the warm-up runs as usual; the timed rounds do not collect
+    gc.disable()
+    try:
+        time_interleaved({"a": lambda: None}, rounds=1)
+        assert not gc.isenabled()  # a collector the caller paused stays paused
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize("fns, rounds", [({}, 3), ({"a": lambda: None}, 0)])

@@ -18,6 +18,18 @@ def test_shape_matches_smollm2_without_allocating():
     assert (cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.hidden_size) == (30, 9, 3, 576)
 
 
+def test_fewer_layers_keep_the_shape_of_each_layer():
+    short, full = random_smollm2(device="meta", layers=4), random_smollm2(device="meta")
+    assert short.config.num_hidden_layers == len(short.model.layers) == 4
+    assert [p.shape for p in short.model.layers[0].parameters()] == [p.shape for p in full.model.layers[0].parameters()]
+
+
+@pytest.mark.parametrize("layers", [0, 31, 2.0, True, "4"])
+def test_layers_out_of_range_are_refused(layers):
+    with pytest.raises(ValueError, match="layers must be an int from 1 to 30"):
+        random_smollm2(device="meta", layers=layers)
+
+
 def test_shape_matches_the_converted_real_model():
     config_file = cache_dir() / "smollm2-135m" / "config.json"
     if not config_file.is_file():
