@@ -24,7 +24,8 @@ without changing what is computed:
   consumer (residual add) fused in; a matmul template at M=1 keeps most of the GPU idle. Eager code
   (and more rows than ``REDUCTION_MAX_ROWS``) keeps ``F.linear``.
 
-``fused_copy(model)`` applies them to a copy, kept per model, so the original stays untouched.
+``fused_copy(model)`` applies them to a copy, so the original stays untouched; the copy is the caller's (a
+GraphSafeDecoder holds the one it decodes), and later edits to the original do not reach it.
 """
 
 from __future__ import annotations
@@ -36,8 +37,6 @@ import types
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from .memo import per_model, same_source, source_state
 
 ATTENTION_NAME = "kvlab-decode"
 REDUCTION_ATTENTION_NAME = "kvlab-decode-reduction"
@@ -190,25 +189,17 @@ def fuse_projections(model):
 
 
 def fused_copy(model, *, fuse: bool = True, attention: bool | str = True, gemv: bool = False):
-    """A copy of ``model`` with fused projections, a decode attention (``True``: ``"kvlab-decode"``,
+    """A new copy of ``model`` with fused projections, a decode attention (``True``: ``"kvlab-decode"``,
     ``"reduction"``: ``"kvlab-decode-reduction"``, ``"triton"``: ``"kvlab-decode-triton"``) and/or GEMV
-    reductions, made once per settings and kept."""
+    reductions. A copy: it holds the weights as they are now (as much memory again)."""
     if attention is not False and attention not in ATTENTIONS:
         raise ValueError(f"attention must be False or one of {list(ATTENTIONS)}, got {attention!r}")
-
-    def make():
-        fast = copy.deepcopy(model)  # the copy's own memo starts empty (kvlab.memo.PerModel)
-        fast.__dict__["kvlab_source_state"] = source_state(model)
-        if fuse:
-            fuse_projections(fast)
-        if attention:
-            register_decode_attention()
-            fast.config._attn_implementation = ATTENTIONS[attention]
-        if gemv:
-            use_gemv(fast)
-        return fast
-
-    # a copy made before the original's weights changed (in place, replaced, through .data) or its modules changed
-    # (a hook, a patched forward, a norm's eps) would decode with the old ones
-    return per_model(model, "fused-copy", (fuse, attention, gemv), make,
-                     keep=lambda fast: same_source(fast.__dict__["kvlab_source_state"], model))
+    fast = copy.deepcopy(model)
+    if fuse:
+        fuse_projections(fast)
+    if attention:
+        register_decode_attention()
+        fast.config._attn_implementation = ATTENTIONS[attention]
+    if gemv:
+        use_gemv(fast)
+    return fast

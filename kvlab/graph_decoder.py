@@ -15,8 +15,12 @@ host sync; ``kvlab.graphs.capture`` records it (a real CUDA graph on a GPU, an e
 The decoder's rules, which lesson 04's failures break: the position lives in the cache's one counter tensor
 (never a Python int), the counter and the token are put back in place after the capture's warm-up calls, the
 cache is never rebound (its addresses are checked before every decode), and the weights a graph reads are
-checked too. ``decode_graph_safe``, ``decode_graph_safe_compiled`` and ``decode_graph_safe_kernels`` are the
-strategies of ``kvlab.strategies`` built on it.
+checked too (their addresses and shapes). ``decode_graph_safe``, ``decode_graph_safe_compiled`` and
+``decode_graph_safe_kernels`` are the strategies of ``kvlab.strategies`` built on it.
+
+The caller owns the decoder: each strategy builds one for its call (``graph_safe_decoder``, ``compiled_decoder``,
+``kernels_decoder``) unless it is handed one (``decoder=``), and nothing is kept anywhere else. Whoever decodes many
+times (a lesson, the benchmark) builds the decoder once and passes it, as gpt-fast compiles its step once in ``main``.
 """
 
 from __future__ import annotations
@@ -30,11 +34,9 @@ from .decoding import OnToken, check_inputs, check_model, greedy
 from .fusion import fused_copy
 from .graph_safe_cache import GraphSafeError, GraphSafeStaticCache
 from .graphs import capture
-from .memo import per_model, same_source, source_state, structure_state, weights_state
 from .runtime import PDL, check_dtype, gpu_supports
 
 STEP_KINDS = ("model", "kernels")
-CACHE_ROUNDING = 16  # a kept decoder's max_cache_len: prompt + new tokens rounded up to this (nearby lengths share one)
 
 
 def prefill_mask(start: torch.Tensor, batch: int, bucket: int, slots: int, device=None) -> torch.Tensor:
@@ -51,6 +53,11 @@ def prefill_mask(start: torch.Tensor, batch: int, bucket: int, slots: int, devic
     return allowed[None, None].expand(batch, 1, bucket, slots)
 
 
+def read_addresses(model) -> tuple:
+    """Address, shape and dtype of every parameter and buffer: what a captured graph reads, by address."""
+    return tuple((t.data_ptr(), tuple(t.shape), t.dtype) for t in (*model.parameters(), *model.buffers()))
+
+
 def model_step(model, cache, token: torch.Tensor) -> torch.Tensor:
     """One decode step through the model's forward: reads ``token`` [batch, 1], writes the argmax of the next one into
     it, advances the cache's counter."""
@@ -64,12 +71,15 @@ class GraphSafeDecoder:
 
     ``graph=False`` runs the same steps eagerly (the baseline for timings). ``emulate=True`` forces the CPU-style
     emulation of capture also on a GPU (to compare it with the real graph). ``cache``: an empty
-    ``GraphSafeStaticCache`` to decode into instead of a new one.
+    ``GraphSafeStaticCache`` to decode into instead of a new one. ``fused``: decode a copy of the model,
+    ``kvlab.fusion.fused_copy(model, **fused)`` (the ``"kernels"`` step always does, with ``attention=False``): a
+    copy made here, so later edits to ``model``'s weights do not reach it; build a new decoder after an edit.
     """
 
     def __init__(self, model, max_cache_len: int, batch: int = 1, *, steps: int = 1, step: str = "model",
                  graph: bool = True, compile_mode: str | None = None, prefill_bucket: int | None = None,
-                 warmup: int = 3, emulate: bool | None = None, cache: GraphSafeStaticCache | None = None):
+                 warmup: int = 3, emulate: bool | None = None, cache: GraphSafeStaticCache | None = None,
+                 fused: dict | None = None):
         check_model(model)
         param = next(model.parameters())
         for name, value in (("batch", batch), ("steps", steps)):
@@ -89,12 +99,16 @@ class GraphSafeDecoder:
         if prefill_bucket is not None and (not isinstance(prefill_bucket, int) or isinstance(prefill_bucket, bool)
                                            or not 1 <= prefill_bucket <= max_cache_len):
             raise ValueError(f"prefill_bucket must be in [1, max_cache_len={max_cache_len}], got {prefill_bucket}")
-        self.source = model  # what the caller gave; self.model is what runs (a fused copy for the kernels)
+        if fused is not None and step == "kernels":
+            raise ValueError("the 'kernels' step makes its own fused copy (attention=False): drop fused=")
+        self.source = model  # what the caller gave; self.model is what runs (a fused copy, for fused= or the kernels)
         if step == "kernels":
             from .kernels.step import check_supported
 
             check_supported(model)
-            model = fused_copy(model, attention=False)  # one q/k/v and one gate/up weight per layer
+            fused = {"attention": False}  # one q/k/v and one gate/up weight per layer, the kernels' own attention
+        if fused is not None:
+            model = fused_copy(model, **fused)
         self.model, self.batch, self.steps, self.step_kind = model, batch, steps, step
         self.use_graph, self.warmup, self.emulate = graph, warmup, emulate
         self.dtype, self.device = param.dtype, param.device
@@ -114,13 +128,12 @@ class GraphSafeDecoder:
         self.graphs: dict[int, object] = {}  # steps per replay -> captured graph (at most two: steps and the rest)
         self.prefill_graph = None
         self._fingerprint = None  # the cache's addresses at capture
-        self._weights = None  # the model's parameter and buffer addresses at capture
-        self._source_state = source_state(self.source) if self.model is not self.source else None
+        self._weights = None  # the model's parameter and buffer addresses at capture (read_addresses)
 
     def __reduce_ex__(self, protocol):
         raise TypeError("a GraphSafeDecoder cannot be pickled or copied: it holds captured graphs bound to live memory "
                         "(its cache and token buffer, read by address), which a copy would not own. Build a new "
-                        "GraphSafeDecoder instead (kvlab.decode keeps one per model and settings)")
+                        "GraphSafeDecoder instead")
 
     @property
     def token(self) -> torch.Tensor:
@@ -205,7 +218,7 @@ class GraphSafeDecoder:
         batch, prompt_len = input_ids.shape
         if batch != self.batch:
             raise GraphSafeError(f"this decoder was built (and its graph captured) for batch {self.batch}, got batch "
-                                 f"{batch}: build another GraphSafeDecoder (kvlab.decode keeps one per batch size)")
+                                 f"{batch}: build another GraphSafeDecoder for that batch size")
         dtype = next(self.model.parameters()).dtype
         if dtype != self.dtype:
             raise GraphSafeError(f"the model is now {dtype} but the decoder was built for {self.dtype}: its graph and "
@@ -223,21 +236,12 @@ class GraphSafeDecoder:
                 "the cache's buffers were reallocated or rebound since the graph was captured: replay would write into "
                 "the old buffers. Never rebind cache tensors; use cache.reset(). Build a new GraphSafeDecoder."
             )
-        if self._weights_changed():
+        if self._weights is not None and read_addresses(self.model) != self._weights:
             raise GraphSafeError(
-                "the model's weights were replaced or rewritten, or its modules changed (a hook, a patched forward, a "
-                "norm's eps), since this decoder was built: a replay would read the old tensors or skip the change. "
-                "Build a new GraphSafeDecoder (kvlab.decode builds one by itself)."
+                "the model's weights moved since this decoder captured its graphs (a parameter replaced, .to(), "
+                ".double(), load_state_dict(assign=True)): a replay would read the old memory. Build a new "
+                "GraphSafeDecoder."
             )
-
-    def _weights_changed(self) -> bool:
-        if self._source_state is not None and not same_source(self._source_state, self.source):
-            return True  # the fused copy was made from weights (or modules) that have changed since
-        return self._weights is not None and (weights_state(self.model), structure_state(self.model)) != self._weights
-
-    def stale(self) -> bool:
-        """True when the captured graphs no longer read what they should: the cache or the weights were replaced."""
-        return self._weights_changed() or (self._fingerprint is not None and self.cache.fingerprint() != self._fingerprint)
 
     def capture_graph(self, fn, static: torch.Tensor):
         """Capture ``fn(static)`` and undo the warm-up calls' side effects in place: counter, token, slots they wrote."""
@@ -256,7 +260,7 @@ class GraphSafeDecoder:
                 layer.values[:, :, start:end].zero_()
         self.cache.frozen = True
         self._fingerprint = self.cache.fingerprint()
-        self._weights = weights_state(self.model), structure_state(self.model)  # what the replays read and froze
+        self._weights = read_addresses(self.model)  # what the replays read
         return graph
 
     def next_tokens(self, n: int) -> torch.Tensor:
@@ -350,16 +354,16 @@ class GraphSafeDecoder:
                 f"steps={self.steps}{compiled}): {how}")
 
 
-def kept_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, max_cache_len: int | None = None,
-                 **settings) -> GraphSafeDecoder:
-    """The decoder kept on ``model`` for this batch size, cache length, dtype and settings, made on first use and
-    made again once stale, so later calls (a new prompt, the benchmark's timed runs) replay the first one's graphs."""
-    need = input_ids.shape[1] + max_new_tokens
-    length = CACHE_ROUNDING * -(-need // CACHE_ROUNDING) if max_cache_len is None else max_cache_len
-    batch = input_ids.shape[0]
-    key = (batch, length, next(model.parameters()).dtype, tuple(sorted(settings.items())))
-    return per_model(model, "graph-decoder", key, lambda: GraphSafeDecoder(model, length, batch, **settings),
-                     keep=lambda decoder: not decoder.stale())
+def graph_safe_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, max_cache_len: int | None = None,
+                       cache: GraphSafeStaticCache | None = None, **settings) -> GraphSafeDecoder:
+    """The decoder ``decode_graph_safe`` builds for one call: batch and cache length from the call (``max_cache_len``,
+    else prompt + new tokens; a given ``cache`` brings its own), ``settings`` for ``GraphSafeDecoder``. Pass it back as
+    ``decoder=`` to replay its graphs in later calls."""
+    if cache is not None:
+        length = cache.max_cache_len if isinstance(cache, GraphSafeStaticCache) else max_cache_len or 1
+    else:
+        length = input_ids.shape[1] + max_new_tokens if max_cache_len is None else max_cache_len
+    return GraphSafeDecoder(model, length, input_ids.shape[0], cache=cache, **settings)
 
 
 def decode_graph_safe(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None,
@@ -368,19 +372,21 @@ def decode_graph_safe(model, input_ids: torch.Tensor, max_new_tokens: int, *, on
                       cache: GraphSafeStaticCache | None = None) -> torch.Tensor:
     """The ``"graph-safe"`` strategy: eager prefill, the decode step captured once (one step per graph), replayed.
 
-    ``decoder``: use this GraphSafeDecoder. ``cache``: an empty GraphSafeStaticCache to decode into (a new
-    decoder is built around it). Otherwise the decoder is kept per model and settings (``kept_decoder``).
+    ``decoder``: replay this GraphSafeDecoder's graphs (its own settings). ``cache``: an empty GraphSafeStaticCache
+    to decode into. Otherwise a decoder is built for this call (``graph_safe_decoder``).
     """
-    settings = dict(graph=bool(graph), compile_mode=compile_mode, prefill_bucket=prefill_bucket)
-    if decoder is not None and decoder.source is not model:
+    if decoder is None:
+        decoder = graph_safe_decoder(model, input_ids, max_new_tokens, max_cache_len=max_cache_len, cache=cache,
+                                     graph=bool(graph), compile_mode=compile_mode, prefill_bucket=prefill_bucket)
+    return held(decoder, model).generate(input_ids, max_new_tokens, on_token=on_token)
+
+
+def held(decoder: GraphSafeDecoder, model) -> GraphSafeDecoder:
+    """``decoder``, refused when it was built for another model (its graphs would decode with that one's weights)."""
+    if decoder.source is not model:
         raise GraphSafeError("this decoder was built for another model: its graphs would decode with that model's "
-                             "weights. Pass the decoder of this model, or none (kvlab.decode keeps one per model)")
-    if decoder is None and cache is not None:
-        length = cache.max_cache_len if isinstance(cache, GraphSafeStaticCache) else max_cache_len or 1
-        decoder = GraphSafeDecoder(model, length, input_ids.shape[0], cache=cache, **settings)  # checks the cache
-    elif decoder is None:
-        decoder = kept_decoder(model, input_ids, max_new_tokens, max_cache_len=max_cache_len, **settings)
-    return decoder.generate(input_ids, max_new_tokens, on_token=on_token)
+                             "weights. Pass the decoder built for this model, or none (one is built for the call)")
+    return decoder
 
 
 def inductor_options(tune: bool = True, device: torch.device | str = "cuda"):
@@ -396,34 +402,47 @@ def inductor_options(tune: bool = True, device: torch.device | str = "cuda"):
     return config.patch(options)
 
 
-def decode_graph_safe_compiled(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None,
-                               compile_mode: str | None = "max-autotune-no-cudagraphs", steps: int = 16,
-                               fuse: bool = True, gemv: bool = True, attention: bool | str = "triton",
-                               max_cache_len: int | None = None, graph: bool | None = None,
-                               tune: bool = True) -> torch.Tensor:
-    """The ``"graph-safe-compiled"`` strategy: a fused copy of the model (``kvlab.fusion``), its step compiled
-    without cudagraphs, ``steps`` steps per captured graph.
+def compiled_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *,
+                     compile_mode: str | None = "max-autotune-no-cudagraphs", steps: int = 16, fuse: bool = True,
+                     gemv: bool = True, attention: bool | str = "triton", max_cache_len: int | None = None,
+                     graph: bool | None = None, tune: bool = True) -> GraphSafeDecoder:
+    """The decoder ``decode_graph_safe_compiled`` builds for one call: over a fused copy of the model
+    (``kvlab.fusion``), its step compiled without cudagraphs, ``steps`` steps per captured graph. ``tune`` is used
+    when the step compiles, at the first decode (``inductor_options``).
 
     On CPU the step is neither compiled nor captured unless asked: an inductor compile takes minutes on two
     cores, a compiled step cannot be captured by the emulation, and the emulated graph is no faster than eager.
     """
     cuda = input_ids.device.type == "cuda"
-    use_graph = cuda if graph is None else graph
-    if not cuda:
-        compile_mode = None
-    fast = fused_copy(model, fuse=fuse, attention=attention if fuse else False, gemv=gemv)
-    decoder = kept_decoder(fast, input_ids, max_new_tokens, max_cache_len=max_cache_len, steps=steps,
-                           graph=use_graph, compile_mode=compile_mode)
-    with inductor_options(tune, input_ids.device) if compile_mode else nullcontext():
+    fused = {"fuse": fuse, "attention": attention if fuse else False, "gemv": gemv}
+    return graph_safe_decoder(model, input_ids, max_new_tokens, max_cache_len=max_cache_len, steps=steps,
+                              graph=cuda if graph is None else graph, compile_mode=compile_mode if cuda else None,
+                              fused=fused)
+
+
+def decode_graph_safe_compiled(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None,
+                               decoder: GraphSafeDecoder | None = None, tune: bool = True, **settings) -> torch.Tensor:
+    """The ``"graph-safe-compiled"`` strategy: ``decoder`` (else ``compiled_decoder(model, ..., **settings)``)
+    generates, under ``inductor_options(tune)`` where its step compiles."""
+    decoder = held(decoder, model) if decoder is not None else compiled_decoder(model, input_ids, max_new_tokens,
+                                                                                **settings)
+    with inductor_options(tune, input_ids.device) if decoder.compile_mode else nullcontext():
         return decoder.generate(input_ids, max_new_tokens, on_token=on_token)
 
 
+def kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, steps: int = 16,
+                    max_cache_len: int | None = None, graph: bool = True) -> GraphSafeDecoder:
+    """The decoder ``decode_graph_safe_kernels`` builds for one call: kvlab's kernels for the step
+    (``kvlab.kernels.step``), ``steps`` steps per captured graph (a real CUDA graph on a GPU, emulated elsewhere)."""
+    return graph_safe_decoder(model, input_ids, max_new_tokens, max_cache_len=max_cache_len, steps=steps,
+                              step="kernels", graph=graph)
+
+
 def decode_graph_safe_kernels(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None,
-                              steps: int = 16, max_cache_len: int | None = None, graph: bool = True) -> torch.Tensor:
-    """The ``"graph-safe-kernels"`` strategy: kvlab's kernels for the step (``kvlab.kernels.step``), ``steps``
-    steps per captured graph (a real CUDA graph on a GPU, emulated elsewhere)."""
-    decoder = kept_decoder(model, input_ids, max_new_tokens, max_cache_len=max_cache_len, steps=steps, step="kernels",
-                           graph=graph)
+                              decoder: GraphSafeDecoder | None = None, **settings) -> torch.Tensor:
+    """The ``"graph-safe-kernels"`` strategy: ``decoder`` (else ``kernels_decoder(model, ..., **settings)``) generates."""
+    decoder = held(decoder, model) if decoder is not None else kernels_decoder(model, input_ids, max_new_tokens,
+                                                                               **settings)
     return decoder.generate(input_ids, max_new_tokens, on_token=on_token)
 
 

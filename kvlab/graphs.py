@@ -19,12 +19,13 @@ weight, a cache buffer), held by reference, so replay reads and mutates it where
 own writes are undone so that, as on CUDA, capturing itself changes nothing. Emulation gives the same tokens as
 a real graph; it skips the model's Python code at replay, but still launches every operation one by one.
 
-One capture records at a time in a process (other threads wait for it), with Python's automatic garbage collection
-paused while it records: a CUDA graph destroyed during another capture invalidates that capture ("operation failed
-due to a previous error during capture"), and a dead reference cycle holding a graph would otherwise be collected
-at whatever allocation triggers the collector. A captured step freed while a capture records (dropped by the step
-itself, or collected by an explicit ``gc.collect()``) makes the capture fail with the same ``CaptureError`` on CUDA
-and in the emulation.
+One capture records at a time in a process (other threads wait for it), and no captured step's graph is destroyed
+while one records: destroying a CUDA graph during any capture invalidates that capture ("operation failed due to a
+previous error during capture"). A step dropped while a capture records, by another thread or by the step itself,
+keeps its graph until the capture ends, which then frees it; Python's automatic garbage collection is paused while a
+step records as well, so that a dead reference cycle holding a graph of your own is not collected at whatever
+allocation triggers the collector. Lesson 04's raw recipe (``EMULATED_CUDA.CUDAGraph``) keeps CUDA's own rule:
+a raw graph freed while a capture records makes that capture fail, with the same ``CaptureError`` in the emulation.
 """
 
 from __future__ import annotations
@@ -117,11 +118,13 @@ HOST_READS = {  # Python-level reads of a tensor's value: a capture refuses them
 
 
 class _Recording:
-    """The capture recording now in this process: its thread, and the captured steps freed while it records."""
+    """The capture recording now in this process: its thread, the raw emulated graphs freed while it records, and
+    the graphs of captured steps dropped meanwhile, kept until it ends."""
 
-    lock = threading.Lock()  # one capture at a time per process
+    lock = threading.Lock()  # one capture at a time per process; held while a captured step's graph is destroyed
     thread: int | None = None
     freed: list[str] = []
+    kept: list = []
 
 
 def is_recording() -> bool:
@@ -130,18 +133,20 @@ def is_recording() -> bool:
 
 
 FREED_DURING_CAPTURE = (
-    "a captured graph was freed while this capture recorded ({what}): destroying a CUDA graph during a capture "
+    "a raw graph was freed while this capture recorded ({what}): destroying a CUDA graph during a capture "
     "invalidates the capture (CUDA: 'operation failed due to a previous error during capture'), and the emulation "
-    "refuses it the same way. Drop graphs before capturing or after, never inside the captured step, and keep them "
-    "out of reference cycles (a graph in a cycle is freed whenever the garbage collector runs)."
+    "refuses it the same way. kvlab's captured steps are kept until the capture ends; a raw CUDAGraph of your own is "
+    "not: drop it before capturing or after, never inside the captured step, and keep it out of reference cycles "
+    "(a graph in a cycle is freed whenever the garbage collector runs)."
 )
 
 
 @contextmanager
 def _recording():
     """Hold the process's capture lock while one capture records, with automatic garbage collection paused (a dead
-    reference cycle holding a graph must not be collected mid-capture); yields the list of captured steps freed
-    meanwhile. Python values only: nothing is left changed when it ends."""
+    reference cycle holding a graph must not be collected mid-capture); yields the list of raw emulated graphs freed
+    meanwhile, and destroys the graphs of captured steps dropped meanwhile once the recording ends. Python values
+    only: nothing else is left changed when it ends."""
     if is_recording():
         raise CaptureError("capture() was called inside a step being captured: capture each step on its own")
     with _Recording.lock, collector_paused():
@@ -150,6 +155,7 @@ def _recording():
             yield _Recording.freed
         finally:
             _Recording.thread = None
+            _Recording.kept.clear()  # graphs of steps dropped while this capture recorded: destroyed now, safely
 
 
 @contextmanager
@@ -326,9 +332,16 @@ class CapturedStep:
         return f"<CapturedStep {self.describe()}>"
 
     def __del__(self):
-        if _Recording.thread is not None:  # another capture is recording: freeing this graph spoils it
-            kind = "an emulated step" if self.emulated else "a CUDA graph"
-            _Recording.freed.append(f"{kind} captured in {self.capture_seconds:.2f} s")
+        # Destroying a graph while any thread captures spoils that capture: destroy it under the capture lock, or,
+        # while a capture holds the lock, hand it to that capture, which destroys it when it ends.
+        if _Recording.lock.acquire(blocking=False):
+            try:
+                self.graph = self.traced = None
+                _Recording.kept.clear()  # any handed over just as a capture ended
+            finally:
+                _Recording.lock.release()
+        else:
+            _Recording.kept.append((self.graph, self.traced))
 
     def _check_inputs(self) -> None:
         for i, (t, (ptr, shape)) in enumerate(zip(self.static_inputs, self._addresses, strict=True)):
@@ -368,6 +381,9 @@ _CUDA_ERRORS = (RuntimeError, getattr(torch, "AcceleratorError", RuntimeError))
 
 
 def _refused(e: BaseException) -> CaptureError:
+    if "previous error during capture" in str(e):  # what a graph destroyed mid-capture leaves, among other causes
+        return CaptureError(f"CUDA refused the capture: {e}\nEither a host synchronization inside the step, or "
+                            + FREED_DURING_CAPTURE.format(what="if one was"))
     return CaptureError(
         f"CUDA refused the capture: {e}\nUsually a host synchronization inside the step (.item(), "
         "bool(tensor), a branch on a tensor's value, a CPU tensor created from GPU data). Keep such work "
@@ -390,7 +406,7 @@ def _capture_cuda(fn, static_inputs, warmup, before_replay, device) -> CapturedS
         torch.cuda.current_blas_handle()
     graph = torch.cuda.CUDAGraph()
     raised, end_failed = None, False  # what the step itself raised while being captured; capture_end() failed
-    with _recording() as freed:
+    with _recording():
         try:
             # torch.cuda.graph's __exit__ restores the current stream only when capture_end() succeeds; this outer
             # context puts the caller's stream (and device) back however the capture ends.
@@ -401,8 +417,6 @@ def _capture_cuda(fn, static_inputs, warmup, before_replay, device) -> CapturedS
                 except BaseException as e:  # leave the block normally, so that the capture ends; raised below
                     raised = e
         except RuntimeError as e:  # capture_begin() or capture_end() failed (an invalidated capture, ...)
-            if freed:
-                raise CaptureError(FREED_DURING_CAPTURE.format(what="; ".join(freed))) from e
             if raised is None:
                 if "captur" in str(e).lower():
                     raise _refused(e) from e
@@ -412,8 +426,6 @@ def _capture_cuda(fn, static_inputs, warmup, before_replay, device) -> CapturedS
             if hasattr(raised, "add_note"):  # Python 3.11+
                 raised.add_note(f"(kvlab.graphs.capture: ending the abandoned CUDA capture then failed too: "
                                 f"{(str(e).strip().splitlines() or [type(e).__name__])[0]})")
-        if freed:  # where CUDA let the capture end anyway: the same refusal as the emulation's
-            raise CaptureError(FREED_DURING_CAPTURE.format(what="; ".join(freed)))
     if raised is not None:
         if type(raised) in _CUDA_ERRORS and (end_failed or "captur" in str(raised).lower()):
             raise _refused(raised) from raised  # a CUDA call of the step was refused (a host sync, ...)
@@ -511,6 +523,10 @@ class EmulatedCUDAGraph:
     def __init__(self):
         self.traced: RecordedOps | None = None
         self.made: list[torch.Tensor] = []  # the block's own tensors, refilled by every replay
+
+    def __del__(self):
+        if _Recording.thread is not None:  # CUDA's rule for a raw graph destroyed while a capture records
+            _Recording.freed.append("an EMULATED_CUDA.CUDAGraph")
 
     def replay(self) -> None:
         if self.traced is None:

@@ -11,7 +11,6 @@ import torch
 from transformers import DynamicCache, StaticCache
 
 from .decoding import OnToken, greedy
-from .memo import per_model
 from .runtime import check_dtype
 from .sizes import model_sizes
 
@@ -222,20 +221,26 @@ def decode_compiled(model, input_ids, max_new_tokens, *, on_token: OnToken = Non
     return cached_loop(model, input_ids, max_new_tokens, cache, step=step, on_token=on_token)
 
 
-def decode_reduce_overhead(model, input_ids, max_new_tokens, *, on_token: OnToken = None,
-                           max_cache_len: int | None = None, dynamic: bool | None = None) -> torch.Tensor:
-    """The ``"reduce-overhead"`` strategy: ``decode_compiled`` with a StaticCache and its compiled step kept per
-    model, batch size, ``max_cache_len`` and dtype, so later calls reuse the compiled graphs. ``dynamic``: passed to
-    ``torch.compile`` (True: one compile for every batch size)."""
+def reduce_overhead_state(model, input_ids, max_new_tokens, *, max_cache_len: int | None = None,
+                          dynamic: bool | None = None) -> dict:
+    """What ``decode_reduce_overhead`` builds for one call: a StaticCache (``max_cache_len``, else prompt + new
+    tokens) and the step compiled over it (``dynamic``: passed to ``torch.compile``; True: one compile for every
+    batch size). Pass them back (``**state``) to reuse the compiled graphs in later calls."""
     length = input_ids.shape[1] + max_new_tokens if max_cache_len is None else max_cache_len
-    key = (input_ids.shape[0], length, next(model.parameters()).dtype, dynamic)
+    cache = make_static_cache(model, length)
+    return {"cache": cache, "compiled_step": compile_step(model, cache, dynamic=dynamic)}
 
-    def make():
-        cache = make_static_cache(model, length)
-        return cache, compile_step(model, cache, dynamic=dynamic)
 
-    cache, step = per_model(model, "reduce-overhead", key, make)
-    return decode_compiled(model, input_ids, max_new_tokens, on_token=on_token, compiled_step=step, cache=cache)
+def decode_reduce_overhead(model, input_ids, max_new_tokens, *, on_token: OnToken = None, cache=None,
+                           compiled_step=None, **settings) -> torch.Tensor:
+    """The ``"reduce-overhead"`` strategy: ``decode_compiled`` over ``cache`` with ``compiled_step`` (else those of
+    ``reduce_overhead_state(model, ..., **settings)``, built for this call)."""
+    if compiled_step is None:
+        if cache is not None:
+            raise ValueError("pass the cache that compiled_step was compiled over with it (reduce_overhead_state)")
+        cache, compiled_step = reduce_overhead_state(model, input_ids, max_new_tokens, **settings).values()
+    return decode_compiled(model, input_ids, max_new_tokens, on_token=on_token, compiled_step=compiled_step,
+                           cache=cache)
 
 
 def compile_step(model, cache, *, mode: str = "reduce-overhead", dynamic: bool | None = None):

@@ -190,15 +190,21 @@ def _timing(label, tokens, new_tokens, warmup, prefill, total, steps, peak, devi
 def time_strategy(model, input_ids: torch.Tensor, new_tokens: int, *, strategy: str = "naive", repeats: int = 3,
                   per_step: bool = False, **kwargs) -> DecodeTiming:
     """``time_decode`` of ``kvlab.decode(model, input_ids, n, strategy=strategy, **kwargs)`` (``input_ids``: a tensor or
-    a tokenizer's output, as ``kvlab.decode`` takes them)."""
-    from .decoding import unpadded_ids
-    from .strategies import decode, strategy_named
+    a tokenizer's output, as ``kvlab.decode`` takes them). What the strategy builds per call (a decoder and its
+    graphs, a compiled step: ``Strategy.state``) is built once, here, unless ``kwargs`` hands it over; its capture or
+    compile then falls in the warm-up call."""
+    from .decoding import check_inputs, unpadded_ids
+    from .strategies import check_options, decode, strategy_named
 
     if per_step and strategy_named(strategy).steps_per_replay > 1:
         raise ValueError(f"{strategy!r} replays {strategy_named(strategy).steps_per_replay} steps per graph: its "
                          "tokens reach on_token in a burst after each replay, so per-step times would mean nothing. "
                          "Time it with per_step=False (the rule needs no per-token clock)")
     input_ids = unpadded_ids(input_ids, kwargs.pop("attention_mask", None))
+    if not {"decoder", "cache", "compiled_step"} & kwargs.keys():
+        check_inputs(model, input_ids, new_tokens)
+        check_options(kwargs)
+        kwargs = strategy_named(strategy).state(model, input_ids, new_tokens, **kwargs) or kwargs
 
     def run(n, on_token):
         return decode(model, input_ids, n, strategy=strategy, on_token=on_token, **kwargs)

@@ -2,7 +2,8 @@
 
 Each strategy is declared once below: its name, a one-line description, the function that decodes (the function
 itself, so a reader or a tool can follow a decode from here), the keyword options that function gets, the lesson that
-builds it, and the flags the benchmark and its plots read. Adding a strategy means one ``Strategy(...)`` line here and a
+builds it, what it builds for each call unless handed it (``build``: a decoder with its graphs, or a cache and a
+compiled step), and the flags the benchmark and its plots read. Adding a strategy means one ``Strategy(...)`` line here and a
 test that it is token-exact against ``"naive"``.
 """
 
@@ -16,9 +17,23 @@ import torch
 
 from .decoding import check_inputs, decode_naive, unpadded_ids
 from .failures import decode_static_graph
-from .graph_decoder import decode_graph_safe, decode_graph_safe_compiled, decode_graph_safe_kernels
+from .graph_decoder import (
+    GraphSafeDecoder,
+    compiled_decoder,
+    decode_graph_safe,
+    decode_graph_safe_compiled,
+    decode_graph_safe_kernels,
+    graph_safe_decoder,
+    kernels_decoder,
+)
 from .handwritten import decode_handwritten
-from .hf_caches import decode_dynamic, decode_generate, decode_reduce_overhead, decode_static
+from .hf_caches import (
+    decode_dynamic,
+    decode_generate,
+    decode_reduce_overhead,
+    decode_static,
+    reduce_overhead_state,
+)
 
 KINDS = ("eager", "compiled", "graph")  # Python launches every kernel / torch.compile (with its own graphs) / kvlab captures
 
@@ -38,17 +53,26 @@ class Strategy:
     ablation: bool = False  # graph-safe-compiled minus one change: timed to show what that change moved
     exact: bool = True  # False only for lesson 04's first attempt, wrong by design (the benchmark leaves it out)
     steps_per_replay: int = 1  # decode steps one graph replay makes (their tokens reach on_token in a burst)
+    build: Callable | None = None  # build(model, input_ids, max_new_tokens, **options): what function builds per call
 
     def __call__(self, model, input_ids: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
         """Decode with this strategy's function and options (no input checks: ``kvlab.decode`` makes them)."""
         return self.function(model, input_ids, max_new_tokens, **self.options, **kwargs)
+
+    def state(self, model, input_ids: torch.Tensor, max_new_tokens: int, **kwargs) -> dict:
+        """What ``function`` would build for one call (``build``), as the keywords that hand it over: decode many
+        times with ``strategy(model, ids, n, **state)`` and it is built once (empty for a strategy that builds none)."""
+        if self.build is None:
+            return {}
+        made = self.build(model, input_ids, max_new_tokens, **self.options, **kwargs)
+        return {"decoder": made} if isinstance(made, GraphSafeDecoder) else made
 
 
 def _ablation(name: str, about: str, **options) -> Strategy:
     return Strategy(f"graph-safe-compiled/{name}", f"ablation: {about}", decode_graph_safe_compiled,
                     6, "compiled" if name == "no-graph" else "graph", MappingProxyType(options), sized=True,
                     compiled=True, cuda_only=True, warm_full=True, ablation=True,
-                    steps_per_replay=options.get("steps", 16) if name != "no-graph" else 1)
+                    steps_per_replay=options.get("steps", 16) if name != "no-graph" else 1, build=compiled_decoder)
 
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
@@ -62,19 +86,20 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
              decode_generate, 3, "compiled", MappingProxyType({"cache_implementation": "static"}),
              compiled=True, warm_full=True),
     Strategy("reduce-overhead", 'torch.compile(step, mode="reduce-overhead", fullgraph=True), StaticCache, Python loop',
-             decode_reduce_overhead, 3, "compiled", sized=True, compiled=True, warm_full=True),
+             decode_reduce_overhead, 3, "compiled", sized=True, compiled=True, warm_full=True,
+             build=reduce_overhead_state),
     Strategy("static-graph", "vanilla StaticCache, decode step captured once and replayed: lesson 04's first attempt, "
              "wrong by design", decode_static_graph, 4, "graph", sized=True, exact=False),
     Strategy("graph-safe", "GraphSafeStaticCache, eager kernels captured in one graph by kvlab",
-             decode_graph_safe, 5, "graph", sized=True, warm_full=True),
+             decode_graph_safe, 5, "graph", sized=True, warm_full=True, build=graph_safe_decoder),
     Strategy("graph-safe-compiled", "graph-safe + fused projections, GEMV reductions, split-K Triton decode attention, "
              "step compiled (max-autotune-no-cudagraphs, coordinate descent), 16 steps per captured graph",
              decode_graph_safe_compiled, 6, "graph", sized=True, compiled=True, cuda_only=True,
-             warm_full=True, steps_per_replay=16),
+             warm_full=True, steps_per_replay=16, build=compiled_decoder),
     Strategy("graph-safe-kernels", "graph-safe cache, the step as kvlab's own Triton kernels (5 per layer; GEMMs above "
              "kvlab.kernels.gemv.GEMV_MAX_ROWS rows), 16 steps per captured graph, no torch.compile (CPU: the same math "
              "in PyTorch, graph emulated)", decode_graph_safe_kernels, 6, "graph", sized=True,
-             warm_full=True, steps_per_replay=16),
+             warm_full=True, steps_per_replay=16, build=kernels_decoder),
     _ablation("sdpa-attention", "scaled_dot_product_attention (cuDNN flash attention on the GPU) instead of the Triton "
               "decode kernel", attention=True),
     _ablation("reduction-attention", "attention written as float32 reductions for inductor instead of the Triton "
@@ -114,10 +139,18 @@ def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str
     return chosen(model, input_ids, max_new_tokens, **kwargs)
 
 
+DECODER_SETTINGS = ("graph", "compile_mode", "prefill_bucket", "steps", "fuse", "gemv", "attention")  # fixed at build
+
+
 def check_options(options: dict) -> None:
-    """Refuse options of which a strategy would silently use only one: a ``decoder`` brings its own cache and cache
-    length, and a ``cache`` its own length."""
+    """Refuse options of which a strategy would silently use only one: a ``decoder`` brings its own cache, cache
+    length and settings, and a ``cache`` its own length."""
     given = [name for name in ("decoder", "cache", "max_cache_len") if options.get(name) is not None]
+    settings = [name for name in DECODER_SETTINGS if name in options]
+    if "decoder" in given and settings:
+        raise ValueError(f"pass decoder= or {', '.join(f'{s}=' for s in settings)}, not both: a GraphSafeDecoder keeps "
+                         "the settings it was built with and captured its graphs with them. Drop them to reuse the "
+                         "decoder, or drop decoder= to build one with them")
     if "decoder" in given and "cache" in given:
         raise ValueError("pass decoder= or cache=, not both: a GraphSafeDecoder decodes into its own cache "
                          "(decoder.cache) and would ignore cache=. Drop decoder= to decode into your cache (a decoder is "

@@ -15,7 +15,6 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, StaticCache
 
 import kvlab
-from kvlab import memo
 from kvlab.graph_decoder import GraphSafeDecoder, decode_graph_safe, eager_vs_replay
 from kvlab.graph_safe_cache import GraphSafeError, GraphSafeStaticCache, capturing
 from kvlab.graphs import capture
@@ -106,16 +105,18 @@ def test_eager_step_matches_naive(device, prompt):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_strategy_reuses_its_decoder_and_calls_on_token(device, prompt):
+def test_a_held_decoder_serves_several_prompts_and_calls_on_token(device, prompt):
     model = tiny_model("tiny-qwen2").to(device)
     seen = []
     a, b = prompt(6, device=device), prompt(13, seed=1, device=device)
-    got_a = kvlab.decode(model, a, NEW, strategy="graph-safe", on_token=lambda step, ids: seen.append((step, ids.clone())))
+    decoder = GraphSafeDecoder(model, 32)
+    got_a = kvlab.decode(model, a, NEW, strategy="graph-safe", decoder=decoder,
+                         on_token=lambda step, ids: seen.append((step, ids.clone())))
     assert torch.equal(got_a, kvlab.decode(model, a, NEW))
     assert [s for s, _ in seen] == list(range(NEW)) and torch.equal(torch.cat([t for _, t in seen], 1), got_a)
-    assert torch.equal(kvlab.decode(model, b, NEW, strategy="graph-safe"), kvlab.decode(model, b, NEW))
-    (decoder,) = memo.kept(model, "graph-decoder")  # one decoder (one graph) served both calls
-    assert decoder.step_graph.replays == 2 * (NEW - 1)
+    assert torch.equal(kvlab.decode(model, b, NEW, strategy="graph-safe", decoder=decoder), kvlab.decode(model, b, NEW))
+    assert decoder.step_graph.replays == 2 * (NEW - 1)  # one graph served both calls
+    assert torch.equal(kvlab.decode(model, b, NEW, strategy="graph-safe"), kvlab.decode(model, b, NEW))  # one of its own
     own = GraphSafeDecoder(model, 40)
     assert torch.equal(decode_graph_safe(model, b, 5, decoder=own), kvlab.decode(model, b, 5))
     fresh = GraphSafeStaticCache(config=model.config, max_cache_len=40)

@@ -330,24 +330,48 @@ def test_data_dependent_shapes_and_python_bools_are_refused_at_capture(how):
     assert torch.equal(capture(lambda t: torch.repeat_interleave(t, 2), torch.ones(2), warmup=0).replay(), torch.ones(4))
 
 
-FREED = "a captured graph was freed while this capture recorded"
+FREED = "a raw graph was freed while this capture recorded"
 
 
-def test_a_step_freed_while_another_capture_records_spoils_that_capture(mode):
-    """CUDA invalidates a capture during which a graph is destroyed; kvlab says so in the same words on CUDA and in
-    the emulation, so that a CPU run catches a graph dropped (or collected) at the wrong moment."""
+def test_a_step_dropped_while_another_capture_records_keeps_its_graph_until_that_capture_ends(mode):
+    """CUDA invalidates a capture during which a graph is destroyed: a captured step dropped mid-capture (here by the
+    step itself; in lesson 05, by another thread or the garbage collector) keeps its graph until the capture ends."""
+    import weakref
+
     device, emulate = mode
     x, y = torch.ones(3, device=device), torch.ones(3, device=device)
     held = [capture(lambda t: t * 2, x, warmup=1, emulate=emulate)]
+    graph = weakref.ref(held[0].graph if held[0].graph is not None else held[0].traced)
+    alive_inside = []
 
     def step(t):
-        held.clear()  # the last reference to the first graph: it is destroyed while this capture records
+        held.clear()  # the last reference to the first step, while this capture records
+        alive_inside.append(graph() is not None)
+        return t + 1
+
+    g = capture(step, y, warmup=0, emulate=emulate)  # no warm-up: the recorded call is the one that drops it
+    assert alive_inside == [True] and graph() is None, "kept through the capture, destroyed when it ended"
+    assert torch.equal(g.replay(), y + 1)
+    del g
+    assert torch.equal(capture(lambda t: t * 3, x, warmup=0, emulate=emulate).replay(), x * 3)
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
+def test_a_raw_graph_freed_while_a_step_records_spoils_that_capture_with_the_same_words(device):
+    """A raw CUDAGraph of your own is not kvlab's to keep: CUDA's rule holds, and the emulation refuses it alike."""
+    from kvlab.graphs import cuda_or_emulation
+
+    cuda = cuda_or_emulation(device)
+    x, y = torch.ones(3, device=device), torch.ones(3, device=device)
+    held = [raw_recipe(cuda, device, lambda t: t * 2, x)[0]]
+
+    def step(t):
+        held.clear()  # destroys the raw graph while this capture records
         return t + 1
 
     with pytest.raises(CaptureError, match=FREED):
-        capture(step, y, warmup=0, emulate=emulate)  # no warm-up: the recorded call is the one that drops it
-    g = capture(lambda t: t + 1, y, warmup=0, emulate=emulate)  # the process captures normally afterwards
-    assert torch.equal(g.replay(), y + 1)
+        capture(step, y, warmup=0)
+    assert torch.equal(capture(lambda t: t + 1, y, warmup=0).replay(), y + 1)  # the process captures normally again
 
 
 def test_automatic_garbage_collection_pauses_while_a_step_records(mode):

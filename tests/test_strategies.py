@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kvlab
-from kvlab import bench, decoding, memo
+from kvlab import bench, decoding
 from kvlab.strategies import BENCHMARKED, STRATEGIES, Strategy
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -59,4 +59,3 @@ def test_sized_strategies_take_the_benchmarks_cache_length(model, ids, naive):
         s = STRATEGIES[name]
         if s.sized and not (s.compiled and DEVICE == "cpu"):  # a second CPU compile would add half a minute
             assert torch.equal(kvlab.decode(model, ids, N, strategy=name, max_cache_len=32), naive), name
-    memo.forget(model)

@@ -26,6 +26,7 @@ import torch
 
 import kvlab
 from kvlab import fusion
+from kvlab.graph_decoder import GraphSafeDecoder
 from kvlab.kernels import attention, common, gemv
 from kvlab.measure import profile
 from kvlab.models import random_smollm2
@@ -139,7 +140,8 @@ def sweep_attention(results: dict, save) -> None:
 def step_profile(results: dict, save) -> None:
     model = random_smollm2(device="cuda", dtype=torch.bfloat16)
     ids = torch.randint(0, 49152, (1, 64), device="cuda")
-    run = lambda n: kvlab.decode(model, ids, n, strategy="graph-safe-kernels", max_cache_len=320)  # noqa: E731
+    decoder = GraphSafeDecoder(model, 320, steps=16, step="kernels")  # built once: every run replays its graphs
+    run = lambda n: kvlab.decode(model, ids, n, strategy="graph-safe-kernels", decoder=decoder)  # noqa: E731
     t0 = time.perf_counter()
     run(256)
     torch.cuda.synchronize()

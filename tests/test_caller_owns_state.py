@@ -1,0 +1,129 @@
+"""The caller owns the state: kvlab stores nothing on a model, so every decode follows the model as it is now, and a
+decoder the caller holds refuses to replay graphs whose weights moved."""
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+import kvlab
+from kvlab.graph_decoder import (
+    GraphSafeDecoder,
+    GraphSafeError,
+    decode_graph_safe,
+    decode_graph_safe_compiled,
+    decode_graph_safe_kernels,
+)
+
+IDS = torch.tensor([[1, 2, 3, 4, 5]])
+STRATEGIES = {
+    "graph-safe": decode_graph_safe,
+    "graph-safe-kernels": decode_graph_safe_kernels,
+    "graph-safe-compiled": decode_graph_safe_compiled,  # on CPU: the fused copy, not compiled, emulated graphs
+    "reduce-overhead": lambda m, ids, n: kvlab.decode(m, ids, n, strategy="reduce-overhead"),
+}
+GRAPH_SAFE = ["graph-safe", "graph-safe-kernels", "graph-safe-compiled"]
+
+
+def stored(model) -> dict:
+    """What an object holds in its own ``__dict__`` and in its modules', by name (what kvlab must not add to)."""
+    return {name: set(m.__dict__) for name, m in model.named_modules()}
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_a_decode_stores_nothing_on_the_model_and_the_model_is_freed(name):
+    model = kvlab.tiny_model("tiny-llama")  # reduce-overhead compiles, on a CPU too
+    before = stored(model)
+    assert torch.equal(STRATEGIES[name](model, IDS, 4), kvlab.decode(model, IDS, 4))
+    assert stored(model) == before
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None, "something kvlab made kept the model alive after the last reference went"
+
+
+@pytest.mark.parametrize("name", GRAPH_SAFE)
+@pytest.mark.parametrize("edit", ["in-place", "through-data", "through-numpy", "replaced", "eps"])
+def test_every_decode_follows_the_model_as_it_is_now(name, edit):
+    model = kvlab.tiny_model("tiny-llama")
+    STRATEGIES[name](model, IDS, 4)
+    with torch.no_grad():
+        if edit == "in-place":
+            model.lm_head.weight.mul_(-1.0)
+        elif edit == "through-data":
+            model.model.embed_tokens.weight.data[IDS[0, -1]] += 5
+        elif edit == "through-numpy":
+            model.model.layers[0].mlp.down_proj.weight.detach().numpy()[:] *= 3.0
+        elif edit == "replaced":
+            model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach() * -1.0)
+        else:
+            model.model.layers[0].input_layernorm.variance_epsilon = 0.5
+    assert torch.equal(STRATEGIES[name](model, IDS, 4), kvlab.decode(model, IDS, 4))
+
+
+@pytest.mark.parametrize("name", ["graph-safe", "graph-safe-compiled"])
+@pytest.mark.parametrize("change", ["hook", "patched-forward", "swapped-act", "fewer-layers"])
+def test_a_changed_module_or_config_is_followed_by_the_next_decode(name, change):
+    model = kvlab.tiny_model("tiny-llama")
+    STRATEGIES[name](model, IDS, 4)
+    layer = model.model.layers[0]
+    if change == "hook":
+        layer.mlp.register_forward_hook(lambda m, args, out: out * 2.0)
+    elif change == "patched-forward":
+        original = layer.mlp.forward
+        layer.mlp.forward = lambda x: original(x) * 0.5
+    elif change == "swapped-act":
+        layer.mlp.act_fn = torch.nn.GELU()
+    else:
+        model.model.layers = model.model.layers[:1]
+        model.config.num_hidden_layers = 1
+    assert torch.equal(STRATEGIES[name](model, IDS, 4), kvlab.decode(model, IDS, 4))
+
+
+def test_a_held_decoder_refuses_weights_that_moved():
+    model = kvlab.tiny_model("tiny-llama")
+    decoder = GraphSafeDecoder(model, 32)
+    first = decoder.generate(IDS, 4)
+    assert torch.equal(kvlab.decode(model, IDS, 4, strategy="graph-safe", decoder=decoder), first)  # replayed
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    with pytest.raises(GraphSafeError, match="weights moved since this decoder captured"):
+        decoder.generate(IDS, 4)
+
+
+def test_a_held_kernels_decoder_decodes_its_own_copy():
+    """Its step reads a fused copy made when it was built: an edit of the original after that does not reach it."""
+    model = kvlab.tiny_model("tiny-llama")
+    decoder = GraphSafeDecoder(model, 32, steps=4, step="kernels")
+    before = decoder.generate(IDS, 4)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(-1.0)
+    assert torch.equal(decoder.generate(IDS, 4), before)
+    assert not torch.equal(kvlab.decode(model, IDS, 4), before)  # the edit changed the model's own tokens
+
+
+@pytest.mark.parametrize("option", [{"graph": False}, {"prefill_bucket": 8}, {"steps": 2}, {"compile_mode": "default"}])
+def test_a_decoder_with_settings_of_its_own_is_refused_at_the_door(option):
+    model = kvlab.tiny_model("tiny-llama")
+    decoder = GraphSafeDecoder(model, 32)
+    with pytest.raises(ValueError, match="keeps the settings it was built with"):
+        kvlab.decode(model, IDS, 4, strategy="graph-safe", decoder=decoder, **option)
+
+
+def test_timing_a_strategy_builds_its_decoder_once():
+    from kvlab.measure import time_strategy
+
+    model = kvlab.tiny_model("tiny-llama")
+    built = []
+    original = GraphSafeDecoder.__init__
+
+    def counting(self, *args, **kwargs):
+        built.append(1)
+        original(self, *args, **kwargs)
+
+    GraphSafeDecoder.__init__ = counting
+    try:
+        run = time_strategy(model, IDS, 4, strategy="graph-safe", repeats=2)
+    finally:
+        GraphSafeDecoder.__init__ = original
+    assert len(built) == 1 and torch.equal(run.tokens, kvlab.decode(model, IDS, 4))
