@@ -35,7 +35,7 @@ _check_versions()
 
 from .graph_decoder import GraphSafeDecoder  # noqa: E402
 from .graph_safe_cache import GraphSafeStaticCache  # noqa: E402
-from .models import ModelUnavailableError, load_model, tiny_model  # noqa: E402
+from .lab.models import ModelUnavailableError, load_model, tiny_model  # noqa: E402
 from .runtime import environment, hardware, quick_mode, size  # noqa: E402
 from .strategies import STRATEGIES, decode  # noqa: E402
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .measure import StepClock
-from .plotting import figure
+from .decoding import StepClock
 from .runtime import pick_device
 
 
@@ -61,7 +60,7 @@ class CacheRecorder:
     head), every layer's counter and buffer length, the token, and the wall time since the previous token.
     Layers are looked up in ``cache.layers`` at each call (what the model sees now).
 
-    The time is read with ``kvlab.measure.StepClock`` (the device synchronized) from the end of the previous
+    The time is read with ``kvlab.decoding.StepClock`` (the device synchronized) from the end of the previous
     recording to this token, so the recording itself is not counted; the first one counts from the recorder's
     creation, and any work between two tokens (a capture, a prefill) is part of the later one's time.
     """
@@ -133,37 +132,3 @@ class CacheRecorder:
     def token_ids(self) -> torch.Tensor:
         """``[batch, steps]``: the tokens seen so far (also when the run stopped on an error)."""
         return torch.cat(self.tokens, dim=1) if self.tokens else torch.zeros(1, 0, dtype=torch.long)
-
-
-def plot_cache_heatmaps(panels: dict, *, title: str, env=None, frontier=None, max_slots: int | None = None):
-    """Heatmaps side by side: for each ``label -> [steps, slots]`` matrix, which slot held how much key, step by step.
-
-    ``frontier``: a list of ints, per step the number of slots a correct cache has filled: drawn as a line, so
-    writes right of it (padding, warm-up copies) and holes left of it stand out.
-    """
-    fig, axes = figure(title, "cache slot", "decode step", env=env, ncols=len(panels),
-                       figsize=(5.0 * len(panels), 4.0))
-    axes = [axes] if len(panels) == 1 else axes
-    vmax = max(float(m.max()) for m in panels.values() if m.numel()) or 1.0
-    for ax, (label, matrix) in zip(axes, panels.items(), strict=True):
-        shown = matrix[:, :max_slots] if max_slots else matrix
-        im = ax.imshow(shown.numpy(), aspect="auto", origin="lower", cmap="magma", vmin=0, vmax=vmax,
-                       interpolation="nearest")
-        ax.set_title(label, fontsize=10)
-        ax.grid(False)
-        if frontier is not None:
-            steps = range(len(frontier))
-            ax.step([f - 0.5 for f in frontier], list(steps), where="mid", color="cyan", lw=1.2,
-                    label="end of valid tokens (correct run)")
-            ax.legend(loc="upper left", fontsize=7, labelcolor="white")
-    fig.colorbar(im, ax=axes, shrink=0.8, label="key norm (0 = empty)")
-    return fig, axes
-
-
-def plot_memory_per_step(series: dict, *, title: str, env=None):
-    """Lines of cache bytes per decode step, one per label (e.g. DynamicCache vs StaticCache)."""
-    fig, ax = figure(title, "decode step", "KV cache (KiB)", env=env)
-    for label, values in series.items():
-        ax.plot(range(len(values)), [v / 1024 for v in values], label=label)
-    ax.legend()
-    return fig, ax

@@ -7,11 +7,30 @@ new token. ``kvlab.strategies`` holds the table of them and ``kvlab.decode``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 
 import torch
 
+from .runtime import synchronize
+
 OnToken = Callable[[int, torch.Tensor], None] | None
+
+
+class StepClock:
+    """An ``on_token`` callback that records, after a device sync, the wall time of every step."""
+
+    def __init__(self, device):
+        self.device = device
+        synchronize(device)
+        self.times: list[float] = []
+        self._last = time.perf_counter()
+
+    def __call__(self, step: int, token_ids: torch.Tensor) -> None:
+        synchronize(self.device)
+        now = time.perf_counter()
+        self.times.append(now - self._last)
+        self._last = now
 
 
 def check_model(model) -> None:

@@ -165,7 +165,7 @@ class FailureResult:
 
     def texts(self, text, row: int = 0) -> tuple[str, str]:
         """(what this run wrote, what the correct run wrote), as ``text(ids)`` renders them (a tokenizer's
-        ``decode``, or ``kvlab.notebook.Lesson.text``, which shows ids for random weights)."""
+        ``decode``, or ``kvlab.lab.notebook.Lesson.text``, which shows ids for random weights)."""
         return text(self.tokens[row]), text(self.expected[row])
 
     def report(self, text=None) -> str:

@@ -6,7 +6,7 @@ without changing what is computed:
 
 - ``fuse_projections(model)``: q/k/v become one matmul against the concatenated weight, gate/up another.
   Each output element is still one dot product of the same row and column, so the tokens stay the same
-  (checked token-exact against ``"naive"`` by ``kvlab.bench``).
+  (checked token-exact against ``"naive"`` by ``kvlab.lab.bench``).
 - ``"kvlab-decode"`` attention: for one query token, the query heads that share a key/value head are
   packed as rows of one attention call (what transformers does in eager mode, but not under
   ``torch.compile``, where it copies the whole cache with ``repeat_kv`` in every layer at every step).

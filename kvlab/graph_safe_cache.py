@@ -35,7 +35,7 @@ class GraphSafeError(RuntimeError):
 
 def capturing() -> bool:
     """True while a step is being captured or traced (CUDA stream capture, torch.compile, or any dispatch mode:
-    make_fx, the emulated capture, ``kvlab.measure.step_op_counts``):
+    make_fx, the emulated capture, ``kvlab.lab.measure.step_op_counts``):
     no host synchronization is allowed then, so host-side checks are skipped (they run before capture)."""
     from torch.fx.experimental.proxy_tensor import get_proxy_mode
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack

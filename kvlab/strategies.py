@@ -111,7 +111,7 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
 ]}
 assert all(s.kind in KINDS for s in STRATEGIES.values())
 
-# What ``python -m kvlab.bench`` runs by default: every exact path but the ablations, in the course's order.
+# What ``python -m kvlab.lab.bench`` runs by default: every exact path but the ablations, in the course's order.
 DEFAULT_STRATEGIES = [name for name, s in STRATEGIES.items() if s.exact and not s.ablation]
 BENCHMARKED = [name for name, s in STRATEGIES.items() if s.exact]  # what the benchmark accepts
 GRAPH_SAFE = [name for name in DEFAULT_STRATEGIES if STRATEGIES[name].lesson >= 5]

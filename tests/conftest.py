@@ -25,7 +25,7 @@ def real_model():
     Where it cannot be had (no network and no ``KVLAB_SMOLLM2_WHEEL``, as on the GPU machine) the test is skipped
     with the first line of kvlab's error and what to do; with ``KVLAB_REQUIRE_REAL_MODEL=1`` it fails instead."""
     import kvlab
-    from kvlab import models
+    from kvlab.lab import models
 
     try:
         return kvlab.load_model(device="cpu")

@@ -1,7 +1,7 @@
-"""kvlab.bench: the side-by-side benchmark, run as CI runs it (``python -m kvlab.bench --quick``, tiny model).
+"""kvlab.lab.bench: the side-by-side benchmark, run as CI runs it (``python -m kvlab.lab.bench --quick``, tiny model).
 
-``python -m kvlab.bench`` runs on CUDA when there is a GPU, so the expectations follow the device: on CPU the
-timing dtype is float32 and quick mode skips the compiled strategies (``kvlab.bench.skip_reason``); on CUDA the
+``python -m kvlab.lab.bench`` runs on CUDA when there is a GPU, so the expectations follow the device: on CPU the
+timing dtype is float32 and quick mode skips the compiled strategies (``kvlab.lab.bench.skip_reason``); on CUDA the
 timing dtype is ``pick_dtype(cuda)`` (bfloat16 on an H200) and every strategy runs and must be exact.
 """
 
@@ -13,13 +13,13 @@ import sys
 import pytest
 import torch
 
-from kvlab import bench
 from kvlab.decoding import first_mismatch
+from kvlab.lab import bench
 from kvlab.runtime import pick_device, pick_dtype
 from kvlab.sizes import floor_ms, kv_bytes_per_token
 from kvlab.strategies import BENCHMARKED, STRATEGIES
 
-DEVICE = pick_device()  # what python -m kvlab.bench picks without --device
+DEVICE = pick_device()  # what python -m kvlab.lab.bench picks without --device
 CUDA = DEVICE.type == "cuda"
 TIMED_DTYPE = str(pick_dtype(DEVICE)).removeprefix("torch.")  # float32 on CPU
 COMPILED = ["reduce-overhead", "graph-safe-compiled"]  # skipped on CPU in quick mode, run on CUDA
@@ -29,7 +29,7 @@ QUICK = ["--quick", "--model", "tiny-llama", "--strategies", "naive,static,graph
 @pytest.fixture(scope="module")
 def record(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "quick"
-    proc = subprocess.run([sys.executable, "-m", "kvlab.bench", *QUICK, "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "kvlab.lab.bench", *QUICK, "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "wrote" in proc.stdout and "naive" in proc.stdout
@@ -38,7 +38,7 @@ def record(tmp_path_factory):
 
 def test_json_has_environment_command_and_settings(record):
     rec, _ = record
-    assert rec["command"] == "python -m kvlab.bench " + " ".join(QUICK) + f" --out {record[1]}"
+    assert rec["command"] == "python -m kvlab.lab.bench " + " ".join(QUICK) + f" --out {record[1]}"
     for key in ("hardware", "cpu", "torch", "transformers", "python", "platform"):
         assert rec["env"][key], key
     assert rec["env"]["torch"] == torch.__version__ and rec["env"]["device"].startswith(DEVICE.type)
@@ -115,7 +115,7 @@ def test_helpers():
     assert first_mismatch(a, b) == 2 and first_mismatch(a, a[:, :3]) == 0
     from transformers import LlamaConfig
 
-    from kvlab.models import SMOLLM2_SHAPE
+    from kvlab.lab.models import SMOLLM2_SHAPE
 
     config = LlamaConfig(**SMOLLM2_SHAPE)
     assert kv_bytes_per_token(config, torch.bfloat16) == 2 * 30 * 3 * 64 * 2 == 23040
@@ -224,7 +224,7 @@ def test_merge_joins_parts_of_a_sweep():
 
 
 def test_plot_memory_draws_every_strategy_of_the_record():
-    from kvlab import bench_plots
+    from kvlab.lab import plots as bench_plots
 
     record = bench.recorded("h200_batch1")
     fig = bench_plots.plot_memory(record)

@@ -15,7 +15,7 @@ For each notebook: open ``lab/tree/notebooks/<name>``, wait for the kernel to be
 wait until no cell is queued or running, save the copy (File > Save Notebook) and collect ``problems``:
 
 - from the saved copy: a code cell with an error output, or one that never ran (Run All stops at an error);
-- on the page: every ``.kvlab-inspector`` (kvlab/inspector.py) shows its slider and its image (an ``<img>`` with a
+- on the page: every ``.kvlab-inspector`` (kvlab/lab/inspector.py) shows its slider and its image (an ``<img>`` with a
   nonzero ``naturalWidth``), and pressing ArrowRight (ArrowLeft at the end) on the slider's handle turns the
   caption's "step k" into the slider's new value, with the image still loaded (a key the slider never got, its
   value unchanged after 3 s, is pressed again, at most 3 times, and the focus's holder noted in ``keys_lost``);
@@ -407,7 +407,7 @@ def png(k):
 
 
 def stand_in(follows):
-    """kvlab/inspector.py's DOM contract: a slider, an image and a 'step k' caption in a .kvlab-inspector box."""
+    """kvlab/lab/inspector.py's DOM contract: a slider, an image and a 'step k' caption in a .kvlab-inspector box."""
     slider = widgets.IntSlider(value=2, min=0, max=3)
     image = widgets.Image(value=png(2), format="png").add_class("kvlab-inspector-image")
     caption = widgets.HTML("step 2: a stand-in").add_class("kvlab-inspector-caption")

@@ -111,7 +111,7 @@ def test_a_decoder_with_settings_of_its_own_is_refused_at_the_door(option):
 
 
 def test_timing_a_strategy_builds_its_decoder_once():
-    from kvlab.measure import time_strategy
+    from kvlab.lab.measure import time_strategy
 
     model = kvlab.tiny_model("tiny-llama")
     built = []
@@ -127,3 +127,28 @@ def test_timing_a_strategy_builds_its_decoder_once():
     finally:
         GraphSafeDecoder.__init__ = original
     assert len(built) == 1 and torch.equal(run.tokens, kvlab.decode(model, IDS, 4))
+
+
+def test_no_lesson_path_module_imports_the_lab():
+    """kvlab/ is the lesson path; kvlab/lab/ is the bench behind it. Only kvlab/__init__ (which re-exports
+    load_model and tiny_model) and the exercise checkers may reach into the lab."""
+    import ast
+    from pathlib import Path
+
+    root = Path(kvlab.__file__).parent
+    lesson_path = [p for p in root.rglob("*.py") if p.relative_to(root).parts[0] not in ("lab", "exercises")
+                   and p.name != "__init__.py" or p.parent.name == "kernels"]
+    assert {"decoding.py", "graph_decoder.py", "step.py"} <= {p.name for p in lesson_path}
+    for path in lesson_path:
+        package = ["kvlab", *path.relative_to(root).parts[:-1]]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                names = [".".join(base + ([node.module] if node.module else []))]
+                names += [f"{names[0]}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            assert not any(n == "kvlab.lab" or n.startswith("kvlab.lab.") for n in names), \
+                f"{path.relative_to(root)} imports {names[0]}: the lesson path must not import kvlab.lab"

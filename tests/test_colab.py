@@ -114,7 +114,7 @@ def test_the_setup_cell_does_nothing_outside_colab(monkeypatch, capsys):
 def test_the_setup_cell_is_six_lines_and_its_logic_is_one_file():
     source = setup_cell(a_notebook_with_the_cells())
     assert len(source.splitlines()) <= 6, source
-    assert "kvlab/colab_setup.py" in source and (ROOT / "kvlab" / "colab_setup.py").is_file()
+    assert "kvlab/lab/colab_setup.py" in source and (ROOT / "kvlab" / "lab" / "colab_setup.py").is_file()
 
 
 # ----------------------------------------------------- the cell on a faked Colab, pip and git faked (fast, here)
@@ -141,9 +141,9 @@ def fake_colab(monkeypatch, tmp_path):
         if command[:2] == ["git", "clone"]:
             if "fail" in os.environ.get("KVLAB_TEST_CLONE", ""):
                 return subprocess.CompletedProcess(command, 128, "", "fatal: repository not found")
-            (home / "kvlab").mkdir(parents=True)
+            (home / "kvlab" / "lab").mkdir(parents=True)
             (home / "notebooks").mkdir()
-            for name in ("kvlab/colab_setup.py", "pyproject.toml"):  # what the cell and colab_setup.py read
+            for name in ("kvlab/lab/colab_setup.py", "pyproject.toml"):  # what the cell and colab_setup.py read
                 (home / name).write_text((ROOT / name).read_text())
         return subprocess.CompletedProcess(command, 0, "", "")
 

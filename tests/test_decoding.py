@@ -5,7 +5,7 @@ import torch
 
 import kvlab
 from kvlab import decoding, strategies
-from kvlab.models import TINY_CONFIGS, tiny_model
+from kvlab.lab.models import TINY_CONFIGS, tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ import torch
 from student_code import assert_unattempted_filled_in_and_raising, raises
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from kvlab import models
 from kvlab.exercises import lesson00
-from kvlab.models import tiny_model
+from kvlab.lab import models
+from kvlab.lab.models import tiny_model
 from kvlab.sizes import llama_parameter_count
 
 SMOLLM2_CONFIG = LlamaConfig(**models.SMOLLM2_SHAPE)  # tied, 9 query heads sharing 3 kv heads

@@ -16,7 +16,7 @@ from kvlab.decoding import decode_naive
 from kvlab.exercises import lesson01, lesson02
 from kvlab.exercises.common import NOT_ANSWERED, check_number
 from kvlab.handwritten import HandwrittenCache
-from kvlab.models import tiny_model
+from kvlab.lab.models import tiny_model
 from kvlab.sizes import flops_breakdown, forward_flops
 
 

@@ -11,7 +11,7 @@ from kvlab.decoding import greedy
 from kvlab.exercises import lesson03, lesson04
 from kvlab.exercises.common import SOLUTIONS_ENV
 from kvlab.graphs import capture
-from kvlab.models import SMOLLM2_SHAPE
+from kvlab.lab.models import SMOLLM2_SHAPE
 from kvlab.sizes import model_sizes
 
 CODE_CHECKERS = [lesson03.check_reset_in_place, lesson03.check_decode_step, lesson04.check_graph_decode,

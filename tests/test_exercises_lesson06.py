@@ -7,9 +7,10 @@ import pytest
 import torch
 from student_code import FILLED, STUDENT_ERROR, raises, stub
 
-from kvlab import bench, sizes
+from kvlab import sizes
 from kvlab.exercises import lesson06
 from kvlab.exercises.common import NOT_ANSWERED, NOT_ATTEMPTED
+from kvlab.lab import bench
 
 
 @pytest.mark.parametrize("check", [lesson06.check_tokens_per_s, lesson06.check_step_floor_ms, lesson06.check_norm_matmul])
@@ -30,7 +31,7 @@ def rule(t1, tn, n, batch, *, middle=statistics.median, steps=lambda n: n - 1, p
 
 def test_tokens_per_s():
     check = lesson06.check_tokens_per_s
-    assert check(rule).startswith("correct")  # written out = kvlab.measure's DecodeTiming
+    assert check(rule).startswith("correct")  # written out = kvlab.lab.measure's DecodeTiming
     assert "divided by n: T(n) holds the prefill" in check(lambda *a: rule(*a, prefill=False, steps=lambda n: n))
     assert "off by one" in check(lambda *a: rule(*a, steps=lambda n: n))
     assert "mean of the repeats" in check(lambda *a: rule(*a, middle=statistics.fmean))
@@ -85,7 +86,7 @@ def test_step_floor_ms():
 def test_floor_is_the_benchmarks():
     from transformers import LlamaConfig
 
-    from kvlab.models import SMOLLM2_SHAPE
+    from kvlab.lab.models import SMOLLM2_SHAPE
 
     record = bench.recorded("h200_batch1")
     assert record is not None, "data/h200_batch1.json is part of the course"

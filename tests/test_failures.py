@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kvlab import failures as F
-from kvlab.models import tiny_model
+from kvlab.lab.models import tiny_model
 
 CUDA = torch.cuda.is_available()
 N = 24
@@ -93,7 +93,7 @@ def test_reset_out_of_range_is_a_plain_error_on_cpu_without_the_guard(setup):
 
 
 def test_report_and_texts(setup):
-    from kvlab.models import ByteTokenizer
+    from kvlab.lab.models import ByteTokenizer
 
     result = run(setup, "warmup-advance", "graph")
     text = result.report(ByteTokenizer().decode)

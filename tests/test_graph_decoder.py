@@ -7,7 +7,7 @@ import torch.nn.functional as F
 import kvlab
 from kvlab import fusion
 from kvlab.graph_decoder import GraphSafeDecoder, decode_graph_safe_compiled
-from kvlab.models import tiny_model
+from kvlab.lab.models import tiny_model
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-mistral", "tiny-qwen2"])

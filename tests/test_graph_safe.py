@@ -15,11 +15,11 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, StaticCache
 
 import kvlab
-from kvlab.graph_decoder import GraphSafeDecoder, decode_graph_safe, eager_vs_replay
+from kvlab.graph_decoder import GraphSafeDecoder, decode_graph_safe
 from kvlab.graph_safe_cache import GraphSafeError, GraphSafeStaticCache, capturing
 from kvlab.graphs import capture
-from kvlab.measure import step_op_counts
-from kvlab.models import TINY_COMMON, tiny_model
+from kvlab.lab.measure import eager_vs_replay, step_op_counts
+from kvlab.lab.models import TINY_COMMON, tiny_model
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: run on Colab/GPU machine")

@@ -418,7 +418,7 @@ def test_two_threads_decoding_their_own_models_through_graphs_get_right_tokens()
     """Each thread's captures wait for the other's (one at a time per process); at 0aea04c most of these decodes
     raised CaptureError, and afterwards int(tensor) raised it in the main thread too."""
     import kvlab
-    from kvlab.models import tiny_model
+    from kvlab.lab.models import tiny_model
 
     models = [tiny_model("tiny-llama"), tiny_model("tiny-qwen2")]
     ids = torch.randint(0, 100, (1, 7), generator=torch.Generator().manual_seed(0))

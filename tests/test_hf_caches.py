@@ -9,14 +9,13 @@ from kvlab.cache_view import (
     CacheRecorder,
     counters,
     describe_layer,
-    plot_cache_heatmaps,
-    plot_memory_per_step,
     slot_norms,
 )
 from kvlab.failures import decode_static_graph, room_guard
 from kvlab.graphs import ReplayError
 from kvlab.hf_caches import check_room, decode_compiled, decode_generate, decode_static, make_static_cache
-from kvlab.models import tiny_model
+from kvlab.lab.models import tiny_model
+from kvlab.lab.plots import plot_cache_heatmaps, plot_memory_per_step
 from kvlab.strategies import decode
 
 matplotlib.use("Agg")
@@ -185,7 +184,7 @@ def test_a_sliding_window_static_cache_needs_only_the_window():
     max_cache_len >= min(prompt + new - 1, window) is token-exact, a smaller one is refused saying so."""
     import transformers
 
-    from kvlab.models import TINY_COMMON
+    from kvlab.lab.models import TINY_COMMON
 
     config = transformers.MistralConfig(**{**TINY_COMMON, "sliding_window": 8})
     with torch.random.fork_rng(devices=[]):

@@ -1,4 +1,4 @@
-"""kvlab.inspector, driven without a browser: what each frame says about a hand-written cache growing, a vanilla
+"""kvlab.lab.inspector, driven without a browser: what each frame says about a hand-written cache growing, a vanilla
 StaticCache under (emulated) replay beside eager, and the graph-safe cache serving two prompts through one graph;
 the widget's slider and dropdown redraw it; bad input is refused with a clear error."""
 
@@ -12,8 +12,8 @@ from kvlab import failures as F
 from kvlab.cache_view import CacheRecorder
 from kvlab.graph_decoder import GraphSafeDecoder
 from kvlab.handwritten import HandwrittenCache, decode_handwritten
-from kvlab.inspector import CacheInspector, Inspection, Run, describe_counters, slot_ranges
-from kvlab.models import ByteTokenizer, tiny_model
+from kvlab.lab.inspector import CacheInspector, Inspection, Run, describe_counters, slot_ranges
+from kvlab.lab.models import ByteTokenizer, tiny_model
 
 matplotlib.use("Agg")
 N = 24  # tiny-qwen3 shows lesson 04's failures within 24 tokens (tests/test_failures.py)

@@ -21,7 +21,7 @@ from kvlab import fusion
 from kvlab.decoding import decode_naive
 from kvlab.kernels import attention, common, step
 from kvlab.kernels import gemv as gemv_module
-from kvlab.models import tiny_model
+from kvlab.lab.models import tiny_model
 
 pytestmark = [pytest.mark.skipif(
     importlib.util.find_spec("triton") is None,

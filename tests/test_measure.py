@@ -1,4 +1,4 @@
-"""kvlab.measure: per-step timing, warm-up apart, memory, and the record every measurement carries."""
+"""kvlab.lab.measure: per-step timing, warm-up apart, memory, and the record every measurement carries."""
 
 import json
 import time
@@ -9,8 +9,8 @@ import torch
 from transformers import DynamicCache
 
 import kvlab
-from kvlab import measure
-from kvlab.models import tiny_model
+from kvlab.lab import measure
+from kvlab.lab.models import tiny_model
 from kvlab.sizes import tensor_bytes
 
 

@@ -1,4 +1,4 @@
-"""kvlab.measure.time_interleaved and time_decodes: turns, warm-up, medians, bad input."""
+"""kvlab.lab.measure.time_interleaved and time_decodes: turns, warm-up, medians, bad input."""
 
 import gc
 import time
@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from kvlab.measure import TimingError, time_decodes, time_interleaved
+from kvlab.lab.measure import TimingError, time_decodes, time_interleaved
 
 
 def test_order_warmup_and_medians():

@@ -1,4 +1,4 @@
-"""kvlab.models: tiny configs, local folders, hub ids offline, and the real model's download/conversion path."""
+"""kvlab.lab.models: tiny configs, local folders, hub ids offline, and the real model's download/conversion path."""
 
 import copy
 import hashlib
@@ -14,8 +14,8 @@ import torch
 import transformers
 
 import kvlab
-from kvlab import models
-from kvlab.models import ModelUnavailableError
+from kvlab.lab import models
+from kvlab.lab.models import ModelUnavailableError
 
 
 def word_tokenizer():

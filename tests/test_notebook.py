@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-import kvlab.notebook as nbk
-from kvlab.models import ModelUnavailableError, tiny_model
+import kvlab.lab.notebook as nbk
+from kvlab.lab.models import ModelUnavailableError, tiny_model
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ A notebook is what a student copies from. A private name (``obj._step``, ``from 
 ``import kvlab._x``) may change or vanish in any release, so the lessons name what the package (and torch,
 transformers) make public; dunders such as ``__name__`` are public by convention and allowed. The check parses every
 code cell with ``ast``, IPython magics and shell lines (``%...``, ``!...``) left out, and names the notebook, the cell
-and the name it found. Two more checks keep the lessons on ``kvlab.notebook``: source is shown one way
+and the name it found. Two more checks keep the lessons on ``kvlab.lab.notebook``: source is shown one way
 (``show_source``, never ``Code(inspect.getsource(...))``) and the course model loaded one way (``lesson_setup``,
 ``course_model``; lesson 00, which teaches loading, may call ``load_model``); and set-up is shared, not copied:
 no two notebooks hold the same code cell (the generated Colab cell aside).
@@ -108,9 +108,9 @@ def test_the_check_catches_a_private_attribute_and_imports(tmp_path):
 
 
 ONE_WAY = {  # what a lesson calls instead of doing it by hand
-    "getsource": "kvlab.notebook.show_source (or show_diff, show_doc)",
-    "Code": "kvlab.notebook.show_source (or show_diff)",
-    "load_model": "kvlab.notebook.lesson_setup or course_model for the course model, kvlab.tiny_model for a tiny one "
+    "getsource": "kvlab.lab.notebook.show_source (or show_diff, show_doc)",
+    "Code": "kvlab.lab.notebook.show_source (or show_diff)",
+    "load_model": "kvlab.lab.notebook.lesson_setup or course_model for the course model, kvlab.tiny_model for a tiny one "
                   "(lesson 00, whose subject is loading, may call it)",
 }
 
@@ -137,7 +137,7 @@ def test_notebook_shows_source_and_loads_the_model_one_way(path):
 
 
 def test_no_code_cell_is_copied_between_notebooks():
-    """Set-up shared by several lessons lives in ``kvlab.notebook`` (``lesson_setup``), not in copied cells. The
+    """Set-up shared by several lessons lives in ``kvlab.lab.notebook`` (``lesson_setup``), not in copied cells. The
     first code cell of each notebook is the Colab cell that ``tools/write_colab_cells.py`` writes: the same by design."""
     seen: dict[str, str] = {}
     copies = []

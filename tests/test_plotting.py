@@ -1,4 +1,4 @@
-"""kvlab.plotting: one style, axes labelled, every plot stamped with the hardware it was measured on."""
+"""kvlab.lab.plots: one style, axes labelled, every plot stamped with the hardware it was measured on."""
 
 import matplotlib
 
@@ -7,7 +7,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from kvlab import plotting  # noqa: E402
+from kvlab.lab import plots  # noqa: E402
 from kvlab.runtime import environment  # noqa: E402
 
 
@@ -24,7 +24,7 @@ def texts(fig):
 def test_figure_single_axes_with_stamp(monkeypatch):
     monkeypatch.setenv("KVLAB_QUICK", "0")
     env = environment("cpu")
-    fig, ax = plotting.figure("Per-step time", "tokens", "ms", env=env)
+    fig, ax = plots.figure("Per-step time", "tokens", "ms", env=env)
     assert ax.get_xlabel() == "tokens" and ax.get_ylabel() == "ms"
     assert fig._suptitle.get_text() == "Per-step time"
     stamp = [t for t in texts(fig) if env["hardware"] in t]
@@ -34,17 +34,17 @@ def test_figure_single_axes_with_stamp(monkeypatch):
 
 def test_quick_mode_is_stamped(monkeypatch):
     monkeypatch.setenv("KVLAB_QUICK", "1")
-    fig, _ = plotting.figure("t", "x", "y", env=environment("cpu"))
+    fig, _ = plots.figure("t", "x", "y", env=environment("cpu"))
     assert any("quick mode" in t for t in texts(fig))
 
 
 def test_figure_without_env_has_no_stamp_and_several_axes():
-    fig, axes = plotting.figure("Two panels", "length", "seconds", ncols=2)
+    fig, axes = plots.figure("Two panels", "length", "seconds", ncols=2)
     assert len(axes) == 2 and all(ax.get_xlabel() == "length" for ax in axes)
     assert not any("torch " in t for t in texts(fig))
-    assert fig.get_size_inches()[0] == pytest.approx(plotting.STYLE["figure.figsize"][0] * 1.5)
+    assert fig.get_size_inches()[0] == pytest.approx(plots.STYLE["figure.figsize"][0] * 1.5)
 
 
 def test_figure_size_override():
-    fig, _ = plotting.figure("t", "x", "y", figsize=(3, 2))
+    fig, _ = plots.figure("t", "x", "y", figsize=(3, 2))
     assert tuple(fig.get_size_inches()) == (3, 2)

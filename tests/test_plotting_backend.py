@@ -1,4 +1,4 @@
-"""kvlab.plotting.figure must not undo the interactive mode a backend turns on while the first figure is made.
+"""kvlab.lab.plots.figure must not undo the interactive mode a backend turns on while the first figure is made.
 
 Jupyter's inline backend is loaded by the first figure, inside figure()'s rc_context, and turns interactive mode
 on; if rc_context then reset it, every later figure of the notebook would silently never be shown.
@@ -6,7 +6,7 @@ on; if rc_context then reset it, every later figure of the notebook would silent
 
 import matplotlib.pyplot as plt
 
-from kvlab import plotting
+from kvlab.lab import plots
 
 
 def test_interactive_mode_set_during_the_first_figure_survives(monkeypatch):
@@ -19,7 +19,7 @@ def test_interactive_mode_set_during_the_first_figure_survives(monkeypatch):
     plt.ioff()
     monkeypatch.setattr(plt, "subplots", subplots_that_load_a_backend)
     try:
-        fig, _ = plotting.figure("t", "x", "y")
+        fig, _ = plots.figure("t", "x", "y")
         assert plt.isinteractive()
     finally:
         plt.ioff()
@@ -28,6 +28,6 @@ def test_interactive_mode_set_during_the_first_figure_survives(monkeypatch):
 
 def test_non_interactive_stays_non_interactive():
     plt.ioff()
-    fig, _ = plotting.figure("t", "x", "y")
+    fig, _ = plots.figure("t", "x", "y")
     plt.close(fig)
     assert not plt.isinteractive()

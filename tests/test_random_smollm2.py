@@ -1,4 +1,4 @@
-"""kvlab.models.random_smollm2: SmolLM2-135M's shape with random weights (the GPU machine's stand-in)."""
+"""kvlab.lab.models.random_smollm2: SmolLM2-135M's shape with random weights (the GPU machine's stand-in)."""
 
 import json
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import kvlab
-from kvlab.models import SMOLLM2_SHAPE, cache_dir, random_smollm2
+from kvlab.lab.models import SMOLLM2_SHAPE, cache_dir, random_smollm2
 
 
 def test_shape_matches_smollm2_without_allocating():

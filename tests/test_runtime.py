@@ -102,4 +102,4 @@ def test_torch_out_of_range_says_how_to_fix(monkeypatch, found):
 
 def test_exports():
     assert all(hasattr(kvlab, name) for name in kvlab.__all__)
-    assert kvlab.ModelUnavailableError is kvlab.models.ModelUnavailableError and kvlab.size is runtime.size
+    assert kvlab.ModelUnavailableError is kvlab.lab.models.ModelUnavailableError and kvlab.size is runtime.size

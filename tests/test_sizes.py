@@ -6,7 +6,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from kvlab.models import TINY_CONFIGS, tiny_model
+from kvlab.lab.models import TINY_CONFIGS, tiny_model
 from kvlab.sizes import (
     decode_step_flops,
     flops_breakdown,

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import kvlab
-from kvlab import bench, decoding
+from kvlab import decoding
+from kvlab.lab import bench
 from kvlab.strategies import BENCHMARKED, STRATEGIES, Strategy
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

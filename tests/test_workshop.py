@@ -189,9 +189,9 @@ def nonblank(text: str) -> int:
 
 
 def test_printed_source_counts_the_lines_show_source_displays():
-    from kvlab.measure import cache_bytes
+    from kvlab.lab.measure import cache_bytes
 
-    imports = code("from kvlab.notebook import show_source\nfrom kvlab.measure import cache_bytes")
+    imports = code("from kvlab.lab.notebook import show_source\nfrom kvlab.lab.measure import cache_bytes")
     shown = workshop.analyse({"cells": [md("## 1 · Core"), imports, code("show_source(cache_bytes)")]})
     plain = workshop.analyse({"cells": [md("## 1 · Core"), imports, code("print(cache_bytes)")]})  # the same one line
     n = nonblank(inspect.getsource(cache_bytes))
@@ -211,11 +211,12 @@ def test_printed_source_counts_the_lines_show_source_displays():
 def test_show_diff_counts_the_lines_of_the_diff_it_displays(monkeypatch):
     import IPython.display
 
-    from kvlab import decoding, handwritten, notebook
+    from kvlab import decoding, handwritten
+    from kvlab.lab import notebook
 
     displayed = []
     monkeypatch.setattr(IPython.display, "display", lambda obj: displayed.append(obj.data))
-    imports = code("from kvlab import decoding, handwritten\nfrom kvlab.notebook import show_diff")
+    imports = code("from kvlab import decoding, handwritten\nfrom kvlab.lab.notebook import show_diff")
     for call, kwargs in (("show_diff(decoding.decode_naive, handwritten.decode_handwritten)", {}),
                          ("show_diff(decoding.decode_naive, handwritten.decode_handwritten, context=3)", {"context": 3})):
         displayed.clear()
@@ -226,7 +227,7 @@ def test_show_diff_counts_the_lines_of_the_diff_it_displays(monkeypatch):
 
 
 def test_a_def_or_class_of_the_notebook_is_counted_from_its_own_source():
-    nb = {"cells": [code("from kvlab.notebook import show_source"),
+    nb = {"cells": [code("from kvlab.lab.notebook import show_source"),
                     code("def helper(x):\n\n    return x + 1\n\n\nclass Box:\n    size = 1\n\n    def grow(self):\n        return 2\n"),
                     code("show_source(helper)\nshow_source(Box.grow)\nshow_source(Box)")]}
     assert workshop.printed_source(nb) == {2: 2 + 2 + 4}
@@ -234,17 +235,17 @@ def test_a_def_or_class_of_the_notebook_is_counted_from_its_own_source():
 
 def test_a_display_inside_the_notebooks_own_function_is_counted_at_each_call():
     from kvlab import failures
-    from kvlab.measure import cache_bytes
+    from kvlab.lab.measure import cache_bytes
 
     n = nonblank(inspect.getsource(cache_bytes))
     nb = {"cells": [md("## 1 · Where it is defined"),
-                    code("from kvlab.notebook import show_source\nfrom kvlab.measure import cache_bytes\n\n"
+                    code("from kvlab.lab.notebook import show_source\nfrom kvlab.lab.measure import cache_bytes\n\n"
                          "def explain():\n    show_source(cache_bytes)\n"),
                     md("## 2 · Where it runs"), code("explain()\nexplain()")]}
     text = workshop.analyse(nb)
     assert text.sections["## 1 · Where it is defined"][3] == 0 and text.sections["## 2 · Where it runs"][3] == 2 * n
     # lesson 04's show(result): the scenario that made result, through RUNTIME_SHOWN
-    scenario = {"cells": [code("from kvlab import failures\nfrom kvlab.notebook import show_source"),
+    scenario = {"cells": [code("from kvlab import failures\nfrom kvlab.lab.notebook import show_source"),
                           code("def show(result):\n    spec = failures.SCENARIOS.get(result.name, failures.CONTROL_SPEC)\n"
                                "    show_source(spec[\"fn\"])\n"),
                           code("pad = failures.run(\"padding-pollution\", model, qa, N)\nshow(pad)"),
@@ -254,13 +255,13 @@ def test_a_display_inside_the_notebooks_own_function_is_counted_at_each_call():
 
 
 def test_an_unresolved_argument_is_an_error_naming_the_lesson_cell_and_expression(tmp_path, capsys):
-    cells = [md("## 1 · Core"), code("from kvlab.notebook import show_source\nthing = make_thing()"),
+    cells = [md("## 1 · Core"), code("from kvlab.lab.notebook import show_source\nthing = make_thing()"),
              code("show_source(thing.method)")]
     with pytest.raises(workshop.UnresolvedSource) as raised:
         workshop.analyse({"cells": cells}, "01_x")
     assert len(raised.value.problems) == 1 and "01_x cell 2" in raised.value.problems[0]
     assert "thing.method" in raised.value.problems[0]
-    local = [code("from kvlab.notebook import show_source\n\ndef f(obj):\n    show_source(obj)\n"), code("f(len)")]
+    local = [code("from kvlab.lab.notebook import show_source\n\ndef f(obj):\n    show_source(obj)\n"), code("f(len)")]
     with pytest.raises(workshop.UnresolvedSource, match=r"02_y cell 1 \(in f, defined in cell 0\).*local to f\(\)"):
         workshop.analyse({"cells": local}, "02_y")
     (tmp_path / "01_x.ipynb").write_text(json.dumps({"cells": cells}), encoding="utf-8")

@@ -27,7 +27,7 @@ The record (``--out``, default data/gpu_check.json): ``code_hash`` (``tools/code
 ``notebooks/``, ``tests/`` and combined, taken before anything runs) and ``parts``, one per (``part``, ``name``,
 ``size``, ``weights``): ``{"part": "tests", "name": "tests/"}`` or ``{"part": "notebook", "name": FILE}``, with
 ``passed`` (every run passed), ``runs``, ``hardware``, ``versions`` (python, torch, cuda, triton, transformers),
-``commit`` (``kvlab.bench.git_state``), ``command`` and ``date``. A test run: ``passed``, ``returncode``,
+``commit`` (``kvlab.lab.bench.git_state``), ``command`` and ``date``. A test run: ``passed``, ``returncode``,
 ``wall_s``, ``pytest_command``, ``counts``, ``failures`` (test id and the first line of its message) and ``files``
 (per test file: ``passed``, counts, ``duration_s``, the sum of its cases' times, ``failures``,
 ``cuda_max_allocated_mb`` null); ``output_tail`` when pytest left no report. A notebook run: run_notebooks' row
@@ -102,7 +102,7 @@ out["device"] = "cuda" if torch.cuda.is_available() else "cpu"
 get("triton", lambda: metadata.version("triton"))
 get("transformers", lambda: metadata.version("transformers"))
 get("hardware", lambda: __import__("kvlab").hardware())
-get("git", lambda: __import__("kvlab.bench").bench.git_state())
+get("git", lambda: __import__("kvlab.lab.bench").bench.git_state())
 print(MARKER + json.dumps(out))
 '''.replace("MARKER", repr(MARKER))
 

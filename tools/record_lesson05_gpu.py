@@ -2,7 +2,7 @@
 
     python tools/record_lesson05_gpu.py data/lesson05_gpu.json
 
-The real SmolLM2 weights are not on the GPU machine, so the model is ``kvlab.models.random_smollm2``: the same
+The real SmolLM2 weights are not on the GPU machine, so the model is ``kvlab.lab.models.random_smollm2``: the same
 shapes (hence the same kernels and timings), random weights (so meaningless text). Recorded, each section saved
 as soon as it is done: eager vs replay of the graph-safe decode step (fp32 and bf16), kernel launches and GPU busy
 time per step, memory; token-exactness against "naive" for 200 new tokens on several prompts through one graph;
@@ -20,14 +20,15 @@ from transformers import StaticCache
 
 import kvlab
 from kvlab.decoding import first_mismatch
-from kvlab.graph_decoder import GraphSafeDecoder, eager_vs_replay
-from kvlab.models import random_smollm2
+from kvlab.graph_decoder import GraphSafeDecoder
+from kvlab.lab.measure import eager_vs_replay
+from kvlab.lab.models import random_smollm2
 
 
 def main(path: str) -> None:
     if not torch.cuda.is_available():
         sys.exit("this script records GPU results: run it on a CUDA machine")
-    record = {"model": "random weights in SmolLM2-135M's shape (kvlab.models.random_smollm2): real weights are not on the GPU machine",
+    record = {"model": "random weights in SmolLM2-135M's shape (kvlab.lab.models.random_smollm2): real weights are not on the GPU machine",
               "env": kvlab.environment("cuda")}
 
     def save(section: str, value) -> None:

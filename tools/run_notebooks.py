@@ -15,11 +15,11 @@ wraps ``torch.cuda.reset_peak_memory_stats`` so that the peaks since the kernel 
 lessons make), and one after the last cell that ran, also after a failure. That last cell reports, as JSON
 after the marker ``KVLAB_RUN_REPORT``: the kernel's peak RSS (``resource.getrusage(RUSAGE_SELF).ru_maxrss``),
 on CUDA ``torch.cuda.max_memory_allocated()`` and ``max_memory_reserved()`` since the kernel started, the
-device, ``kvlab.hardware()``, ``kvlab.runtime.pick_dtype(device)``, the versions, ``kvlab.bench.git_state()``
+device, ``kvlab.hardware()``, ``kvlab.runtime.pick_dtype(device)``, the versions, ``kvlab.lab.bench.git_state()``
 (it honours ``KVLAB_GIT_COMMIT``/``KVLAB_GIT_DIRTY``) and which model the lessons could use. ``model`` is
 "random" when ``KVLAB_RANDOM_WEIGHTS=1`` in the kernel or when, after the notebook ran, the real SmolLM2 is not
-converted in the cache (``kvlab.models.is_converted(cache_dir() / DEFAULT_MODEL)``): then the lessons that
-use ``kvlab.notebook.course_model`` ran on random weights (their label says "RANDOM WEIGHTS") and those that
+converted in the cache (``kvlab.lab.models.is_converted(cache_dir() / DEFAULT_MODEL)``): then the lessons that
+use ``kvlab.lab.notebook.course_model`` ran on random weights (their label says "RANDOM WEIGHTS") and those that
 call ``kvlab.load_model()`` itself failed. Otherwise "real". Lesson 06's benchmark uses random weights in
 SmolLM2's shape either way. ``dtype`` is ``pick_dtype(device)``, the course's default for the device, not
 necessarily what a lesson chose (several run in float32 everywhere).
@@ -116,7 +116,8 @@ def _kvlab_report():
         get("cuda_max_reserved_mb", lambda: peak("max_memory_reserved", 1))
     get("transformers", lambda: __import__("transformers").__version__)
     import kvlab
-    from kvlab import bench, models, runtime
+    from kvlab import runtime
+    from kvlab.lab import bench, models
     get("hardware", kvlab.hardware)
     get("dtype", lambda: str(runtime.pick_dtype(runtime.pick_device())).removeprefix("torch."))
     get("real_model_converted", lambda: models.is_converted(models.cache_dir() / models.DEFAULT_MODEL))

@@ -28,8 +28,8 @@ import kvlab
 from kvlab import fusion
 from kvlab.graph_decoder import GraphSafeDecoder
 from kvlab.kernels import attention, common, gemv
-from kvlab.measure import profile
-from kvlab.models import random_smollm2
+from kvlab.lab.measure import profile
+from kvlab.lab.models import random_smollm2
 
 SHAPES = {  # name: N, K, what the kernel does before and after the matmul
     "qkv (norm)": (960, 576, {"norm": True}),

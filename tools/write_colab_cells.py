@@ -4,7 +4,7 @@ The repository URL stands in one place, ``[project.urls] Repository`` in pyproje
 
 - cell 0 of every notebook: a markdown "Open in Colab" badge (tagged ``colab-badge``);
 - the first code cell of every notebook (tagged ``colab-setup``, six lines): on Colab only, it clones the repository
-  and runs the clone's ``kvlab/colab_setup.py``, which installs the course from its pyproject (the pinned
+  and runs the clone's ``kvlab/lab/colab_setup.py``, which installs the course from its pyproject (the pinned
   transformers) while keeping Colab's own torch, ipywidgets and jupyter packages, and prints the runtime, GPU and
   dtype the lesson will use; elsewhere it does nothing;
 - the README's badge line (it opens lesson 00).
@@ -33,15 +33,15 @@ README_BADGE = re.compile(r"^\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)$", re.MULT
 # Notebook metadata Colab reads: open the notebook on a GPU runtime (a T4) unless the user picks another one.
 COLAB_METADATA = {"accelerator": "GPU", "colab": {"gpuType": "T4", "provenance": []}}
 
-# The set-up cell: it clones the course, then the clone's kvlab/colab_setup.py does the rest (it runs before kvlab is
-# installed, so it cannot be imported as kvlab.colab_setup); {repository} is filled in.
+# The set-up cell: it clones the course, then the clone's kvlab/lab/colab_setup.py does the rest (it runs before kvlab is
+# installed, so it cannot be imported as kvlab.lab.colab_setup); {repository} is filled in.
 SETUP_CELL = '''\
 import os, runpy, subprocess, sys  # noqa: E401, I001
-if "google.colab" in sys.modules:  # Colab only (elsewhere nothing): clone the course; kvlab/colab_setup.py installs it
+if "google.colab" in sys.modules:  # Colab only (elsewhere nothing): clone the course; kvlab/lab/colab_setup.py installs it
     home, source = os.environ.get("KVLAB_COLAB_HOME", "/content/kvlab"), os.environ.get("KVLAB_COLAB_SOURCE", "{repository}")
     if not os.path.isdir(home) and (git := subprocess.run(["git", "clone", "--quiet", "--depth", "1", source, home], capture_output=True, text=True)).returncode:
         raise RuntimeError(f"could not clone {{source}} ({{git.stderr.strip()}}): check the network, or set KVLAB_COLAB_SOURCE")
-    runpy.run_path(f"{{home}}/kvlab/colab_setup.py", {{"HOME": home, "SOURCE": source}}, run_name="__main__")'''
+    runpy.run_path(f"{{home}}/kvlab/lab/colab_setup.py", {{"HOME": home, "SOURCE": source}}, run_name="__main__")'''
 
 
 def repository_url(pyproject: Path = ROOT / "pyproject.toml") -> str:

@@ -15,7 +15,7 @@ Per lesson (a notebook of notebooks/, named by its two-digit prefix):
   ``CODE_LINES_PER_MINUTE``. The Colab badge and set-up cells (tagged by ``tools/write_colab_cells.py``) are left out:
   they are machinery, not lesson. Other output (printed tables, plots, the docstrings ``show_doc`` displays) is not
   counted, so reading stays a lower bound.
-- **printed source**: the package code a lesson displays with ``kvlab.notebook.show_source`` (``inspect.getsource``
+- **printed source**: the package code a lesson displays with ``kvlab.lab.notebook.show_source`` (``inspect.getsource``
   of each argument) and ``show_diff`` (a unified diff of two functions' sources) is read too, though it is not in the
   notebook's text: the non-blank lines each call displays count as code lines at ``CODE_LINES_PER_MINUTE``, in the
   section (optional or not) of the cell that makes the call. For ``show_diff`` the lines counted are those of the
@@ -113,7 +113,7 @@ FENCE = re.compile(r"^\s*(```|~~~)")
 EXERCISE_LINE = re.compile(r"^\s*\*\*(Exercise\b|\d+\.\*\*)")
 EXERCISE_HEADING = re.compile(r"^\**Exercise\s+\d")  # a heading's title: "Exercise 4 · The whole loop, by hand"
 MAGIC = re.compile(r"^\s*[%!]")  # an IPython magic or shell line: not Python, blanked before a cell is parsed
-DISPLAYS = ("show_source", "show_diff")  # kvlab.notebook's functions that display package source
+DISPLAYS = ("show_source", "show_diff")  # kvlab.lab.notebook's functions that display package source
 
 
 # ------------------------------------------------------------------------------------- the source lessons print
@@ -248,7 +248,7 @@ class _Notebook:
             return sum(_nonblank(text) for text, _ in sources)
         if len(sources) != 2:
             return problem(ast.unparse(call), "show_diff takes two functions")
-        from kvlab.notebook import show_diff
+        from kvlab.lab.notebook import show_diff
 
         context = inspect.signature(show_diff).parameters["context"].default
         for keyword in call.keywords:

@@ -94,7 +94,7 @@ def check_naive_decode(student, *, model=None, new_tokens: int = 6) -> str:
     Checks ``naive_decode(model, prompt_ids, n)`` token for token (torch.equal) against kvlab's own naive loop on
     ``model`` (default: a tiny random model) for one prompt and a batch of two, and names the first token that
     differs and the likely mistake."""
-    from ..models import tiny_model
+    from ..lab.models import tiny_model
 
     model = tiny_model("tiny-llama") if model is None else model
     for batch, length, seed in DECODE_CASES:

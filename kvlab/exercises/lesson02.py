@@ -189,7 +189,7 @@ def check_cache_update(student, *, model=None, new_tokens: int = 5) -> str:
     Checks ``MyCache().update`` call by call (a prefill, a decode step and a chunk, through two layers) against
     ``HandwrittenCache``, then plugs it into ``model`` (default: a tiny random model) and decodes against the naive
     loop; names the mistake, the call and the first token that differs."""
-    from ..models import tiny_model
+    from ..lab.models import tiny_model
 
     cache, reference = call_student(student), HandwrittenCache()
     gen = torch.Generator().manual_seed(0)

@@ -32,7 +32,7 @@ CHECK_MODEL = "tiny-qwen3"
 
 def check_model():
     """The tiny model every lesson-03/04 checker runs on (built afresh: a student's code cannot spoil the next check)."""
-    from ..models import tiny_model
+    from ..lab.models import tiny_model
 
     return tiny_model(CHECK_MODEL)
 

@@ -20,7 +20,7 @@ from .common import as_number, call_student, check_number, check_prediction, che
 
 @functools.cache
 def _tiny():
-    from ..models import tiny_model
+    from ..lab.models import tiny_model
 
     return tiny_model("tiny-llama")
 
@@ -29,7 +29,7 @@ def _cache(max_cache_len: int):
     """An empty one-layer GraphSafeStaticCache (the layer count is all a cache takes from a config)."""
     from transformers import LlamaConfig
 
-    from ..models import TINY_COMMON
+    from ..lab.models import TINY_COMMON
 
     return GraphSafeStaticCache(config=LlamaConfig(**{**TINY_COMMON, "num_hidden_layers": 1}), max_cache_len=max_cache_len)
 

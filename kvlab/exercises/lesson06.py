@@ -1,6 +1,6 @@
 """Checkers for lesson 06 (benchmarks). Each returns a verdict string; print it.
 
-The code exercises run the student's function beside the package's own (``kvlab.measure``'s decode rule,
+The code exercises run the student's function beside the package's own (``kvlab.lab.measure``'s decode rule,
 ``kvlab.sizes``' bandwidth floor, ``kvlab.kernels.gemv``) on inputs made here, and name the typical mistake they
 find. The other answers come from the benchmark record the student is looking at (recorded or live), never typed in.
 """
@@ -15,7 +15,7 @@ import torch
 
 from .. import sizes
 from ..kernels import gemv as kernels_gemv
-from ..measure import DecodeTiming
+from ..lab.measure import DecodeTiming
 from .common import (
     NOT_ANSWERED,
     NotANumber,
@@ -41,7 +41,7 @@ def _first_match(got: float, variants: dict[str, float], rel: float = 1e-6) -> s
 # ---- 1 · tokens per second by the course's rule ---------------------------------------------------------------------
 
 def tokens_per_s_solution(t1, tn, n: int, batch: int) -> float:
-    """The course's decode rule (``kvlab.measure``): T(1) and T(n) are medians over repeats, as ``time_decode`` takes
+    """The course's decode rule (``kvlab.lab.measure``): T(1) and T(n) are medians over repeats, as ``time_decode`` takes
     them; ``DecodeTiming`` then makes one step ``(T(n) - T(1)) / (n - 1)`` and ``batch`` tokens per step."""
     timing = DecodeTiming(label="exercise", batch=batch, new_tokens=n, tokens=torch.empty(batch, n, dtype=torch.long),
                           warmup_seconds=0.0, prefill_seconds=statistics.median(t1), total_seconds=statistics.median(tn),
@@ -97,7 +97,7 @@ def check_tokens_per_s(fn) -> str:
             hint = _first_match(got, _rate_variants(t1, tn, n, batch))
             return (f"not quite: for {case} you gave {got:,.6g} tokens/s, the rule gives {want:,.6g}. Hint: "
                     + (hint or "medians of T(1) and of T(n) over the repeats, then batch * (n - 1) / (T(n) - T(1))"))
-    return (f"correct: all {len(RATE_CASES)} cases match kvlab.measure's rule (medians over repeats, the prefill "
+    return (f"correct: all {len(RATE_CASES)} cases match kvlab.lab.measure's rule (medians over repeats, the prefill "
             "subtracted, n - 1 steps, batch tokens per step)")
 
 
@@ -114,7 +114,7 @@ def floor_cases() -> list[tuple]:
     heads) and a tiny config whose head_dim is not hidden / heads."""
     from transformers import LlamaConfig
 
-    from ..models import SMOLLM2_SHAPE, TINY_COMMON
+    from ..lab.models import SMOLLM2_SHAPE, TINY_COMMON
 
     smol, odd = LlamaConfig(**SMOLLM2_SHAPE), LlamaConfig(**{**TINY_COMMON, "head_dim": 24})
     return [
@@ -190,7 +190,7 @@ def check_fastest_prediction(prediction=None, record: dict | None = None, *, bat
     """Predict, then read: which strategy of the recorded batch sweep makes the most tokens/s at ``batch``?"""
     if record is None:
         return ("no recorded batch sweep (data/h200_batch_sweep.json) here: there is nothing to check a prediction "
-                "against; record one with `python -m kvlab.bench --batch ...` on a GPU")
+                "against; record one with `python -m kvlab.lab.bench --batch ...` on a GPU")
     rates = rates_at(record, batch)
     fastest = max(rates, key=rates.get)
     choices = {name: f"{rate:,.0f} tokens/s at batch {batch}" for name, rate in rates.items()}

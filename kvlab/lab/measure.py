@@ -29,9 +29,11 @@ import torch
 import torch.utils.benchmark as benchmark
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .decoding import OnToken
-from .runtime import collector_paused, environment, pick_device, synchronize
-from .sizes import tensor_bytes
+from ..decoding import OnToken, StepClock, check_inputs, unpadded_ids
+from ..graph_decoder import GraphSafeDecoder
+from ..runtime import collector_paused, environment, pick_device, synchronize
+from ..sizes import tensor_bytes
+from ..strategies import check_options, decode, strategy_named
 
 
 def wall(fn: Callable[[], object], device) -> float:
@@ -41,22 +43,6 @@ def wall(fn: Callable[[], object], device) -> float:
     fn()
     synchronize(device)
     return time.perf_counter() - t0
-
-
-class StepClock:
-    """An ``on_token`` callback that records, after a device sync, the wall time of every step."""
-
-    def __init__(self, device):
-        self.device = device
-        synchronize(device)
-        self.times: list[float] = []
-        self._last = time.perf_counter()
-
-    def __call__(self, step: int, token_ids: torch.Tensor) -> None:
-        synchronize(self.device)
-        now = time.perf_counter()
-        self.times.append(now - self._last)
-        self._last = now
 
 
 class TimingError(ValueError):
@@ -193,8 +179,6 @@ def time_strategy(model, input_ids: torch.Tensor, new_tokens: int, *, strategy: 
     a tokenizer's output, as ``kvlab.decode`` takes them). What the strategy builds per call (a decoder and its
     graphs, a compiled step: ``Strategy.state``) is built once, here, unless ``kwargs`` hands it over; its capture or
     compile then falls in the warm-up call."""
-    from .decoding import check_inputs, unpadded_ids
-    from .strategies import check_options, decode, strategy_named
 
     if per_step and strategy_named(strategy).steps_per_replay > 1:
         raise ValueError(f"{strategy!r} replays {strategy_named(strategy).steps_per_replay} steps per graph: its "
@@ -419,3 +403,58 @@ def copy_bandwidth_gbps(device) -> float:
     y = torch.empty_like(x)
     seconds = time_call(lambda: y.copy_(x), min_run_time=0.3, device=device).median
     return 2 * x.numel() * 4 / seconds / 1e9
+
+
+def eager_vs_replay(model, input_ids: torch.Tensor, *, steps: int = 32, rounds: int = 5) -> dict:
+    """The same graph-safe decode step run eagerly and replayed from its captured graph, timed in turns.
+
+    Returns per-token medians (ms), the ratio, capture seconds, cache and peak memory, and the work per
+    step: on CUDA the kernel launches (profiler), elsewhere the aten operations of the traced step.
+    """
+    device = input_ids.device
+    length = input_ids.shape[1] + steps + 8
+    eager = GraphSafeDecoder(model, length, input_ids.shape[0], graph=False)
+    replay = GraphSafeDecoder(model, length, input_ids.shape[0])
+    for decoder in (eager, replay):
+        decoder.generate(input_ids, 2)  # prefill + (replay) capture; both caches now hold prompt + 1 token
+    start = int(replay.cache.cache_position)
+
+    def run(decoder):
+        def fn():
+            decoder.decode_steps(steps)  # one host read of the counter, then `steps` single steps
+            decoder.cache.set_position(start)  # in place: the next round decodes the same positions
+        return fn
+
+    fns = {"eager": run(eager), "replay": run(replay)}
+    seconds = time_interleaved(fns, rounds=rounds, device=device)
+    peaks = {}
+    for name, fn in fns.items():
+        reset_peak_memory(device)
+        fn()
+        peaks[name] = peak_memory_bytes(device)
+    if device.type == "cuda":
+        work = {name: launches(lambda d=d: d.decode_steps(1), device) for name, d in (("eager", eager), ("replay", replay))}
+        replay.cache.set_position(start)
+        eager.cache.set_position(start)
+    else:
+        ops = sum(step_op_counts(model, replay.cache, replay.token).values())
+        work = {"eager": {"aten_ops": ops}, "replay": {"aten_ops": ops}}
+    eager_ms, replay_ms = (1e3 * seconds[k] / steps for k in ("eager", "replay"))
+    return {
+        "what": "graph-safe decode step: eager vs replay of its captured graph",
+        "graph": replay.step_graph.describe(),
+        "emulated": replay.step_graph.emulated,
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "prompt_len": input_ids.shape[1],
+        "batch": input_ids.shape[0],
+        "steps_per_round": steps,
+        "rounds": rounds,
+        "eager_ms_per_token": eager_ms,
+        "replay_ms_per_token": replay_ms,
+        "speedup": eager_ms / replay_ms,
+        "capture_seconds": replay.step_graph.capture_seconds,
+        "cache_bytes": cache_bytes(replay.cache),
+        "peak_memory_bytes": peaks,
+        "work_per_step": work,
+        "env": environment(device),
+    }

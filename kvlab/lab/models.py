@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .runtime import pick_device, pick_dtype
+from ..runtime import pick_device, pick_dtype
 
 CACHE_ENV = "KVLAB_CACHE"
 WHEEL_ENV = "KVLAB_SMOLLM2_WHEEL"

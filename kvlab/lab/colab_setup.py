@@ -15,7 +15,7 @@ Run again in the same session (another notebook, the same cell twice), it instal
 clone and the pinned transformers are there already. Each new Colab session installs again, and the first lesson
 that loads the model downloads it again (93 MB): Colab keeps nothing between sessions.
 
-    runpy.run_path(f"{home}/kvlab/colab_setup.py", {"HOME": home, "SOURCE": source}, run_name="__main__")
+    runpy.run_path(f"{home}/kvlab/lab/colab_setup.py", {"HOME": home, "SOURCE": source}, run_name="__main__")
 """
 
 from __future__ import annotations

@@ -1,10 +1,83 @@
-"""Plots of ``kvlab.bench`` records (lesson 06): strategies side by side, the bandwidth floor, profiler timelines,
-tokens/s against batch size, peak memory per strategy. Every figure is stamped with the hardware its numbers were measured on."""
+"""Every plot of the course, in one look, each stamped with the hardware it was measured on: the styled ``figure``,
+lesson 03's cache heatmaps and memory lines, and lesson 06's plots of ``kvlab.lab.bench`` records (strategies side by
+side, the bandwidth floor, profiler timelines, tokens/s against batch size, peak memory per strategy)."""
 
 from __future__ import annotations
 
-from .plotting import figure
-from .strategies import DEFAULT_STRATEGIES, STRATEGIES
+import matplotlib.pyplot as plt
+
+from ..strategies import DEFAULT_STRATEGIES, STRATEGIES
+
+STYLE = {
+    "figure.figsize": (7.0, 4.0),
+    "figure.dpi": 100,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.titlesize": 12,
+    "axes.titleweight": "bold",
+    "legend.frameon": False,
+    "lines.linewidth": 2.0,
+    "lines.markersize": 5,
+}
+
+
+def figure(title: str, xlabel: str, ylabel: str, *, env: dict | None = None, ncols: int = 1, figsize=None):
+    """A styled figure with one or more axes; ``env`` (from ``kvlab.runtime.environment``) stamps the hardware."""
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(1, ncols, figsize=figsize or (STYLE["figure.figsize"][0] * (1 if ncols == 1 else 0.75 * ncols), 4.0))
+        axes_list = [axes] if ncols == 1 else list(axes)
+        for ax in axes_list:
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+            ax.grid(True, alpha=0.3)
+            for side in ("top", "right"):
+                ax.spines[side].set_visible(False)
+        fig.suptitle(title, fontweight="bold")
+        if env is not None:
+            stamp = f"{env['hardware']} | torch {env['torch']} | transformers {env['transformers']}"
+            if env.get("quick_mode"):
+                stamp += " | quick mode (shortened)"
+            fig.text(0.99, 0.005, stamp, ha="right", va="bottom", fontsize=7, color="0.4")
+        fig.tight_layout(rect=(0, 0.03, 1, 1))
+        interactive = plt.isinteractive()  # the first figure may load a backend (Jupyter's inline) that turns it on
+    plt.interactive(interactive)  # rc_context would reset it, and later figures would then never be shown
+    return fig, axes
+
+
+def plot_cache_heatmaps(panels: dict, *, title: str, env=None, frontier=None, max_slots: int | None = None):
+    """Heatmaps side by side: for each ``label -> [steps, slots]`` matrix, which slot held how much key, step by step.
+
+    ``frontier``: a list of ints, per step the number of slots a correct cache has filled: drawn as a line, so
+    writes right of it (padding, warm-up copies) and holes left of it stand out.
+    """
+    fig, axes = figure(title, "cache slot", "decode step", env=env, ncols=len(panels),
+                       figsize=(5.0 * len(panels), 4.0))
+    axes = [axes] if len(panels) == 1 else axes
+    vmax = max(float(m.max()) for m in panels.values() if m.numel()) or 1.0
+    for ax, (label, matrix) in zip(axes, panels.items(), strict=True):
+        shown = matrix[:, :max_slots] if max_slots else matrix
+        im = ax.imshow(shown.numpy(), aspect="auto", origin="lower", cmap="magma", vmin=0, vmax=vmax,
+                       interpolation="nearest")
+        ax.set_title(label, fontsize=10)
+        ax.grid(False)
+        if frontier is not None:
+            steps = range(len(frontier))
+            ax.step([f - 0.5 for f in frontier], list(steps), where="mid", color="cyan", lw=1.2,
+                    label="end of valid tokens (correct run)")
+            ax.legend(loc="upper left", fontsize=7, labelcolor="white")
+    fig.colorbar(im, ax=axes, shrink=0.8, label="key norm (0 = empty)")
+    return fig, axes
+
+
+def plot_memory_per_step(series: dict, *, title: str, env=None):
+    """Lines of cache bytes per decode step, one per label (e.g. DynamicCache vs StaticCache)."""
+    fig, ax = figure(title, "decode step", "KV cache (KiB)", env=env)
+    for label, values in series.items():
+        ax.plot(range(len(values)), [v / 1024 for v in values], label=label)
+    ax.legend()
+    return fig, ax
 
 KIND_COLORS = {"eager": "tab:gray", "compiled": "tab:orange", "graph": "tab:blue"}
 

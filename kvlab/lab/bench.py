@@ -1,7 +1,7 @@
-"""``python -m kvlab.bench``: every decode path of the course on the same model, prompt and machine, in one process.
+"""``python -m kvlab.lab.bench``: every decode path of the course on the same model, prompt and machine, in one process.
 
 For each batch size and strategy: a token check, a warm-up (compile, capture, autotune: timed apart), then
-the steady-state time per decode step (``kvlab.measure.time_decode``: ``(T(n) - T(1)) / (n - 1)``, no host sync per
+the steady-state time per decode step (``kvlab.lab.measure.time_decode``: ``(T(n) - T(1)) / (n - 1)``, no host sync per
 token), tokens/s, peak memory, kernels and GPU busy time per step from ``torch.profiler``, the bandwidth floor
 (weights + KV cache read once per step, over a measured copy bandwidth), and ratios to ``naive`` and to the
 ``torch.compile(mode="reduce-overhead")`` path. Results go to ``--out``.json and .csv with the environment and
@@ -31,12 +31,12 @@ from pathlib import Path
 
 import torch
 
-from .decoding import decode_naive, first_mismatch
+from ..decoding import decode_naive, first_mismatch
+from ..runtime import as_dtype, cpu_name, environment, pick_device, pick_dtype, quick_mode
+from ..sizes import floor_ms, model_facts
+from ..strategies import BENCHMARKED, DEFAULT_STRATEGIES, STRATEGIES
 from .measure import copy_bandwidth_gbps, profile_steps, time_decode
 from .models import RANDOM_SMOLLM2, ModelUnavailableError, build_model, cast
-from .runtime import as_dtype, cpu_name, environment, pick_device, pick_dtype, quick_mode
-from .sizes import floor_ms, model_facts
-from .strategies import BENCHMARKED, DEFAULT_STRATEGIES, STRATEGIES
 
 CACHE_ROUNDING = 16  # max_cache_len = prompt + new tokens rounded up: one cache length per run, graphs reused
 TABLE = ["strategy", "batch", "ms_per_token", "tokens_per_s", "x_naive", "x_reduce_overhead", "compile_or_capture_s",
@@ -49,7 +49,7 @@ def git_state() -> dict:
     if os.environ.get("KVLAB_GIT_COMMIT"):
         return {"commit": os.environ["KVLAB_GIT_COMMIT"],
                 "uncommitted": [p for p in os.environ.get("KVLAB_GIT_DIRTY", "").split(",") if p]}
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]  # the repository: kvlab/lab/bench.py
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "kvlab"], cwd=root, capture_output=True, text=True,
@@ -150,7 +150,7 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
     dynamic = True if len(batches) > 1 else None  # one compile of reduce-overhead for all batch sizes
     results, skipped, traces = [], [], {}
     record = {
-        "kvlab_bench": 1, "command": command or "kvlab.bench.run_bench(...)", "env": env, "git": git_state(),
+        "kvlab_bench": 1, "command": command or "kvlab.lab.bench.run_bench(...)", "env": env, "git": git_state(),
         "settings": {"model": model, "prompt_len": prompt_len, "new_tokens": new_tokens, "batches": list(batches),
                      "strategies": strategies, "dtype": str(dtype).removeprefix("torch."), "check_dtype": "float32",
                      "check_tokens": check_tokens, "check_compiled": check_compiled, "repeats": repeats,
@@ -169,7 +169,7 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
             write(record, out)
         return record
 
-    bar = tqdm(total=len(batches) * len(strategies), desc="kvlab.bench", disable=not progress)
+    bar = tqdm(total=len(batches) * len(strategies), desc="kvlab.lab.bench", disable=not progress)
     for batch in batches:
         gen = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, facts["vocab"], (batch, prompt_len), generator=gen).to(device)  # [batch, prompt_len]
@@ -315,7 +315,7 @@ def load(path: str | Path) -> dict:
     return json.loads(Path(path).with_suffix(".json").read_text())
 
 
-DATA = Path(__file__).resolve().parent.parent / "data"  # the course's recorded results
+DATA = Path(__file__).resolve().parents[2] / "data"  # the course's recorded results
 
 
 def recorded(name: str) -> dict | None:
@@ -423,7 +423,7 @@ def _out(text: str) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m kvlab.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m kvlab.lab.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=RANDOM_SMOLLM2, help=f"{RANDOM_SMOLLM2} (default, no download), smollm2-135m, tiny-llama, ...")
     p.add_argument("--prompt-len", type=_count(1), default=None, help="prompt tokens (default 64; quick: 16)")
     p.add_argument("--new-tokens", type=_count(2), default=None, help="new tokens per decode (default 256; quick: 16)")
@@ -448,7 +448,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     quick = args.quick or quick_mode()
     pick = lambda value, full, short: value if value is not None else (short if quick else full)  # noqa: E731
-    command = "python -m kvlab.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = "python -m kvlab.lab.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
     out = args.out or f"out/bench-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         record = run_bench(

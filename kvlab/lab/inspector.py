@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .cache_view import CacheRecorder
-from .decoding import first_mismatch
-from .plotting import figure as styled_figure
+from ..cache_view import CacheRecorder
+from ..decoding import first_mismatch
+from .plots import figure as styled_figure
 
 CAPTION_TOKENS = 160  # characters of the tokens' text a caption keeps (the newest ones)
 EMPTY = "0.88"  # the colour of a slot that holds no key
@@ -37,7 +37,7 @@ EMPTY = "0.88"  # the colour of a slot that holds no key
 def trash_slot(cache) -> int | None:
     """The trash slot of a graph-safe cache (``max_cache_len``: padded rows are written there, never read); None
     for every other cache."""
-    from .graph_safe_cache import GraphSafeStaticCache
+    from ..graph_safe_cache import GraphSafeStaticCache
 
     return cache.max_cache_len if isinstance(cache, GraphSafeStaticCache) else None
 
@@ -242,7 +242,7 @@ class Inspection:
                  env: dict | None = None):
         runs = [runs] if isinstance(runs, Run) else list(runs)
         if not runs or not all(isinstance(r, Run) for r in runs):
-            raise TypeError("runs must be a kvlab.inspector.Run or a non-empty list of them, e.g. "
+            raise TypeError("runs must be a kvlab.lab.inspector.Run or a non-empty list of them, e.g. "
                             "[Run('eager', recorder, prompt_len=p)]")
         empty = [r.label for r in runs if r.steps == 0]
         if empty:
@@ -426,7 +426,7 @@ class CacheInspector:
         import ipywidgets as widgets
 
         if not isinstance(inspection, Inspection):
-            raise TypeError(f"CacheInspector shows a kvlab.inspector.Inspection, got {type(inspection).__name__}: "
+            raise TypeError(f"CacheInspector shows a kvlab.lab.inspector.Inspection, got {type(inspection).__name__}: "
                             "wrap your runs first, Inspection([Run(label, recorder, prompt_len=p)])")
         self.inspection = inspection
         last = inspection.steps - 1

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..runtime import environment, hardware, pick_device, quick_mode
+from ..sizes import model_sizes
 from .measure import memory_held
 from .models import ModelUnavailableError, load_model, random_smollm2
-from .runtime import environment, hardware, pick_device, quick_mode
-from .sizes import model_sizes
 
 RANDOM_ENV = "KVLAB_RANDOM_WEIGHTS"
 
@@ -168,7 +168,7 @@ def release(device) -> dict:
     """Free what the previous section left: collect garbage, return CUDA's cached blocks, print what is still held.
 
     Call it after ``del`` of the section's models, caches and graphs; a CUDA graph keeps its memory pool until the
-    graph object itself is gone. Returns ``kvlab.measure.memory_held(device)``.
+    graph object itself is gone. Returns ``kvlab.lab.measure.memory_held(device)``.
     """
     gc.collect()
     if torch.device(device).type == "cuda":
