@@ -81,6 +81,7 @@ class GraphSafeLayer(StaticLayer):
         torch._dynamo.mark_static_address(self.keys)
         torch._dynamo.mark_static_address(self.values)
         self.is_initialized = True
+        self.check_input(key_states, value_states)  # the buffers were sized from the keys: do the values fit them?
 
     def offload(self):
         raise GraphSafeError("a graph-safe cache cannot be offloaded: a captured graph reads its buffers by address")
@@ -203,26 +204,34 @@ class GraphSafeStaticCache(StaticCache):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Write the valid tokens of ``key_states``/``value_states`` ``[batch, kv_heads, T, head_dim]`` and return
         the visible buffers ``[batch, kv_heads, max_cache_len, head_dim]``."""
-        if not isinstance(layer_idx, int) or not 0 <= layer_idx < len(self.layers):
-            raise GraphSafeError(f"layer_idx {layer_idx!r} is not a layer of this cache (0..{len(self.layers) - 1}): "
-                                 "build the cache from the model's config")
+        self.check_update(key_states, value_states, layer_idx)  # the refusals, all in one place (below)
         layer = self.layers[layer_idx]
         if not layer.is_initialized:
             layer.lazy_initialization(key_states, value_states)
-        layer.check_input(key_states, value_states)
+        length = key_states.shape[-2]  # T
+        if layer_idx == 0:  # once per forward: where the T rows go (valid ones after the counter, the rest to trash)
+            self._positions = self.write_positions(length, key_states.device)  # [T]
+        layer.keys.index_copy_(2, self._positions, key_states)  # keys: [batch, kv_heads, max_cache_len + 1, head_dim]
+        layer.values.index_copy_(2, self._positions, value_states)
+        if layer_idx == len(self.layers) - 1:  # once per forward: the one counter moves by the valid count
+            self.cache_position.add_(length if self.valid_length is None else self.valid_length)
+            self._positions = None
+        return layer.keys[:, :, : self.max_cache_len], layer.values[:, :, : self.max_cache_len]
+
+    def check_update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int) -> None:
+        """The door of ``update``: refuse a layer that is not the cache's, keys or values its buffers cannot hold,
+        layers out of order within one forward, and (eager only, one host read) a write past ``max_cache_len``."""
+        if not isinstance(layer_idx, int) or not 0 <= layer_idx < len(self.layers):
+            raise GraphSafeError(f"layer_idx {layer_idx!r} is not a layer of this cache (0..{len(self.layers) - 1}): "
+                                 "build the cache from the model's config")
+        if self.layers[layer_idx].is_initialized:  # (a first update checks them once the buffers exist)
+            self.layers[layer_idx].check_input(key_states, value_states)
         length = key_states.shape[-2]
         if layer_idx == 0:
             if self._check_room and not capturing():
                 self._refuse_overflow(length)
-            self._positions = self.write_positions(length, key_states.device)  # once per forward
         elif self._positions is None or self._positions.shape[0] != length:
             raise GraphSafeError("layer updates must come in order 0, 1, ... within one forward (layer 0 computes the write positions)")
-        layer.keys.index_copy_(2, self._positions, key_states)
-        layer.values.index_copy_(2, self._positions, value_states)
-        if layer_idx == len(self.layers) - 1:
-            self.cache_position.add_(length if self.valid_length is None else self.valid_length)  # once per forward
-            self._positions = None
-        return layer.keys[:, :, : self.max_cache_len], layer.values[:, :, : self.max_cache_len]
 
     @contextmanager
     def unchecked(self):

@@ -382,8 +382,10 @@ _CUDA_ERRORS = (RuntimeError, getattr(torch, "AcceleratorError", RuntimeError))
 
 def _refused(e: BaseException) -> CaptureError:
     if "previous error during capture" in str(e):  # what a graph destroyed mid-capture leaves, among other causes
-        return CaptureError(f"CUDA refused the capture: {e}\nEither a host synchronization inside the step, or "
-                            + FREED_DURING_CAPTURE.format(what="if one was"))
+        return CaptureError(f"CUDA refused the capture: {e}\nTwo things spoil a capture this way: a host synchronization "
+                            "inside the step (.item(), bool(tensor), a branch on a tensor's value; keep such work outside "
+                            "the captured function), or a graph destroyed while it recorded. If the step syncs nothing: "
+                            + FREED_DURING_CAPTURE.format(what="CUDA does not say which"))
     return CaptureError(
         f"CUDA refused the capture: {e}\nUsually a host synchronization inside the step (.item(), "
         "bool(tensor), a branch on a tensor's value, a CPU tensor created from GPU data). Keep such work "
@@ -491,6 +493,16 @@ def capture(fn: Callable, *static_inputs: torch.Tensor, warmup: int = 3, emulate
     (also on a GPU, to compare the two). ``before_replay``: a host-side check run before every replay, e.g. to
     refuse a write past the end of a cache before it becomes a device-side assert.
     """
+    check_capture(static_inputs, warmup, emulate)  # the refusals, all in one place (below)
+    device = static_inputs[0].device
+    if device.type == "cuda" and torch.cuda.is_available() and not emulate:
+        return _capture_cuda(fn, static_inputs, warmup, before_replay, device)
+    return _capture_emulated(fn, static_inputs, warmup, before_replay, device)
+
+
+def check_capture(static_inputs: tuple, warmup: int, emulate: bool | None) -> None:
+    """The door of ``capture``: at least one tensor input, all on one device, ``warmup`` an int >= 0, and no
+    ``emulate=False`` (a real CUDA graph) for inputs that are not on a CUDA device."""
     if not static_inputs or not all(isinstance(t, torch.Tensor) for t in static_inputs):
         raise CaptureError("capture(fn, *static_inputs) needs at least one tensor input (the buffer you refill before each replay)")
     if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
@@ -498,12 +510,8 @@ def capture(fn: Callable, *static_inputs: torch.Tensor, warmup: int = 3, emulate
     device = static_inputs[0].device
     if any(t.device != device for t in static_inputs):
         raise CaptureError(f"all static inputs must be on one device, got {sorted({str(t.device) for t in static_inputs})}")
-    real = device.type == "cuda" and torch.cuda.is_available()
-    if emulate is False and not real:
+    if emulate is False and not (device.type == "cuda" and torch.cuda.is_available()):
         raise CaptureError(f"emulate=False asks for a real CUDA graph, but the inputs are on {device}: move them to CUDA or leave emulate=None")
-    if real and not emulate:
-        return _capture_cuda(fn, static_inputs, warmup, before_replay, device)
-    return _capture_emulated(fn, static_inputs, warmup, before_replay, device)
 
 
 # ------------------------------------------------------------------ PyTorch's own recipe, on every machine

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import platform
+import threading
 from contextlib import contextmanager
 from functools import cache
 
@@ -23,19 +24,35 @@ def size(full, quick):
     return quick if quick_mode() else full
 
 
+class _Pause:
+    """Who holds the collector paused, process-wide (the collector is one per process): how many blocks, and whether
+    it was collecting when the first of them began."""
+
+    lock = threading.Lock()
+    blocks = 0
+    collecting = False
+
+
 @contextmanager
 def collector_paused():
     """Pause Python's automatic garbage collection for the block (``timeit``'s rule), then restore it as it was.
 
     The cyclic collector runs at whatever allocation crosses its threshold: inside a timed call it adds its pause to
-    one call's time, and inside a CUDA graph capture it can free a graph and invalidate the capture."""
-    collecting = gc.isenabled()
-    gc.disable()
+    one call's time, and inside a CUDA graph capture it can free a graph and invalidate the capture. Blocks may
+    overlap, in one thread or several (a capture in one thread, a timing in another): the collector resumes when the
+    last of them ends, never while another still needs it paused."""
+    with _Pause.lock:
+        if _Pause.blocks == 0:
+            _Pause.collecting = gc.isenabled()
+        _Pause.blocks += 1
+        gc.disable()
     try:
         yield
     finally:
-        if collecting:
-            gc.enable()
+        with _Pause.lock:
+            _Pause.blocks -= 1
+            if _Pause.blocks == 0 and _Pause.collecting:
+                gc.enable()
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:

@@ -152,3 +152,33 @@ def test_no_lesson_path_module_imports_the_lab():
                 continue
             assert not any(n == "kvlab.lab" or n.startswith("kvlab.lab.") for n in names), \
                 f"{path.relative_to(root)} imports {names[0]}: the lesson path must not import kvlab.lab"
+
+
+@pytest.mark.parametrize("name", ["graph-safe", "graph-safe-kernels"])
+def test_following_one_decode_enters_no_module_twice(name):
+    """On every call stack of one decode, each kvlab module is one run of frames: no module calls down into another
+    that calls back up into it. kvlab.graphs is left out: capture(fn) calls back the step it records (that is its
+    contract), and its emulation watches every operation of that step."""
+    import sys
+
+    model, seen = kvlab.tiny_model("tiny-llama"), set()
+
+    def watch(frame, event, arg):
+        if event != "call" or not frame.f_globals.get("__name__", "").startswith("kvlab."):
+            return
+        runs = []
+        while frame is not None:
+            module = frame.f_globals.get("__name__", "")
+            if module.startswith("kvlab.") and module != "kvlab.graphs" and (not runs or runs[-1] != module):
+                runs.append(module)
+            frame = frame.f_back
+        seen.add(tuple(reversed(runs)))
+
+    sys.setprofile(watch)
+    try:
+        kvlab.decode(model, IDS, 4, strategy=name)
+    finally:
+        sys.setprofile(None)
+    assert any("kvlab.graph_safe_cache" in stack for stack in seen)  # the watch saw the decode
+    again = sorted(" -> ".join(s) for s in seen if len(set(s)) < len(s))
+    assert not again, f"a module entered twice on one call stack: {again[:3]}"

@@ -103,3 +103,36 @@ def test_torch_out_of_range_says_how_to_fix(monkeypatch, found):
 def test_exports():
     assert all(hasattr(kvlab, name) for name in kvlab.__all__)
     assert kvlab.ModelUnavailableError is kvlab.lab.models.ModelUnavailableError and kvlab.size is runtime.size
+
+
+def test_the_collector_stays_paused_until_the_last_overlapping_block_ends():
+    """A timing in one thread and a capture in another each pause the collector: the first to end must not resume
+    it while the other still runs (before, a timing that ended mid-capture re-enabled it)."""
+    import gc
+    import threading
+
+    from kvlab.runtime import collector_paused
+
+    assert gc.isenabled()
+    inside, first_ended, seen = threading.Event(), threading.Event(), []
+
+    def other():
+        with collector_paused():
+            inside.set()
+            assert first_ended.wait(10)
+            seen.append(gc.isenabled())  # the first block has ended: this one still needs the collector paused
+
+    thread = threading.Thread(target=other)
+    with collector_paused():
+        thread.start()
+        assert inside.wait(10)
+    first_ended.set()
+    thread.join()
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:  # a collector the caller had turned off stays off
+        with collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -1,0 +1,44 @@
+"""The code the lessons put on screen carries the idea, not the refusals.
+
+Each function below is shown by a lesson (``show_source``). Its refusals live at its door, a ``check_*`` call or the
+caller's ``check_inputs``, so what a student reads holds no ``raise``: the cache update, the capture, the decode step.
+"""
+
+import ast
+import inspect
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kvlab import decoding, failures, graphs, handwritten
+from kvlab.graph_decoder import GraphSafeDecoder, model_step, prefill_mask
+from kvlab.graph_safe_cache import GraphSafeStaticCache
+from kvlab.kernels.step import kernel_step
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+SHOWN = {  # function: what the lesson's show_source call names
+    decoding.decode_naive: "decoding.decode_naive",
+    decoding.greedy: "decoding.greedy",
+    handwritten.HandwrittenLayer.append: "handwritten.HandwrittenLayer",
+    graphs.capture: "show_source(capture)",
+    failures.decode_static_graph: "show_source(decode_static_graph)",
+    GraphSafeStaticCache.write_positions: "GraphSafeStaticCache.write_positions",
+    GraphSafeStaticCache.update: "GraphSafeStaticCache.update",
+    GraphSafeStaticCache.reset: "GraphSafeStaticCache.reset",
+    prefill_mask: "prefill_mask)",
+    model_step: "show_source(model_step",
+    GraphSafeDecoder.one_step: "GraphSafeDecoder.one_step",
+    GraphSafeDecoder.multi_step: "GraphSafeDecoder.multi_step",
+    GraphSafeDecoder.next_tokens: "GraphSafeDecoder.next_tokens",
+    kernel_step: "kernel_step)",
+}
+
+
+@pytest.mark.parametrize("fn", list(SHOWN), ids=lambda f: f.__qualname__)
+def test_a_function_a_lesson_shows_refuses_nothing_itself(fn):
+    shown = "".join(p.read_text() for p in NOTEBOOKS.glob("*.ipynb"))
+    assert SHOWN[fn] in shown, f"no lesson shows {fn.__qualname__} any more: take it off this list"
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    raises = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Raise)]
+    assert not raises, f"{fn.__qualname__} raises on its own lines {raises}: move the refusal to its door"
