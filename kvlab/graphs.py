@@ -19,12 +19,15 @@ weight, a cache buffer), held by reference, so replay reads and mutates it where
 own writes are undone so that, as on CUDA, capturing itself changes nothing. Emulation gives the same tokens as
 a real graph; it skips the model's Python code at replay, but still launches every operation one by one.
 
-One capture records at a time in a process (other threads wait for it), and no captured step's graph is destroyed
-while one records: destroying a CUDA graph during any capture invalidates that capture ("operation failed due to a
-previous error during capture"). A step dropped while a capture records, by another thread or by the step itself,
-keeps its graph until the capture ends, which then frees it; Python's automatic garbage collection is paused while a
-step records as well, so that a dead reference cycle holding a graph of your own is not collected at whatever
-allocation triggers the collector. Lesson 04's raw recipe (``EMULATED_CUDA.CUDAGraph``) keeps CUDA's own rule:
+One capture (its warm-up calls, recording and synchronizations) runs at a time in a process, other threads'
+captures waiting for it; a CUDA capture refuses unsafe calls in its own thread only (``thread_local``), so other
+threads' eager work and replays run beside it. Two things no capture can allow in another thread: a device-wide
+``torch.cuda.synchronize()`` and CUDA random numbers (torch refuses both while any capture records). No captured
+step's graph is destroyed while one records: destroying a CUDA graph during any capture invalidates that capture
+("operation failed due to a previous error during capture"). A step dropped while a capture runs, by another thread
+or by the step itself, keeps its graph until the capture ends, which then frees it; Python's automatic garbage
+collection is paused while a step records as well, so that a dead reference cycle holding a graph of your own is not
+collected at whatever allocation triggers the collector. Lesson 04's raw recipe (``EMULATED_CUDA.CUDAGraph``) keeps CUDA's own rule:
 a raw graph freed while a capture records makes that capture fail, with the same ``CaptureError`` in the emulation.
 """
 
@@ -121,8 +124,9 @@ class _Recording:
     """The capture recording now in this process: its thread, the raw emulated graphs freed while it records, and
     the graphs of captured steps dropped meanwhile, kept until it ends."""
 
-    lock = threading.Lock()  # one capture at a time per process; held while a captured step's graph is destroyed
-    thread: int | None = None
+    lock = threading.Lock()  # one capture (warm-up to end) at a time per process; held to destroy a captured graph
+    owner: int | None = None  # the thread holding the lock
+    thread: int | None = None  # the thread recording now (its warm-up done)
     freed: list[str] = []
     kept: list = []
 
@@ -142,20 +146,32 @@ FREED_DURING_CAPTURE = (
 
 
 @contextmanager
-def _recording():
-    """Hold the process's capture lock while one capture records, with automatic garbage collection paused (a dead
-    reference cycle holding a graph must not be collected mid-capture); yields the list of raw emulated graphs freed
-    meanwhile, and destroys the graphs of captured steps dropped meanwhile once the recording ends. Python values
-    only: nothing else is left changed when it ends."""
-    if is_recording():
+def _one_capture_at_a_time():
+    """Hold the process's capture lock from a capture's first warm-up call to its end: another thread's capture
+    (its warm-up and device synchronizations included) waits, since CUDA refuses a device-wide sync while any stream
+    captures. Graphs of captured steps dropped meanwhile are destroyed when the lock is let go."""
+    if _Recording.owner == threading.get_ident():
         raise CaptureError("capture() was called inside a step being captured: capture each step on its own")
-    with _Recording.lock, collector_paused():
+    with _Recording.lock:
+        _Recording.owner = threading.get_ident()
+        try:
+            yield
+        finally:
+            _Recording.owner = None
+            _Recording.kept.clear()  # graphs of steps dropped while this capture ran: destroyed now, safely
+
+
+@contextmanager
+def _recording():
+    """Mark this thread as recording (the caller holds ``_one_capture_at_a_time``), with automatic garbage collection
+    paused (a dead reference cycle holding a graph must not be collected mid-capture); yields the list of raw
+    emulated graphs freed meanwhile. Python values only: nothing else is left changed when it ends."""
+    with collector_paused():
         _Recording.thread, _Recording.freed = threading.get_ident(), []
         try:
             yield _Recording.freed
         finally:
             _Recording.thread = None
-            _Recording.kept.clear()  # graphs of steps dropped while this capture recorded: destroyed now, safely
 
 
 @contextmanager
@@ -394,46 +410,50 @@ def _refused(e: BaseException) -> CaptureError:
 
 
 def _capture_cuda(fn, static_inputs, warmup, before_replay, device) -> CapturedStep:
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    t0 = time.perf_counter()
-    with torch.cuda.stream(side):
-        for _ in range(warmup):
-            fn(*static_inputs)  # real calls: every side effect (counters, cache writes) happens
-    torch.cuda.current_stream(device).wait_stream(side)
-    torch.cuda.synchronize(device)
-    with torch.cuda.device(device):
-        # cuBLAS makes its handle at the first matmul of the process (cublasCreate), which a capture refuses
-        # (CUBLAS_STATUS_NOT_INITIALIZED): with warmup=0 in a fresh process, make it here, outside the capture.
-        torch.cuda.current_blas_handle()
-    graph = torch.cuda.CUDAGraph()
-    raised, end_failed = None, False  # what the step itself raised while being captured; capture_end() failed
-    with _recording():
-        try:
-            # torch.cuda.graph's __exit__ restores the current stream only when capture_end() succeeds; this outer
-            # context puts the caller's stream (and device) back however the capture ends.
-            with torch.cuda.stream(torch.cuda.current_stream(device)), torch.cuda.graph(graph):
-                try:
-                    with _no_host_reads(torch.device(device)):  # the emulation's words for .item(), .numpy(), ...
-                        out = fn(*static_inputs)  # recorded, not run
-                except BaseException as e:  # leave the block normally, so that the capture ends; raised below
-                    raised = e
-        except RuntimeError as e:  # capture_begin() or capture_end() failed (an invalidated capture, ...)
-            if raised is None:
-                if "captur" in str(e).lower():
-                    raise _refused(e) from e
-                raise
-            # The capture was spoilt by what the step did before it raised: the step's own error says why, not this.
-            end_failed = True
-            if hasattr(raised, "add_note"):  # Python 3.11+
-                raised.add_note(f"(kvlab.graphs.capture: ending the abandoned CUDA capture then failed too: "
-                                f"{(str(e).strip().splitlines() or [type(e).__name__])[0]})")
-    if raised is not None:
-        if type(raised) in _CUDA_ERRORS and (end_failed or "captur" in str(raised).lower()):
-            raise _refused(raised) from raised  # a CUDA call of the step was refused (a host sync, ...)
-        raise raised  # the step's own exception (e.g. GraphSafeError), with its traceback
-    torch.cuda.synchronize(device)
-    seconds = time.perf_counter() - t0
+    with _one_capture_at_a_time():
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        t0 = time.perf_counter()
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                fn(*static_inputs)  # real calls: every side effect (counters, cache writes) happens
+        torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.synchronize(device)
+        with torch.cuda.device(device):
+            # cuBLAS makes its handle at the first matmul of the process (cublasCreate), which a capture refuses
+            # (CUBLAS_STATUS_NOT_INITIALIZED): with warmup=0 in a fresh process, make it here, outside the capture.
+            torch.cuda.current_blas_handle()
+        graph = torch.cuda.CUDAGraph()
+        raised, end_failed = None, False  # what the step itself raised while being captured; capture_end() failed
+        with _recording():
+            try:
+                # torch.cuda.graph's __exit__ restores the current stream only when capture_end() succeeds; this outer
+                # context puts the caller's stream (and device) back however the capture ends.
+                # thread_local: CUDA refuses unsafe calls (a sync, a cudaMalloc) in this thread only, as the emulation
+                # does; under "global", another thread's eager work (a decode, an .item()) fails and spoils this capture.
+                with (torch.cuda.stream(torch.cuda.current_stream(device)),
+                      torch.cuda.graph(graph, capture_error_mode="thread_local")):
+                    try:
+                        with _no_host_reads(torch.device(device)):  # the emulation's words for .item(), .numpy(), ...
+                            out = fn(*static_inputs)  # recorded, not run
+                    except BaseException as e:  # leave the block normally, so that the capture ends; raised below
+                        raised = e
+            except RuntimeError as e:  # capture_begin() or capture_end() failed (an invalidated capture, ...)
+                if raised is None:
+                    if "captur" in str(e).lower():
+                        raise _refused(e) from e
+                    raise
+                # The capture was spoilt by what the step did before it raised: the step's own error says why, not this.
+                end_failed = True
+                if hasattr(raised, "add_note"):  # Python 3.11+
+                    raised.add_note(f"(kvlab.graphs.capture: ending the abandoned CUDA capture then failed too: "
+                                    f"{(str(e).strip().splitlines() or [type(e).__name__])[0]})")
+        if raised is not None:
+            if type(raised) in _CUDA_ERRORS and (end_failed or "captur" in str(raised).lower()):
+                raise _refused(raised) from raised  # a CUDA call of the step was refused (a host sync, ...)
+            raise raised  # the step's own exception (e.g. GraphSafeError), with its traceback
+        torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - t0
     leaves, spec = _flat_tensors(out, "the captured function")
     return CapturedStep(static_inputs=static_inputs, static_outputs=leaves, spec=spec, emulated=False,
                         capture_seconds=seconds, device=device, warmup=warmup, graph=graph,
@@ -459,20 +479,20 @@ def _libraries_see_a_capture():
 
 def _capture_emulated(fn, static_inputs, warmup, before_replay, device) -> CapturedStep:
     t0 = time.perf_counter()
-    for _ in range(warmup):
-        fn(*static_inputs)  # real calls, as on CUDA: every side effect happens
-
     recorder = _Recorder()
-    with _recording() as freed:
-        try:
-            with recorder, _libraries_see_a_capture(), _no_host_reads():
-                leaves, spec = _flat_tensors(fn(*static_inputs), "the captured function")
-            outputs = [recorder.encode(t) for t in leaves]
-            meta = [(t.shape, t.dtype, t.device) for t in leaves]
-        finally:
-            recorder.undo()  # CUDA's capture runs no kernel: undo what recording ran, so capturing has no side effect
-        if freed:
-            raise CaptureError(FREED_DURING_CAPTURE.format(what="; ".join(freed)))
+    with _one_capture_at_a_time():
+        for _ in range(warmup):
+            fn(*static_inputs)  # real calls, as on CUDA: every side effect happens
+        with _recording() as freed:
+            try:
+                with recorder, _libraries_see_a_capture(), _no_host_reads():
+                    leaves, spec = _flat_tensors(fn(*static_inputs), "the captured function")
+                outputs = [recorder.encode(t) for t in leaves]
+                meta = [(t.shape, t.dtype, t.device) for t in leaves]
+            finally:
+                recorder.undo()  # CUDA's capture runs no kernel: undo what recording ran, so capturing has no side effect
+            if freed:
+                raise CaptureError(FREED_DURING_CAPTURE.format(what="; ".join(freed)))
     traced = RecordedOps(recorder.nodes, outputs)
     del recorder, leaves  # the recording call's intermediates are not needed any more
     # Like a CUDA graph's outputs right after capture, the static outputs exist but hold nothing yet.
@@ -552,7 +572,7 @@ def _emulated_graph(g: EmulatedCUDAGraph):
     if not isinstance(g, EmulatedCUDAGraph):
         raise CaptureError(f"graph() takes an EMULATED_CUDA.CUDAGraph(), got {type(g).__name__}")
     recorder = _Recorder()
-    with _recording() as freed:
+    with _one_capture_at_a_time(), _recording() as freed:
         try:
             with recorder, _libraries_see_a_capture(), _no_host_reads():
                 yield
