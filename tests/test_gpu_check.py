@@ -211,6 +211,7 @@ def test_main_runs_the_tests_then_a_notebook_and_a_second_call_replaces_only_its
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     monkeypatch.setattr(gpu_check, "MODEL_HALF_HERE", tmp_path / "no-half")  # never join the GPU machine's halves
     monkeypatch.setattr(gpu_check, "MODEL_WHEEL", tmp_path / "no-wheel.whl")
+    monkeypatch.setattr(gpu_check, "generated_docs_stale", lambda *paths: [])  # this checkout's, tested below
 
     def tests_of(path):
         monkeypatch.setattr(gpu_check, "TEST_COMMAND", ["-m", "pytest", "-o", "addopts=", "-p", "no:cacheprovider",
@@ -252,3 +253,29 @@ def test_main_runs_the_tests_then_a_notebook_and_a_second_call_replaces_only_its
     assert json.loads(out.read_text()) == again
     assert gpu_check.main([*common, "--missing", "--test-runs", "3"]) == 1  # one run short: the tests run again
     assert [r["passed"] for r in json.loads(out.read_text())["parts"][0]["runs"]] == [False, False, False]
+
+
+def test_the_tests_part_refuses_to_start_while_generated_docs_are_out_of_date(tmp_path, monkeypatch):
+    """README's table of runs and INSTRUCTORS.md's schedule are written from data/notebook_runs.json, and the record
+    tests compare them: rows copied in without refreshing them made a GPU check of three test runs fail twice."""
+    readme, guide = tmp_path / "README.md", tmp_path / "INSTRUCTORS.md"
+    shutil.copy(ROOT / "README.md", readme)
+    shutil.copy(ROOT / "INSTRUCTORS.md", guide)
+    runs, notebooks = ROOT / "data" / "notebook_runs.json", ROOT / "notebooks"
+    tools = ROOT / "tools"
+    for tool, args in [("write_readme_runs.py", ["--readme", str(readme)]), ("write_workshop_schedule.py",
+                                                                             ["--write", "--guide", str(guide)])]:
+        subprocess.run([sys.executable, str(tools / tool), "--runs", str(runs), *args], check=True, capture_output=True)
+    assert gpu_check.generated_docs_stale(runs, readme, guide, notebooks) == []
+    readme.write_text(readme.read_text().replace("| notebook | CPU", "| lesson | CPU", 1))
+    guide.write_text(guide.read_text().replace("#### The schedule", "#### A schedule", 1))
+    stale = gpu_check.generated_docs_stale(runs, readme, guide, notebooks)
+    assert len(stale) == 2, stale
+    assert "README.md" in stale[0] and "python tools/write_readme_runs.py" in stale[0]
+    assert "INSTRUCTORS.md" in stale[1] and "write_workshop_schedule.py --write" in stale[1]
+
+    out = tmp_path / "record.json"
+    monkeypatch.setattr(gpu_check, "GENERATED_DOCS", (readme, guide, notebooks))
+    monkeypatch.setattr(gpu_check, "run_tests", lambda *a, **k: pytest.fail("the tests ran"))
+    assert gpu_check.main(["--parts", "tests", "--out", str(out)]) == 2
+    assert not out.exists()

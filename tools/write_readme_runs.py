@@ -2,6 +2,7 @@
 
     python tools/write_readme_runs.py                                      # from data/notebook_runs.json
     python tools/write_readme_runs.py --runs data/notebook_runs_gpu.json   # from another record
+    python tools/write_readme_runs.py --check                              # write nothing; exit 1 if it would change
 
 The record is what ``tools/run_notebooks.py`` writes (its ``--out``'s STEM.json; a STEM without .json is read
 as STEM.json). The table has one column per hardware
@@ -53,12 +54,13 @@ def readme_table(rows: list[dict], now: dict | None = None) -> str:
     return "\n".join(lines)
 
 
-def refresh_readme(readme: Path, rows: list[dict]) -> bool:
-    """Rewrite the block between the README's markers; True if it changed."""
+def refresh_readme(readme: Path, rows: list[dict], *, write: bool = True) -> bool:
+    """Rewrite the block between the README's markers (``write=False``: only compare); True if it changed."""
     text = readme.read_text()
     start, end = text.index(README_START) + len(README_START), text.index(README_END)
     new = text[:start] + "\n" + readme_table(rows) + "\n" + text[end:]
-    readme.write_text(new)
+    if write:
+        readme.write_text(new)
     return new != text
 
 
@@ -66,9 +68,17 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=Path, default=ROOT / "data" / "notebook_runs.json",
                    help="the recorded runs, tools/run_notebooks.py's STEM.json (default data/notebook_runs.json)")
+    p.add_argument("--readme", type=Path, default=ROOT / "README.md", help="the README to write (default README.md)")
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 if the table differs from what it writes")
     args = p.parse_args(argv)
     rows = json.loads(args.runs.with_suffix(".json").read_text())["runs"]
-    print("README.md", "updated" if refresh_readme(ROOT / "README.md", rows) else "already up to date")
+    changed = refresh_readme(args.readme, rows, write=not args.check)
+    if args.check:
+        if changed:
+            print(f"{args.readme}: the table of runs differs from {args.runs.with_suffix('.json')}; "
+                  "refresh with: python tools/write_readme_runs.py")
+        return int(changed)
+    print(args.readme.name, "updated" if changed else "already up to date")
     return 0
 
 
