@@ -513,16 +513,17 @@ def capture(fn: Callable, *static_inputs: torch.Tensor, warmup: int = 3, emulate
     (also on a GPU, to compare the two). ``before_replay``: a host-side check run before every replay, e.g. to
     refuse a write past the end of a cache before it becomes a device-side assert.
     """
-    check_capture(static_inputs, warmup, emulate)  # the refusals, all in one place (below)
+    real = check_capture(static_inputs, warmup, emulate)  # the refusals, all in one place (below)
     device = static_inputs[0].device
-    if device.type == "cuda" and torch.cuda.is_available() and not emulate:
+    if real:
         return _capture_cuda(fn, static_inputs, warmup, before_replay, device)
     return _capture_emulated(fn, static_inputs, warmup, before_replay, device)
 
 
-def check_capture(static_inputs: tuple, warmup: int, emulate: bool | None) -> None:
+def check_capture(static_inputs: tuple, warmup: int, emulate: bool | None) -> bool:
     """The door of ``capture``: at least one tensor input, all on one device, ``warmup`` an int >= 0, and no
-    ``emulate=False`` (a real CUDA graph) for inputs that are not on a CUDA device."""
+    ``emulate=False`` (a real CUDA graph) for inputs that are not on a CUDA device. Returns whether the capture is a
+    real CUDA graph."""
     if not static_inputs or not all(isinstance(t, torch.Tensor) for t in static_inputs):
         raise CaptureError("capture(fn, *static_inputs) needs at least one tensor input (the buffer you refill before each replay)")
     if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
@@ -530,8 +531,10 @@ def check_capture(static_inputs: tuple, warmup: int, emulate: bool | None) -> No
     device = static_inputs[0].device
     if any(t.device != device for t in static_inputs):
         raise CaptureError(f"all static inputs must be on one device, got {sorted({str(t.device) for t in static_inputs})}")
-    if emulate is False and not (device.type == "cuda" and torch.cuda.is_available()):
+    cuda = device.type == "cuda" and torch.cuda.is_available()
+    if emulate is False and not cuda:
         raise CaptureError(f"emulate=False asks for a real CUDA graph, but the inputs are on {device}: move them to CUDA or leave emulate=None")
+    return cuda and not emulate
 
 
 # ------------------------------------------------------------------ PyTorch's own recipe, on every machine

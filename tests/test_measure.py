@@ -64,7 +64,9 @@ def test_time_decode_refuses_what_it_cannot_time(model):
 
 
 def test_step_clock():
-    clock = measure.StepClock("cpu")
+    from kvlab.decoding import StepClock  # its home: the per-token clock of a decode
+
+    clock = StepClock("cpu")
     for step in range(3):
         clock(step, torch.tensor([[1]]))
     assert len(clock.times) == 3 and all(t >= 0 for t in clock.times)
