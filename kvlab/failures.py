@@ -255,7 +255,7 @@ def padding_pollution(model, prompt_ids, max_new_tokens, *, runner="graph", ref=
     ref = _reference_for(model, prompt_ids, n, ref, 2 * bucket + n)
     cache = make_static_cache(model, ref.slots)
     static_prompt = torch.full((prompt_ids.shape[0], bucket), pad_id, dtype=torch.long, device=prompt_ids.device)
-    static_prompt[:, :p] = prompt_ids  # the seed's full-size buffer: only the first `done` = p tokens are valid
+    static_prompt[:, :p] = prompt_ids  # the old recipe's full-size buffer: only the first `done` = p tokens are valid
 
     def prefill(ids):  # ids: [batch, bucket]
         return greedy(model(ids, cache=cache).logits[:, :p])  # p, the valid count, is a Python int frozen in the graph
@@ -355,8 +355,8 @@ def cache_recreated(model, prompt_ids, max_new_tokens, *, next_ids, runner="grap
                    old_cache_recorder=rec_old)
 
 
-def seed_reset(cache) -> None:
-    """The first seed's reset, literally: zero the layers, then set every counter to ``max_cache_len``."""
+def old_recipe_reset(cache) -> None:
+    """The old override recipe's reset, literally: zero the layers, then set every counter to ``max_cache_len``."""
     for layer in cache.layers:
         layer.reset()
         layer.cumulative_length.fill_(layer.max_cache_len)
@@ -365,7 +365,7 @@ def seed_reset(cache) -> None:
 @torch.inference_mode()
 def reset_out_of_range(model, prompt_ids, max_new_tokens, *, next_ids, runner="graph", ref=None, warmup=WARMUP,
                        guard: bool = True) -> FailureResult:
-    """The seed's reset (counters = ``max_cache_len``): the next write lands past the end of every buffer.
+    """The old recipe's reset (counters = ``max_cache_len``): the next write lands past the end of every buffer.
 
     ``guard=True`` stops it on the host with a clear error; ``guard=False`` lets the write happen, which on CPU is
     an ordinary IndexError and on a GPU a device-side assert that kills the CUDA context (so it is refused there).
@@ -377,7 +377,7 @@ def reset_out_of_range(model, prompt_ids, max_new_tokens, *, next_ids, runner="g
     state = {"cache": make_static_cache(model, ref.slots)}
     graph, static_ids, tokens_a = _first_prompt_through_graph(model, prompt_ids, 4, runner, state, warmup)
     cache = state["cache"]
-    seed_reset(cache)
+    old_recipe_reset(cache)
     rec = CacheRecorder(cache, LAYERS)
     rec.snapshot()  # the cache as the reset left it: empty, every counter at max_cache_len
     after_reset = list(rec.counters[0])
@@ -569,7 +569,7 @@ SCENARIOS: dict[str, dict] = {
                             title="a new StaticCache for the next prompt",
                             cause="the graph holds the old cache's addresses: it reads and writes the previous prompt's buffers"),
     "reset-out-of-range": dict(fn=reset_out_of_range, group=2, frozen=False, needs_next=True,
-                               title="the seed's reset: counters set to max_cache_len",
+                               title="the old recipe's reset: counters set to max_cache_len",
                                cause="the next write targets slots max_cache_len.. which do not exist"),
     "reset-rebinds-counter": dict(fn=reset_rebinds_counter, group=2, frozen=True, needs_next=True,
                                   title="a reset that rebinds cumulative_length to a new tensor",
