@@ -103,7 +103,7 @@ out["device"] = "cuda" if torch.cuda.is_available() else "cpu"
 get("triton", lambda: metadata.version("triton"))
 get("transformers", lambda: metadata.version("transformers"))
 get("hardware", lambda: __import__("kvlab").hardware())
-get("git", lambda: __import__("kvlab.lab.bench").bench.git_state())
+get("git", lambda: __import__("kvlab.lab.bench", fromlist=["git_state"]).git_state())
 print(MARKER + json.dumps(out))
 '''.replace("MARKER", repr(MARKER))
 
