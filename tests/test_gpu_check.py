@@ -241,6 +241,12 @@ def test_main_runs_the_tests_then_a_notebook_and_a_second_call_replaces_only_its
                                                                                         record["code_hash"])
     assert [c["cell"] for c in run["slowest_cells"]] == [0]  # run_notebooks' row
     assert "slowest cell 0: " in gpu_check.table(record["parts"])
+    assert tests["runs"][0]["slowest_tests"] == [{"id": "test_ok.py::test_ok",
+                                                  "seconds": tests["runs"][0]["slowest_tests"][0]["seconds"]}]
+    [call] = record["calls"]  # the tool's own run, from its start: what "under 9 minutes" is measured by
+    assert (call["size"], call["weights"], call["parts"], call["passed"]) == ("quick", "random",
+                                                                              ["tests/", "00_tiny.ipynb"], True)
+    assert 0 <= call["setup_s"] <= call["wall_s"] and call["command"] == tests["command"]
 
     tests_of(tmp_path / "test_no.py")
     assert gpu_check.main([*common, "--parts", "tests", "--test-runs", "2"]) == 1
@@ -249,8 +255,10 @@ def test_main_runs_the_tests_then_a_notebook_and_a_second_call_replaces_only_its
     runs = again["parts"][0]["runs"]
     assert again["parts"][0]["passed"] is False and [r["run"] for r in runs] == [1, 2]
     assert runs[1]["failures"] == [{"id": "test_no.py::test_no", "message": "AssertionError: planted"}]
+    assert [c["parts"] for c in again["calls"]] == [["tests/", "00_tiny.ipynb"], ["tests/"]]
+    assert [c["passed"] for c in again["calls"]] == [True, False]
     assert gpu_check.main([*common, "--missing"]) == 0  # the record holds both parts in this mode: nothing runs
-    assert json.loads(out.read_text()) == again
+    assert json.loads(out.read_text()) == again  # and no call is added for it
     assert gpu_check.main([*common, "--missing", "--test-runs", "3"]) == 1  # one run short: the tests run again
     assert [r["passed"] for r in json.loads(out.read_text())["parts"][0]["runs"]] == [False, False, False]
 
@@ -279,3 +287,23 @@ def test_the_tests_part_refuses_to_start_while_generated_docs_are_out_of_date(tm
     monkeypatch.setattr(gpu_check, "run_tests", lambda *a, **k: pytest.fail("the tests ran"))
     assert gpu_check.main(["--parts", "tests", "--out", str(out)]) == 2
     assert not out.exists()
+
+
+def test_the_probe_names_the_commit_of_this_checkout_or_the_one_it_is_told():
+    """A copy of the working tree carries no .git: $KVLAB_GIT_COMMIT names the commit; here git answers. The probe
+    once imported ``kvlab.lab.bench`` wrongly and recorded ``commit: null`` in every part."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVLAB_GIT_")}
+    found = gpu_check.probe(env)
+    assert "probe_errors" not in found, found.get("probe_errors")
+    assert found["git"]["commit"] == (head if len(head) == 40 else "unknown")  # the GPU machine's copy has no .git
+    told = gpu_check.probe({**env, "KVLAB_GIT_COMMIT": "f" * 40, "KVLAB_GIT_DIRTY": "kvlab/a.py"})
+    assert told["git"] == {"commit": "f" * 40, "uncommitted": ["kvlab/a.py"]}
+
+
+@pytest.mark.parametrize("version, options", [("3.8.0", ["-n", "14", "--dist", "worksteal"]),
+                                              ("3.1.1", ["-n", "14"]), (None, ["-n", "14"])])
+def test_the_workers_steal_work_where_xdist_can(monkeypatch, version, options):
+    monkeypatch.setattr(gpu_check, "installed_version", lambda name: version if name == "pytest-xdist" else None)
+    assert gpu_check.xdist_options(14) == options
+    assert gpu_check.xdist_options(0) == []

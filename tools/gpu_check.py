@@ -13,8 +13,8 @@ prefixes, as tools/run_notebooks.py takes them; default all) ``--notebook-runs``
 kernel through run_notebooks' ``run_notebook``. Default mode: ``KVLAB_QUICK=1`` and ``KVLAB_RANDOM_WEIGHTS=1``.
 ``--full``: ``KVLAB_QUICK=0`` and the real model (``KVLAB_RANDOM_WEIGHTS`` unset, ``KVLAB_REQUIRE_REAL_MODEL=1`` for
 the tests; a notebook that ran on random weights counts as failed); ``--weights`` overrides the weights of either
-mode. The tests run as ``TEST_COMMAND`` with ``--junitxml`` (xunit1, for each case's file), read into per-file
-results.
+mode. The tests run as ``TEST_COMMAND`` with ``-n WORKERS --dist worksteal`` (``xdist_options``) and ``--junitxml``
+(xunit1, for each case's file), read into per-file results.
 
 On a copy of the checkout that carries ``.whl/`` (``../shared/device/wheels.sh --notebooks``) and lacks the pinned
 transformers, the wheels are installed with pip into ``/tmp/site`` and the tool runs itself again with
@@ -30,14 +30,17 @@ The record (``--out``, default data/gpu_check.json): ``code_hash`` (``tools/code
 ``commit`` (``kvlab.lab.bench.git_state``), ``command`` and ``date``. A test run: ``passed``, ``returncode``,
 ``wall_s``, ``pytest_command``, ``counts``, ``failures`` (test id and the first line of its message) and ``files``
 (per test file: ``passed``, counts, ``duration_s``, the sum of its cases' times, ``failures``,
-``cuda_max_allocated_mb`` null); ``output_tail`` when pytest left no report. A notebook run: run_notebooks' row
-(``error``, ``failed_cell``, ``wall_s``, ``slowest_cells`` (up to 5 cells that ran, slowest first: ``cell``,
-``seconds``, ``first_line``), the memory peaks, ``model``, ...) with ``run``, its number. When ``--out``
-holds a record of the same combined hash, the parts run now replace their namesakes and the others stay; another
-hash starts a new record. The file is written after every run, so a call cut short keeps what finished, and
-``--missing`` then runs only what the record of this code and mode lacks (the same command again finishes it). With
-``--full`` and real weights, each notebook's row also goes into ``--runs-out`` (default data/notebook_runs) through
-run_notebooks' ``merge``/``write``.
+``cuda_max_allocated_mb`` null), ``slowest_tests`` (the ``SLOWEST`` slowest cases: ``id``, ``seconds``);
+``output_tail`` when pytest left no report. A notebook run: run_notebooks' row (``error``, ``failed_cell``,
+``wall_s``, ``slowest_cells`` (up to 5 cells that ran, slowest first: ``cell``, ``seconds``, ``first_line``), the
+memory peaks, ``model``, ...) with ``run``, its number. When ``--out`` holds a record of the same combined hash, the
+parts run now replace their namesakes and the others stay; another hash starts a new record. ``calls`` lists each
+run of the tool that ran a part: ``command``, ``size``, ``weights``, ``started``, ``setup_s`` (from the tool's first
+start, the wheels' installation included, to its first part), ``wall_s`` (to its last part so far), ``parts`` and
+``passed``. The file is written after every run, so a call cut short keeps what finished, and ``--missing`` then
+runs only what the record of this code and mode lacks (the same command again finishes it). With ``--full`` and real
+weights, each notebook's row also goes into ``--runs-out`` (default data/notebook_runs) through run_notebooks'
+``merge``/``write``.
 
 Prints a table at the end (under each notebook run, its slowest cell); exits 1 if anything failed. ``--status``
 reads the record, hashes this checkout and prints as its last line ``current: WHAT on HARDWARE at DATE`` (exit 0) or
@@ -78,6 +81,7 @@ JUNIT_OPTIONS = ["-o", "junit_family=xunit1"]  # xunit1 keeps each case's file
 SITE = Path("/tmp/site")
 WHEELS = ROOT / ".whl"
 REEXEC_ENV = "KVLAB_GPU_CHECK_SITE"  # set when the tool runs itself again with SITE on PYTHONPATH
+STARTED_ENV = "KVLAB_GPU_CHECK_STARTED"  # time.time() of the first start, kept across that second start
 MODEL_HALF_HERE = ROOT / ".smolB"
 MODEL_DIR = Path("/root/smol")
 MODEL_HALF_THERE = MODEL_DIR / "a"
@@ -86,6 +90,7 @@ MODEL_CACHE = "/root/kvc"
 PARTS = ("tests", "notebooks")
 GENERATED_DOCS = (ROOT / "README.md", ROOT / "INSTRUCTORS.md", ROOT / "notebooks")  # the record tests compare these
 MARKER = "KVLAB_GPU_CHECK "
+SLOWEST = 10  # test cases kept per run, slowest first
 
 PROBE = r'''
 import json, platform
@@ -231,9 +236,10 @@ def problem_message(problem: ET.Element) -> str:
 def parse_junit(xml: Path, root: Path = ROOT) -> dict:
     """``{"counts": {...}, "failures": [{"id", "message"}], "files": [...]}`` from a pytest junit XML file."""
     files: dict[str, dict] = {}
-    failures = []
+    failures, times = [], []
     for case in ET.parse(xml).getroot().iter("testcase"):
         file = case_file(case, root)
+        times.append((float(case.get("time") or 0), case_id(case, file)))
         entry = files.setdefault(file, {"file": file, "passed": True, "tests": 0, "failed": 0, "errors": 0,
                                         "skipped": 0, "duration_s": 0.0, "failures": [], "cuda_max_allocated_mb": None})
         entry["tests"] += 1
@@ -251,7 +257,19 @@ def parse_junit(xml: Path, root: Path = ROOT) -> dict:
         entry["duration_s"] = round(entry["duration_s"], 2)
     counts = {key: sum(e[key] for e in files.values()) for key in ("tests", "failed", "errors", "skipped")}
     counts["passed"] = counts["tests"] - counts["failed"] - counts["errors"] - counts["skipped"]
-    return {"counts": counts, "failures": failures, "files": sorted(files.values(), key=lambda e: e["file"])}
+    slowest = [{"id": name, "seconds": round(seconds, 2)} for seconds, name in sorted(times, reverse=True)[:SLOWEST]]
+    return {"counts": counts, "failures": failures, "files": sorted(files.values(), key=lambda e: e["file"]),
+            "slowest_tests": slowest}
+
+
+def xdist_options(workers: int) -> list[str]:
+    """``-n WORKERS``, with ``--dist worksteal`` where pytest-xdist has it (3.2 and later): the default scheduler
+    hands each worker a run of neighbouring tests, so one file's slow tests queue on one worker while others idle."""
+    if not workers:
+        return []
+    version = installed_version("pytest-xdist") or "0"
+    major_minor = tuple(int(x) for x in re.findall(r"\d+", version)[:2])
+    return ["-n", str(workers), *(["--dist", "worksteal"] if major_minor >= (3, 2) else [])]
 
 
 def run_tests(command: list[str], *, env: dict, cwd: Path, timeout: float) -> dict:
@@ -392,6 +410,10 @@ def status(out: Path, root: Path) -> int:
     if changed:
         say(f"stale: {code_hash.named(changed)} changed since the GPU check of {date}")
         return 1
+    for call in record.get("calls", []):
+        say(f"  {call['started'][:16].replace('T', ' ')} UTC, {call['size']}, {call['weights']} weights: "
+            f"{'passed' if call['passed'] else 'FAILED'} in {call['wall_s']:.0f} s from the tool's start "
+            f"({call['setup_s']:.0f} s before the first part): {', '.join(call['parts'])}")
     hardware = ", ".join(sorted({str(p.get("hardware")) for p in record["parts"]}))
     say(f"current: {describe(record)} on {hardware} at {date}")
     return 0
@@ -451,6 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     parts = [x.strip() for x in args.parts.split(",") if x.strip()]
     if not parts or set(parts) - set(PARTS) or args.test_runs < 1 or args.notebook_runs < 1:
         p.error(f"--parts takes a comma-separated subset of {', '.join(PARTS)}; --test-runs and --notebook-runs >= 1")
+    os.environ.setdefault(STARTED_ENV, repr(time.time()))  # before bootstrap: installing the wheels counts
     bootstrap(argv)
     if "tests" in parts and (stale := generated_docs_stale(args.runs_out.with_suffix(".json"), *GENERATED_DOCS)):
         say("gpu_check: the tests would fail on generated text that is out of date; refresh it, commit, then run again:")
@@ -487,11 +510,19 @@ def main(argv: list[str] | None = None) -> int:
               "commit": found.get("git"), "command": command}
     done: list[dict] = []
     written = [args.out]
+    started = float(os.environ[STARTED_ENV])
+    call = {"command": command, "size": size, "weights": weights, "hardware": hardware,
+            "started": datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds"),
+            "setup_s": round(time.time() - started, 1), "wall_s": None, "parts": [], "passed": None}
 
     def save(part: dict) -> None:
         part["passed"] = all(run.get("passed") for run in part["runs"])
         part["date"] = now_iso()
         put_part(record, part)
+        if not any(c is call for c in record.setdefault("calls", [])):
+            record["calls"].append(call)
+        call.update(wall_s=round(time.time() - started, 1), parts=[p["name"] for p in done],
+                    passed=all(p["passed"] for p in done))
         write_json(args.out, record)
         copy_to(args.copy_to, *written)
 
@@ -499,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         part = {"part": "tests", "name": "tests/", **common, "runs": []}
         done.append(part)
         for k in range(1, args.test_runs + 1):
-            command = [*TEST_COMMAND, *(["-n", str(args.workers)] if args.workers else [])]
+            command = [*TEST_COMMAND, *xdist_options(args.workers)]
             say(f"[tests {k}/{args.test_runs}] {shlex.join(['python3', *command])} ({size}, {weights} weights)")
             run = run_tests([sys.executable, *command], env=env, cwd=ROOT, timeout=args.timeout)
             part["runs"].append({"run": k, **run})
@@ -533,6 +564,9 @@ def main(argv: list[str] | None = None) -> int:
             say(f"  {'passed' if run['passed'] else 'FAILED: ' + str(run['error'])} in {run['wall_s']:.1f} s")
             save(part)
     say(table(done))
+    if done:
+        say(f"this run took {call['wall_s']:.0f} s from its start, {call['setup_s']:.0f} s of it before the first part "
+            "(installing the wheels, probing the machine)")
     say(f"wrote {', '.join(str(p) for p in written)}" + (f" (copied into {args.copy_to})" if args.copy_to else ""))
     return 0 if all(part["passed"] for part in done) else 1
 
