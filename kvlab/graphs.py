@@ -27,8 +27,9 @@ step's graph is destroyed while one records: destroying a CUDA graph during any 
 ("operation failed due to a previous error during capture"). A step dropped while a capture runs, by another thread
 or by the step itself, keeps its graph until the capture ends, which then frees it; Python's automatic garbage
 collection is paused while a step records as well, so that a dead reference cycle holding a graph of your own is not
-collected at whatever allocation triggers the collector. Lesson 04's raw recipe (``EMULATED_CUDA.CUDAGraph``) keeps CUDA's own rule:
-a raw graph freed while a capture records makes that capture fail, with the same ``CaptureError`` in the emulation.
+collected at whatever allocation triggers the collector. Lesson 04's raw recipe (``EMULATED_CUDA.CUDAGraph``)
+keeps CUDA's own rule: a raw graph freed while a capture records makes that capture fail, with the same
+``CaptureError`` in the emulation.
 """
 
 from __future__ import annotations
