@@ -301,9 +301,39 @@ def test_the_probe_names_the_commit_of_this_checkout_or_the_one_it_is_told():
     assert told["git"] == {"commit": "f" * 40, "uncommitted": ["kvlab/a.py"]}
 
 
-@pytest.mark.parametrize("version, options", [("3.8.0", ["-n", "14", "--dist", "worksteal"]),
-                                              ("3.1.1", ["-n", "14"]), (None, ["-n", "14"])])
-def test_the_workers_steal_work_where_xdist_can(monkeypatch, version, options):
+@pytest.mark.parametrize("version, options, slow_first", [
+    ("3.8.0", ["-n", "14", "--dist", "worksteal"], ["-n", "14", "--dist", "load", "--maxschedchunk", "1"]),
+    ("3.1.1", ["-n", "14"], ["-n", "14"]), (None, ["-n", "14"], ["-n", "14"])])
+def test_the_workers_steal_work_or_take_one_case_at_a_time_where_xdist_can(monkeypatch, version, options, slow_first):
     monkeypatch.setattr(gpu_check, "installed_version", lambda name: version if name == "pytest-xdist" else None)
     assert gpu_check.xdist_options(14) == options
-    assert gpu_check.xdist_options(0) == []
+    assert gpu_check.xdist_options(14, slow_first=True) == slow_first
+    assert gpu_check.xdist_options(0) == [] == gpu_check.xdist_options(0, slow_first=True)
+
+
+def test_the_slowest_recorded_cases_of_every_test_run_slowest_first(tmp_path):
+    runs = [{"slowest_tests": [{"id": "t.py::a", "seconds": 5.0}, {"id": "t.py::b", "seconds": 9.0}]},
+            {"slowest_tests": [{"id": "t.py::a", "seconds": 12.0}, {"id": "t.py::c", "seconds": 1.0}]}, {}]
+    record = {"parts": [{"part": "tests", "runs": runs[:2]}, {"part": "tests", "runs": runs[2:]},
+                        {"part": "notebook", "runs": [{"slowest_tests": [{"id": "nb", "seconds": 99.0}]}]}]}
+    (tmp_path / "r.json").write_text(json.dumps(record))
+    assert gpu_check.recorded_slowest(tmp_path / "r.json") == ["t.py::a", "t.py::b", "t.py::c"]
+    assert gpu_check.recorded_slowest(tmp_path / "none.json") == []
+
+
+def test_the_slowest_cases_run_first_each_beside_another(tmp_path):
+    slow_first = load_tool("slow_first")
+    ids = ["a", "b", "c", "d", "e", "f"]
+    assert [ids[k] for k in slow_first.run_order(ids, ["e", "gone", "c", "e"])] == ["e", "a", "c", "b", "d", "f"]
+    assert slow_first.run_order(ids, []) == list(range(6))
+    (tmp_path / "test_six.py").write_text("".join(f"def test_{x}():\n    pass\n\n" for x in ids))
+
+    def collected(slow):
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "tools"), slow_first.ENV: json.dumps(slow)}
+        done = subprocess.run([sys.executable, "-m", "pytest", "-o", "addopts=", "-p", "no:cacheprovider", "-p",
+                               "slow_first", "--collect-only", "-q", "--rootdir", str(tmp_path), str(tmp_path)],
+                              capture_output=True, text=True, env=env, cwd=tmp_path)
+        return [line.split("::test_")[1] for line in done.stdout.splitlines() if "::test_" in line]
+
+    assert collected(["test_six.py::test_d", "test_six.py::test_b"]) == ["d", "a", "b", "c", "e", "f"]
+    assert collected([]) == ids

