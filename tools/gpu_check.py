@@ -547,15 +547,15 @@ def main(argv: list[str] | None = None) -> int:
     if "tests" in parts:
         part = {"part": "tests", "name": "tests/", **common, "runs": []}
         done.append(part)
+        first = slowest if args.workers else []  # one process runs the cases in turn: no order helps
+        pytest_args = [*TEST_COMMAND, *(["-p", "slow_first"] if first else []), *xdist_options(args.workers, bool(first))]
+        test_env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(ROOT / "tools")])),
+                    slow_first_plugin.ENV: json.dumps(first)}
         for k in range(1, args.test_runs + 1):
-            slow_first = bool(slowest and args.workers)
-            command = [*TEST_COMMAND, *(["-p", "slow_first"] if slow_first else []), *xdist_options(args.workers, slow_first)]
-            test_env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(ROOT / "tools")])),
-                        slow_first_plugin.ENV: json.dumps(slowest if slow_first else [])}
-            say(f"[tests {k}/{args.test_runs}] {shlex.join(['python3', *command])} ({size}, {weights} weights"
-                + (f"; the {len(slowest)} slowest recorded cases first" if slow_first else "") + ")")
-            run = run_tests([sys.executable, *command], env=test_env, cwd=ROOT, timeout=args.timeout)
-            part["runs"].append({"run": k, **run, "slow_first": slowest if slow_first else []})
+            say(f"[tests {k}/{args.test_runs}] {shlex.join(['python3', *pytest_args])} ({size}, {weights} weights"
+                + (f"; the {len(first)} slowest recorded cases first" if first else "") + ")")
+            run = run_tests([sys.executable, *pytest_args], env=test_env, cwd=ROOT, timeout=args.timeout)
+            part["runs"].append({"run": k, **run, "slow_first": first})
             say(f"  {'passed' if run['passed'] else 'FAILED'} in {run['wall_s']:.1f} s: {run['counts']}")
             save(part)
     rows_out = args.full and weights == "real"
