@@ -1,6 +1,7 @@
 """tools/gpu_check.py and tools/code_hash.py on a CPU: the code hash and what it leaves out, --status, merging a
 part into a record, and a pytest run read into per-file results."""
 
+import inspect
 import json
 import os
 import shutil
@@ -301,14 +302,25 @@ def test_the_probe_names_the_commit_of_this_checkout_or_the_one_it_is_told():
     assert told["git"] == {"commit": "f" * 40, "uncommitted": ["kvlab/a.py"]}
 
 
-@pytest.mark.parametrize("version, options, slow_first", [
-    ("3.8.0", ["-n", "14", "--dist", "worksteal"], ["-n", "14", "--dist", "load", "--maxschedchunk", "1"]),
-    ("3.1.1", ["-n", "14"], ["-n", "14"]), (None, ["-n", "14"], ["-n", "14"])])
-def test_the_workers_steal_work_or_take_one_case_at_a_time_where_xdist_can(monkeypatch, version, options, slow_first):
+@pytest.mark.parametrize("version, options", [
+    ("3.8.0", ["-n", "14", "--dist", "loadgroup"]), ("2.5.0", ["-n", "14", "--dist", "loadgroup"]),
+    ("2.4.0", ["-n", "14"]), (None, ["-n", "14"])])
+def test_the_workers_take_one_unit_at_a_time_and_groups_stay_together_where_xdist_can(monkeypatch, version, options):
     monkeypatch.setattr(gpu_check, "installed_version", lambda name: version if name == "pytest-xdist" else None)
     assert gpu_check.xdist_options(14) == options
-    assert gpu_check.xdist_options(14, slow_first=True) == slow_first
-    assert gpu_check.xdist_options(0) == [] == gpu_check.xdist_options(0, slow_first=True)
+    assert gpu_check.xdist_options(0) == []
+
+
+def test_the_benchmarks_record_cases_share_one_worker_so_the_benchmark_runs_once():
+    import test_bench
+
+    uses = [name for name, fn in vars(test_bench).items()
+            if name.startswith("test_") and "record" in inspect.signature(fn).parameters]
+    assert len(uses) >= 4
+    for name in uses:
+        groups = [m.kwargs.get("name", m.args[0] if m.args else None)
+                  for m in getattr(vars(test_bench)[name], "pytestmark", []) if m.name == "xdist_group"]
+        assert groups == ["bench-record"], name
 
 
 def test_the_slowest_recorded_cases_of_every_test_run_slowest_first(tmp_path):
@@ -324,9 +336,13 @@ def test_the_slowest_recorded_cases_of_every_test_run_slowest_first(tmp_path):
 def test_the_slowest_cases_run_first_each_beside_another(tmp_path):
     slow_first = load_tool("slow_first")
     ids = ["a", "b", "c", "d", "e", "f"]
-    assert [ids[k] for k in slow_first.run_order(ids, ["e", "gone", "c", "e"])] == ["e", "a", "c", "b", "d", "f"]
+    assert [ids[k] for k in slow_first.run_order(ids, ["e", "gone", "c", "e"])] == ["e", "c", "a", "b", "d", "f"]
     assert slow_first.run_order(ids, []) == list(range(6))
     (tmp_path / "test_six.py").write_text("".join(f"def test_{x}():\n    pass\n\n" for x in ids))
+    # a conftest that sorts last, as tests/conftest.py does: the slowest cases still lead
+    (tmp_path / "conftest.py").write_text(
+        "import pytest\n\n@pytest.hookimpl(trylast=True)\ndef pytest_collection_modifyitems(items):\n"
+        "    items.sort(key=lambda item: item.name != 'test_f')\n")
 
     def collected(slow):
         env = {**os.environ, "PYTHONPATH": str(ROOT / "tools"), slow_first.ENV: json.dumps(slow)}
@@ -335,5 +351,54 @@ def test_the_slowest_cases_run_first_each_beside_another(tmp_path):
                               capture_output=True, text=True, env=env, cwd=tmp_path)
         return [line.split("::test_")[1] for line in done.stdout.splitlines() if "::test_" in line]
 
-    assert collected(["test_six.py::test_d", "test_six.py::test_b"]) == ["d", "a", "b", "c", "e", "f"]
-    assert collected([]) == ids
+    assert collected(["test_six.py::test_d", "test_six.py::test_b"]) == ["d", "b", "f", "a", "c", "e"]
+    assert collected([]) == ["f", "a", "b", "c", "d", "e"]
+
+
+def test_merge_joins_the_records_of_several_calls_and_refuses_mixed_code(tmp_path, capsys):
+    hashes = {"kvlab": "a", "notebooks": "b", "tests": "c", "combined": "abc"}
+
+    def call_folder(name, parts, rows, code=hashes):
+        folder = tmp_path / name
+        folder.mkdir()
+        record = gpu_check.load_record(folder / "none.json", code)
+        for p in parts:
+            gpu_check.put_part(record, {"part": p[0], "name": p[1], "size": "full", "weights": "real", "date": p[2],
+                                        "runs": [{"run": 1, "passed": True}], "passed": True})
+        record["calls"] = [{"command": f"call {name}", "started": parts[0][2], "size": "full", "weights": "real",
+                            "parts": [p[1] for p in parts], "passed": True, "setup_s": 1.0, "wall_s": 2.0}]
+        gpu_check.write_json(folder / "gpu_check.json", record)
+        (folder / "notebook_runs.json").write_text(json.dumps({"runs": rows}))
+        return folder
+
+    def row(notebook, date, code="abc"):
+        return {"notebook": notebook, "hardware": "GPU", "date": date, "passed": True, "code_hash": {"combined": code}}
+
+    old_row = row("00_a.ipynb", "2026-12-01T00:00:00+00:00", code="old")
+    first = call_folder("1", [("tests", "tests/", "2026-12-02T10:00:00+00:00")], [old_row])
+    second = call_folder("2", [("notebook", "00_a.ipynb", "2026-12-02T11:00:00+00:00"),
+                               ("notebook", "05_b.ipynb", "2026-12-02T11:05:00+00:00")],
+                         [old_row, row("00_a.ipynb", "2026-12-02T11:00:00+00:00"), row("05_b.ipynb", "2026-12-02T11:05:00+00:00")])
+    out, runs = tmp_path / "data" / "gpu_check.json", tmp_path / "data" / "notebook_runs"
+    runs.parent.mkdir()
+    (runs.with_suffix(".json")).write_text(json.dumps({"runs": [old_row, row("06_c.ipynb", "2026-11-30T00:00:00+00:00", "x")]}))
+    assert gpu_check.main(["--merge", str(first), str(second), "--out", str(out), "--runs-out", str(runs)]) == 0
+    merged = json.loads(out.read_text())
+    assert [(p["part"], p["name"]) for p in merged["parts"]] == [("tests", "tests/"), ("notebook", "00_a.ipynb"),
+                                                                  ("notebook", "05_b.ipynb")]
+    assert [c["command"] for c in merged["calls"]] == ["call 1", "call 2"] and merged["code_hash"] == hashes
+    rows = {r["notebook"]: r for r in json.loads(runs.with_suffix(".json").read_text())["runs"]}
+    assert rows["00_a.ipynb"]["date"].startswith("2026-12-02") and rows["05_b.ipynb"]["code_hash"]["combined"] == "abc"
+    assert rows["06_c.ipynb"]["code_hash"]["combined"] == "x"  # another notebook's row stays
+    # merging the same folders again changes nothing
+    before = out.read_text(), runs.with_suffix(".json").read_text()
+    assert gpu_check.main(["--merge", str(second), str(first), "--out", str(out), "--runs-out", str(runs)]) == 0
+    assert (out.read_text(), runs.with_suffix(".json").read_text()) == before
+
+    other = call_folder("3", [("tests", "tests/", "2026-12-02T12:00:00+00:00")], [], code={**hashes, "combined": "zzz"})
+    capsys.readouterr()
+    assert gpu_check.main(["--merge", str(first), str(other), "--out", str(out)]) == 2
+    said = capsys.readouterr().out
+    assert "different code" in said and "zzz" in said and out.read_text() == before[0]
+    assert gpu_check.main(["--merge", str(tmp_path / "nothing"), "--out", str(out)]) == 2
+    assert "--copy-to" in capsys.readouterr().out

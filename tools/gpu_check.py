@@ -6,6 +6,7 @@
     python3 tools/gpu_check.py --full --parts notebooks 05 --notebook-runs 5
     python3 tools/gpu_check.py --copy-to "$OUT"         # also copy every file written into $OUT (a device call)
     python3 tools/gpu_check.py --missing                # only what the record of this code and mode lacks
+    python3 tools/gpu_check.py --merge DIR1 DIR2        # join the records that several device calls copied back
     python3 tools/gpu_check.py --status                 # any machine: is the record current for this checkout?
 
 Nothing runs side by side: the test suite first (``--test-runs`` times), then each chosen notebook (names or
@@ -14,9 +15,9 @@ kernel through run_notebooks' ``run_notebook``. Default mode: ``KVLAB_QUICK=1`` 
 ``--full``: ``KVLAB_QUICK=0`` and the real model (``KVLAB_RANDOM_WEIGHTS`` unset, ``KVLAB_REQUIRE_REAL_MODEL=1`` for
 the tests; a notebook that ran on random weights counts as failed); ``--weights`` overrides the weights of either
 mode. The tests run as ``TEST_COMMAND`` with ``-n WORKERS`` and ``--junitxml``; the slowest cases of the record
-already in ``--out`` (``recorded_slowest``, any code) start first, one per worker (``tools/slow_first.py``, ``-p
-slow_first --dist load --maxschedchunk 1``; ``--dist worksteal`` when the record names none), and the run records
-them as ``slow_first``. The junit report (xunit1, for each case's file) is read into per-file results.
+already in ``--out`` (``recorded_slowest``, any code) start first (``tools/slow_first.py``, ``-p slow_first``), each
+worker taking one unit at a time (``--dist loadgroup``, so the cases of one ``xdist_group`` share a worker and its
+module fixtures), and the run records them as ``slow_first``. The junit report (xunit1, for each case's file) is read into per-file results.
 
 On a copy of the checkout that carries ``.whl/`` (``../shared/device/wheels.sh --notebooks``) and lacks the pinned
 transformers, the wheels are installed with pip into ``/tmp/site`` and the tool runs itself again with
@@ -40,7 +41,10 @@ parts run now replace their namesakes and the others stay; another hash starts a
 run of the tool that ran a part: ``command``, ``size``, ``weights``, ``started``, ``setup_s`` (from the tool's first
 start, the wheels' installation included, to its first part), ``wall_s`` (to its last part so far), ``parts`` and
 ``passed``. The file is written after every run, so a call cut short keeps what finished, and ``--missing`` then
-runs only what the record of this code and mode lacks (the same command again finishes it). With ``--full`` and real
+runs only what the record of this code and mode lacks (the same command again finishes it). A device call's copy
+of the working tree carries this checkout's ``data/``, not what an earlier call wrote there, so each call's record
+comes back in its own ``$OUT``; ``--merge FOLDER ...`` joins them afterwards (``merge_folders``), refusing records
+of different code. With ``--full`` and real
 weights, each notebook's row also goes into ``--runs-out`` (default data/notebook_runs) through run_notebooks'
 ``merge``/``write``.
 
@@ -265,17 +269,18 @@ def parse_junit(xml: Path, root: Path = ROOT) -> dict:
             "slowest_tests": slowest}
 
 
-def xdist_options(workers: int, slow_first: bool = False) -> list[str]:
-    """``-n WORKERS`` and, where pytest-xdist is 3.2 or later, how cases reach the workers: one at a time as each frees
-    up (``--dist load --maxschedchunk 1``) when ``slow_first`` orders the slowest cases first (``tools/slow_first.py``),
-    else ``--dist worksteal``. xdist's default hands each worker a run of neighbouring cases, so one file's slow
-    cases queue on one worker while others idle."""
+def xdist_options(workers: int) -> list[str]:
+    """``-n WORKERS`` and, where pytest-xdist is 2.5 or later, ``--dist loadgroup``: each worker is sent one unit (a
+    case, or every case of one ``@pytest.mark.xdist_group``) and another as it runs low, in the order the cases were
+    collected (``tools/slow_first.py`` puts the slowest first), the largest groups first. A group's cases share a
+    worker, so a module fixture they share runs once: ``--dist load`` and ``worksteal`` would build it on every worker
+    that gets one of them (tests/test_bench.py's benchmark ran up to four times at once on one GPU)."""
     if not workers:
         return []
     version = installed_version("pytest-xdist") or "0"
-    if tuple(int(x) for x in re.findall(r"\d+", version)[:2]) < (3, 2):
+    if tuple(int(x) for x in re.findall(r"\d+", version)[:2]) < (2, 5):
         return ["-n", str(workers)]
-    return ["-n", str(workers), *(["--dist", "load", "--maxschedchunk", "1"] if slow_first else ["--dist", "worksteal"])]
+    return ["-n", str(workers), "--dist", "loadgroup"]
 
 
 def recorded_slowest(path: Path) -> list[str]:
@@ -436,6 +441,57 @@ def status(out: Path, root: Path) -> int:
     return 0
 
 
+def merge_folders(folders: list[Path], out: Path, runs_out: Path) -> int:
+    """Merge the records that several calls copied back (each folder a call's ``$OUT``: ``gpu_check.json``, and with
+    ``--full`` ``notebook_runs.json``) into ``out`` and ``runs_out``. Every record must be of one code hash, which a
+    record already in ``out`` keeps if it shares it. Per part key, the part of the latest date wins; ``calls`` are
+    joined; a notebook row of that code replaces ``runs_out``'s row of the same (notebook, hardware) when it is newer.
+    Returns 0, or 2 (said why) when a folder holds no record or the records are of different code."""
+    records = []
+    for folder in folders:
+        path = folder / out.name
+        if not path.is_file():
+            say(f"gpu_check --merge: {path} is missing: pass the folders that device calls copied back "
+                "(each call's $OUT, written with --copy-to)")
+            return 2
+        records.append((folder, json.loads(path.read_text())))
+    combined = {str((rec.get("code_hash") or {}).get("combined")) for _, rec in records}
+    if len(combined) != 1:
+        say("gpu_check --merge: these records are of different code, so they cannot make one check:")
+        for folder, rec in records:
+            say(f"  {folder}: {str((rec.get('code_hash') or {}).get('combined'))[:12]}")
+        return 2
+    record = load_record(out, records[0][1]["code_hash"])
+    for _, rec in records:
+        for part in rec.get("parts", []):
+            held = [p for p in record["parts"] if part_key(p) == part_key(part)]
+            if not held or held[0]["date"] < part["date"]:
+                put_part(record, part)
+        for call in rec.get("calls", []):
+            if not any((c["started"], c["command"]) == (call["started"], call["command"]) for c in record.setdefault("calls", [])):
+                record["calls"].append(call)
+    record["calls"].sort(key=lambda c: c["started"])
+    write_json(out, record)
+    held = {(r.get("notebook"), r.get("hardware")): r
+            for r in (json.loads(runs_out.with_suffix(".json").read_text()).get("runs", [])
+                      if runs_out.with_suffix(".json").is_file() else [])}
+    newer: dict[tuple, dict] = {}
+    for folder, _ in records:
+        path = folder / runs_out.with_suffix(".json").name
+        for row in json.loads(path.read_text()).get("runs", []) if path.is_file() else []:
+            key = (row.get("notebook"), row.get("hardware"))
+            if (row.get("code_hash") or {}).get("combined") != record["code_hash"]["combined"]:
+                continue
+            best = newer.get(key) or held.get(key)
+            if best is None or str(best.get("date")) < str(row.get("date")):
+                newer[key] = row
+    if newer:
+        run_notebooks.write(runs_out, run_notebooks.merge(runs_out, list(newer.values())))
+    say(f"merged {len(folders)} records into {out}" + (f" and {len(newer)} notebook rows into "
+        f"{runs_out.with_suffix('.json')}" if newer else "") + f": {describe(record)}")
+    return 0
+
+
 def table(parts: list[dict]) -> str:
     def mb(v):
         return "-" if v is None else f"{v:.0f}"
@@ -484,9 +540,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--copy-to", type=Path, help="also copy every file written into this folder (a device call's $OUT)")
     p.add_argument("--status", action="store_true", help="only say whether the record is current for this checkout")
     p.add_argument("--root", type=Path, default=ROOT, help="the checkout hashed by --status (default this one)")
+    p.add_argument("--merge", type=Path, nargs="+", metavar="FOLDER",
+                   help="only merge the records these folders hold (device calls' $OUT) into --out and --runs-out")
     args = p.parse_args(argv)
     if args.status:
         return status(args.out, args.root)
+    if args.merge:
+        return merge_folders(args.merge, args.out, args.runs_out)
     parts = [x.strip() for x in args.parts.split(",") if x.strip()]
     if not parts or set(parts) - set(PARTS) or args.test_runs < 1 or args.notebook_runs < 1:
         p.error(f"--parts takes a comma-separated subset of {', '.join(PARTS)}; --test-runs and --notebook-runs >= 1")
@@ -548,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
         part = {"part": "tests", "name": "tests/", **common, "runs": []}
         done.append(part)
         first = slowest if args.workers else []  # one process runs the cases in turn: no order helps
-        pytest_args = [*TEST_COMMAND, *(["-p", "slow_first"] if first else []), *xdist_options(args.workers, bool(first))]
+        pytest_args = [*TEST_COMMAND, *(["-p", "slow_first"] if first else []), *xdist_options(args.workers)]
         test_env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(ROOT / "tools")])),
                     slow_first_plugin.ENV: json.dumps(first)}
         for k in range(1, args.test_runs + 1):
