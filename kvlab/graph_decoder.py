@@ -70,7 +70,8 @@ class GraphSafeDecoder:
     """Prefill eagerly, capture ``steps`` decode steps in one graph, replay it for any number of prompts.
 
     ``graph=False`` runs the same steps eagerly (the baseline for timings). ``emulate=True`` forces the CPU-style
-    emulation of capture also on a GPU (to compare it with the real graph). ``cache``: an empty
+    emulation of capture also on a GPU (to compare it with the real graph). ``kernel_options``: keywords of the
+    ``"kernels"`` step (``kvlab.kernels.step.KERNEL_OPTIONS``). ``cache``: an empty
     ``GraphSafeStaticCache`` to decode into instead of a new one. ``fused``: decode a copy of the model,
     ``kvlab.fusion.fused_copy(model, **fused)`` (the ``"kernels"`` step always does, with ``attention=False``): a
     copy made here, so later edits to ``model``'s weights do not reach it; build a new decoder after an edit.
@@ -79,7 +80,7 @@ class GraphSafeDecoder:
     def __init__(self, model, max_cache_len: int, batch: int = 1, *, steps: int = 1, step: str = "model",
                  graph: bool = True, compile_mode: str | None = None, prefill_bucket: int | None = None,
                  warmup: int = 3, emulate: bool | None = None, cache: GraphSafeStaticCache | None = None,
-                 fused: dict | None = None):
+                 fused: dict | None = None, kernel_options: dict | None = None):
         check_model(model)
         param = next(model.parameters())
         for name, value in (("batch", batch), ("steps", steps)):
@@ -101,6 +102,15 @@ class GraphSafeDecoder:
             raise ValueError(f"prefill_bucket must be in [1, max_cache_len={max_cache_len}], got {prefill_bucket}")
         if fused is not None and step == "kernels":
             raise ValueError("the 'kernels' step makes its own fused copy (attention=False): drop fused=")
+        if kernel_options:
+            from .kernels.step import KERNEL_OPTIONS
+
+            if step != "kernels":
+                raise ValueError("kernel_options sets the 'kernels' step's variant: pass step='kernels' or drop it")
+            unknown = sorted(set(kernel_options) - set(KERNEL_OPTIONS))
+            if unknown:
+                raise ValueError(f"unknown kernel_options {unknown}; kvlab.kernels.step.kernel_step takes "
+                                 f"{', '.join(KERNEL_OPTIONS)}")
         self.source = model  # what the caller gave; self.model is what runs (a fused copy, for fused= or the kernels)
         if step == "kernels":
             from .kernels.step import check_supported
@@ -113,6 +123,7 @@ class GraphSafeDecoder:
         self.use_graph, self.warmup, self.emulate = graph, warmup, emulate
         self.dtype, self.device = param.dtype, param.device
         self.compile_mode, self.prefill_bucket = compile_mode, prefill_bucket
+        self.kernel_options = dict(kernel_options or {})  # keywords of kernel_step, fixed at build
         self.cache = self._own_cache(cache, max_cache_len)
         self._token = torch.zeros(batch, 1, dtype=torch.long, device=self.device)  # static input AND output of a step
         if step == "kernels":
@@ -185,7 +196,7 @@ class GraphSafeDecoder:
         if self.step_kind == "kernels":
             from .kernels.step import kernel_step
 
-            return kernel_step(self.model, self.cache, token, self.done)
+            return kernel_step(self.model, self.cache, token, self.done, **self.kernel_options)
         return (self.compiled_step or model_step)(self.model, self.cache, token)
 
     def multi_step(self, n: int):
@@ -354,15 +365,21 @@ class GraphSafeDecoder:
                 f"steps={self.steps}{compiled}): {how}")
 
 
+def cache_length(input_ids: torch.Tensor, max_new_tokens: int, max_cache_len: int | None = None,
+                 cache: GraphSafeStaticCache | None = None) -> int:
+    """The cache length of a decoder built for one call: a given ``cache``'s own, else ``max_cache_len``, else
+    prompt + new tokens."""
+    if cache is not None:
+        return cache.max_cache_len if isinstance(cache, GraphSafeStaticCache) else max_cache_len or 1
+    return input_ids.shape[1] + max_new_tokens if max_cache_len is None else max_cache_len
+
+
 def graph_safe_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, max_cache_len: int | None = None,
                        cache: GraphSafeStaticCache | None = None, **settings) -> GraphSafeDecoder:
-    """The decoder ``decode_graph_safe`` builds for one call: batch and cache length from the call (``max_cache_len``,
-    else prompt + new tokens; a given ``cache`` brings its own), ``settings`` for ``GraphSafeDecoder``. Pass it back as
-    ``decoder=`` to replay its graphs in later calls."""
-    if cache is not None:
-        length = cache.max_cache_len if isinstance(cache, GraphSafeStaticCache) else max_cache_len or 1
-    else:
-        length = input_ids.shape[1] + max_new_tokens if max_cache_len is None else max_cache_len
+    """The decoder ``decode_graph_safe`` builds for one call: batch and cache length from the call
+    (``cache_length``), ``settings`` for ``GraphSafeDecoder``. Pass it back as ``decoder=`` to replay its graphs in
+    later calls."""
+    length = cache_length(input_ids, max_new_tokens, max_cache_len, cache)
     return GraphSafeDecoder(model, length, input_ids.shape[0], cache=cache, **settings)
 
 
@@ -430,12 +447,26 @@ def decode_graph_safe_compiled(model, input_ids: torch.Tensor, max_new_tokens: i
         return decoder.generate(input_ids, max_new_tokens, on_token=on_token)
 
 
+def prompt_bucket(prompt_len: int, max_cache_len: int) -> int:
+    """The padded prefill length for a prompt of ``prompt_len`` tokens: the next power of two, at most the cache.
+    Prompts of lengths in (T/2, T] share the bucket T, so a few captured prefills serve every length."""
+    return min(1 << (prompt_len - 1).bit_length(), max_cache_len)
+
+
 def kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, steps: int = 16,
-                    max_cache_len: int | None = None, graph: bool = True) -> GraphSafeDecoder:
+                    max_cache_len: int | None = None, graph: bool = True, captured_prefill: bool = False,
+                    dot_attention: bool = False, tiles: bool = False) -> GraphSafeDecoder:
     """The decoder ``decode_graph_safe_kernels`` builds for one call: kvlab's kernels for the step
-    (``kvlab.kernels.step``), ``steps`` steps per captured graph (a real CUDA graph on a GPU, emulated elsewhere)."""
-    return graph_safe_decoder(model, input_ids, max_new_tokens, max_cache_len=max_cache_len, steps=steps,
-                              step="kernels", graph=graph)
+    (``kvlab.kernels.step``), ``steps`` steps per captured graph (a real CUDA graph on a GPU, emulated elsewhere).
+    ``captured_prefill``: the prefill is captured too (``prefill_bucket``: ``prompt_bucket`` of this prompt), so the
+    first token costs one replay instead of an eager forward that launches every kernel from Python.
+    ``dot_attention``, ``tiles``: ``kvlab.kernels.step.kernel_step``'s options (attention on tensor cores; the
+    matmuls of 2 rows or more as tiles)."""
+    length = cache_length(input_ids, max_new_tokens, max_cache_len)
+    bucket = prompt_bucket(input_ids.shape[1], length) if captured_prefill else None
+    options = {name: True for name, on in (("dot_attention", dot_attention), ("tiles", tiles)) if on} or None
+    return graph_safe_decoder(model, input_ids, max_new_tokens, max_cache_len=length, steps=steps,
+                              step="kernels", graph=graph, prefill_bucket=bucket, kernel_options=options)
 
 
 def decode_graph_safe_kernels(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None,

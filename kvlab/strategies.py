@@ -50,7 +50,7 @@ class Strategy:
     compiled: bool = False  # runs torch.compile (minutes on a 2-core CPU)
     cuda_only: bool = False  # without CUDA it runs uncompiled: the benchmark times it only on a GPU
     warm_full: bool = False  # the first call must be a full-length one (it compiles or captures)
-    ablation: bool = False  # graph-safe-compiled minus one change: timed to show what that change moved
+    ablation: bool = False  # a lesson-06 path with one change: timed to show what that change moves
     exact: bool = True  # False only for lesson 04's first attempt, wrong by design (the benchmark leaves it out)
     steps_per_replay: int = 1  # decode steps one graph replay makes (their tokens reach on_token in a burst)
     build: Callable | None = None  # build(model, input_ids, max_new_tokens, **options): what function builds per call
@@ -108,6 +108,19 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
     _ablation("1-step-graphs", "one decode step per captured graph", steps=1),
     _ablation("no-graph", "the same compiled step launched from Python, no graph", graph=False),
     _ablation("matmul", "matmul kernels instead of GEMV reductions", gemv=False),
+    Strategy("graph-safe-kernels/dot-attention", "variant: graph-safe-kernels with attention's scores and P.V as "
+             "tl.dot over each kv head's query group padded to a 16-row tile (tensor cores in bf16)",
+             decode_graph_safe_kernels, 6, "graph", MappingProxyType({"dot_attention": True}), sized=True,
+             warm_full=True, ablation=True, steps_per_replay=16, build=kernels_decoder),
+    Strategy("graph-safe-kernels/tiles", "variant: graph-safe-kernels with the matmuls of 2 rows or more as tl.dot "
+             "tiles of up to 64 rows (kvlab.kernels.gemv.tile_kernel: the weights read once per tile, the norm, SiLU "
+             "and residual fused, no cuBLAS fallback)", decode_graph_safe_kernels, 6, "graph",
+             MappingProxyType({"tiles": True}), sized=True, warm_full=True, ablation=True, steps_per_replay=16,
+             build=kernels_decoder),
+    Strategy("graph-safe-kernels/captured-prefill", "variant: graph-safe-kernels with the prefill captured too, padded "
+             "to the prompt's power-of-two bucket (kvlab.graph_decoder.prompt_bucket), so the first token is one "
+             "replay", decode_graph_safe_kernels, 6, "graph", MappingProxyType({"captured_prefill": True}), sized=True,
+             warm_full=True, ablation=True, steps_per_replay=16, build=kernels_decoder),
 ]}
 assert all(s.kind in KINDS for s in STRATEGIES.values())
 
@@ -139,7 +152,8 @@ def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str
     return chosen(model, input_ids, max_new_tokens, **kwargs)
 
 
-DECODER_SETTINGS = ("graph", "compile_mode", "prefill_bucket", "steps", "fuse", "gemv", "attention")  # fixed at build
+DECODER_SETTINGS = ("graph", "compile_mode", "prefill_bucket", "captured_prefill", "dot_attention", "tiles",
+                    "kernel_options", "steps", "fuse", "gemv", "attention")  # fixed at build
 
 
 def check_options(options: dict) -> None:

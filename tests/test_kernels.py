@@ -86,7 +86,7 @@ def greedy_decode(model, ids: torch.Tensor, n: int, next_token) -> torch.Tensor:
 def counting(module, name: str, calls: list, record=lambda *a: True):
     """Replace ``module.name`` by a wrapper that appends ``record(*args)`` to ``calls``; returns the restorer."""
     run = getattr(module, name)
-    setattr(module, name, lambda *a: calls.append(record(*a)) or run(*a))
+    setattr(module, name, lambda *a, **kw: calls.append(record(*a)) or run(*a, **kw))
     return lambda: setattr(module, name, run)
 
 
@@ -158,6 +158,10 @@ GEMVS = {  # rows, N, K, the prologue and epilogue: K and N off the block sizes,
 }
 
 
+def dtype_of(gemv_case: tuple) -> torch.dtype:
+    return gemv_case[3].get("dtype", torch.float32)
+
+
 def gemv_inputs(case: str, rows: int | None = None):
     """(x, weight, keyword arguments) of a GEMVS case, with ``rows`` rows instead of the case's if given."""
     case_rows, n, k, opts = GEMVS[case]
@@ -172,9 +176,13 @@ def gemv_inputs(case: str, rows: int | None = None):
     return x, w, kwargs
 
 
-def check_gemv(case: str) -> None:
-    x, w, kwargs = gemv_inputs(case)
-    got = gemv_module.gemv(x, w, **kwargs)
+TILE_ROWS = 5  # rows of the tile-kernel checks: not a tile's multiple, so the row masks are exercised
+
+
+def check_gemv(case: str, tiles: bool = False) -> None:
+    x, w, kwargs = gemv_inputs(case, rows=TILE_ROWS if tiles else None)
+    assert gemv_module.kernel_path(x, tiles) == ("tile" if tiles else "gemv"), "the check would test another path"
+    got = gemv_module.gemv(x, w, **kwargs, tiles=tiles)
     expected = reference(gemv_module.gemv, x, w, **kwargs)
     tol = 1e-4 if x.dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
@@ -189,7 +197,19 @@ ATTENTIONS = {  # batch, heads, kv_heads, slots, head_dim, position (the counter
 }
 
 
-def check_rope_cache_attention(case: str) -> None:
+# Triton's CPU interpreter multiplies bfloat16 operands of tl.dot wrongly (triton-lang/triton#11584), so there the
+# tl.dot attention is checked in float32 only; on a GPU in both dtypes
+DOT_DTYPES = (torch.float32, torch.bfloat16) if DEVICE == "cuda" else (torch.float32,)
+BF16_DOT_SKIP = ("Triton's CPU interpreter multiplies bfloat16 tl.dot operands wrongly (triton-lang/triton#11584); "
+                 "this case runs on a CUDA GPU (python3 -m pytest tests/test_kernels.py there)")
+
+
+def on_tensor_cores(case: str, dtype: torch.dtype):
+    """``case``, skipped with the reason where Triton's interpreter cannot check a bfloat16 ``tl.dot``."""
+    return case if dtype in DOT_DTYPES else pytest.param(case, marks=pytest.mark.skip(reason=BF16_DOT_SKIP))
+
+
+def check_rope_cache_attention(case: str, dot: bool = False) -> None:
     b, heads, kv_heads, slots, d, position, dtype = ATTENTIONS[case]
     gen = torch.Generator().manual_seed(slots)
     rand = lambda *shape: torch.randn(*shape, generator=gen).to(DEVICE, dtype)  # noqa: E731
@@ -199,7 +219,7 @@ def check_rope_cache_attention(case: str) -> None:
     pos = torch.tensor(position, device=DEVICE)
     done = torch.zeros(b * kv_heads, dtype=torch.int32, device=DEVICE)
     k2, v2 = keys.clone(), values.clone()
-    got = attention.rope_cache_attention(qkv, inv_freq, 1.0, keys, values, pos, heads, d**-0.5, done)
+    got = attention.rope_cache_attention(qkv, inv_freq, 1.0, keys, values, pos, heads, d**-0.5, done, dot=dot)
     expected = reference(attention.rope_cache_attention, qkv, inv_freq, 1.0, k2, v2, pos, heads, d**-0.5)
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
@@ -228,12 +248,13 @@ def head_inputs(case: str, rows: int | None = None):
     return x, w, norm
 
 
-def check_greedy_head(case: str) -> None:
+def check_greedy_head(case: str, tiles: bool = False) -> None:
     """The LM head + argmax kernels choose what argmax of the logits chooses, the FIRST index on ties, and
     advance the counter."""
-    x, w, norm = head_inputs(case)
+    x, w, norm = head_inputs(case, rows=TILE_ROWS if tiles else None)
+    assert gemv_module.kernel_path(x, tiles) == ("tile" if tiles else "gemv"), "the check would test another path"
     token, position = torch.zeros(x.shape[0], 1, dtype=torch.long, device=DEVICE), torch.tensor(5, device=DEVICE)
-    gemv_module.greedy_head(x, w, norm, 1e-6, token, position)
+    gemv_module.greedy_head(x, w, norm, 1e-6, token, position, tiles=tiles)
     logits = reference(gemv_module.gemv, x, w, norm=norm)
     if x.dtype == torch.float32:
         expected = logits.argmax(-1, keepdim=True)
@@ -277,17 +298,18 @@ def check_gemm_dispatch(max_rows: int = 2) -> None:
         gemv_module.GEMV_MAX_ROWS, gemv_module._launch_gemv = saved_rows, saved_launch
 
 
-def kernel_step_decode(model, ids: torch.Tensor, n: int) -> torch.Tensor:
-    """Prefill through the fused copy, then ``step.kernel_step`` for each further token -> ``[batch, n]``."""
+def kernel_step_decode(model, ids: torch.Tensor, n: int, **options) -> torch.Tensor:
+    """Prefill through the fused copy, then ``step.kernel_step(..., **options)`` for each further token ->
+    ``[batch, n]``."""
     step.check_supported(model)
     fast = fusion.fused_copy(model, attention=False)
     done = step.arrival_counters(fast, ids.shape[0], ids.device)
-    out = greedy_decode(fast, ids, n, lambda cache, token: step.kernel_step(fast, cache, token, done))
+    out = greedy_decode(fast, ids, n, lambda cache, token: step.kernel_step(fast, cache, token, done, **options))
     assert not done.any(), "the arrival counters are left at zero"
     return out
 
 
-def check_kernel_step(name: str) -> None:
+def check_kernel_step(name: str, dot_attention: bool = False, tiles: bool = False) -> None:
     """The whole step through the kernels (the plain function), token-exact against naive."""
     model = tiny_model(name).to(DEVICE)
     calls = []
@@ -295,7 +317,8 @@ def check_kernel_step(name: str) -> None:
     try:
         ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(6)).to(DEVICE)
         n = tokens(6, 4)
-        assert torch.equal(kernel_step_decode(model, ids, n), decode_naive(model, ids, n)), name
+        out = kernel_step_decode(model, ids, n, dot_attention=dot_attention, tiles=tiles)
+        assert torch.equal(out, decode_naive(model, ids, n)), (name, dot_attention, tiles)
     finally:
         restore()
     assert any(calls), "the kernels never ran: the check would only have tested the PyTorch form"
@@ -335,10 +358,17 @@ def run_checks() -> dict[str, str]:
     checks = {f"kernel-{case}-mask{m}": (check_kernel, case, m) for case in CASES for m in (True, False)}
     checks |= {f"attention-decode-{name}": (check_attention_decode, name) for name in ATTENTION_DECODES}
     checks |= {f"gemv-{case}": (check_gemv, case) for case in GEMVS}
+    checks |= {f"tile-{case}": (check_gemv, case, True) for case in GEMVS if dtype_of(GEMVS[case]) in DOT_DTYPES}
+    checks |= {f"greedy-head-{case}-tiles": (check_greedy_head, case, True) for case in HEADS
+               if HEADS[case][-1] in DOT_DTYPES}
     checks["gemm-dispatch"] = (check_gemm_dispatch,)
     checks |= {f"rope-cache-attention-{case}": (check_rope_cache_attention, case) for case in ATTENTIONS}
+    checks |= {f"rope-cache-attention-{case}-dot": (check_rope_cache_attention, case, True) for case in ATTENTIONS
+               if ATTENTIONS[case][-1] in DOT_DTYPES}
     checks |= {f"greedy-head-{case}": (check_greedy_head, case) for case in HEADS}
     checks |= {f"kernel-step-{name}": (check_kernel_step, name) for name in KERNEL_STEP_DECODES}
+    checks |= {f"kernel-step-{name}-dot": (check_kernel_step, name, True) for name in KERNEL_STEP_DECODES}
+    checks |= {f"kernel-step-{name}-tiles": (check_kernel_step, name, False, True) for name in KERNEL_STEP_DECODES}
     checks |= {f"decode-{name}-graph{g}": (check_decode, name, g) for name, g in DECODES}
     checks["compiled-decode"] = (check_compiled_decode,)
     checks |= {f"kernel-step-decode-{name}": (check_kernel_step_decode, name) for name in DECODER_KERNEL_STEPS}
@@ -406,6 +436,11 @@ def test_rope_cache_attention_kernel_matches_reference(interpreted, case):
     outcome(interpreted, f"rope-cache-attention-{case}", check_rope_cache_attention, case)
 
 
+@pytest.mark.parametrize("case", [on_tensor_cores(case, ATTENTIONS[case][-1]) for case in ATTENTIONS])
+def test_rope_cache_attention_on_tensor_cores_matches_reference(interpreted, case):
+    outcome(interpreted, f"rope-cache-attention-{case}-dot", check_rope_cache_attention, case, True)
+
+
 @pytest.mark.parametrize("case", list(HEADS))
 def test_greedy_head_kernels_match_argmax(interpreted, case):
     outcome(interpreted, f"greedy-head-{case}", check_greedy_head, case)
@@ -414,6 +449,35 @@ def test_greedy_head_kernels_match_argmax(interpreted, case):
 @pytest.mark.parametrize("name", KERNEL_STEP_DECODES)
 def test_kernel_step_through_the_kernels_is_token_exact(interpreted, name):
     outcome(interpreted, f"kernel-step-{name}", check_kernel_step, name)
+
+
+@pytest.mark.parametrize("name", KERNEL_STEP_DECODES)
+def test_kernel_step_with_attention_on_tensor_cores_is_token_exact(interpreted, name):
+    outcome(interpreted, f"kernel-step-{name}-dot", check_kernel_step, name, True)
+
+
+@pytest.mark.parametrize("name", KERNEL_STEP_DECODES)
+def test_kernel_step_with_tiled_matmuls_is_token_exact(interpreted, name):
+    outcome(interpreted, f"kernel-step-{name}-tiles", check_kernel_step, name, False, True)
+
+
+@pytest.mark.parametrize("case", [on_tensor_cores(case, dtype_of(GEMVS[case])) for case in GEMVS])
+def test_tile_kernel_matches_reference(interpreted, case):
+    outcome(interpreted, f"tile-{case}", check_gemv, case, True)
+
+
+@pytest.mark.parametrize("case", [on_tensor_cores(case, HEADS[case][-1]) for case in HEADS])
+def test_greedy_head_tile_kernels_match_argmax(interpreted, case):
+    outcome(interpreted, f"greedy-head-{case}-tiles", check_greedy_head, case, True)
+
+
+def test_the_path_is_the_tile_kernel_from_two_rows_only_when_asked():
+    x = torch.zeros(3, 8, device=DEVICE)
+    here = "tile" if common.available(x) else "torch"
+    assert gemv_module.kernel_path(x, tiles=True) == here
+    assert gemv_module.kernel_path(x[:1], tiles=True) == ("gemv" if common.available(x) else "torch")
+    big = torch.zeros(gemv_module.GEMV_MAX_ROWS + 1, 8, device=DEVICE)
+    assert gemv_module.kernel_path(big) == "torch" and gemv_module.kernel_path(big, tiles=True) == here
 
 
 @pytest.mark.parametrize("name", DECODER_KERNEL_STEPS)
@@ -497,6 +561,42 @@ def test_the_step_advances_the_cache_counter_once(pytorch_form):
     decoder = GraphSafeDecoder(model, 32, 1, steps=2, step="kernels", graph=False)
     decoder.generate(ids, 5)  # prefill (6 tokens) + 4 decode steps
     assert int(decoder.cache.cache_position) == 6 + 4
+
+
+def test_the_captured_prefill_serves_every_prompt_of_its_bucket_and_refuses_a_longer_one(pytorch_form):
+    from kvlab.graph_decoder import GraphSafeError, decode_graph_safe_kernels, kernels_decoder, prompt_bucket
+
+    assert [prompt_bucket(n, 64) for n in (1, 2, 3, 5, 8, 9, 33, 64)] == [1, 2, 4, 8, 8, 16, 64, 64]
+    assert prompt_bucket(40, 48) == 48  # capped at the cache
+    model = tiny_model("tiny-llama")
+    gen = torch.Generator().manual_seed(6)
+    ids = torch.randint(0, 256, (2, 5), generator=gen)
+    decoder = kernels_decoder(model, ids, 9, steps=4, max_cache_len=32, captured_prefill=True)
+    assert decoder.prefill_bucket == 8
+    for prompt_len in (5, 8, 6):  # one captured prefill for each length of the bucket
+        ids = torch.randint(0, 256, (2, prompt_len), generator=gen)
+        out = decode_graph_safe_kernels(model, ids, 9, decoder=decoder)
+        assert torch.equal(out, decode_naive(model, ids, 9)), prompt_len
+    assert decoder.prefill_graph is not None and "prefill graph" in decoder.describe()
+    with pytest.raises(GraphSafeError, match="longer than prefill_bucket=8"):
+        decoder.generate(torch.randint(0, 256, (2, 9), generator=gen), 3)
+
+
+def test_the_kernel_options_reach_the_attention_and_others_are_refused(pytorch_form, monkeypatch):
+    from kvlab.graph_decoder import GraphSafeDecoder, kernels_decoder
+
+    model = tiny_model("tiny-llama")
+    ids = torch.randint(0, 256, (1, 4), generator=torch.Generator().manual_seed(8))
+    seen = []
+    real = step.rope_cache_attention
+    monkeypatch.setattr(step, "rope_cache_attention", lambda *a, dot=False: seen.append(dot) or real(*a, dot=dot))
+    decoder = kernels_decoder(model, ids, 3, steps=1, max_cache_len=16, graph=False, dot_attention=True)
+    assert torch.equal(decoder.generate(ids, 3), decode_naive(model, ids, 3))
+    assert seen and all(seen) and len(seen) == 2 * model.config.num_hidden_layers  # two steps, every layer
+    with pytest.raises(ValueError, match="unknown kernel_options \\['blocks'\\].*dot_attention, tiles"):
+        GraphSafeDecoder(model, 16, step="kernels", kernel_options={"blocks": 4})
+    with pytest.raises(ValueError, match="pass step='kernels'"):
+        GraphSafeDecoder(model, 16, kernel_options={"dot_attention": True})
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-gemma", "tiny-phi3"])

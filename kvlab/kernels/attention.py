@@ -13,7 +13,8 @@ fused the softmax into the score reduction and was slower still (``data/h200_bat
 - ``rope_cache_attention`` (the decode step of ``kvlab.kernels.step``): RoPE on q and the new k (cos/sin computed
   in the kernel from the cache's counter), the new k and v written into the graph-safe cache at the counter, and
   split-K attention over the slots ``<= counter``; the last program of each kv head to finish combines the shares
-  (an arrival counter in memory instead of a second kernel).
+  (an arrival counter in memory instead of a second kernel). ``dot=True`` computes scores and P.V with ``tl.dot``
+  over the kv head's query group padded to a tile (``common.DOT_ROWS``): tensor cores instead of broadcasts.
 
 Everything is accumulated in float32 whatever the cache dtype, so the float32 token check against ``"naive"``
 stays meaningful. Runs on CUDA GPUs of compute capability 8.0 and newer, and on CPU only under Triton's
@@ -78,7 +79,7 @@ if triton is not None:
             offs = b * stride_kb + kvh * stride_kh + slot[:, None] * stride_kl + d[None, :]  # [L, D]
             k = tl.load(K + offs, mask=keep[:, None], other=0.0).to(tl.float32)
             v = tl.load(V + offs, mask=keep[:, None], other=0.0).to(tl.float32)
-            m, s_exp, acc = attend(q, k, v, keep, m, s_exp, acc, scale)
+            m, s_exp, acc = attend(q, k, v, keep, m, s_exp, acc, scale, False, K.dtype.element_ty)
         store_partial(PO, PM, PL, bh, split, splits, m, s_exp, acc, BLOCK_G, D)
 
     @triton.jit
@@ -102,7 +103,7 @@ if triton is not None:
             QKV, INV_FREQ, KC, VC, POS, OUT, PO, PM, PL, DONE, stride_qkv, stride_kb, stride_kh, stride_kl,
             stride_ob, kv_heads, slots, scale, rope_scale,
             HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_L: tl.constexpr,
-            ITERS: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+            ITERS: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr, DOT: tl.constexpr):
         bh, split = tl.program_id(0), tl.program_id(1)  # (batch row, kv head), which share of the cache
         b, kvh = bh // kv_heads, bh % kv_heads
         dt = KC.dtype.element_ty
@@ -140,7 +141,7 @@ if triton is not None:
         new = (slot == pos)[:, None]  # the slot being written: its values are in registers
         keep = (slot <= pos) & (slot < slots)
         m, s_exp, acc = attend(q, tl.where(new, k_new[None, :], k), tl.where(new, v_new[None, :], v), keep,
-                               m, s_exp, acc, scale)
+                               m, s_exp, acc, scale, DOT, dt)
         for i in range(1, ITERS):  # further blocks of this program's share (long caches)
             slot = (split * ITERS + i) * BLOCK_L + tl.arange(0, BLOCK_L)
             keep = (slot <= pos) & (slot < slots)
@@ -148,7 +149,7 @@ if triton is not None:
             new = (slot == pos)[:, None]
             k = tl.where(new, k_new[None, :], tl.load(KC + offs, mask=keep[:, None], other=0.0).to(tl.float32))
             v = tl.where(new, v_new[None, :], tl.load(VC + offs, mask=keep[:, None], other=0.0).to(tl.float32))
-            m, s_exp, acc = attend(q, k, v, keep, m, s_exp, acc, scale)
+            m, s_exp, acc = attend(q, k, v, keep, m, s_exp, acc, scale, DOT, dt)
         out_ptr = OUT + b * stride_ob + heads[:, None] * D + d[None, :]  # [G, D]
         if SPLITS == 1:
             tl.store(out_ptr, (acc / s_exp[:, None]).to(dt), mask=g_in)
@@ -198,7 +199,7 @@ def _(query, key, value, mask, scale):
 
 def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: float, keys: torch.Tensor,
                          values: torch.Tensor, position: torch.Tensor, heads: int, scale: float,
-                         done: torch.Tensor | None = None) -> torch.Tensor:
+                         done: torch.Tensor | None = None, dot: bool = False) -> torch.Tensor:
     """One decode token's attention, with RoPE and the cache write -> ``[batch, heads * head_dim]``.
 
     qkv ``[batch, (heads + 2 kv_heads) * d]`` (the projection's output); inv_freq ``[d / 2]`` and rope_scale: the
@@ -206,6 +207,7 @@ def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: 
     ``[batch, kv_heads, slots + 1, d]`` (the last slot is the trash slot), written in place at ``position`` (the
     cache's counter, a 0-dim tensor); attends to the slots ``<= position``.
     ``done``: int32 zeros ``[batch * kv_heads]``, the kernel's arrival counters (it leaves them at zero).
+    ``dot``: scores and P.V as ``tl.dot`` over the group padded to ``common.DOT_ROWS`` rows (``common.attend``).
     Where ``common.available`` is False: the same math in PyTorch (the reference the kernel is tested against).
     """
     b, kv_heads, slots, d = keys.shape[0], keys.shape[1], keys.shape[2] - 1, keys.shape[3]
@@ -231,6 +233,7 @@ def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: 
         raise ValueError("keys and values must be laid out alike (the cache's buffers are)")
     group = heads // kv_heads
     block_g, iters, splits = _split_plan(group, slots)
+    block_g = max(block_g, common.DOT_ROWS) if dot else block_g
     out = torch.empty(b, heads * d, dtype=keys.dtype, device=keys.device)
     partial_o, partial_m, partial_l = _partials(b * kv_heads * splits * block_g, d, keys.device)
     if done is None:
@@ -239,6 +242,6 @@ def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: 
         qkv, inv_freq, keys, values, position, out, partial_o, partial_m, partial_l, done, qkv.stride(0),
         keys.stride(0), keys.stride(1), keys.stride(2), out.stride(0), kv_heads, slots, scale, rope_scale,
         HEADS=heads, GROUP=group, BLOCK_G=block_g, D=d, BLOCK_L=common.BLOCK_L, ITERS=iters, SPLITS=splits,
-        BLOCK_S=triton.next_power_of_2(splits), PDL=common.pdl(keys.device), num_warps=ATTENTION_WARPS,
+        BLOCK_S=triton.next_power_of_2(splits), PDL=common.pdl(keys.device), DOT=dot, num_warps=ATTENTION_WARPS,
         **common.launch_options(keys.device))
     return out

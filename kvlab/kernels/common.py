@@ -4,7 +4,8 @@
   (through this module, so one monkeypatch of ``common.available`` forces the PyTorch form everywhere) and runs
   the same math in PyTorch where it is False.
 - ``pdl(device)``, ``launch_options(device)``: programmatic dependent launch, where the GPU has it.
-- ``BLOCK_L``, ``MAX_SPLITS``: the split-K layout of both attention kernels (``kvlab.kernels.attention``).
+- ``BLOCK_L``, ``MAX_SPLITS``: the split-K layout of both attention kernels (``kvlab.kernels.attention``);
+  ``DOT_ROWS``: the query rows of a ``tl.dot`` tile, for attention as matrix products.
 - The jit helpers: ``wait_for_previous_kernel`` (PDL), the online softmax (``softmax_start``, ``attend``), and
   the split partial results (``store_partial``, ``combine_splits``), written once for both attention kernels.
 
@@ -36,6 +37,10 @@ BLOCK_L = 32  # cache slots per inner step of an attention program
 # value the H200 sweep of the fused attention kernel chose (data/attempts/h200_kernel_step_sweep_pdl.json, which
 # tried 1 to 16); the split-K kernel's former 32 was never swept. One value keeps the partial-result layout alike.
 MAX_SPLITS = 16
+# Query rows of one ``tl.dot`` tile (its least M on NVIDIA GPUs): with ``dot=True`` the GQA group of a kv head is
+# padded up to it, as vLLM's and SGLang's Triton decode attention pad theirs, and scores and P.V run as matrix
+# products (tensor cores in bf16/fp16) instead of broadcast multiply-and-sum.
+DOT_ROWS = 16
 HAS_GDC = hasattr(getattr(getattr(tl, "extra", None), "cuda", None), "gdc_wait")  # this Triton can wait (PDL)
 
 
@@ -87,10 +92,17 @@ if triton is not None:
         return m, s_exp, acc
 
     @triton.jit
-    def attend(q, k, v, keep, m, s_exp, acc, scale):
+    def attend(q, k, v, keep, m, s_exp, acc, scale, DOT: tl.constexpr, dt: tl.constexpr):
         """One block of slots into the online softmax: q [G, D], k and v [L, D] in float32, keep [L] (False: the
-        slot is masked out, whatever k and v hold there) -> the updated (m [G], s_exp [G], acc [G, D])."""
-        score = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [G, L]
+        slot is masked out, whatever k and v hold there) -> the updated (m [G], s_exp [G], acc [G, D]).
+
+        ``DOT``: scores and P.V as ``tl.dot`` of operands in ``dt`` (the cache's dtype; G >= ``DOT_ROWS``), summed
+        in float32; float32 operands multiply exactly (``input_precision="ieee"``, no TF32), so the float32 token
+        check still holds. Otherwise as broadcasts, all in float32."""
+        if DOT:
+            score = tl.dot(q.to(dt), tl.trans(k.to(dt)), input_precision="ieee") * scale  # [G, L]
+        else:
+            score = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [G, L]
         score = tl.where(keep[None, :], score, float("-inf"))
         m_new = tl.maximum(m, tl.max(score, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no slot seen yet: exp(-inf - 0) = 0
@@ -98,7 +110,10 @@ if triton is not None:
         alpha = tl.exp(m - m_safe)  # rescales what was summed under the old max
         s_exp = s_exp * alpha + tl.sum(p, axis=1)
         v = tl.where(keep[:, None], v, 0.0)  # a masked slot may hold anything (even inf): weigh it 0, exactly
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)  # [G, D]
+        if DOT:  # p rounded to dt, as flash attention does
+            acc = acc * alpha[:, None] + tl.dot(p.to(dt), v.to(dt), input_precision="ieee")  # [G, D]
+        else:
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)  # [G, D]
         return m_new, s_exp, acc
 
     @triton.jit

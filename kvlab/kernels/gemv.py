@@ -16,8 +16,11 @@ programmatic dependent launch (``common.pdl``).
 
 GEMM dispatch: a GEMV streams the weight once per row, so with many rows a GEMM that reads it once for all rows
 wins. Above ``GEMV_MAX_ROWS`` rows ``gemv`` and ``greedy_head`` run their PyTorch form (``F.linear``: cuBLAS on a
-GPU), which is also what they run where ``common.available`` is False (no CUDA outside Triton's interpreter, a GPU
-older than Ampere such as a T4): the reference the kernels are tested against.
+GPU, with the norm, SiLU and residual as kernels of their own), which is also what they run where
+``common.available`` is False (no CUDA outside Triton's interpreter, a GPU older than Ampere such as a T4): the
+reference the kernels are tested against. With ``tiles=True`` (``kernel_path``) 2 rows or more run ``tile_kernel``
+instead: the same prologue and epilogue around a ``tl.dot`` over tiles of up to 64 rows, so the weights are read
+once per tile of rows and nothing falls back to unfused cuBLAS.
 """
 
 from __future__ import annotations
@@ -51,17 +54,18 @@ if triton is not None:
     from .common import wait_for_previous_kernel
 
     @triton.jit
-    def _x_tile(x_row, NORM, k, K, rstd, PROLOGUE: tl.constexpr, dt: tl.constexpr):
-        """x[k] after the prologue, in float32, rounded to dt where transformers rounds."""
-        k_in = k < K
+    def _x_tile(x_row, NORM, k, K, rstd, inside, PROLOGUE: tl.constexpr, dt: tl.constexpr):
+        """x[k] after the prologue, in float32, rounded to dt where transformers rounds. One row (``x_row`` a
+        pointer, ``k`` [K_b], ``rstd`` a number) or a tile of rows (``x_row`` [M_b, 1], ``k`` [1, K_b], ``rstd``
+        [M_b, 1]); ``inside``: where the load is in bounds (k < K, and the row exists)."""
         if PROLOGUE == 2:  # x holds [gate | up]: SiLU(gate) * up
-            gate = tl.load(x_row + k, mask=k_in, other=0.0).to(tl.float32)
-            up = tl.load(x_row + K + k, mask=k_in, other=0.0).to(tl.float32)
+            gate = tl.load(x_row + k, mask=inside, other=0.0).to(tl.float32)
+            up = tl.load(x_row + K + k, mask=inside, other=0.0).to(tl.float32)
             x = ((gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
         else:
-            x = tl.load(x_row + k, mask=k_in, other=0.0).to(tl.float32)
+            x = tl.load(x_row + k, mask=inside, other=0.0).to(tl.float32)
             if PROLOGUE == 1:  # weight * (x * rstd).to(dtype), as LlamaRMSNorm
-                w_norm = tl.load(NORM + k, mask=k_in, other=0.0).to(tl.float32)
+                w_norm = tl.load(NORM + k, mask=k < K, other=0.0).to(tl.float32)
                 x = ((x * rstd).to(dt).to(tl.float32) * w_norm).to(dt).to(tl.float32)
         return x
 
@@ -84,11 +88,11 @@ if triton is not None:
                 x = tl.load(x_row + start + kk, mask=start + kk < K, other=0.0).to(tl.float32)
                 squares += x * x
             rstd = 1.0 / tl.sqrt(tl.sum(squares, 0) / K + eps)
-        acc = w.to(tl.float32) * _x_tile(x_row, NORM, kk, K, rstd, PROLOGUE, dt)[None, :]
+        acc = w.to(tl.float32) * _x_tile(x_row, NORM, kk, K, rstd, kk < K, PROLOGUE, dt)[None, :]
         for start in range(BLOCK_K, K, BLOCK_K):
             k = start + kk
             w = tl.load(W + n[:, None] * K + k[None, :], mask=n_in[:, None] & (k < K)[None, :], other=0.0)
-            acc += w.to(tl.float32) * _x_tile(x_row, NORM, k, K, rstd, PROLOGUE, dt)[None, :]
+            acc += w.to(tl.float32) * _x_tile(x_row, NORM, k, K, rstd, k < K, PROLOGUE, dt)[None, :]
         y = tl.sum(acc, 1)  # [N_b]
         if HAS_BIAS:
             y += tl.load(BIAS + n, mask=n_in, other=0.0).to(tl.float32)
@@ -101,6 +105,52 @@ if triton is not None:
             tl.store(IDX + row * stride_out + block, block * BLOCK_N + best)
         else:
             tl.store(OUT + row * stride_out + n, y.to(dt), mask=n_in)
+
+    @triton.jit
+    def tile_kernel(X, W, BIAS, NORM, RES, OUT, IDX, M, N, K, stride_x, stride_res, stride_out, eps,
+                    PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+        """``gemv_kernel`` for a tile of ``BLOCK_M`` rows: each weight tile is read once for all of them and
+        multiplied with ``tl.dot`` (tensor cores in bf16; float32 operands exactly, ``input_precision="ieee"``).
+        The same prologue (``_x_tile``) and the same epilogue, on [rows, outputs] tiles."""
+        tile, block = tl.program_id(0), tl.program_id(1)
+        dt = W.dtype.element_ty
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # [M_b] this program's rows
+        r_in = rows < M
+        n = block * BLOCK_N + tl.arange(0, BLOCK_N)  # [N_b] its outputs
+        n_in = n < N
+        kk = tl.arange(0, BLOCK_K)
+        x_rows = X + rows[:, None] * stride_x  # [M_b, 1]
+        w = tl.load(W + n[:, None] * K + kk[None, :], mask=n_in[:, None] & (kk < K)[None, :], other=0.0)  # [N_b, K_b]
+        wait_for_previous_kernel(PDL)
+        rstd = 0.0
+        if PROLOGUE == 1:
+            squares = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
+            for start in range(0, K, BLOCK_K):
+                x = tl.load(x_rows + start + kk[None, :], mask=r_in[:, None] & (start + kk < K)[None, :],
+                            other=0.0).to(tl.float32)
+                squares += x * x
+            rstd = (1.0 / tl.sqrt(tl.sum(squares, 1) / K + eps))[:, None]  # [M_b, 1]
+        x = _x_tile(x_rows, NORM, kk[None, :], K, rstd, r_in[:, None] & (kk < K)[None, :], PROLOGUE, dt)  # [M_b, K_b]
+        acc = tl.dot(x.to(dt), tl.trans(w.to(dt)), input_precision="ieee")  # [M_b, N_b] float32
+        for start in range(BLOCK_K, K, BLOCK_K):
+            k = start + kk
+            w = tl.load(W + n[:, None] * K + k[None, :], mask=n_in[:, None] & (k < K)[None, :], other=0.0)
+            x = _x_tile(x_rows, NORM, k[None, :], K, rstd, r_in[:, None] & (k < K)[None, :], PROLOGUE, dt)
+            acc += tl.dot(x.to(dt), tl.trans(w.to(dt)), input_precision="ieee")
+        y = acc
+        if HAS_BIAS:
+            y += tl.load(BIAS + n, mask=n_in, other=0.0).to(tl.float32)[None, :]
+        if HAS_RES:
+            res = tl.load(RES + rows[:, None] * stride_res + n[None, :], mask=r_in[:, None] & n_in[None, :], other=0.0)
+            y = y.to(dt).to(tl.float32) + res.to(tl.float32)
+        if ARGMAX:
+            y = tl.where(n_in[None, :], y.to(dt).to(tl.float32), float("-inf"))
+            best = tl.argmax(y, 1, tie_break_left=True)  # [M_b]
+            tl.store(OUT + rows * stride_out + block, tl.max(y, 1), mask=r_in)
+            tl.store(IDX + rows * stride_out + block, block * BLOCK_N + best, mask=r_in)
+        else:
+            tl.store(OUT + rows[:, None] * stride_out + n[None, :], y.to(dt), mask=r_in[:, None] & n_in[None, :])
 
     @triton.jit
     def _argmax_kernel(VAL, IDX, TOKEN, POS, blocks, stride_val, stride_token,
@@ -123,6 +173,21 @@ def uses_gemv_kernel(x: torch.Tensor) -> bool:
     return x.shape[0] <= GEMV_MAX_ROWS and common.available(x)
 
 
+def kernel_path(x: torch.Tensor, tiles: bool = False) -> str:
+    """Which form ``gemv`` and ``greedy_head`` run for ``x [rows, K]``: ``"tile"`` (``tile_kernel``, with ``tiles``
+    and 2 rows or more, any number of them), ``"gemv"`` (``uses_gemv_kernel``) or ``"torch"`` (the PyTorch form)."""
+    if tiles and x.shape[0] >= 2 and common.available(x):
+        return "tile"
+    return "gemv" if uses_gemv_kernel(x) else "torch"
+
+
+def tile_config(rows: int, n: int, k: int) -> tuple[int, int, int, int]:
+    """(rows per program, outputs per program, K per inner step, warps) of ``tile_kernel``: the rows padded to a
+    ``tl.dot`` tile (16) and up to 64, so each weight tile is read once per 64 rows; 64 outputs and 64 of K per step
+    (not swept yet)."""
+    return min(64, max(16, triton.next_power_of_2(rows))), 64, 64, 4
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """LlamaRMSNorm's arithmetic: float32 statistics, rounded back to x's dtype before the weight."""
     x32 = x.float()
@@ -130,14 +195,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | None = None, norm: torch.Tensor | None = None,
-         eps: float = 1e-6, silu_mul: bool = False, residual: torch.Tensor | None = None) -> torch.Tensor:
+         eps: float = 1e-6, silu_mul: bool = False, residual: torch.Tensor | None = None,
+         tiles: bool = False) -> torch.Tensor:
     """``prologue(x) @ weight.T (+ bias) (+ residual)`` -> ``[rows, N]``.
 
     x ``[rows, K]`` (``[rows, 2K]`` = [gate | up] with ``silu_mul``); weight ``[N, K]``; ``norm``: an RMSNorm weight
-    ``[K]`` applied to x first; ``residual [rows, N]`` added last. More than ``GEMV_MAX_ROWS`` rows, or no kernels
-    here: the PyTorch form (``F.linear``).
+    ``[K]`` applied to x first; ``residual [rows, N]`` added last. ``tiles``: 2 rows or more run ``tile_kernel``
+    (``kernel_path``). Otherwise more than ``GEMV_MAX_ROWS`` rows, or no kernels here: the PyTorch form
+    (``F.linear``).
     """
-    if not uses_gemv_kernel(x):
+    path = kernel_path(x, tiles)
+    if path == "torch":
         if norm is not None:
             x = rms_norm(x, norm, eps)
         if silu_mul:
@@ -146,43 +214,58 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | None = N
         y = F.linear(x, weight, bias)
         return y if residual is None else residual + y
     out = torch.empty(x.shape[0], weight.shape[0], dtype=weight.dtype, device=x.device)
-    _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, None)
+    _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, None, tile_config(x.shape[0], *weight.shape)
+                 if path == "tile" else None)
     return out
 
 
-def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index) -> None:
-    """Launch ``gemv_kernel``; with ``index``, the argmax form (per-program maxima into out/index)."""
+def output_blocks(weight: torch.Tensor, tile: tuple | None) -> int:
+    """Programs along the outputs of a launch over ``weight [N, K]``: ``tile``'s or ``gemv_config``'s block."""
+    n, k = weight.shape
+    return triton.cdiv(n, tile[1] if tile is not None else gemv_config(n, k)[0])
+
+
+def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index, tile=None) -> None:
+    """Launch ``gemv_kernel``, or ``tile_kernel`` with ``tile`` (``tile_config``); with ``index``, the argmax form
+    (per-program maxima into out/index, ``output_blocks`` of them per row)."""
     common.require_dense_rows(x=x, residual=residual)
     if not weight.is_contiguous():
         raise ValueError("weight must be contiguous ([N, K], rows of K): pass weight.contiguous()")
     rows, (n, k) = x.shape[0], weight.shape
-    block_n, block_k, warps = gemv_config(n, k)
-    blocks = triton.cdiv(n, block_n)
-    gemv_kernel[(rows, blocks)](
-        x, weight, bias if bias is not None else weight, norm if norm is not None else weight,
-        residual if residual is not None else out, out, index if index is not None else out, n, k, x.stride(0),
-        residual.stride(0) if residual is not None else 0, out.stride(0), eps,
-        PROLOGUE=SILU_MUL if silu_mul else RMS_NORM if norm is not None else NO_NORM, HAS_BIAS=bias is not None,
-        HAS_RES=residual is not None, ARGMAX=index is not None, BLOCK_N=block_n, BLOCK_K=block_k,
-        PDL=common.pdl(x.device), num_warps=warps, **common.launch_options(x.device))
+    blocks = output_blocks(weight, tile)
+    args = (x, weight, bias if bias is not None else weight, norm if norm is not None else weight,
+            residual if residual is not None else out, out, index if index is not None else out)
+    strides = (x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0), eps)
+    flags = dict(PROLOGUE=SILU_MUL if silu_mul else RMS_NORM if norm is not None else NO_NORM, HAS_BIAS=bias is not None,
+                 HAS_RES=residual is not None, ARGMAX=index is not None, PDL=common.pdl(x.device),
+                 **common.launch_options(x.device))
+    if tile is None:
+        block_n, block_k, warps = gemv_config(n, k)
+        gemv_kernel[(rows, blocks)](*args, n, k, *strides, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **flags)
+    else:
+        block_m, block_n, block_k, warps = tile
+        tile_kernel[(triton.cdiv(rows, block_m), blocks)](*args, rows, n, k, *strides, BLOCK_M=block_m,
+                                                           BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **flags)
 
 
 def greedy_head(x: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor, eps: float, token: torch.Tensor,
-                position: torch.Tensor | None = None) -> torch.Tensor:
+                position: torch.Tensor | None = None, tiles: bool = False) -> torch.Tensor:
     """The LM head and greedy choice: ``argmax(rms_norm(x) @ weight.T)`` written into ``token [rows, 1]`` (in place;
     the kernels never store the logits), and ``position += 1`` when given (the cache's counter, the step's last
-    write). x ``[rows, hidden]``, weight ``[vocab, hidden]``, norm ``[hidden]``. More than ``GEMV_MAX_ROWS`` rows, or
-    no kernels here: the PyTorch form (``F.linear`` and ``argmax``)."""
-    if not uses_gemv_kernel(x):
+    write). x ``[rows, hidden]``, weight ``[vocab, hidden]``, norm ``[hidden]``. ``tiles``: as ``gemv``'s. Otherwise
+    more than ``GEMV_MAX_ROWS`` rows, or no kernels here: the PyTorch form (``F.linear`` and ``argmax``)."""
+    path = kernel_path(x, tiles)
+    if path == "torch":
         token.copy_(F.linear(rms_norm(x, norm, eps), weight).argmax(dim=-1, keepdim=True))
         if position is not None:
             position.add_(1)
         return token
-    rows, n = x.shape[0], weight.shape[0]
-    blocks = triton.cdiv(n, gemv_config(n, weight.shape[1])[0])
+    rows = x.shape[0]
+    tile = tile_config(rows, *weight.shape) if path == "tile" else None
+    blocks = output_blocks(weight, tile)
     maxima = torch.empty(rows, blocks, dtype=torch.float32, device=x.device)  # [rows, blocks] per-program maxima
     where = torch.empty(rows, blocks, dtype=torch.int32, device=x.device)  # [rows, blocks] and their indices
-    _launch_gemv(x, weight, None, norm, eps, False, None, maxima, where)
+    _launch_gemv(x, weight, None, norm, eps, False, None, maxima, where, tile)
     _argmax_kernel[(rows,)](maxima, where, token, position if position is not None else token, blocks,
                             maxima.stride(0), token.stride(0), BLOCK=triton.next_power_of_2(blocks),
                             ADVANCE=position is not None, PDL=common.pdl(x.device),

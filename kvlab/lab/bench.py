@@ -2,7 +2,7 @@
 
 For each batch size and strategy: a token check, a warm-up (compile, capture, autotune: timed apart), then
 the steady-state time per decode step (``kvlab.lab.measure.time_decode``: ``(T(n) - T(1)) / (n - 1)``, no host sync per
-token), tokens/s, peak memory, kernels and GPU busy time per step from ``torch.profiler``, the bandwidth floor
+token), the time to the first token (``prefill_ms``: T(1), the prompt's forward and its argmax), tokens/s, peak memory, kernels and GPU busy time per step from ``torch.profiler``, the bandwidth floor
 (weights + KV cache read once per step, over a measured copy bandwidth), and ratios to ``naive`` and to the
 ``torch.compile(mode="reduce-overhead")`` path. Results go to ``--out``.json and .csv with the environment and
 the exact command.
@@ -39,8 +39,8 @@ from .measure import copy_bandwidth_gbps, profile_steps, time_decode
 from .models import RANDOM_SMOLLM2, ModelUnavailableError, build_model, cast
 
 CACHE_ROUNDING = 16  # max_cache_len = prompt + new tokens rounded up: one cache length per run, graphs reused
-TABLE = ["strategy", "batch", "ms_per_token", "tokens_per_s", "x_naive", "x_reduce_overhead", "compile_or_capture_s",
-         "peak_memory_mb", "exact", "kernels_per_step", "busy_ms_per_step", "x_floor"]
+TABLE = ["strategy", "batch", "ms_per_token", "tokens_per_s", "x_naive", "x_reduce_overhead", "prefill_ms",
+         "compile_or_capture_s", "peak_memory_mb", "exact", "kernels_per_step", "busy_ms_per_step", "x_floor"]
 
 
 def git_state() -> dict:
@@ -186,7 +186,7 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
             row = {"strategy": name, "batch": batch, "about": strategy.about, "prompt_len": prompt_len,
                    "new_tokens": new_tokens, "dtype": str(dtype).removeprefix("torch."), "max_cache_len": length}
             try:
-                if strategy.ablation:
+                if strategy.ablation and strategy.compiled:  # a compile each: the path it varies is checked
                     row.update(exact=None, first_mismatch=None, check="ablation: timed only (graph-safe-compiled is checked)")
                 elif check_tokens and (check_compiled or not strategy.compiled):
                     t0 = time.perf_counter()
