@@ -13,6 +13,10 @@ count); the figure is µs per call, the median of 20 replays. The parts:
 - ``attention``: ``common.MAX_SPLITS``, ``common.BLOCK_L`` and ``ATTENTION_WARPS`` of ``rope_cache_attention``.
 - ``step``: one graph-safe-kernels decode with the fastest configurations, and the kernels of one of its steps,
   in order, from torch.profiler.
+- ``tiles``: ``gemv.tile_kernel``'s configuration per projection at 2 to 64 rows, beside the GEMV kernel and cuBLAS
+  (``graph-safe-kernels/tiles``; sets nothing: ``gemv.tile_config`` takes the result by hand).
+- ``dot-attention``: ``rope_cache_attention`` with broadcasts against ``tl.dot`` (``dot=True``) over splits and
+  block sizes (``graph-safe-kernels/dot-attention``).
 """
 
 import argparse
@@ -175,8 +179,95 @@ def step_profile(results: dict, save) -> None:
         print(f"   {nm:40} x{len(ds):4}  total {sum(ds):7.1f} us  median {sorted(ds)[len(ds) // 2]:5.2f} us")
 
 
+DEVICE = "cuda"  # the parts below take it from here (a CPU smoke run under TRITON_INTERPRET=1 sets "cpu")
+TILE_ROWS = (2, 4, 8, 16, 32, 64)  # the benchmark's batch sizes above 1
+
+
+def sweep_tiles(results: dict, save, time_fn=None) -> None:
+    """``gemv.tile_kernel``'s (rows per program, outputs per program, K per step, warps) per projection and batch,
+    against the GEMV kernel (one weight read per row) and the PyTorch form (cuBLAS, norm and SiLU unfused)."""
+    time_fn = time_fn or per_call_us
+    dt = torch.bfloat16
+    default_config = gemv.tile_config
+    for name, (n, k, opts) in SHAPES.items():
+        head = n > 10000
+        w = torch.randn(n, k, device=DEVICE, dtype=dt) / k**0.5
+        for rows in TILE_ROWS:
+            x = torch.randn(rows, 2 * k if opts.get("silu_mul") else k, device=DEVICE, dtype=dt)
+            kw = {"norm": torch.ones(k, device=DEVICE, dtype=dt) if opts.get("norm") else None,
+                  "residual": torch.zeros(rows, n, device=DEVICE, dtype=dt) if opts.get("residual") else None,
+                  "silu_mul": opts.get("silu_mul", False)}
+            token = torch.zeros(rows, 1, dtype=torch.long, device=DEVICE)
+
+            def call(tiles, max_rows=gemv.GEMV_MAX_ROWS, x=x, w=w, kw=kw, token=token, head=head):
+                saved, gemv.GEMV_MAX_ROWS = gemv.GEMV_MAX_ROWS, max_rows
+                try:
+                    if head:
+                        return gemv.greedy_head(x, w, kw["norm"], 1e-5, token, tiles=tiles)
+                    return gemv.gemv(x, w, **kw, tiles=tiles)
+                finally:
+                    gemv.GEMV_MAX_ROWS = saved
+
+            baseline = {"gemv kernel": time_fn(lambda rows=rows: call(False, max_rows=rows)),
+                        "pytorch (cuBLAS)": time_fn(lambda: call(False, max_rows=0))}
+            timings = []
+            for bm, bn, bk, warps in itertools.product((16, 32, 64), (32, 64, 128), (32, 64, 128), (4, 8)):
+                if bm > max(16, triton_next_pow2(rows)):
+                    continue
+                gemv.tile_config = lambda r, n_, k_, c=(bm, bn, bk, warps): c
+                try:
+                    timings.append((time_fn(lambda: call(True)), (bm, bn, bk, warps)))
+                finally:
+                    gemv.tile_config = default_config
+            timings.sort()
+            default = default_config(rows, n, k)
+            entry = {"rows": rows, "N": n, "K": k, "best": timings[0][1], "best_us": timings[0][0], "default": default,
+                     "default_us": next((t for t, c in timings if c == default), None), **baseline,
+                     "top5": timings[:5]}
+            results.setdefault("tiles", {}).setdefault(name, []).append(entry)
+            print(f"{name:28} rows={rows:3}: tile best {timings[0][1]} {timings[0][0]:7.2f} us, default "
+                  f"{entry['default_us']} | gemv kernel {baseline['gemv kernel']:7.2f} | cuBLAS "
+                  f"{baseline['pytorch (cuBLAS)']:7.2f}", flush=True)
+            save()
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def sweep_dot_attention(results: dict, save, time_fn=None) -> None:
+    """``rope_cache_attention`` with scores and P.V as broadcasts (``dot=False``) and as ``tl.dot`` (``dot=True``),
+    at ``common.MAX_SPLITS`` and ``common.BLOCK_L`` values, for caches of 320 and 2,048 slots."""
+    time_fn = time_fn or per_call_us
+    dt, d = torch.bfloat16, HEAD_DIM
+    inv_freq = 1.0 / (100000 ** (torch.arange(0, d, 2, device=DEVICE).float() / d))
+    saved = common.MAX_SPLITS, common.BLOCK_L
+    for rows, slots, position in ((1, 320, 192), (1, 2048, 1500), (16, 320, 192)):
+        qkv = torch.randn(rows, (HEADS + 2 * KV_HEADS) * d, device=DEVICE, dtype=dt)
+        keys, values = (torch.randn(rows, KV_HEADS, slots + 1, d, device=DEVICE, dtype=dt) for _ in range(2))
+        done = torch.zeros(rows * KV_HEADS, dtype=torch.int32, device=DEVICE)
+        pos = torch.tensor(position, device=DEVICE)
+        timings = []
+        for dot, splits, block_l in itertools.product((False, True), (4, 8, 16, 32), (32, 64, 128)):
+            common.MAX_SPLITS, common.BLOCK_L = splits, block_l
+            try:
+                us = time_fn(lambda dot=dot, a=(qkv, inv_freq, 1.0, keys, values, pos, HEADS, d**-0.5, done):
+                             attention.rope_cache_attention(*a, dot=dot))
+            finally:
+                common.MAX_SPLITS, common.BLOCK_L = saved
+            timings.append((us, (dot, splits, block_l)))
+        timings.sort()
+        best = {dot: next(t for t in timings if t[1][0] is dot) for dot in (False, True)}
+        results.setdefault("dot_attention", []).append({"rows": rows, "slots": slots, "position": position,
+                                                        "best_broadcast": best[False], "best_dot": best[True],
+                                                        "all": timings})
+        print(f"attention rows={rows} slots={slots} pos={position}: broadcast best {best[False][1][1:]} "
+              f"{best[False][0]:.2f} us, tl.dot best {best[True][1][1:]} {best[True][0]:.2f} us", flush=True)
+        save()
+
+
 PARTS = {"decode-attention": sweep_decode_attention, "gemv": sweep_gemv, "attention": sweep_attention,
-         "step": step_profile}
+         "step": step_profile, "tiles": sweep_tiles, "dot-attention": sweep_dot_attention}
 
 
 def main() -> None:
