@@ -464,15 +464,15 @@ def merge_folders(folders: list[Path], out: Path, runs_out: Path) -> int:
     record = load_record(out, records[0][1]["code_hash"])
     for _, rec in records:
         for part in rec.get("parts", []):
-            held = [p for p in record["parts"] if part_key(p) == part_key(part)]
-            if not held or held[0]["date"] < part["date"]:
+            same = [p for p in record["parts"] if part_key(p) == part_key(part)]
+            if not same or same[0]["date"] < part["date"]:
                 put_part(record, part)
         for call in rec.get("calls", []):
             if not any((c["started"], c["command"]) == (call["started"], call["command"]) for c in record.setdefault("calls", [])):
                 record["calls"].append(call)
     record["calls"].sort(key=lambda c: c["started"])
     write_json(out, record)
-    held = {(r.get("notebook"), r.get("hardware")): r
+    rows_here = {(r.get("notebook"), r.get("hardware")): r
             for r in (json.loads(runs_out.with_suffix(".json").read_text()).get("runs", [])
                       if runs_out.with_suffix(".json").is_file() else [])}
     newer: dict[tuple, dict] = {}
@@ -482,7 +482,7 @@ def merge_folders(folders: list[Path], out: Path, runs_out: Path) -> int:
             key = (row.get("notebook"), row.get("hardware"))
             if (row.get("code_hash") or {}).get("combined") != record["code_hash"]["combined"]:
                 continue
-            best = newer.get(key) or held.get(key)
+            best = newer.get(key) or rows_here.get(key)
             if best is None or str(best.get("date")) < str(row.get("date")):
                 newer[key] = row
     if newer:

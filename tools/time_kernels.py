@@ -212,7 +212,7 @@ def sweep_tiles(results: dict, save, time_fn=None) -> None:
                         "pytorch (cuBLAS)": time_fn(lambda: call(False, max_rows=0))}
             timings = []
             for bm, bn, bk, warps in itertools.product((16, 32, 64), (32, 64, 128), (32, 64, 128), (4, 8)):
-                if bm > max(16, triton_next_pow2(rows)):
+                if bm > max(16, common.triton.next_power_of_2(rows)):
                     continue
                 gemv.tile_config = lambda r, n_, k_, c=(bm, bn, bk, warps): c
                 try:
@@ -229,10 +229,6 @@ def sweep_tiles(results: dict, save, time_fn=None) -> None:
                   f"{entry['default_us']} | gemv kernel {baseline['gemv kernel']:7.2f} | cuBLAS "
                   f"{baseline['pytorch (cuBLAS)']:7.2f}", flush=True)
             save()
-
-
-def triton_next_pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
 
 
 def sweep_dot_attention(results: dict, save, time_fn=None) -> None:
