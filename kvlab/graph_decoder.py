@@ -455,16 +455,17 @@ def prompt_bucket(prompt_len: int, max_cache_len: int) -> int:
 
 def kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, steps: int = 16,
                     max_cache_len: int | None = None, graph: bool = True, captured_prefill: bool = False,
-                    dot_attention: bool = False, tiles: bool = False) -> GraphSafeDecoder:
+                    dot_attention: bool = False, tiles: bool = False, early_launch: bool = False) -> GraphSafeDecoder:
     """The decoder ``decode_graph_safe_kernels`` builds for one call: kvlab's kernels for the step
     (``kvlab.kernels.step``), ``steps`` steps per captured graph (a real CUDA graph on a GPU, emulated elsewhere).
     ``captured_prefill``: the prefill is captured too (``prefill_bucket``: ``prompt_bucket`` of this prompt), so the
     first token costs one replay instead of an eager forward that launches every kernel from Python.
-    ``dot_attention``, ``tiles``: ``kvlab.kernels.step.kernel_step``'s options (attention on tensor cores; the
-    matmuls of 2 rows or more as tiles)."""
+    ``dot_attention``, ``tiles``, ``early_launch``: ``kvlab.kernels.step.kernel_step``'s options (attention on tensor
+    cores; the matmuls of 2 rows or more as tiles; each kernel lets the next start at its entry)."""
     length = cache_length(input_ids, max_new_tokens, max_cache_len)
     bucket = prompt_bucket(input_ids.shape[1], length) if captured_prefill else None
-    options = {name: True for name, on in (("dot_attention", dot_attention), ("tiles", tiles)) if on} or None
+    chosen = (("dot_attention", dot_attention), ("tiles", tiles), ("early_launch", early_launch))
+    options = {name: True for name, on in chosen if on} or None
     return graph_safe_decoder(model, input_ids, max_new_tokens, max_cache_len=length, steps=steps,
                               step="kernels", graph=graph, prefill_bucket=bucket, kernel_options=options)
 

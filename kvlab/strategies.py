@@ -75,6 +75,12 @@ def _ablation(name: str, about: str, **options) -> Strategy:
                     steps_per_replay=options.get("steps", 16) if name != "no-graph" else 1, build=compiled_decoder)
 
 
+def _kernels_variant(name: str, about: str, **options) -> Strategy:
+    return Strategy(f"graph-safe-kernels/{name}", f"variant: graph-safe-kernels with {about}",
+                    decode_graph_safe_kernels, 6, "graph", MappingProxyType(options), sized=True, warm_full=True,
+                    ablation=True, steps_per_replay=16, build=kernels_decoder)
+
+
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
     Strategy("naive", "no cache: the whole sequence recomputed at every step", decode_naive, 1, "eager"),
     Strategy("handwritten", "lesson 02's own KV cache (torch.cat per step)", decode_handwritten, 2,
@@ -108,19 +114,16 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
     _ablation("1-step-graphs", "one decode step per captured graph", steps=1),
     _ablation("no-graph", "the same compiled step launched from Python, no graph", graph=False),
     _ablation("matmul", "matmul kernels instead of GEMV reductions", gemv=False),
-    Strategy("graph-safe-kernels/dot-attention", "variant: graph-safe-kernels with attention's scores and P.V as "
-             "tl.dot over each kv head's query group padded to a 16-row tile (tensor cores in bf16)",
-             decode_graph_safe_kernels, 6, "graph", MappingProxyType({"dot_attention": True}), sized=True,
-             warm_full=True, ablation=True, steps_per_replay=16, build=kernels_decoder),
-    Strategy("graph-safe-kernels/tiles", "variant: graph-safe-kernels with the matmuls of 2 rows or more as tl.dot "
-             "tiles of up to 64 rows (kvlab.kernels.gemv.tile_kernel: the weights read once per tile, the norm, SiLU "
-             "and residual fused, no cuBLAS fallback)", decode_graph_safe_kernels, 6, "graph",
-             MappingProxyType({"tiles": True}), sized=True, warm_full=True, ablation=True, steps_per_replay=16,
-             build=kernels_decoder),
-    Strategy("graph-safe-kernels/captured-prefill", "variant: graph-safe-kernels with the prefill captured too, padded "
-             "to the prompt's power-of-two bucket (kvlab.graph_decoder.prompt_bucket), so the first token is one "
-             "replay", decode_graph_safe_kernels, 6, "graph", MappingProxyType({"captured_prefill": True}), sized=True,
-             warm_full=True, ablation=True, steps_per_replay=16, build=kernels_decoder),
+    _kernels_variant("dot-attention", "attention's scores and P.V as tl.dot over each kv head's query group padded "
+                     "to a 16-row tile (tensor cores in bf16)", dot_attention=True),
+    _kernels_variant("tiles", "the matmuls of 2 rows or more as tl.dot tiles of up to 64 rows "
+                     "(kvlab.kernels.gemv.tile_kernel: the weights read once per tile, the norm, SiLU and residual "
+                     "fused, no cuBLAS fallback)", tiles=True),
+    _kernels_variant("captured-prefill", "the prefill captured too, padded to the prompt's power-of-two bucket "
+                     "(kvlab.graph_decoder.prompt_bucket), so the first token is one replay", captured_prefill=True),
+    _kernels_variant("early-launch", "programmatic dependent launch one kernel deeper: each kernel lets the next one start at "
+                     "its entry (kvlab.kernels.common.launch_next_kernel), so a kernel loads its weights while the "
+                     "one before it still waits", early_launch=True),
 ]}
 assert all(s.kind in KINDS for s in STRATEGIES.values())
 
@@ -153,7 +156,7 @@ def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str
 
 
 DECODER_SETTINGS = ("graph", "compile_mode", "prefill_bucket", "captured_prefill", "dot_attention", "tiles",
-                    "kernel_options", "steps", "fuse", "gemv", "attention")  # fixed at build
+                    "early_launch", "kernel_options", "steps", "fuse", "gemv", "attention")  # fixed at build
 
 
 def check_options(options: dict) -> None:

@@ -309,7 +309,7 @@ def kernel_step_decode(model, ids: torch.Tensor, n: int, **options) -> torch.Ten
     return out
 
 
-def check_kernel_step(name: str, dot_attention: bool = False, tiles: bool = False) -> None:
+def check_kernel_step(name: str, dot_attention: bool = False, tiles: bool = False, early_launch: bool = False) -> None:
     """The whole step through the kernels (the plain function), token-exact against naive."""
     model = tiny_model(name).to(DEVICE)
     calls = []
@@ -317,8 +317,8 @@ def check_kernel_step(name: str, dot_attention: bool = False, tiles: bool = Fals
     try:
         ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(6)).to(DEVICE)
         n = tokens(6, 4)
-        out = kernel_step_decode(model, ids, n, dot_attention=dot_attention, tiles=tiles)
-        assert torch.equal(out, decode_naive(model, ids, n)), (name, dot_attention, tiles)
+        out = kernel_step_decode(model, ids, n, dot_attention=dot_attention, tiles=tiles, early_launch=early_launch)
+        assert torch.equal(out, decode_naive(model, ids, n)), (name, dot_attention, tiles, early_launch)
     finally:
         restore()
     assert any(calls), "the kernels never ran: the check would only have tested the PyTorch form"
@@ -369,6 +369,8 @@ def run_checks() -> dict[str, str]:
     checks |= {f"kernel-step-{name}": (check_kernel_step, name) for name in KERNEL_STEP_DECODES}
     checks |= {f"kernel-step-{name}-dot": (check_kernel_step, name, True) for name in KERNEL_STEP_DECODES}
     checks |= {f"kernel-step-{name}-tiles": (check_kernel_step, name, False, True) for name in KERNEL_STEP_DECODES}
+    checks |= {f"kernel-step-{name}-early": (check_kernel_step, name, False, False, True)
+               for name in KERNEL_STEP_DECODES}
     checks |= {f"decode-{name}-graph{g}": (check_decode, name, g) for name, g in DECODES}
     checks["compiled-decode"] = (check_compiled_decode,)
     checks |= {f"kernel-step-decode-{name}": (check_kernel_step_decode, name) for name in DECODER_KERNEL_STEPS}
@@ -459,6 +461,13 @@ def test_kernel_step_with_attention_on_tensor_cores_is_token_exact(interpreted, 
 @pytest.mark.parametrize("name", KERNEL_STEP_DECODES)
 def test_kernel_step_with_tiled_matmuls_is_token_exact(interpreted, name):
     outcome(interpreted, f"kernel-step-{name}-tiles", check_kernel_step, name, False, True)
+
+
+@pytest.mark.parametrize("name", KERNEL_STEP_DECODES)
+def test_kernel_step_with_early_launch_is_token_exact(interpreted, name):
+    """On a GPU with PDL each kernel lets the next start at its entry, and attention reads the counter after its
+    wait; in the interpreter (no PDL) the same code path computes the same tokens."""
+    outcome(interpreted, f"kernel-step-{name}-early", check_kernel_step, name, False, False, True)
 
 
 @pytest.mark.parametrize("case", [on_tensor_cores(case, dtype_of(GEMVS[case])) for case in GEMVS])

@@ -58,7 +58,14 @@ def _partials(rows: int, d: int, device: torch.device) -> tuple[torch.Tensor, to
 
 
 if triton is not None:
-    from .common import attend, combine_splits, softmax_start, store_partial, wait_for_previous_kernel
+    from .common import (
+        attend,
+        combine_splits,
+        launch_next_kernel,
+        softmax_start,
+        store_partial,
+        wait_for_previous_kernel,
+    )
 
     @triton.jit
     def _partial_kernel(Q, K, V, MASK, PO, PM, PL, stride_qb, stride_qh, stride_kb, stride_kh, stride_kl,
@@ -103,26 +110,32 @@ if triton is not None:
             QKV, INV_FREQ, KC, VC, POS, OUT, PO, PM, PL, DONE, stride_qkv, stride_kb, stride_kh, stride_kl,
             stride_ob, kv_heads, slots, scale, rope_scale,
             HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_L: tl.constexpr,
-            ITERS: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr, DOT: tl.constexpr):
+            ITERS: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr, DOT: tl.constexpr,
+            EARLY: tl.constexpr):
+        launch_next_kernel(PDL, EARLY)
         bh, split = tl.program_id(0), tl.program_id(1)  # (batch row, kv head), which share of the cache
         b, kvh = bh // kv_heads, bh % kv_heads
         dt = KC.dtype.element_ty
         g, d = tl.arange(0, BLOCK_G), tl.arange(0, D)
         cache = b * stride_kb + kvh * stride_kh
-        # Before waiting for the q/k/v projection: this token's position and the first block of the cache (slots
-        # written by earlier steps; the slot being written now is replaced from registers below).
-        pos = tl.load(POS)  # the cache's counter: this token's position
+        # Before waiting for the q/k/v projection: the first block of the cache (slots written by earlier steps; the
+        # slot being written now is replaced from registers below) and, unless launched EARLY (the kernel that
+        # advances it may then still be running), this token's position.
         slot = split * ITERS * BLOCK_L + tl.arange(0, BLOCK_L)  # [L]
         offs = cache + slot[:, None] * stride_kl + d[None, :]  # [L, D]
         k = tl.load(KC + offs, mask=(slot < slots)[:, None], other=0.0).to(tl.float32)
         v = tl.load(VC + offs, mask=(slot < slots)[:, None], other=0.0).to(tl.float32)
+        if not EARLY:
+            pos = tl.load(POS)  # the cache's counter: this token's position
+        wait_for_previous_kernel(PDL, EARLY)
+        if EARLY:
+            pos = tl.load(POS)
         # RoPE's cos/sin at this position, as transformers' rotary embedding computes them (float32, then dtype).
         angle = pos.to(tl.float32) * tl.load(INV_FREQ + d % (D // 2))  # [D]: cat(freqs, freqs)
         cos = (tl.cos(angle) * rope_scale).to(dt).to(tl.float32)
         sin = (tl.sin(angle) * rope_scale).to(dt).to(tl.float32)
         d_rot = (d + D // 2) % D  # rotate_half(x) = cat(-x[D/2:], x[:D/2])
         sign = tl.where(d < D // 2, -1.0, 1.0)
-        wait_for_previous_kernel(PDL)
         row = QKV + b * stride_qkv
         heads = kvh * GROUP + g  # [G] the query heads of this kv head
         q_ptr = row + heads[:, None] * D
@@ -199,7 +212,7 @@ def _(query, key, value, mask, scale):
 
 def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: float, keys: torch.Tensor,
                          values: torch.Tensor, position: torch.Tensor, heads: int, scale: float,
-                         done: torch.Tensor | None = None, dot: bool = False) -> torch.Tensor:
+                         done: torch.Tensor | None = None, dot: bool = False, early_launch: bool = False) -> torch.Tensor:
     """One decode token's attention, with RoPE and the cache write -> ``[batch, heads * head_dim]``.
 
     qkv ``[batch, (heads + 2 kv_heads) * d]`` (the projection's output); inv_freq ``[d / 2]`` and rope_scale: the
@@ -208,6 +221,8 @@ def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: 
     cache's counter, a 0-dim tensor); attends to the slots ``<= position``.
     ``done``: int32 zeros ``[batch * kv_heads]``, the kernel's arrival counters (it leaves them at zero).
     ``dot``: scores and P.V as ``tl.dot`` over the group padded to ``common.DOT_ROWS`` rows (``common.attend``).
+    ``early_launch``: with PDL the next kernel may start once every program of this one has started; the counter is
+    then read after the wait (``kvlab.kernels.gemv.gemv``'s option).
     Where ``common.available`` is False: the same math in PyTorch (the reference the kernel is tested against).
     """
     b, kv_heads, slots, d = keys.shape[0], keys.shape[1], keys.shape[2] - 1, keys.shape[3]
@@ -242,6 +257,7 @@ def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: 
         qkv, inv_freq, keys, values, position, out, partial_o, partial_m, partial_l, done, qkv.stride(0),
         keys.stride(0), keys.stride(1), keys.stride(2), out.stride(0), kv_heads, slots, scale, rope_scale,
         HEADS=heads, GROUP=group, BLOCK_G=block_g, D=d, BLOCK_L=common.BLOCK_L, ITERS=iters, SPLITS=splits,
-        BLOCK_S=triton.next_power_of_2(splits), PDL=common.pdl(keys.device), DOT=dot, num_warps=ATTENTION_WARPS,
+        BLOCK_S=triton.next_power_of_2(splits), PDL=common.pdl(keys.device), DOT=dot, EARLY=early_launch,
+        num_warps=ATTENTION_WARPS,
         **common.launch_options(keys.device))
     return out

@@ -6,8 +6,8 @@
 - ``pdl(device)``, ``launch_options(device)``: programmatic dependent launch, where the GPU has it.
 - ``BLOCK_L``, ``MAX_SPLITS``: the split-K layout of both attention kernels (``kvlab.kernels.attention``);
   ``DOT_ROWS``: the query rows of a ``tl.dot`` tile, for attention as matrix products.
-- The jit helpers: ``wait_for_previous_kernel`` (PDL), the online softmax (``softmax_start``, ``attend``), and
-  the split partial results (``store_partial``, ``combine_splits``), written once for both attention kernels.
+- The jit helpers: ``launch_next_kernel`` and ``wait_for_previous_kernel`` (PDL), the online softmax
+  (``softmax_start``, ``attend``), and the split partial results (``store_partial``, ``combine_splits``), written once for both attention kernels.
 
 Split-K attention: the cache slots of one (batch row, kv head) are shared among ``splits`` programs, each taking
 ``ITERS`` blocks of ``BLOCK_L`` slots. Each keeps, for the ``group`` query heads of its kv head, a running max
@@ -78,10 +78,20 @@ def require_dense_rows(**tensors: torch.Tensor | None) -> None:
 if triton is not None:
 
     @triton.jit
-    def wait_for_previous_kernel(PDL: tl.constexpr):
+    def launch_next_kernel(PDL: tl.constexpr, EARLY: tl.constexpr):
+        """With ``EARLY``, at a kernel's entry: the next kernel may start (and load its weights) as soon as every
+        program of this one has started, one kernel deeper than ``wait_for_previous_kernel`` lets it."""
+        if PDL and EARLY:
+            tl.extra.cuda.gdc_launch_dependents()
+
+    @triton.jit
+    def wait_for_previous_kernel(PDL: tl.constexpr, EARLY: tl.constexpr):
+        """Wait until the previous kernel has finished and its writes are visible; without ``EARLY`` only then may
+        the next kernel start its own loads. Read nothing a kernel before this one wrote until after this call."""
         if PDL:
-            tl.extra.cuda.gdc_wait()  # the previous kernel's writes are visible after this
-            tl.extra.cuda.gdc_launch_dependents()  # and the next kernel may start its own loads
+            tl.extra.cuda.gdc_wait()
+            if not EARLY:
+                tl.extra.cuda.gdc_launch_dependents()
 
     @triton.jit
     def softmax_start(BLOCK_G: tl.constexpr, D: tl.constexpr):

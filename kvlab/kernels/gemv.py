@@ -51,7 +51,7 @@ def gemv_config(n: int, k: int) -> tuple[int, int, int]:
 
 
 if triton is not None:
-    from .common import wait_for_previous_kernel
+    from .common import launch_next_kernel, wait_for_previous_kernel
 
     @triton.jit
     def _x_tile(x_row, NORM, k, K, rstd, inside, PROLOGUE: tl.constexpr, dt: tl.constexpr):
@@ -72,7 +72,8 @@ if triton is not None:
     @triton.jit
     def gemv_kernel(X, W, BIAS, NORM, RES, OUT, IDX, N, K, stride_x, stride_res, stride_out, eps,
                      PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+        launch_next_kernel(PDL, EARLY)
         row, block = tl.program_id(0), tl.program_id(1)
         dt = W.dtype.element_ty  # the model's dtype: results are rounded to it where transformers rounds
         n = block * BLOCK_N + tl.arange(0, BLOCK_N)  # [N_b] this program's outputs
@@ -80,7 +81,7 @@ if triton is not None:
         kk = tl.arange(0, BLOCK_K)
         x_row = X + row * stride_x
         w = tl.load(W + n[:, None] * K + kk[None, :], mask=n_in[:, None] & (kk < K)[None, :], other=0.0)  # [N_b, K_b]
-        wait_for_previous_kernel(PDL)  # the weights do not depend on it: their first tile is already on its way
+        wait_for_previous_kernel(PDL, EARLY)  # the weights do not depend on it: their first tile is already on its way
         rstd = 0.0
         if PROLOGUE == 1:  # RMSNorm needs the row's mean square before any normed value
             squares = tl.zeros([BLOCK_K], tl.float32)
@@ -109,10 +110,12 @@ if triton is not None:
     @triton.jit
     def tile_kernel(X, W, BIAS, NORM, RES, OUT, IDX, M, N, K, stride_x, stride_res, stride_out, eps,
                     PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+                    EARLY: tl.constexpr):
         """``gemv_kernel`` for a tile of ``BLOCK_M`` rows: each weight tile is read once for all of them and
         multiplied with ``tl.dot`` (tensor cores in bf16; float32 operands exactly, ``input_precision="ieee"``).
         The same prologue (``_x_tile``) and the same epilogue, on [rows, outputs] tiles."""
+        launch_next_kernel(PDL, EARLY)
         tile, block = tl.program_id(0), tl.program_id(1)
         dt = W.dtype.element_ty
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # [M_b] this program's rows
@@ -122,7 +125,7 @@ if triton is not None:
         kk = tl.arange(0, BLOCK_K)
         x_rows = X + rows[:, None] * stride_x  # [M_b, 1]
         w = tl.load(W + n[:, None] * K + kk[None, :], mask=n_in[:, None] & (kk < K)[None, :], other=0.0)  # [N_b, K_b]
-        wait_for_previous_kernel(PDL)
+        wait_for_previous_kernel(PDL, EARLY)
         rstd = 0.0
         if PROLOGUE == 1:
             squares = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
@@ -154,12 +157,13 @@ if triton is not None:
 
     @triton.jit
     def _argmax_kernel(VAL, IDX, TOKEN, POS, blocks, stride_val, stride_token,
-                       BLOCK: tl.constexpr, ADVANCE: tl.constexpr, PDL: tl.constexpr):
+                       BLOCK: tl.constexpr, ADVANCE: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
         """The token: the index of the largest of the LM head's per-program maxima (the first, on ties); then
         program 0 advances the cache's counter (``ADVANCE``): the step's last write."""
+        launch_next_kernel(PDL, EARLY)
         row = tl.program_id(0)
         i = tl.arange(0, BLOCK)
-        wait_for_previous_kernel(PDL)
+        wait_for_previous_kernel(PDL, EARLY)
         val = tl.load(VAL + row * stride_val + i, mask=i < blocks, other=float("-inf"))
         best = tl.argmax(val, 0, tie_break_left=True)  # the first block holding the maximum has its first index
         token = tl.load(IDX + row * stride_val + best)
@@ -196,12 +200,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | None = None, norm: torch.Tensor | None = None,
          eps: float = 1e-6, silu_mul: bool = False, residual: torch.Tensor | None = None,
-         tiles: bool = False) -> torch.Tensor:
+         tiles: bool = False, early_launch: bool = False) -> torch.Tensor:
     """``prologue(x) @ weight.T (+ bias) (+ residual)`` -> ``[rows, N]``.
 
     x ``[rows, K]`` (``[rows, 2K]`` = [gate | up] with ``silu_mul``); weight ``[N, K]``; ``norm``: an RMSNorm weight
     ``[K]`` applied to x first; ``residual [rows, N]`` added last. ``tiles``: 2 rows or more run ``tile_kernel``
-    (``kernel_path``). Otherwise more than ``GEMV_MAX_ROWS`` rows, or no kernels here: the PyTorch form
+    (``kernel_path``). ``early_launch``: with PDL, the next kernel may start when every program of this one has
+    started (``common.launch_next_kernel``), not only after its wait. Otherwise more than ``GEMV_MAX_ROWS`` rows, or no kernels here: the PyTorch form
     (``F.linear``).
     """
     path = kernel_path(x, tiles)
@@ -215,7 +220,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | None = N
         return y if residual is None else residual + y
     out = torch.empty(x.shape[0], weight.shape[0], dtype=weight.dtype, device=x.device)
     _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, None, tile_config(x.shape[0], *weight.shape)
-                 if path == "tile" else None)
+                 if path == "tile" else None, early_launch)
     return out
 
 
@@ -225,7 +230,7 @@ def output_blocks(weight: torch.Tensor, tile: tuple | None) -> int:
     return triton.cdiv(n, tile[1] if tile is not None else gemv_config(n, k)[0])
 
 
-def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index, tile=None) -> None:
+def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index, tile=None, early=False) -> None:
     """Launch ``gemv_kernel``, or ``tile_kernel`` with ``tile`` (``tile_config``); with ``index``, the argmax form
     (per-program maxima into out/index, ``output_blocks`` of them per row)."""
     common.require_dense_rows(x=x, residual=residual)
@@ -237,7 +242,7 @@ def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index, til
             residual if residual is not None else out, out, index if index is not None else out)
     strides = (x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0), eps)
     flags = dict(PROLOGUE=SILU_MUL if silu_mul else RMS_NORM if norm is not None else NO_NORM, HAS_BIAS=bias is not None,
-                 HAS_RES=residual is not None, ARGMAX=index is not None, PDL=common.pdl(x.device),
+                 HAS_RES=residual is not None, ARGMAX=index is not None, PDL=common.pdl(x.device), EARLY=early,
                  **common.launch_options(x.device))
     if tile is None:
         block_n, block_k, warps = gemv_config(n, k)
@@ -249,10 +254,11 @@ def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index, til
 
 
 def greedy_head(x: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor, eps: float, token: torch.Tensor,
-                position: torch.Tensor | None = None, tiles: bool = False) -> torch.Tensor:
+                position: torch.Tensor | None = None, tiles: bool = False, early_launch: bool = False) -> torch.Tensor:
     """The LM head and greedy choice: ``argmax(rms_norm(x) @ weight.T)`` written into ``token [rows, 1]`` (in place;
     the kernels never store the logits), and ``position += 1`` when given (the cache's counter, the step's last
-    write). x ``[rows, hidden]``, weight ``[vocab, hidden]``, norm ``[hidden]``. ``tiles``: as ``gemv``'s. Otherwise
+    write). x ``[rows, hidden]``, weight ``[vocab, hidden]``, norm ``[hidden]``. ``tiles``, ``early_launch``: as
+    ``gemv``'s. Otherwise
     more than ``GEMV_MAX_ROWS`` rows, or no kernels here: the PyTorch form (``F.linear`` and ``argmax``)."""
     path = kernel_path(x, tiles)
     if path == "torch":
@@ -265,9 +271,9 @@ def greedy_head(x: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor, eps: 
     blocks = output_blocks(weight, tile)
     maxima = torch.empty(rows, blocks, dtype=torch.float32, device=x.device)  # [rows, blocks] per-program maxima
     where = torch.empty(rows, blocks, dtype=torch.int32, device=x.device)  # [rows, blocks] and their indices
-    _launch_gemv(x, weight, None, norm, eps, False, None, maxima, where, tile)
+    _launch_gemv(x, weight, None, norm, eps, False, None, maxima, where, tile, early_launch)
     _argmax_kernel[(rows,)](maxima, where, token, position if position is not None else token, blocks,
                             maxima.stride(0), token.stride(0), BLOCK=triton.next_power_of_2(blocks),
-                            ADVANCE=position is not None, PDL=common.pdl(x.device),
+                            ADVANCE=position is not None, PDL=common.pdl(x.device), EARLY=early_launch,
                             **common.launch_options(x.device))
     return token

@@ -75,11 +75,11 @@ def arrival_counters(model, batch: int, device: torch.device | str) -> torch.Ten
     return torch.zeros(batch * model.config.num_key_value_heads, dtype=torch.int32, device=device)
 
 
-KERNEL_OPTIONS = ("dot_attention", "tiles")  # keywords of kernel_step beyond its tensors: a variant of the step
+KERNEL_OPTIONS = ("dot_attention", "tiles", "early_launch")  # keywords of kernel_step beyond its tensors: a variant of the step
 
 
 def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_attention: bool = False,
-                tiles: bool = False) -> torch.Tensor:
+                tiles: bool = False, early_launch: bool = False) -> torch.Tensor:
     """One decode step: reads ``token`` ``[batch, 1]`` (long), writes the next token into it (in place) and returns it.
 
     ``model``: the fused copy ``kvlab.fusion.fused_copy(model, attention=False)`` of a supported model
@@ -87,7 +87,8 @@ def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_at
     ``kvlab.graph_safe_cache.GraphSafeStaticCache`` after a prefill; the step writes this token's key and value at its
     counter and advances the counter once (the step's last write). ``done``: ``arrival_counters(model, batch, device)``.
     ``dot_attention``: attention's scores and P.V as ``tl.dot`` (``rope_cache_attention(dot=True)``). ``tiles``: the
-    matmuls of 2 rows or more as ``tl.dot`` tiles (``gemv(tiles=True)``), at any batch.
+    matmuls of 2 rows or more as ``tl.dot`` tiles (``gemv(tiles=True)``), at any batch. ``early_launch``: with PDL,
+    each kernel lets the next one start at its entry instead of after its wait (``gemv(early_launch=True)``).
     Call it in ``torch.inference_mode()``.
     """
     decoder, b = model.model, token.shape[0]
@@ -95,17 +96,18 @@ def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_at
     rope = decoder.rotary_emb
     position = cache.cache_position  # [] the one counter: this token's position
     x = decoder.embed_tokens(token).view(b, -1)  # [b, hidden]
+    early = {"early_launch": True} if early_launch else {}
     for layer, cached in zip(decoder.layers, cache.layers, strict=True):
         attn, mlp = layer.self_attn, layer.mlp
         norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
         qkv = gemv(x, attn.qkv_proj.weight, bias=attn.qkv_proj.bias, norm=norm1.weight,
-                   eps=norm1.variance_epsilon, tiles=tiles)  # [b, (heads + 2 kv_heads) * d]
+                   eps=norm1.variance_epsilon, tiles=tiles, **early)  # [b, (heads + 2 kv_heads) * d]
         out = rope_cache_attention(qkv, rope.inv_freq, rope.attention_scaling, cached.keys, cached.values,
-                                   position, heads, attn.scaling, done, dot=dot_attention)  # [b, heads * d]
-        x = gemv(out, attn.o_proj.weight, bias=attn.o_proj.bias, residual=x, tiles=tiles)  # [b, hidden]
+                                   position, heads, attn.scaling, done, dot=dot_attention, **early)  # [b, heads * d]
+        x = gemv(out, attn.o_proj.weight, bias=attn.o_proj.bias, residual=x, tiles=tiles, **early)  # [b, hidden]
         gate_up = gemv(x, mlp.gate_up_proj.weight, bias=mlp.gate_up_proj.bias, norm=norm2.weight,
-                       eps=norm2.variance_epsilon, tiles=tiles)  # [b, 2 * intermediate]
+                       eps=norm2.variance_epsilon, tiles=tiles, **early)  # [b, 2 * intermediate]
         x = gemv(gate_up, mlp.down_proj.weight, bias=mlp.down_proj.bias, silu_mul=True, residual=x,
-                 tiles=tiles)  # [b, hidden]
+                 tiles=tiles, **early)  # [b, hidden]
     return greedy_head(x, model.lm_head.weight, decoder.norm.weight, decoder.norm.variance_epsilon, token,
-                       position, tiles=tiles)  # [b, 1] the next token, in place; the counter advanced
+                       position, tiles=tiles, **early)  # [b, 1] the next token, in place; the counter advanced
