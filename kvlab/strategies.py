@@ -15,6 +15,7 @@ from types import MappingProxyType
 
 import torch
 
+from .continuous_batching import decode_paged, paged_batcher
 from .decoding import check_inputs, decode_naive, unpadded_ids
 from .failures import decode_static_graph
 from .graph_decoder import (
@@ -34,6 +35,7 @@ from .hf_caches import (
     decode_static,
     reduce_overhead_state,
 )
+from .speculative import decode_speculative, speculative_decoder
 
 KINDS = ("eager", "compiled", "graph")  # Python launches every kernel / torch.compile (with its own graphs) / kvlab captures
 
@@ -121,14 +123,21 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
                      "fused, no cuBLAS fallback)", tiles=True),
     _kernels_variant("captured-prefill", "the prefill captured too, padded to the prompt's power-of-two bucket "
                      "(kvlab.graph_decoder.prompt_bucket), so the first token is one replay", captured_prefill=True),
-    _kernels_variant("early-launch", "programmatic dependent launch one kernel deeper: each kernel lets the next one start at "
-                     "its entry (kvlab.kernels.common.launch_next_kernel), so a kernel loads its weights while the "
+    _kernels_variant("early-launch", "programmatic dependent launch one kernel deeper: each kernel lets the next "
+                     "one start at its entry (kvlab.kernels.common.launch_next_kernel), so a kernel loads its weights while the "
                      "one before it still waits", early_launch=True),
+    Strategy("graph-safe-speculative", "graph-safe + prompt-lookup speculative decoding: k=4 n-gram drafts from the "
+             "prompt and output, verified in one captured graph of k+1 rows", decode_speculative, 7, "graph",
+             sized=True, warm_full=True, steps_per_replay=5, build=speculative_decoder),
+    Strategy("paged", "paged KV cache (blocks handed out as rows grow) + continuous batching: each row a request, "
+             "eager prefill, decode steps replayed from one captured graph per batch-size bucket", decode_paged, 7,
+             "graph", sized=True, warm_full=True, build=paged_batcher),
 ]}
 assert all(s.kind in KINDS for s in STRATEGIES.values())
 
-# What ``python -m kvlab.lab.bench`` runs by default: every exact path but the ablations, in the course's order.
-DEFAULT_STRATEGIES = [name for name, s in STRATEGIES.items() if s.exact and not s.ablation]
+# What ``python -m kvlab.lab.bench`` runs by default: every exact path of lessons 01-06 but the ablations, in the
+# course's order. Lesson 07's (drafts verified in bursts, a batch of requests) run when named, and in lesson 07.
+DEFAULT_STRATEGIES = [name for name, s in STRATEGIES.items() if s.exact and not s.ablation and s.lesson <= 6]
 BENCHMARKED = [name for name, s in STRATEGIES.items() if s.exact]  # what the benchmark accepts
 GRAPH_SAFE = [name for name in DEFAULT_STRATEGIES if STRATEGIES[name].lesson >= 5]
 
