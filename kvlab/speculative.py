@@ -74,6 +74,15 @@ def padded_draft(draft: list[int], k: int, last: int) -> list[int]:
     return draft + [fill] * (k - len(draft))
 
 
+def kept_drafts(rows: torch.Tensor, verified: torch.Tensor) -> torch.Tensor:
+    """How many drafts every row keeps: ``rows`` [batch, k + 1] (the last token, then k drafts), ``verified``
+    [batch, k + 1] (the model's greedy token after each of them). Draft ``i`` is right if it equals the model's
+    token after row ``i - 1``; a row keeps its longest right prefix, and the batch keeps the fewest of any row
+    (one counter). A 0-d tensor, computed on the device: no host sync, so it can be captured."""
+    right = rows[:, 1:] == verified[:, :-1]  # [batch, k]
+    return right.long().cumprod(dim=-1).sum(dim=-1).min()  # a False stops the cumprod: the right prefix's length
+
+
 @dataclass(frozen=True)
 class SpeculativeStats:
     """What one ``SpeculativeDecoder.generate`` call did (``decoder.last_stats``)."""
@@ -135,8 +144,7 @@ class SpeculativeDecoder(GraphSafeDecoder):
             mask = torch.zeros((), dtype=self.dtype, device=rows.device).masked_fill(~mask, torch.finfo(self.dtype).min)
         logits = self.model(input_ids=rows, cache=self.cache, attention_mask=mask, use_cache=True).logits  # counter += k+1
         self.verified.copy_(logits.argmax(dim=-1))  # [batch, k + 1]: verified[:, i] follows rows[:, i]
-        right = rows[:, 1:] == self.verified[:, :-1]  # [batch, k]: draft i is the model's token after row i - 1
-        self.accepted.copy_(right.long().cumprod(dim=-1).sum(dim=-1).min())  # longest right prefix, fewest over rows
+        self.accepted.copy_(kept_drafts(rows, self.verified))
         self.cache.cache_position.sub_(width - 1 - self.accepted)  # roll back in place: drop the rejected drafts
         return self.verified
 
