@@ -42,6 +42,16 @@ def check_draft_settings(k: int, max_ngram: int, min_ngram: int) -> None:
                          "max_ngram down to min_ngram")
 
 
+def check_draft_input(tokens, k: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """``tokens`` (a list of ids or a 1-D tensor) as a list, after ``check_draft_settings``; a 2-D tensor is refused."""
+    check_draft_settings(k, max_ngram, min_ngram)
+    if isinstance(tokens, torch.Tensor):
+        if tokens.dim() != 1:
+            raise ValueError(f"tokens must be 1-D (one row of ids), got shape {tuple(tokens.shape)}: draft each row apart")
+        return tokens.tolist()
+    return list(tokens)
+
+
 def prompt_lookup_draft(tokens, k: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
     """Up to ``k`` draft tokens for what follows ``tokens`` (a list of ids or a 1-D tensor: prompt + output so far).
 
@@ -51,12 +61,7 @@ def prompt_lookup_draft(tokens, k: int, max_ngram: int = 3, min_ngram: int = 1) 
     ``PromptLookupCandidateGenerator`` takes it: in a prompt that is being quoted it is the quoted passage
     itself, and it has the most tokens after it (a recent one can run into the suffix and give fewer drafts).
     """
-    check_draft_settings(k, max_ngram, min_ngram)
-    if isinstance(tokens, torch.Tensor):
-        if tokens.dim() != 1:
-            raise ValueError(f"tokens must be 1-D (one row of ids), got shape {tuple(tokens.shape)}: draft each row apart")
-        tokens = tokens.tolist()
-    tokens = list(tokens)
+    tokens = check_draft_input(tokens, k, max_ngram, min_ngram)  # a list of ints
     for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
         suffix = tokens[-n:]
         for start in range(len(tokens) - n):  # windows ending before the last token: each has a token after it

@@ -1,0 +1,41 @@
+"""kvlab.lab.serving: lesson 07's measurements on a tiny model (every path token-exact, the records complete)."""
+
+import torch
+
+from kvlab.lab import serving
+from kvlab.lab.models import tiny_model
+
+
+def looping_prompt(n: int = 24) -> torch.Tensor:
+    return torch.tensor([[5, 6, 7, 8, 9] * (n // 5) + [5, 6]])
+
+
+def test_speculation_runs_are_exact_and_count_what_the_decoder_did():
+    model = tiny_model("tiny-llama")
+    prompts = {"loop": looping_prompt(), "random": torch.randint(3, 200, (1, 9), generator=torch.Generator().manual_seed(1))}
+    record = serving.speculation_runs(model, prompts, 12, k=3, rounds=1, device="cpu")
+    assert record["k"] == 3 and record["max_cache_len"] == looping_prompt().shape[1] + 12 + 2 and [r["prompt"] for r in record["runs"]] == list(prompts)
+    for run in record["runs"]:
+        assert all(run["exact"].values()), run["exact"]
+        assert set(run["seconds"]) == {*serving.ONE_TOKEN, serving.SPECULATIVE} and all(s > 0 for s in run["seconds"].values())
+        assert 1 <= run["tokens_per_verify"] <= 4 and run["verify_steps"] >= 11 / 4
+        assert run["accepted"] <= run["drafted"] and len(run["tokens"]) == 12
+
+
+def test_k_sweep_rows_are_exact_and_timed():
+    model = tiny_model("tiny-llama")
+    record = serving.k_sweep(model, looping_prompt(), 10, ks=(1, 3), rounds=1, device="cpu")
+    assert [r["k"] for r in record["rows"]] == [1, 3] and all(r["exact"] for r in record["rows"])
+    assert all(1 <= r["tokens_per_verify"] <= r["k"] + 1 and r["speedup"] > 0 for r in record["rows"])
+
+
+def test_paged_runs_serve_every_request_exactly_and_hold_less_than_a_static_cache():
+    model = tiny_model("tiny-llama")
+    requests = serving.arriving_requests(5, model.config.vocab_size, prompt_lens=(3, 20), new_tokens=(2, 9), every=1)
+    assert len({r.prompt.shape[0] for r in requests}) > 1 and [r.arrival for r in requests] == [0, 1, 2, 3, 4]
+    record = serving.paged_runs(model, requests, max_batch=3, block_size=4, device="cpu")
+    assert record["exact"] == [True] * 5
+    assert set(record["seconds"]) == {"paged, graphs", "paged, eager", "one at a time (graph-safe)"}
+    assert max(step["rows"] for step in record["timeline"]) <= 3 and record["buckets_captured"]
+    assert all(step["paged_bytes"] <= record["static_bytes"] for step in record["timeline"])
+    assert record["per_request"]["paged"] <= record["per_request"]["static"]
