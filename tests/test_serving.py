@@ -31,7 +31,8 @@ def test_k_sweep_rows_are_exact_and_timed():
 
 def test_paged_runs_serve_every_request_exactly_and_hold_less_than_a_static_cache():
     model = tiny_model("tiny-llama")
-    requests = serving.arriving_requests(5, model.config.vocab_size, prompt_lens=(3, 20), new_tokens=(2, 9), every=1)
+    requests = serving.arriving_requests(5, model.config.vocab_size, prompt_lens=(3, 20), new_tokens=(2, 9), every=1,
+                                        device="cpu")  # the tiny model is on the CPU, on a GPU machine too
     assert len({r.prompt.shape[0] for r in requests}) > 1 and [r.arrival for r in requests] == [0, 1, 2, 3, 4]
     record = serving.paged_runs(model, requests, max_batch=3, block_size=4, device="cpu")
     assert record["exact"] == [True] * 5
