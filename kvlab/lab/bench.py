@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import json
 import math
 import os
@@ -222,6 +223,11 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
             except Exception as err:  # one failing strategy must not lose the others' results
                 skipped.append({"strategy": name, "batch": batch, "reason": f"error: {type(err).__name__}: {err}"[:600]})
                 bar.write(f"  batch {batch:>3} {name:<36} FAILED: {type(err).__name__}: {str(err)[:200]}")
+            # Free this strategy's decoder, graphs and pools before the next one is built: its peak memory is its own.
+            state = kw = run = None
+            gc.collect()  # here, between strategies: never while a graph is being captured
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
             bar.update()
             finish(finished=False)
     bar.close()

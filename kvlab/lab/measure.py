@@ -211,7 +211,9 @@ def time_interleaved(fns: dict, *, rounds: int = 5, device=None) -> dict[str, fl
 
     On a shared machine a slowdown then hits every function alike, and a disturbance that recurs at the same point
     of every round hits each function in turn, so their ratios stay honest. Each function runs once untimed first
-    (warm-up); the timed rounds run with the garbage collector paused (``collector_paused``).
+    (warm-up); the timed rounds run with the garbage collector paused (``collector_paused``), and garbage is collected
+    after each call, outside its timed region: a decode's cyclic garbage would otherwise pile up over the rounds
+    (gigabytes for lesson 07's decodes on a CPU).
     """
     if not fns or rounds < 1:
         raise ValueError("give at least one function and rounds >= 1")
@@ -223,6 +225,7 @@ def time_interleaved(fns: dict, *, rounds: int = 5, device=None) -> dict[str, fl
         for r in range(rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
                 times[name].append(wall(fns[name], device or "cpu"))
+                gc.collect()  # not timed; never inside a capture (the functions run replays, not captures)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
