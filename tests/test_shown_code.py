@@ -12,9 +12,13 @@ from pathlib import Path
 import pytest
 
 from kvlab import decoding, failures, graphs, handwritten
+from kvlab.continuous_batching import ContinuousBatcher
 from kvlab.graph_decoder import GraphSafeDecoder, model_step, prefill_mask
 from kvlab.graph_safe_cache import GraphSafeStaticCache
 from kvlab.kernels.step import kernel_step
+from kvlab.lab import serving
+from kvlab.paged_cache import memory_accounting, paged_mask, slots_of
+from kvlab.speculative import SpeculativeDecoder, kept_drafts, prompt_lookup_draft
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 SHOWN = {  # function: what the lesson's show_source call names
@@ -32,6 +36,16 @@ SHOWN = {  # function: what the lesson's show_source call names
     GraphSafeDecoder.multi_step: "GraphSafeDecoder.multi_step",
     GraphSafeDecoder.next_tokens: "GraphSafeDecoder.next_tokens",
     kernel_step: "kernel_step)",
+    prompt_lookup_draft: "show_source(prompt_lookup_draft)",
+    kept_drafts: "show_source(kept_drafts)",
+    SpeculativeDecoder.verify: "SpeculativeDecoder.verify",
+    memory_accounting: "show_source(memory_accounting)",
+    slots_of: "show_source(slots_of",
+    paged_mask: "paged_mask)",
+    ContinuousBatcher.fill: "ContinuousBatcher.fill",
+    ContinuousBatcher.decode_step: "ContinuousBatcher.decode_step",
+    serving.speculation_runs: "serving.speculation_runs",
+    serving.paged_runs: "serving.paged_runs",
 }
 
 

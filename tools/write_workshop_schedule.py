@@ -105,7 +105,7 @@ BREAK_EVERY_MINUTES = 60
 SLACK_MINUTES = 15
 WORKSHOP_MINUTES = 180
 
-PRE_WORK, CORE, SEPARATE = ("00",), ("01", "02", "03", "04", "05"), ("06",)
+PRE_WORK, CORE, SEPARATE = ("00",), ("01", "02", "03", "04", "05"), ("06", "07")  # each of SEPARATE: a session of its own
 SKIPPED_TAGS = {"colab-badge", "colab-setup"}  # tools/write_colab_cells.py's cells: not part of any lesson's reading
 
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
@@ -469,7 +469,7 @@ _TEXTS: dict[tuple[str, str], Text] = {}  # (notebook name, sha256 of its text) 
 
 
 def lesson_texts(folder: Path) -> dict[str, tuple[str, Text]]:
-    """Lesson id ("00".."06") -> (notebook file name, its Text), for every notebook of ``folder``.
+    """Lesson id ("00".."07") -> (notebook file name, its Text), for every notebook of ``folder``.
     Raises UnresolvedSource listing the displays of every lesson whose source is not found."""
     found, problems = {}, []
     for path in sorted(folder.glob("*.ipynb")):
@@ -691,7 +691,9 @@ def verdict(plan: dict[str, list[Row]]) -> str:
     missing = [r.label for r in lessons if not r.recorded]
     if missing:
         words += f" No passed full-size CPU run is recorded for {', '.join(missing)}: their run time counts 0."
-    for rows, said in ((plan["pre-work"], "Pre-work (lesson 00)"), (plan["separate session"], "Lesson 06 on its own")):
+    sessions = [(plan["pre-work"], "Pre-work (lesson 00)")] + [([r], f"Lesson {r.label[:2]} on its own")
+                                                                 for r in plan["separate session"]]
+    for rows, said in sessions:
         if rows:
             count, homework_minutes = sum(r.homework_count for r in rows), sum(r.homework for r in rows)
             words += f" {said}: {sum(r.total for r in rows)} minutes" + (

@@ -190,3 +190,88 @@ def plot_memory(record: dict, batch: int = 1):
     ax.set_title(f"{_label(record)}, batch {batch}; red: the weights, {weights_mb:,.0f} MB", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------------------------------------ lesson 07 (kvlab.lab.serving records)
+
+def _where(record: dict) -> str:
+    return f"{record['env']['hardware']}" + (f", {record['dtype']}" if "dtype" in record else "")
+
+
+def plot_speculation(*records, titles=None):
+    """Tokens/s of each path on each prompt (``serving.speculation_runs`` records), one panel per record, the
+    speculative decoder's acceptance rate and tokens per verify written above its bar."""
+    fig, axes = figure("Speculative decoding against one token per step", "prompt", "tokens / s (whole decode)",
+                       env=records[0]["env"], ncols=len(records), figsize=(6.5 * len(records), 4.4))
+    axes = axes if len(records) > 1 else [axes]
+    for i, (ax, record) in enumerate(zip(axes, records, strict=True)):
+        runs = record["runs"]
+        paths = list(runs[0]["tokens_per_s"])
+        width = 0.8 / len(paths)
+        for j, path in enumerate(paths):
+            xs = [x + (j - (len(paths) - 1) / 2) * width for x in range(len(runs))]
+            ax.bar(xs, [r["tokens_per_s"][path] for r in runs], width, label=path)
+            if path == "graph-safe-speculative":
+                for x, r in zip(xs, runs, strict=True):
+                    ax.text(x, r["tokens_per_s"][path], f"{r['acceptance_rate']:.0%}\n{r['tokens_per_verify']:.1f}/verify",
+                            ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(runs)), [r["prompt"] for r in runs], fontsize=8)
+        ax.set_ylim(top=max(v for r in runs for v in r["tokens_per_s"].values()) * 1.25)
+        ax.legend(fontsize=8)
+        ax.set_title((titles[i] + "\n" if titles else "") + f"{_where(record)}, k = {record['k']}, "
+                     f"{runs[0]['new_tokens']} new tokens", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_k_sweep(*records, titles=None):
+    """Against the draft length k (``serving.k_sweep`` records): tokens per verify step (left) and the speedup over
+    graph-safe (right), one line per record."""
+    fig, (left, right) = figure("How many drafts per verify step?", "drafts per verify step (k)", "tokens per verify step",
+                                env=records[0]["env"], ncols=2)
+    for i, record in enumerate(records):
+        ks = [r["k"] for r in record["rows"]]
+        label = titles[i] if titles else _where(record)
+        left.plot(ks, [r["tokens_per_verify"] for r in record["rows"]], marker="o", label=label)
+        right.plot(ks, [r["speedup"] for r in record["rows"]], marker="o", label=label)
+    left.plot(ks, [k + 1 for k in ks], linestyle=":", color="0.5", label="every draft kept (k + 1)")
+    right.axhline(1, color="0.5", linestyle=":")
+    right.set_ylabel("speedup over graph-safe (x)")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_paged(record: dict, title: str = ""):
+    """A ``serving.paged_runs`` record: the paged cache's bytes step by step against a static cache (left, with the
+    rows running), each request's bytes paged against a static row (middle), tokens/s of each way to serve (right)."""
+    fig, (mem, per, speed) = figure("A paged cache under arriving requests" + (f" ({title})" if title else ""),
+                                    "scheduler step", "KV cache (MiB)", env=record["env"], ncols=3,
+                                    figsize=(16, 4.4))
+    steps = [s["step"] for s in record["timeline"]]
+    mem.plot(steps, [s["paged_bytes"] / 2**20 for s in record["timeline"]], label="paged: blocks handed out")
+    mem.axhline(record["static_bytes"] / 2**20, color="tab:red", linestyle="--",
+                label=f"static: {record['max_batch']} rows x the longest request")
+    rows = mem.twinx()
+    rows.step(steps, [s["rows"] for s in record["timeline"]], color="0.6", where="post", linewidth=1)
+    rows.set_ylabel("requests running", color="0.4")
+    mem.legend(fontsize=8, loc="upper left")
+    static_row = record["static_bytes"] / record["max_batch"]
+    index = range(len(record["per_request"]["per_request"]))
+    per.bar(index, [b / 2**20 for b in record["per_request"]["per_request"]], label="paged (its blocks)")
+    per.axhline(static_row / 2**20, color="tab:red", linestyle="--", label="a static row (the longest request)")
+    per.set_xlabel("request")
+    per.set_ylabel("KV cache held (MiB)")
+    per.legend(fontsize=8)
+    ways = list(record["tokens_per_s"])
+    speed.barh(ways, [record["tokens_per_s"][w] for w in ways], color=["tab:blue", "tab:gray", "tab:green"][: len(ways)])
+    for y, w in enumerate(ways):
+        speed.text(record["tokens_per_s"][w], y, f" {record['tokens_per_s'][w]:,.0f}", va="center", fontsize=8)
+    speed.set_xlabel("tokens / s, all requests")
+    speed.set_ylabel("")
+    speed.set_xlim(right=max(record["tokens_per_s"].values()) * 1.3)
+    speed.invert_yaxis()
+    fig.tight_layout()
+    return fig
