@@ -60,3 +60,12 @@ def test_time_decodes_refuses_what_means_nothing():
         time_decodes({}, 6, "cpu")
     with pytest.raises(TimingError, match="not above T\\(1\\)"):
         time_decodes({"backwards": fake_decode("backwards", [], -0.002)}, 2, "cpu", repeats=1)  # T(2) < T(1)
+
+
+def test_garbage_is_collected_between_calls_only_when_asked(monkeypatch):
+    collected = []
+    monkeypatch.setattr(gc, "collect", lambda *a: collected.append(gc.isenabled()) or 0)
+    time_interleaved({"a": lambda: None, "b": lambda: None}, rounds=3)
+    assert collected == []  # by default nothing runs between the timed calls
+    time_interleaved({"a": lambda: None, "b": lambda: None}, rounds=3, collect_garbage=True)
+    assert collected == [False] * 6  # once after each timed call, the automatic collector still paused

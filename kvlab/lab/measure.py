@@ -205,15 +205,16 @@ def time_call(fn, *, label: str = "", min_run_time: float = 0.5, device=None) ->
     return timer.blocked_autorange(min_run_time=min_run_time)
 
 
-def time_interleaved(fns: dict, *, rounds: int = 5, device=None) -> dict[str, float]:
+def time_interleaved(fns: dict, *, rounds: int = 5, device=None, collect_garbage: bool = False) -> dict[str, float]:
     """Median seconds of each ``fn()`` of ``fns``, timed in turns, each round starting one function later: round 1
     runs a, b, c; round 2 b, c, a; round 3 c, a, b; ...
 
     On a shared machine a slowdown then hits every function alike, and a disturbance that recurs at the same point
     of every round hits each function in turn, so their ratios stay honest. Each function runs once untimed first
-    (warm-up); the timed rounds run with the garbage collector paused (``collector_paused``), and garbage is collected
-    after each call, outside its timed region: a decode's cyclic garbage would otherwise pile up over the rounds
-    (gigabytes for lesson 07's decodes on a CPU).
+    (warm-up); the timed rounds run with the garbage collector paused (``collector_paused``). ``collect_garbage``:
+    collect after each call, outside its timed region, for calls whose cyclic garbage would otherwise pile up over
+    the rounds (gigabytes for lesson 07's whole decodes on a CPU). Off by default: the pause it adds between calls
+    lets a GPU idle, which slows the next short call (lesson 02's one-token copies).
     """
     if not fns or rounds < 1:
         raise ValueError("give at least one function and rounds >= 1")
@@ -225,7 +226,8 @@ def time_interleaved(fns: dict, *, rounds: int = 5, device=None) -> dict[str, fl
         for r in range(rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
                 times[name].append(wall(fns[name], device or "cpu"))
-                gc.collect()  # not timed; never inside a capture (the functions run replays, not captures)
+                if collect_garbage:
+                    gc.collect()  # not timed; never inside a capture (the functions run replays, not captures)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 

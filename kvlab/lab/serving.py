@@ -61,7 +61,7 @@ def speculation_runs(model, prompts: dict[str, torch.Tensor], new_tokens: int, *
         naive = decode(model, ids, check_tokens, strategy="naive")
         tokens = {name: run() for name, run in paths.items()}
         stats = built[SPECULATIVE]["decoder"].last_stats
-        seconds = time_interleaved(paths, rounds=rounds, device=device)
+        seconds = time_interleaved(paths, rounds=rounds, device=device, collect_garbage=True)
         first = tokens[SPECULATIVE]
         runs.append({
             "prompt": prompt, "prompt_len": ids.shape[1], "new_tokens": new_tokens, "check_tokens": check_tokens,
@@ -91,7 +91,7 @@ def k_sweep(model, ids: torch.Tensor, new_tokens: int, ks=(1, 2, 4, 8), *, round
         stats = decoders[k].last_stats
         rows.append({"k": k, "exact": torch.equal(got, want), "tokens_per_verify": stats.tokens_per_verify,
                      "acceptance_rate": stats.acceptance_rate})
-    seconds = time_interleaved(paths, rounds=rounds, device=device)
+    seconds = time_interleaved(paths, rounds=rounds, device=device, collect_garbage=True)
     for row in rows:
         row["seconds"] = seconds[row["k"]]
         row["speedup"] = seconds[0] / seconds[row["k"]]
