@@ -9,6 +9,7 @@ import csv
 import json
 import subprocess
 import sys
+import weakref
 
 import pytest
 import torch
@@ -269,3 +270,23 @@ def test_complete_means_every_strategy_has_a_result():
     rec = bench.run_bench("tiny-llama", prompt_len=4, new_tokens=3, strategies=["naive"], check_tokens=2, repeats=1,
                           profile_k=0, time_budget=0.0, progress=False)
     assert rec["finished"] and not rec["complete"] and rec["settings"]["time_budget"] == 0.0
+
+
+def test_each_strategy_is_freed_before_the_next_is_built(monkeypatch):
+    """A strategy's peak memory is its own: what the previous strategy built (decoder, graphs, pools) is gone."""
+    built, alive_at_build = [], []
+    real = bench.prepared
+
+    def spy(strategy, model, ids, new_tokens, max_cache_len, dynamic):
+        alive_at_build.append((strategy.name, [name for name, ref in built if ref() is not None and name != strategy.name]))
+        kw = real(strategy, model, ids, new_tokens, max_cache_len, dynamic)
+        built.extend((strategy.name, weakref.ref(value)) for value in kw.values() if hasattr(value, "generate"))
+        return kw
+
+    monkeypatch.setattr(bench, "prepared", spy)
+    names = ["graph-safe", "graph-safe-kernels", "graph-safe-speculative"]
+    rec = bench.run_bench("tiny-llama", prompt_len=5, new_tokens=8, strategies=names, check_tokens=2, repeats=1,
+                          profile_k=0, progress=False)
+    assert [r["strategy"] for r in rec["results"]] == names and all(r["exact"] for r in rec["results"]), rec["skipped"]
+    assert len(built) == 2 * len(names)  # each built twice: the float32 check, then the timed run
+    assert all(not others for _, others in alive_at_build), alive_at_build
