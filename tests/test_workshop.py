@@ -294,7 +294,7 @@ def test_exercises_in_the_room_as_homework_and_optional():
 
 
 def fake_texts(room: dict[str, int]) -> dict:
-    """Lessons 00-06 with 30 minutes of reading each, ``room[lesson]`` in-room exercises, one homework exercise."""
+    """Lessons 00-07 with 30 minutes of reading each, ``room[lesson]`` in-room exercises, one homework exercise."""
     texts = {}
     for lesson in (*workshop.PRE_WORK, *workshop.CORE, *workshop.SEPARATE):
         text = workshop.Text(words=30 * workshop.WORDS_PER_MINUTE, room_exercises=room.get(lesson, 0),
