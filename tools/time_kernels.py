@@ -23,6 +23,7 @@ import argparse
 import itertools
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -180,7 +181,9 @@ def step_profile(results: dict, save) -> None:
 
 
 DEVICE = "cuda"  # the parts below take it from here (a CPU smoke run under TRITON_INTERPRET=1 sets "cpu")
-TILE_ROWS = (2, 4, 8, 16, 32, 64)  # the benchmark's batch sizes above 1
+TILE_ROWS = (2, 4, 8, 16, 32, 64)  # the benchmark's batch sizes above 1 (--tile-rows)
+TILE_GRID = {"rows per program": (16, 32, 64), "outputs per program": (32, 64, 128), "K per step": (32, 64, 128),
+             "warps": (4, 8)}  # tile_kernel's configurations swept (--tile-k, --tile-warps narrow it)
 
 
 def sweep_tiles(results: dict, save, time_fn=None) -> None:
@@ -211,7 +214,7 @@ def sweep_tiles(results: dict, save, time_fn=None) -> None:
             baseline = {"gemv kernel": time_fn(lambda rows=rows: call(False, max_rows=rows)),
                         "pytorch (cuBLAS)": time_fn(lambda: call(False, max_rows=0))}
             timings = []
-            for bm, bn, bk, warps in itertools.product((16, 32, 64), (32, 64, 128), (32, 64, 128), (4, 8)):
+            for bm, bn, bk, warps in itertools.product(*TILE_GRID.values()):
                 if bm > max(16, common.triton.next_power_of_2(rows)):
                     continue
                 gemv.tile_config = lambda r, n_, k_, c=(bm, bn, bk, warps): c
@@ -267,11 +270,23 @@ PARTS = {"decode-attention": sweep_decode_attention, "gemv": sweep_gemv, "attent
 
 
 def main() -> None:
+    global TILE_ROWS
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=None)
     p.add_argument("--parts", default="gemv,attention,step", help=f"comma-separated, of {', '.join(PARTS)}")
+    p.add_argument("--tile-rows", default=None, help=f"tiles: batch sizes (default {TILE_ROWS})")
+    p.add_argument("--tile-k", default=None, help=f"tiles: K per step (default {TILE_GRID['K per step']})")
+    p.add_argument("--tile-warps", default=None, help=f"tiles: warps (default {TILE_GRID['warps']})")
     args = p.parse_args()
-    results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "gemv": {}}
+    ints = lambda text: tuple(int(v) for v in text.split(","))  # noqa: E731
+    if args.tile_rows:
+        TILE_ROWS = ints(args.tile_rows)
+    if args.tile_k:
+        TILE_GRID["K per step"] = ints(args.tile_k)
+    if args.tile_warps:
+        TILE_GRID["warps"] = ints(args.tile_warps)
+    results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "command": " ".join(sys.argv),
+               "tile_rows": TILE_ROWS, "tile_grid": TILE_GRID, "gemv": {}}
 
     def save():
         if args.out:
