@@ -182,6 +182,7 @@ def step_profile(results: dict, save) -> None:
 
 DEVICE = "cuda"  # the parts below take it from here (a CPU smoke run under TRITON_INTERPRET=1 sets "cpu")
 TILE_ROWS = (2, 4, 8, 16, 32, 64)  # the benchmark's batch sizes above 1 (--tile-rows)
+TILE_SHAPES = list(SHAPES)  # the projections swept (--tile-shapes qkv,down: by the first word of their names)
 TILE_GRID = {"rows per program": (16, 32, 64), "outputs per program": (32, 64, 128), "K per step": (32, 64, 128),
              "warps": (4, 8)}  # tile_kernel's configurations swept (--tile-k, --tile-warps narrow it)
 
@@ -192,7 +193,8 @@ def sweep_tiles(results: dict, save, time_fn=None) -> None:
     time_fn = time_fn or per_call_us
     dt = torch.bfloat16
     default_config = gemv.tile_config
-    for name, (n, k, opts) in SHAPES.items():
+    for name in TILE_SHAPES:
+        n, k, opts = SHAPES[name]
         head = n > 10000
         w = torch.randn(n, k, device=DEVICE, dtype=dt) / k**0.5
         for rows in TILE_ROWS:
@@ -275,18 +277,27 @@ def main() -> None:
     p.add_argument("--out", default=None)
     p.add_argument("--parts", default="gemv,attention,step", help=f"comma-separated, of {', '.join(PARTS)}")
     p.add_argument("--tile-rows", default=None, help=f"tiles: batch sizes (default {TILE_ROWS})")
+    p.add_argument("--tile-m", default=None, help=f"tiles: rows per program (default {TILE_GRID['rows per program']})")
+    p.add_argument("--tile-n", default=None, help=f"tiles: outputs per program (default {TILE_GRID['outputs per program']})")
+    p.add_argument("--tile-shapes", default=None, help=f"tiles: comma list of projections (default all: {', '.join(SHAPES)})")
     p.add_argument("--tile-k", default=None, help=f"tiles: K per step (default {TILE_GRID['K per step']})")
     p.add_argument("--tile-warps", default=None, help=f"tiles: warps (default {TILE_GRID['warps']})")
     args = p.parse_args()
     ints = lambda text: tuple(int(v) for v in text.split(","))  # noqa: E731
     if args.tile_rows:
         TILE_ROWS = ints(args.tile_rows)
+    if args.tile_m:
+        TILE_GRID["rows per program"] = ints(args.tile_m)
+    if args.tile_n:
+        TILE_GRID["outputs per program"] = ints(args.tile_n)
+    if args.tile_shapes:
+        TILE_SHAPES[:] = [name for name in SHAPES if name.split()[0] in args.tile_shapes.split(",")]
     if args.tile_k:
         TILE_GRID["K per step"] = ints(args.tile_k)
     if args.tile_warps:
         TILE_GRID["warps"] = ints(args.tile_warps)
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "command": " ".join(sys.argv),
-               "tile_rows": TILE_ROWS, "tile_grid": TILE_GRID, "gemv": {}}
+               "tile_rows": TILE_ROWS, "tile_grid": TILE_GRID, "tile_shapes": TILE_SHAPES, "gemv": {}}
 
     def save():
         if args.out:
