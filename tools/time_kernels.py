@@ -222,6 +222,8 @@ def sweep_tiles(results: dict, save, time_fn=None) -> None:
                 gemv.tile_config = lambda r, n_, k_, c=(bm, bn, bk, warps): c
                 try:
                     timings.append((time_fn(lambda: call(True)), (bm, bn, bk, warps)))
+                except common.triton.runtime.errors.OutOfResources:  # the tiles need more shared memory than a GPU has
+                    torch.cuda.synchronize()
                 finally:
                     gemv.tile_config = default_config
             timings.sort()
