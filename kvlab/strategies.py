@@ -117,10 +117,10 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
     _ablation("no-graph", "the same compiled step launched from Python, no graph", graph=False),
     _ablation("matmul", "matmul kernels instead of GEMV reductions", gemv=False),
     _kernels_variant("dot-attention", "attention's scores and P.V as tl.dot over each kv head's query group padded "
-                     "to a 16-row tile (tensor cores in bf16)", dot_attention=True),
-    _kernels_variant("tiles", "the matmuls of 2 rows or more as tl.dot tiles of up to 64 rows "
-                     "(kvlab.kernels.gemv.tile_kernel: the weights read once per tile, the norm, SiLU and residual "
-                     "fused, no cuBLAS fallback)", tiles=True),
+                     "to a 16-row tile, 128 cache slots per block (tensor cores in bf16)", dot_attention=True),
+    _kernels_variant("tiles", "the matmuls of 2 rows or more as tl.dot tiles of rows where the H200 sweep found them "
+                     "fastest (kvlab.kernels.gemv.TILE_DISPATCH: the weights read once per tile, the norm, SiLU and "
+                     "residual fused), elsewhere the GEMV kernel or cuBLAS", tiles=True),
     _kernels_variant("captured-prefill", "the prefill captured too, padded to the prompt's power-of-two bucket "
                      "(kvlab.graph_decoder.prompt_bucket), so the first token is one replay", captured_prefill=True),
     _kernels_variant("early-launch", "programmatic dependent launch one kernel deeper: each kernel lets the next "

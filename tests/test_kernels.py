@@ -489,6 +489,35 @@ def test_the_path_is_the_tile_kernel_from_two_rows_only_when_asked():
     assert gemv_module.kernel_path(big) == "torch" and gemv_module.kernel_path(big, tiles=True) == here
 
 
+def test_the_tile_dispatch_follows_the_swept_rows_at_or_below_the_batch(monkeypatch):
+    monkeypatch.setattr(common, "available", lambda x: True)
+    qkv, down, unswept = (960, 576), (576, 1536), (40, 24)
+    assert gemv_module.tile_choice(2, *qkv) == gemv_module.tile_choice(8, *qkv) == "gemv"  # 4 rows' entry
+    assert gemv_module.tile_choice(32, *qkv) == gemv_module.TILE_DISPATCH[qkv][16]
+    assert gemv_module.tile_choice(100, *qkv) == gemv_module.TILE_DISPATCH[qkv][64]
+    assert gemv_module.tile_choice(5, *unswept) == gemv_module.tile_config(5, *unswept)
+    rows = lambda n: torch.zeros(n, 8)  # noqa: E731
+    assert gemv_module.kernel_path(rows(16), True, qkv) == "tile"
+    assert gemv_module.kernel_path(rows(4), True, qkv) == "gemv"  # the GEMV kernel was faster at 4 rows
+    assert gemv_module.kernel_path(rows(64), True, down) == "torch"  # cuBLAS was faster at 64 rows
+    assert gemv_module.kernel_path(rows(64), False, qkv) == "torch"  # without tiles: above GEMV_MAX_ROWS
+
+
+def test_the_tile_dispatch_is_the_fastest_path_of_the_recorded_h200_sweeps():
+    record = json.loads((Path(__file__).parents[1] / "data" / "h200_tile_sweep.json").read_text())
+    fastest = {}  # (N, K, rows) -> (µs, choice) over both sweeps
+    for sweep in record["sweeps"]:
+        for entries in sweep["tiles"].values():
+            for e in entries:
+                key = (e["N"], e["K"], e["rows"])
+                for us, choice in ((e["best_us"], tuple(e["best"])), (e["gemv kernel"], "gemv"),
+                                   (e["pytorch (cuBLAS)"], "torch")):
+                    fastest[key] = min(fastest.get(key, (float("inf"), None)), (us, choice), key=lambda t: t[0])
+    table = {(n, k, rows): choice for (n, k), by_rows in gemv_module.TILE_DISPATCH.items()
+             for rows, choice in by_rows.items()}
+    assert table == {key: choice for key, (_, choice) in fastest.items()}
+
+
 @pytest.mark.parametrize("name", DECODER_KERNEL_STEPS)
 def test_kernel_step_decode_is_token_exact(interpreted, name):
     outcome(interpreted, f"kernel-step-decode-{name}", check_kernel_step_decode, name)

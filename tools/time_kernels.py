@@ -14,7 +14,8 @@ count); the figure is µs per call, the median of 20 replays. The parts:
 - ``step``: one graph-safe-kernels decode with the fastest configurations, and the kernels of one of its steps,
   in order, from torch.profiler.
 - ``tiles``: ``gemv.tile_kernel``'s configuration per projection at 2 to 64 rows, beside the GEMV kernel and cuBLAS
-  (``graph-safe-kernels/tiles``; sets nothing: ``gemv.tile_config`` takes the result by hand).
+  (``graph-safe-kernels/tiles``; sets nothing: ``gemv.TILE_DISPATCH`` takes the result by hand, and a test checks it
+  against ``data/h200_tile_sweep.json``).
 - ``dot-attention``: ``rope_cache_attention`` with broadcasts against ``tl.dot`` (``dot=True``) over splits and
   block sizes (``graph-safe-kernels/dot-attention``).
 """
@@ -33,6 +34,7 @@ import kvlab
 from kvlab import fusion
 from kvlab.graph_decoder import GraphSafeDecoder
 from kvlab.kernels import attention, common, gemv
+from kvlab.lab.bench import git_state
 from kvlab.lab.measure import profile
 from kvlab.lab.models import random_smollm2
 
@@ -192,7 +194,7 @@ def sweep_tiles(results: dict, save, time_fn=None) -> None:
     against the GEMV kernel (one weight read per row) and the PyTorch form (cuBLAS, norm and SiLU unfused)."""
     time_fn = time_fn or per_call_us
     dt = torch.bfloat16
-    default_config = gemv.tile_config
+    default_choice = gemv.tile_choice
     for name in TILE_SHAPES:
         n, k, opts = SHAPES[name]
         head = n > 10000
@@ -219,15 +221,15 @@ def sweep_tiles(results: dict, save, time_fn=None) -> None:
             for bm, bn, bk, warps in itertools.product(*TILE_GRID.values()):
                 if bm > max(16, common.triton.next_power_of_2(rows)):
                     continue
-                gemv.tile_config = lambda r, n_, k_, c=(bm, bn, bk, warps): c
+                gemv.tile_choice = lambda r, n_, k_, c=(bm, bn, bk, warps): c
                 try:
                     timings.append((time_fn(lambda: call(True)), (bm, bn, bk, warps)))
                 except common.triton.runtime.errors.OutOfResources:  # the tiles need more shared memory than a GPU has
                     torch.cuda.synchronize()
                 finally:
-                    gemv.tile_config = default_config
+                    gemv.tile_choice = default_choice
             timings.sort()
-            default = default_config(rows, n, k)
+            default = default_choice(rows, n, k)
             entry = {"rows": rows, "N": n, "K": k, "best": timings[0][1], "best_us": timings[0][0], "default": default,
                      "default_us": next((t for t, c in timings if c == default), None), **baseline,
                      "top5": timings[:5]}
@@ -240,11 +242,11 @@ def sweep_tiles(results: dict, save, time_fn=None) -> None:
 
 def sweep_dot_attention(results: dict, save, time_fn=None) -> None:
     """``rope_cache_attention`` with scores and P.V as broadcasts (``dot=False``) and as ``tl.dot`` (``dot=True``),
-    at ``common.MAX_SPLITS`` and ``common.BLOCK_L`` values, for caches of 320 and 2,048 slots."""
+    at ``common.MAX_SPLITS`` and block values (``common.BLOCK_L``, ``common.DOT_BLOCK_L``), for caches of 320 and 2,048 slots."""
     time_fn = time_fn or per_call_us
     dt, d = torch.bfloat16, HEAD_DIM
     inv_freq = 1.0 / (100000 ** (torch.arange(0, d, 2, device=DEVICE).float() / d))
-    saved = common.MAX_SPLITS, common.BLOCK_L
+    saved = common.MAX_SPLITS, common.BLOCK_L, common.DOT_BLOCK_L
     for rows, slots, position in ((1, 320, 192), (1, 2048, 1500), (16, 320, 192)):
         qkv = torch.randn(rows, (HEADS + 2 * KV_HEADS) * d, device=DEVICE, dtype=dt)
         keys, values = (torch.randn(rows, KV_HEADS, slots + 1, d, device=DEVICE, dtype=dt) for _ in range(2))
@@ -252,12 +254,12 @@ def sweep_dot_attention(results: dict, save, time_fn=None) -> None:
         pos = torch.tensor(position, device=DEVICE)
         timings = []
         for dot, splits, block_l in itertools.product((False, True), (4, 8, 16, 32), (32, 64, 128)):
-            common.MAX_SPLITS, common.BLOCK_L = splits, block_l
+            common.MAX_SPLITS, common.BLOCK_L, common.DOT_BLOCK_L = splits, block_l, block_l
             try:
                 us = time_fn(lambda dot=dot, a=(qkv, inv_freq, 1.0, keys, values, pos, HEADS, d**-0.5, done):
                              attention.rope_cache_attention(*a, dot=dot))
             finally:
-                common.MAX_SPLITS, common.BLOCK_L = saved
+                common.MAX_SPLITS, common.BLOCK_L, common.DOT_BLOCK_L = saved
             timings.append((us, (dot, splits, block_l)))
         timings.sort()
         best = {dot: next(t for t in timings if t[1][0] is dot) for dot in (False, True)}
@@ -299,6 +301,7 @@ def main() -> None:
     if args.tile_warps:
         TILE_GRID["warps"] = ints(args.tile_warps)
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "command": " ".join(sys.argv),
+               "git": git_state(),
                "tile_rows": TILE_ROWS, "tile_grid": TILE_GRID, "tile_shapes": TILE_SHAPES, "gemv": {}}
 
     def save():

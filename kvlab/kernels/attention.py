@@ -43,9 +43,10 @@ def supports(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: 
             and value.stride() == key.stride() and value.shape == key.shape and mask_ok)
 
 
-def _split_plan(group: int, slots: int) -> tuple[int, int, int]:
-    """(query heads padded to a power of two, blocks per program, programs) for ``slots`` cache slots."""
-    blocks = triton.cdiv(slots, common.BLOCK_L)
+def _split_plan(group: int, slots: int, block_l: int | None = None) -> tuple[int, int, int]:
+    """(query heads padded to a power of two, blocks per program, programs) for ``slots`` cache slots in blocks of
+    ``block_l`` (default ``common.BLOCK_L``)."""
+    blocks = triton.cdiv(slots, block_l or common.BLOCK_L)
     iters = triton.cdiv(blocks, common.MAX_SPLITS)
     return triton.next_power_of_2(group), iters, triton.cdiv(blocks, iters)
 
@@ -220,7 +221,8 @@ def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: 
     ``[batch, kv_heads, slots + 1, d]`` (the last slot is the trash slot), written in place at ``position`` (the
     cache's counter, a 0-dim tensor); attends to the slots ``<= position``.
     ``done``: int32 zeros ``[batch * kv_heads]``, the kernel's arrival counters (it leaves them at zero).
-    ``dot``: scores and P.V as ``tl.dot`` over the group padded to ``common.DOT_ROWS`` rows (``common.attend``).
+    ``dot``: scores and P.V as ``tl.dot`` over the group padded to ``common.DOT_ROWS`` rows (``common.attend``), in
+    blocks of ``common.DOT_BLOCK_L`` slots.
     ``early_launch``: with PDL the next kernel may start once every program of this one has started; the counter is
     then read after the wait (``kvlab.kernels.gemv.gemv``'s option).
     Where ``common.available`` is False: the same math in PyTorch (the reference the kernel is tested against).
@@ -247,7 +249,8 @@ def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: 
     if values.stride() != keys.stride():
         raise ValueError("keys and values must be laid out alike (the cache's buffers are)")
     group = heads // kv_heads
-    block_g, iters, splits = _split_plan(group, slots)
+    block_l = common.DOT_BLOCK_L if dot else common.BLOCK_L
+    block_g, iters, splits = _split_plan(group, slots, block_l)
     block_g = max(block_g, common.DOT_ROWS) if dot else block_g
     out = torch.empty(b, heads * d, dtype=keys.dtype, device=keys.device)
     partial_o, partial_m, partial_l = _partials(b * kv_heads * splits * block_g, d, keys.device)
@@ -256,7 +259,7 @@ def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: 
     _rope_cache_attention_kernel[(b * kv_heads, splits)](
         qkv, inv_freq, keys, values, position, out, partial_o, partial_m, partial_l, done, qkv.stride(0),
         keys.stride(0), keys.stride(1), keys.stride(2), out.stride(0), kv_heads, slots, scale, rope_scale,
-        HEADS=heads, GROUP=group, BLOCK_G=block_g, D=d, BLOCK_L=common.BLOCK_L, ITERS=iters, SPLITS=splits,
+        HEADS=heads, GROUP=group, BLOCK_G=block_g, D=d, BLOCK_L=block_l, ITERS=iters, SPLITS=splits,
         BLOCK_S=triton.next_power_of_2(splits), PDL=common.pdl(keys.device), DOT=dot, EARLY=early_launch,
         num_warps=ATTENTION_WARPS,
         **common.launch_options(keys.device))

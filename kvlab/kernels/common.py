@@ -5,7 +5,8 @@
   the same math in PyTorch where it is False.
 - ``pdl(device)``, ``launch_options(device)``: programmatic dependent launch, where the GPU has it.
 - ``BLOCK_L``, ``MAX_SPLITS``: the split-K layout of both attention kernels (``kvlab.kernels.attention``);
-  ``DOT_ROWS``: the query rows of a ``tl.dot`` tile, for attention as matrix products.
+  ``DOT_ROWS``, ``DOT_BLOCK_L``: the query rows and cache slots of a ``tl.dot`` tile, for attention as matrix
+  products.
 - The jit helpers: ``launch_next_kernel`` and ``wait_for_previous_kernel`` (PDL), the online softmax
   (``softmax_start``, ``attend``), and the split partial results (``store_partial``, ``combine_splits``), written once for both attention kernels.
 
@@ -41,6 +42,10 @@ MAX_SPLITS = 16
 # padded up to it, as vLLM's and SGLang's Triton decode attention pad theirs, and scores and P.V run as matrix
 # products (tensor cores in bf16/fp16) instead of broadcast multiply-and-sum.
 DOT_ROWS = 16
+# Cache slots per inner step of the tl.dot attention: 128, the fastest block of the H200 sweep at 1 row and 320 slots
+# (6.95-6.99 µs at 4-16 splits against 7.98-8.43 µs at 32 slots, and 7.71 µs for the broadcasts' best;
+# data/attempts/h200_dot_attention_958930d.json, python tools/time_kernels.py --parts dot-attention).
+DOT_BLOCK_L = 128
 HAS_GDC = hasattr(getattr(getattr(tl, "extra", None), "cuda", None), "gdc_wait")  # this Triton can wait (PDL)
 
 

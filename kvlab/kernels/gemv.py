@@ -19,8 +19,8 @@ wins. Above ``GEMV_MAX_ROWS`` rows ``gemv`` and ``greedy_head`` run their PyTorc
 GPU, with the norm, SiLU and residual as kernels of their own), which is also what they run where
 ``common.available`` is False (no CUDA outside Triton's interpreter, a GPU older than Ampere such as a T4): the
 reference the kernels are tested against. With ``tiles=True`` (``kernel_path``) 2 rows or more run ``tile_kernel``
-instead: the same prologue and epilogue around a ``tl.dot`` over tiles of up to 64 rows, so the weights are read
-once per tile of rows and nothing falls back to unfused cuBLAS.
+where the H200 sweep measured it fastest (``TILE_DISPATCH``): the same prologue and epilogue around a ``tl.dot`` over
+tiles of rows, so the weights are read once per tile of rows instead of once per row.
 """
 
 from __future__ import annotations
@@ -177,18 +177,42 @@ def uses_gemv_kernel(x: torch.Tensor) -> bool:
     return x.shape[0] <= GEMV_MAX_ROWS and common.available(x)
 
 
-def kernel_path(x: torch.Tensor, tiles: bool = False) -> str:
-    """Which form ``gemv`` and ``greedy_head`` run for ``x [rows, K]``: ``"tile"`` (``tile_kernel``, with ``tiles``
-    and 2 rows or more, any number of them), ``"gemv"`` (``uses_gemv_kernel``) or ``"torch"`` (the PyTorch form)."""
+# The tile path's dispatch per weight shape [N, K] (SmolLM2-135M's projections) and batch: the fastest of
+# tile_kernel (its best (rows per program, outputs per program, K per step, warps)), the GEMV kernel ("gemv") and the
+# PyTorch form ("torch") in the H200 sweeps of 4, 16 and 64 rows (data/h200_tile_sweep.json; tests check the table
+# against it). A batch takes the entry of the largest swept row count not above it (4's below 4).
+TILE_DISPATCH: dict[tuple[int, int], dict[int, tuple[int, int, int, int] | str]] = {
+    (960, 576): {4: "gemv", 16: (16, 16, 256, 4), 64: (16, 32, 64, 4)},  # qkv (norm)
+    (576, 576): {4: "gemv", 16: (16, 32, 128, 4), 64: (16, 32, 128, 4)},  # o_proj (+residual)
+    (3072, 576): {4: (16, 32, 128, 8), 16: (16, 32, 128, 8), 64: (16, 128, 64, 4)},  # gate_up (norm)
+    (576, 1536): {4: "gemv", 16: "gemv", 64: "torch"},  # down (silu*up, +residual): the tiles never won
+    (49152, 576): {4: (16, 128, 64, 4), 16: (16, 128, 64, 4), 64: (64, 128, 64, 4)},  # lm_head (norm)
+}
+
+
+def tile_choice(rows: int, n: int, k: int) -> tuple[int, int, int, int] | str:
+    """What the tile path runs for ``rows`` rows of an ``[N, K]`` weight: ``TILE_DISPATCH``'s entry (a
+    ``tile_kernel`` configuration, ``"gemv"`` or ``"torch"``) or, for a shape not in it, ``tile_config``."""
+    swept = TILE_DISPATCH.get((n, k))
+    if swept is None:
+        return tile_config(rows, n, k)
+    return swept[max([r for r in swept if r <= rows], default=min(swept))]
+
+
+def kernel_path(x: torch.Tensor, tiles: bool = False, weight_shape: tuple[int, int] | None = None) -> str:
+    """Which form ``gemv`` and ``greedy_head`` run for ``x [rows, K]``: ``"tile"`` (``tile_kernel``: with ``tiles``,
+    2 rows or more, where ``tile_choice`` for ``weight_shape`` picks a configuration), ``"gemv"`` (``uses_gemv_kernel``)
+    or ``"torch"`` (the PyTorch form; also where ``tile_choice`` picks it)."""
     if tiles and x.shape[0] >= 2 and common.available(x):
-        return "tile"
+        choice = tile_choice(x.shape[0], *weight_shape) if weight_shape is not None else "tile"
+        if choice != "gemv":
+            return "torch" if choice == "torch" else "tile"
     return "gemv" if uses_gemv_kernel(x) else "torch"
 
 
 def tile_config(rows: int, n: int, k: int) -> tuple[int, int, int, int]:
-    """(rows per program, outputs per program, K per inner step, warps) of ``tile_kernel``: the rows padded to a
-    ``tl.dot`` tile (16) and up to 64, so each weight tile is read once per 64 rows; 64 outputs and 64 of K per step
-    (not swept yet)."""
+    """(rows per program, outputs per program, K per step, warps) of ``tile_kernel`` for a shape the sweep did not
+    cover: the rows padded to a ``tl.dot`` tile (16) and up to 64, 64 outputs and 64 of K per step."""
     return min(64, max(16, triton.next_power_of_2(rows))), 64, 64, 4
 
 
@@ -209,7 +233,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | None = N
     started (``common.launch_next_kernel``), not only after its wait. Otherwise more than ``GEMV_MAX_ROWS`` rows, or no kernels here: the PyTorch form
     (``F.linear``).
     """
-    path = kernel_path(x, tiles)
+    path = kernel_path(x, tiles, weight.shape)
     if path == "torch":
         if norm is not None:
             x = rms_norm(x, norm, eps)
@@ -219,8 +243,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | None = N
         y = F.linear(x, weight, bias)
         return y if residual is None else residual + y
     out = torch.empty(x.shape[0], weight.shape[0], dtype=weight.dtype, device=x.device)
-    _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, None, tile_config(x.shape[0], *weight.shape)
-                 if path == "tile" else None, early_launch)
+    _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, None,
+                 tile_choice(x.shape[0], *weight.shape) if path == "tile" else None, early_launch)
     return out
 
 
@@ -231,7 +255,7 @@ def output_blocks(weight: torch.Tensor, tile: tuple | None) -> int:
 
 
 def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index, tile=None, early=False) -> None:
-    """Launch ``gemv_kernel``, or ``tile_kernel`` with ``tile`` (``tile_config``); with ``index``, the argmax form
+    """Launch ``gemv_kernel``, or ``tile_kernel`` with ``tile`` (a ``tile_choice`` configuration); with ``index``, the argmax form
     (per-program maxima into out/index, ``output_blocks`` of them per row)."""
     common.require_dense_rows(x=x, residual=residual)
     if not weight.is_contiguous():
@@ -260,14 +284,14 @@ def greedy_head(x: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor, eps: 
     write). x ``[rows, hidden]``, weight ``[vocab, hidden]``, norm ``[hidden]``. ``tiles``, ``early_launch``: as
     ``gemv``'s. Otherwise
     more than ``GEMV_MAX_ROWS`` rows, or no kernels here: the PyTorch form (``F.linear`` and ``argmax``)."""
-    path = kernel_path(x, tiles)
+    path = kernel_path(x, tiles, weight.shape)
     if path == "torch":
         token.copy_(F.linear(rms_norm(x, norm, eps), weight).argmax(dim=-1, keepdim=True))
         if position is not None:
             position.add_(1)
         return token
     rows = x.shape[0]
-    tile = tile_config(rows, *weight.shape) if path == "tile" else None
+    tile = tile_choice(rows, *weight.shape) if path == "tile" else None
     blocks = output_blocks(weight, tile)
     maxima = torch.empty(rows, blocks, dtype=torch.float32, device=x.device)  # [rows, blocks] per-program maxima
     where = torch.empty(rows, blocks, dtype=torch.int32, device=x.device)  # [rows, blocks] and their indices
