@@ -504,18 +504,13 @@ def test_the_tile_dispatch_follows_the_swept_rows_at_or_below_the_batch(monkeypa
 
 
 def test_the_tile_dispatch_is_the_fastest_path_of_the_recorded_h200_sweeps():
-    record = json.loads((Path(__file__).parents[1] / "data" / "h200_tile_sweep.json").read_text())
-    fastest = {}  # (N, K, rows) -> (µs, choice) over both sweeps
-    for sweep in record["sweeps"]:
-        for entries in sweep["tiles"].values():
-            for e in entries:
-                key = (e["N"], e["K"], e["rows"])
-                for us, choice in ((e["best_us"], tuple(e["best"])), (e["gemv kernel"], "gemv"),
-                                   (e["pytorch (cuBLAS)"], "torch")):
-                    fastest[key] = min(fastest.get(key, (float("inf"), None)), (us, choice), key=lambda t: t[0])
-    table = {(n, k, rows): choice for (n, k), by_rows in gemv_module.TILE_DISPATCH.items()
-             for rows, choice in by_rows.items()}
-    assert table == {key: choice for key, (_, choice) in fastest.items()}
+    from kvlab.lab import bench
+
+    table = bench.tile_sweep(bench.recorded("h200_tile_sweep"))
+    fastest = {(row["N"], row["K"], rows): row["fastest"] for by_rows in table.values() for rows, row in by_rows.items()}
+    assert all(isinstance(f, str) or len(f) == 4 for f in fastest.values())
+    assert {(n, k, rows): choice for (n, k), by_rows in gemv_module.TILE_DISPATCH.items()
+            for rows, choice in by_rows.items()} == fastest
 
 
 @pytest.mark.parametrize("name", DECODER_KERNEL_STEPS)

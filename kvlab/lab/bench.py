@@ -330,6 +330,29 @@ def recorded(name: str) -> dict | None:
     return load(path) if path.is_file() else None
 
 
+def tile_sweep(record: dict) -> dict:
+    """A tile-sweep record (``data/h200_tile_sweep.json``, ``tools/time_kernels.py --parts tiles``) per projection
+    and batch: µs per call of the GEMV kernel (``"gemv"``), of the PyTorch form (``"torch"``: cuBLAS, with the norm,
+    SiLU and residual as kernels of their own) and of ``tile_kernel``'s best configuration over all its sweeps
+    (``"tile"``, ``"tile_config"``), and the fastest of the three (``"fastest"``, as ``kvlab.kernels.gemv.TILE_DISPATCH``
+    holds it: ``"gemv"``, ``"torch"`` or the configuration) -> ``{projection: {rows: {...}}}``. The GEMV and PyTorch
+    times are those of the first sweep that timed the shape."""
+    table = {}
+    for sweep in record["sweeps"]:
+        for name, entries in sweep["tiles"].items():
+            for e in entries:
+                row = table.setdefault(name, {}).setdefault(e["rows"], {
+                    "N": e["N"], "K": e["K"], "gemv": e["gemv kernel"], "torch": e["pytorch (cuBLAS)"],
+                    "tile": float("inf"), "tile_config": None})
+                if e["best_us"] < row["tile"]:
+                    row["tile"], row["tile_config"] = e["best_us"], tuple(e["best"])
+    for by_rows in table.values():
+        for row in by_rows.values():
+            row["fastest"] = min((row["tile"], row["tile_config"]), (row["gemv"], "gemv"), (row["torch"], "torch"),
+                                 key=lambda t: t[0])[1]
+    return table
+
+
 def format_table(record: dict) -> str:
     def cell(v):
         if isinstance(v, float):

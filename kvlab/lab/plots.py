@@ -1,10 +1,12 @@
 """Every plot of the course, in one look, each stamped with the hardware it was measured on: the styled ``figure``,
 lesson 03's cache heatmaps and memory lines, and lesson 06's plots of ``kvlab.lab.bench`` records (strategies side by
-side, the bandwidth floor, profiler timelines, tokens/s against batch size, peak memory per strategy)."""
+side, the bandwidth floor, profiler timelines, tokens/s against batch size, peak memory per strategy, the tile
+sweep of the matmul kernels)."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import FormatStrFormatter, LogLocator
 
 from ..strategies import DEFAULT_STRATEGIES, STRATEGIES
 
@@ -172,6 +174,34 @@ def plot_batch_sweep(record: dict, strategies=None):
     ax.legend()
     ax.set_title(f"{_label(record)}, {record['settings']['new_tokens']} new tokens", fontsize=10)
     fig.tight_layout()
+    return fig
+
+
+def plot_tile_sweep(record: dict):
+    """µs per call against batch size for each projection of a tile-sweep record (``kvlab.lab.bench.tile_sweep``):
+    the GEMV kernel, the PyTorch form (cuBLAS, fusions unfused) and ``tile_kernel``'s best configuration."""
+    from .bench import tile_sweep
+
+    table = tile_sweep(record)
+    sweep = record["sweeps"][0]
+    env = {"hardware": sweep["gpu"], "torch": sweep["torch"], "transformers": "(not used)"}
+    fig, axes = figure("One projection, three kernels, as the batch grows", "batch size (rows)", "µs per call",
+                       env=env, ncols=len(table), figsize=(3.0 * len(table), 3.6))
+    for ax, (name, by_rows) in zip(axes, table.items(), strict=True):
+        sizes = sorted(by_rows)
+        for key, label, color in (("gemv", "GEMV kernel (a weight read per row)", "tab:blue"),
+                                  ("torch", "cuBLAS + unfused norm/SiLU/residual", "tab:gray"),
+                                  ("tile", "tile kernel, best configuration", "tab:orange")):
+            ax.plot(sizes, [by_rows[b][key] for b in sizes], marker="o", color=color, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(FormatStrFormatter(""))
+        ax.set_title(name, fontsize=10)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8)
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
     return fig
 
 
