@@ -188,6 +188,20 @@ def check_gemv(case: str, tiles: bool = False) -> None:
     torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
 
 
+SPLIT_TILE = (16, 32, 32, 4, 3)  # K shared by 3 programs: uneven shares, and with K <= 64 one of them empty
+
+
+def split_k(check, *args) -> None:
+    """``check`` with every tile launch split along K (``SPLIT_TILE``): its sums published and added by the last
+    program to arrive."""
+    chosen = gemv_module.tile_choice
+    gemv_module.tile_choice = lambda rows, n, k: SPLIT_TILE
+    try:
+        check(*args)
+    finally:
+        gemv_module.tile_choice = chosen
+
+
 ATTENTIONS = {  # batch, heads, kv_heads, slots, head_dim, position (the counter), dtype
     "one-split": (1, 9, 3, 30, 64, 12, torch.float32),
     "three-splits": (2, 4, 2, 70, 16, 33, torch.float32),  # the last program of each kv head combines
@@ -361,6 +375,10 @@ def run_checks() -> dict[str, str]:
     checks |= {f"tile-{case}": (check_gemv, case, True) for case in GEMVS if dtype_of(GEMVS[case]) in DOT_DTYPES}
     checks |= {f"greedy-head-{case}-tiles": (check_greedy_head, case, True) for case in HEADS
                if HEADS[case][-1] in DOT_DTYPES}
+    checks |= {f"tile-split-{case}": (split_k, check_gemv, case, True) for case in GEMVS
+               if dtype_of(GEMVS[case]) in DOT_DTYPES}
+    checks |= {f"greedy-head-{case}-tiles-split": (split_k, check_greedy_head, case, True) for case in HEADS
+               if HEADS[case][-1] in DOT_DTYPES}
     checks["gemm-dispatch"] = (check_gemm_dispatch,)
     checks |= {f"rope-cache-attention-{case}": (check_rope_cache_attention, case) for case in ATTENTIONS}
     checks |= {f"rope-cache-attention-{case}-dot": (check_rope_cache_attention, case, True) for case in ATTENTIONS
@@ -478,6 +496,16 @@ def test_tile_kernel_matches_reference(interpreted, case):
 @pytest.mark.parametrize("case", [on_tensor_cores(case, HEADS[case][-1]) for case in HEADS])
 def test_greedy_head_tile_kernels_match_argmax(interpreted, case):
     outcome(interpreted, f"greedy-head-{case}-tiles", check_greedy_head, case, True)
+
+
+@pytest.mark.parametrize("case", [on_tensor_cores(case, dtype_of(GEMVS[case])) for case in GEMVS])
+def test_split_k_tile_kernel_matches_reference(interpreted, case):
+    outcome(interpreted, f"tile-split-{case}", split_k, check_gemv, case, True)
+
+
+@pytest.mark.parametrize("case", [on_tensor_cores(case, HEADS[case][-1]) for case in HEADS])
+def test_split_k_greedy_head_tiles_match_argmax(interpreted, case):
+    outcome(interpreted, f"greedy-head-{case}-tiles-split", split_k, check_greedy_head, case, True)
 
 
 def test_the_path_is_the_tile_kernel_from_two_rows_only_when_asked():

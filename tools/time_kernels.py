@@ -13,7 +13,7 @@ count); the figure is µs per call, the median of 20 replays. The parts:
 - ``attention``: ``common.MAX_SPLITS``, ``common.BLOCK_L`` and ``ATTENTION_WARPS`` of ``rope_cache_attention``.
 - ``step``: one graph-safe-kernels decode with the fastest configurations, and the kernels of one of its steps,
   in order, from torch.profiler.
-- ``tiles``: ``gemv.tile_kernel``'s configuration per projection at 2 to 64 rows, beside the GEMV kernel and cuBLAS
+- ``tiles``: ``gemv.tile_kernel``'s configuration (with ``--tile-splits``, split-K too) per projection at 2 to 64 rows, beside the GEMV kernel and cuBLAS
   (``graph-safe-kernels/tiles``; sets nothing: ``gemv.TILE_DISPATCH`` takes the result by hand, and a test checks it
   against ``data/h200_tile_sweep.json``).
 - ``dot-attention``: ``rope_cache_attention`` with broadcasts against ``tl.dot`` (``dot=True``) over splits and
@@ -186,7 +186,7 @@ DEVICE = "cuda"  # the parts below take it from here (a CPU smoke run under TRIT
 TILE_ROWS = (2, 4, 8, 16, 32, 64)  # the benchmark's batch sizes above 1 (--tile-rows)
 TILE_SHAPES = list(SHAPES)  # the projections swept (--tile-shapes qkv,down: by the first word of their names)
 TILE_GRID = {"rows per program": (16, 32, 64), "outputs per program": (32, 64, 128), "K per step": (32, 64, 128),
-             "warps": (4, 8)}  # tile_kernel's configurations swept (--tile-k, --tile-warps narrow it)
+             "warps": (4, 8), "K splits": (1,)}  # tile_kernel's configurations swept (--tile-k, --tile-warps narrow it)
 
 
 def sweep_tiles(results: dict, save, time_fn=None) -> None:
@@ -218,12 +218,13 @@ def sweep_tiles(results: dict, save, time_fn=None) -> None:
             baseline = {"gemv kernel": time_fn(lambda rows=rows: call(False, max_rows=rows)),
                         "pytorch (cuBLAS)": time_fn(lambda: call(False, max_rows=0))}
             timings = []
-            for bm, bn, bk, warps in itertools.product(*TILE_GRID.values()):
-                if bm > max(16, common.triton.next_power_of_2(rows)):
-                    continue
-                gemv.tile_choice = lambda r, n_, k_, c=(bm, bn, bk, warps): c
+            for bm, bn, bk, warps, splits in itertools.product(*TILE_GRID.values()):
+                if bm > max(16, common.triton.next_power_of_2(rows)) or (splits - 1) * bk >= k:
+                    continue  # rows a smaller tile holds; a split with no share of K
+                config = (bm, bn, bk, warps) if splits == 1 else (bm, bn, bk, warps, splits)
+                gemv.tile_choice = lambda r, n_, k_, c=config: c
                 try:
-                    timings.append((time_fn(lambda: call(True)), (bm, bn, bk, warps)))
+                    timings.append((time_fn(lambda: call(True)), config))
                 except common.triton.runtime.errors.OutOfResources:  # the tiles need more shared memory than a GPU has
                     torch.cuda.synchronize()
                 finally:
@@ -285,6 +286,7 @@ def main() -> None:
     p.add_argument("--tile-n", default=None, help=f"tiles: outputs per program (default {TILE_GRID['outputs per program']})")
     p.add_argument("--tile-shapes", default=None, help=f"tiles: comma list of projections (default all: {', '.join(SHAPES)})")
     p.add_argument("--tile-k", default=None, help=f"tiles: K per step (default {TILE_GRID['K per step']})")
+    p.add_argument("--tile-splits", default=None, help=f"tiles: programs sharing K (split-K; default {TILE_GRID['K splits']})")
     p.add_argument("--tile-warps", default=None, help=f"tiles: warps (default {TILE_GRID['warps']})")
     args = p.parse_args()
     ints = lambda text: tuple(int(v) for v in text.split(","))  # noqa: E731
@@ -298,6 +300,8 @@ def main() -> None:
         TILE_SHAPES[:] = [name for name in SHAPES if name.split()[0] in args.tile_shapes.split(",")]
     if args.tile_k:
         TILE_GRID["K per step"] = ints(args.tile_k)
+    if args.tile_splits:
+        TILE_GRID["K splits"] = ints(args.tile_splits)
     if args.tile_warps:
         TILE_GRID["warps"] = ints(args.tile_warps)
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "command": " ".join(sys.argv),

@@ -108,40 +108,11 @@ if triton is not None:
             tl.store(OUT + row * stride_out + n, y.to(dt), mask=n_in)
 
     @triton.jit
-    def tile_kernel(X, W, BIAS, NORM, RES, OUT, IDX, M, N, K, stride_x, stride_res, stride_out, eps,
-                    PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-                    EARLY: tl.constexpr):
-        """``gemv_kernel`` for a tile of ``BLOCK_M`` rows: each weight tile is read once for all of them and
-        multiplied with ``tl.dot`` (tensor cores in bf16; float32 operands exactly, ``input_precision="ieee"``).
-        The same prologue (``_x_tile``) and the same epilogue, on [rows, outputs] tiles."""
-        launch_next_kernel(PDL, EARLY)
-        tile, block = tl.program_id(0), tl.program_id(1)
-        dt = W.dtype.element_ty
-        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # [M_b] this program's rows
-        r_in = rows < M
-        n = block * BLOCK_N + tl.arange(0, BLOCK_N)  # [N_b] its outputs
-        n_in = n < N
-        kk = tl.arange(0, BLOCK_K)
-        x_rows = X + rows[:, None] * stride_x  # [M_b, 1]
-        w = tl.load(W + n[:, None] * K + kk[None, :], mask=n_in[:, None] & (kk < K)[None, :], other=0.0)  # [N_b, K_b]
-        wait_for_previous_kernel(PDL, EARLY)
-        rstd = 0.0
-        if PROLOGUE == 1:
-            squares = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
-            for start in range(0, K, BLOCK_K):
-                x = tl.load(x_rows + start + kk[None, :], mask=r_in[:, None] & (start + kk < K)[None, :],
-                            other=0.0).to(tl.float32)
-                squares += x * x
-            rstd = (1.0 / tl.sqrt(tl.sum(squares, 1) / K + eps))[:, None]  # [M_b, 1]
-        x = _x_tile(x_rows, NORM, kk[None, :], K, rstd, r_in[:, None] & (kk < K)[None, :], PROLOGUE, dt)  # [M_b, K_b]
-        acc = tl.dot(x.to(dt), tl.trans(w.to(dt)), input_precision="ieee")  # [M_b, N_b] float32
-        for start in range(BLOCK_K, K, BLOCK_K):
-            k = start + kk
-            w = tl.load(W + n[:, None] * K + k[None, :], mask=n_in[:, None] & (k < K)[None, :], other=0.0)
-            x = _x_tile(x_rows, NORM, k[None, :], K, rstd, r_in[:, None] & (k < K)[None, :], PROLOGUE, dt)
-            acc += tl.dot(x.to(dt), tl.trans(w.to(dt)), input_precision="ieee")
-        y = acc
+    def _tile_epilogue(y, BIAS, RES, OUT, IDX, rows, r_in, n, n_in, block, stride_res, stride_out,
+                       HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr, BLOCK_N: tl.constexpr,
+                       dt: tl.constexpr):
+        """``gemv_kernel``'s epilogue on a [rows, outputs] tile ``y`` (float32): bias, residual, then the store or
+        the LM head's per-program maximum and where it is."""
         if HAS_BIAS:
             y += tl.load(BIAS + n, mask=n_in, other=0.0).to(tl.float32)[None, :]
         if HAS_RES:
@@ -154,6 +125,63 @@ if triton is not None:
             tl.store(IDX + rows * stride_out + block, block * BLOCK_N + best, mask=r_in)
         else:
             tl.store(OUT + rows[:, None] * stride_out + n[None, :], y.to(dt), mask=r_in[:, None] & n_in[None, :])
+
+    @triton.jit
+    def tile_kernel(X, W, BIAS, NORM, RES, OUT, IDX, PART, DONE, M, N, K, stride_x, stride_res, stride_out, eps,
+                    PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
+                    PDL: tl.constexpr, EARLY: tl.constexpr):
+        """``gemv_kernel`` for a tile of ``BLOCK_M`` rows: each weight tile is read once for all of them and
+        multiplied with ``tl.dot`` (tensor cores in bf16; float32 operands exactly, ``input_precision="ieee"``).
+        The same prologue (``_x_tile``) and the same epilogue, on [rows, outputs] tiles. ``SPLITS`` > 1 (split-K):
+        K is shared among ``SPLITS`` programs (grid axis 2), which publish their sums in PART; the last of them to
+        arrive (an arrival counter in DONE, as the attention kernel's) adds them in split order and runs the
+        epilogue, so the result does not depend on which program finishes first."""
+        launch_next_kernel(PDL, EARLY)
+        tile, block, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        dt = W.dtype.element_ty
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # [M_b] this program's rows
+        r_in = rows < M
+        n = block * BLOCK_N + tl.arange(0, BLOCK_N)  # [N_b] its outputs
+        n_in = n < N
+        k_len = tl.cdiv(K, SPLITS * BLOCK_K) * BLOCK_K  # K per split, whole steps
+        k_start = split * k_len
+        k_end = tl.minimum(k_start + k_len, K)
+        kk = k_start + tl.arange(0, BLOCK_K)
+        x_rows = X + rows[:, None] * stride_x  # [M_b, 1]
+        w = tl.load(W + n[:, None] * K + kk[None, :], mask=n_in[:, None] & (kk < k_end)[None, :], other=0.0)  # [N_b, K_b]
+        wait_for_previous_kernel(PDL, EARLY)
+        rstd = 0.0
+        if PROLOGUE == 1:  # the norm needs the whole row, whatever share of K this program multiplies
+            squares = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
+            for start in range(0, K, BLOCK_K):
+                k = start + tl.arange(0, BLOCK_K)
+                x = tl.load(x_rows + k[None, :], mask=r_in[:, None] & (k < K)[None, :], other=0.0).to(tl.float32)
+                squares += x * x
+            rstd = (1.0 / tl.sqrt(tl.sum(squares, 1) / K + eps))[:, None]  # [M_b, 1]
+        x = _x_tile(x_rows, NORM, kk[None, :], K, rstd, r_in[:, None] & (kk < k_end)[None, :], PROLOGUE, dt)  # [M_b, K_b]
+        acc = tl.dot(x.to(dt), tl.trans(w.to(dt)), input_precision="ieee")  # [M_b, N_b] float32
+        for start in range(k_start + BLOCK_K, k_end, BLOCK_K):
+            k = start + tl.arange(0, BLOCK_K)
+            w = tl.load(W + n[:, None] * K + k[None, :], mask=n_in[:, None] & (k < k_end)[None, :], other=0.0)
+            x = _x_tile(x_rows, NORM, k[None, :], K, rstd, r_in[:, None] & (k < k_end)[None, :], PROLOGUE, dt)
+            acc += tl.dot(x.to(dt), tl.trans(w.to(dt)), input_precision="ieee")
+        if SPLITS == 1:
+            _tile_epilogue(acc, BIAS, RES, OUT, IDX, rows, r_in, n, n_in, block, stride_res, stride_out,
+                           HAS_BIAS, HAS_RES, ARGMAX, BLOCK_N, dt)
+        else:  # publish this share; the last program of the tile to arrive adds all shares and finishes
+            cell = tile * tl.num_programs(1) + block
+            tile_offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # [M_b, N_b]
+            tl.store(PART + (cell * SPLITS + split) * BLOCK_M * BLOCK_N + tile_offs, acc)
+            tl.debug_barrier()  # every thread's stores are issued before the release below
+            arrived = tl.atomic_add(DONE + cell, 1, sem="acq_rel")
+            if arrived == SPLITS - 1:
+                y = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+                for s in range(SPLITS):
+                    y += tl.load(PART + (cell * SPLITS + s) * BLOCK_M * BLOCK_N + tile_offs, cache_modifier=".cg")
+                _tile_epilogue(y, BIAS, RES, OUT, IDX, rows, r_in, n, n_in, block, stride_res, stride_out,
+                               HAS_BIAS, HAS_RES, ARGMAX, BLOCK_N, dt)
+                tl.store(DONE + cell, 0)  # ready for the next call
 
     @triton.jit
     def _argmax_kernel(VAL, IDX, TOKEN, POS, blocks, stride_val, stride_token,
@@ -181,7 +209,7 @@ def uses_gemv_kernel(x: torch.Tensor) -> bool:
 # tile_kernel (its best (rows per program, outputs per program, K per step, warps)), the GEMV kernel ("gemv") and the
 # PyTorch form ("torch") in the H200 sweeps of 4, 16 and 64 rows (data/h200_tile_sweep.json; tests check the table
 # against it). A batch takes the entry of the largest swept row count not above it (4's below 4).
-TILE_DISPATCH: dict[tuple[int, int], dict[int, tuple[int, int, int, int] | str]] = {
+TILE_DISPATCH: dict[tuple[int, int], dict[int, tuple[int, ...] | str]] = {
     (960, 576): {4: "gemv", 16: (16, 16, 256, 4), 64: (16, 32, 64, 4)},  # qkv (norm)
     (576, 576): {4: "gemv", 16: (16, 32, 128, 4), 64: (16, 32, 128, 4)},  # o_proj (+residual)
     (3072, 576): {4: (16, 32, 128, 8), 16: (16, 32, 128, 8), 64: (16, 128, 64, 4)},  # gate_up (norm)
@@ -190,9 +218,10 @@ TILE_DISPATCH: dict[tuple[int, int], dict[int, tuple[int, int, int, int] | str]]
 }
 
 
-def tile_choice(rows: int, n: int, k: int) -> tuple[int, int, int, int] | str:
+def tile_choice(rows: int, n: int, k: int) -> tuple[int, ...] | str:
     """What the tile path runs for ``rows`` rows of an ``[N, K]`` weight: ``TILE_DISPATCH``'s entry (a
-    ``tile_kernel`` configuration, ``"gemv"`` or ``"torch"``) or, for a shape not in it, ``tile_config``."""
+    ``tile_kernel`` configuration (rows per program, outputs per program, K per step, warps[, K splits]), ``"gemv"``
+    or ``"torch"``) or, for a shape not in it, ``tile_config``."""
     swept = TILE_DISPATCH.get((n, k))
     if swept is None:
         return tile_config(rows, n, k)
@@ -272,9 +301,14 @@ def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index, til
         block_n, block_k, warps = gemv_config(n, k)
         gemv_kernel[(rows, blocks)](*args, n, k, *strides, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **flags)
     else:
-        block_m, block_n, block_k, warps = tile
-        tile_kernel[(triton.cdiv(rows, block_m), blocks)](*args, rows, n, k, *strides, BLOCK_M=block_m,
-                                                           BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **flags)
+        block_m, block_n, block_k, warps, *split = tile  # a fifth number: K split among that many programs
+        splits, tiles = (split[0] if split else 1), triton.cdiv(rows, block_m)
+        part = done = out  # unused unless split
+        if splits > 1:  # each program's float32 sums, and one arrival counter per (tile of rows, block of outputs)
+            part = torch.empty(tiles * blocks * splits * block_m * block_n, dtype=torch.float32, device=x.device)
+            done = torch.zeros(tiles * blocks, dtype=torch.int32, device=x.device)
+        tile_kernel[(tiles, blocks, splits)](*args, part, done, rows, n, k, *strides, BLOCK_M=block_m,
+                                             BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, num_warps=warps, **flags)
 
 
 def greedy_head(x: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor, eps: float, token: torch.Tensor,
