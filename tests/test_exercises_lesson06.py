@@ -120,6 +120,29 @@ def test_fastest_prediction(monkeypatch):
     assert unanswered.startswith("not predicted") and "tokens/s" not in unanswered  # nothing given away
 
 
+# ---- predict, then read: the fastest kernel in the tile sweep ------------------------------------------------------
+
+def test_tile_prediction(monkeypatch):
+    record = bench.recorded("h200_tile_sweep")
+    assert record is not None, "data/h200_tile_sweep.json is part of the course"
+    cells = {name.split()[0]: by_rows for name, by_rows in bench.tile_sweep(record).items()}
+    for projection, by_rows in cells.items():
+        for rows, cell in by_rows.items():
+            right = cell["fastest"] if isinstance(cell["fastest"], str) else "tile"
+            verdict = lesson06.check_tile_prediction(right, record, projection=projection, rows=rows)
+            assert verdict.startswith("correct") and f"{cell['tile']:.1f} µs" in verdict, verdict
+            wrong = next(path for path in lesson06.TILE_PATHS if path != right)
+            assert lesson06.check_tile_prediction(wrong, record, projection=projection, rows=rows).startswith(
+                f"not quite: you predicted {wrong!r}")
+    assert "one of" in lesson06.check_tile_prediction("flash", record)
+    assert "no recorded tile sweep" in lesson06.check_tile_prediction("tile", None)
+    with pytest.raises(ValueError, match="projections"):
+        lesson06.check_tile_prediction("tile", record, rows=3)
+    monkeypatch.delenv("KVLAB_SOLUTIONS", raising=False)
+    unanswered = lesson06.check_tile_prediction(None, record)
+    assert unanswered.startswith("not predicted") and "µs" not in unanswered  # nothing given away
+
+
 # ---- the padded rows of a batch bucket ------------------------------------------------------------------------------
 
 def test_padding_rows():

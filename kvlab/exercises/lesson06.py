@@ -202,6 +202,35 @@ def check_fastest_prediction(prediction=None, record: dict | None = None, *, bat
     return verdict
 
 
+# ---- predict, then read: the fastest kernel for one projection (the tile sweep) --------------------------------------
+
+TILE_PATHS = {"gemv": "the GEMV kernel, one weight read per row",
+              "torch": "cuBLAS, with the norm, SiLU and residual as kernels of their own",
+              "tile": "the tile kernel, one weight read per tile of rows"}
+
+
+def check_tile_prediction(prediction=None, record: dict | None = None, *, projection: str = "down",
+                          rows: int = 64) -> str:
+    """Predict, then read: in the recorded tile sweep (``kvlab.lab.bench.tile_sweep``), which of ``TILE_PATHS`` is
+    fastest for ``projection`` (the first word of its name) at ``rows`` rows?"""
+    if record is None:
+        return ("no recorded tile sweep (data/h200_tile_sweep.json) here: there is nothing to check a prediction "
+                "against; record one with `python tools/time_kernels.py --parts tiles` on a GPU")
+    from ..lab.bench import tile_sweep
+
+    table = {name.split()[0]: by_rows for name, by_rows in tile_sweep(record).items()}
+    if projection not in table or rows not in table[projection]:
+        raise ValueError(f"the sweep has projections {sorted(table)} at rows {sorted(next(iter(table.values())))}")
+    cell = table[projection][rows]
+    measured = cell["fastest"] if isinstance(cell["fastest"], str) else "tile"
+    verdict = check_prediction(prediction, measured=measured, choices=TILE_PATHS,
+                               what=f"the fastest kernel for {projection} at {rows} rows in the recorded sweep")
+    if verdict.startswith(("correct", "not quite: you predicted")):
+        verdict += (f" (GEMV kernel {cell['gemv']:.1f} µs, cuBLAS {cell['torch']:.1f} µs, best tile "
+                    f"{cell['tile']:.1f} µs)")
+    return verdict
+
+
 # ---- 4 · padded rows of a batch bucket ------------------------------------------------------------------------------
 
 def bucket_for(n: int, buckets) -> int:
