@@ -186,7 +186,9 @@ DEVICE = "cuda"  # the parts below take it from here (a CPU smoke run under TRIT
 TILE_ROWS = (2, 4, 8, 16, 32, 64)  # the benchmark's batch sizes above 1 (--tile-rows)
 TILE_SHAPES = list(SHAPES)  # the projections swept (--tile-shapes qkv,down: by the first word of their names)
 TILE_GRID = {"rows per program": (16, 32, 64), "outputs per program": (32, 64, 128), "K per step": (32, 64, 128),
-             "warps": (4, 8), "K splits": (1,)}  # tile_kernel's configurations swept (--tile-k, --tile-warps narrow it)
+             "warps": (4, 8), "K splits": (1,)}  # tile_kernel's configurations swept (GRID_FLAGS narrow it)
+GRID_FLAGS = {"tile_m": "rows per program", "tile_n": "outputs per program", "tile_k": "K per step",
+              "tile_warps": "warps", "tile_splits": "K splits"}  # --tile-m 16,32 ... -> TILE_GRID's entry
 
 
 def sweep_tiles(results: dict, save, time_fn=None) -> None:
@@ -282,28 +284,18 @@ def main() -> None:
     p.add_argument("--out", default=None)
     p.add_argument("--parts", default="gemv,attention,step", help=f"comma-separated, of {', '.join(PARTS)}")
     p.add_argument("--tile-rows", default=None, help=f"tiles: batch sizes (default {TILE_ROWS})")
-    p.add_argument("--tile-m", default=None, help=f"tiles: rows per program (default {TILE_GRID['rows per program']})")
-    p.add_argument("--tile-n", default=None, help=f"tiles: outputs per program (default {TILE_GRID['outputs per program']})")
     p.add_argument("--tile-shapes", default=None, help=f"tiles: comma list of projections (default all: {', '.join(SHAPES)})")
-    p.add_argument("--tile-k", default=None, help=f"tiles: K per step (default {TILE_GRID['K per step']})")
-    p.add_argument("--tile-splits", default=None, help=f"tiles: programs sharing K (split-K; default {TILE_GRID['K splits']})")
-    p.add_argument("--tile-warps", default=None, help=f"tiles: warps (default {TILE_GRID['warps']})")
+    for flag, key in GRID_FLAGS.items():
+        p.add_argument(f"--{flag.replace('_', '-')}", default=None, help=f"tiles: {key} (default {TILE_GRID[key]})")
     args = p.parse_args()
     ints = lambda text: tuple(int(v) for v in text.split(","))  # noqa: E731
     if args.tile_rows:
         TILE_ROWS = ints(args.tile_rows)
-    if args.tile_m:
-        TILE_GRID["rows per program"] = ints(args.tile_m)
-    if args.tile_n:
-        TILE_GRID["outputs per program"] = ints(args.tile_n)
     if args.tile_shapes:
         TILE_SHAPES[:] = [name for name in SHAPES if name.split()[0] in args.tile_shapes.split(",")]
-    if args.tile_k:
-        TILE_GRID["K per step"] = ints(args.tile_k)
-    if args.tile_splits:
-        TILE_GRID["K splits"] = ints(args.tile_splits)
-    if args.tile_warps:
-        TILE_GRID["warps"] = ints(args.tile_warps)
+    for flag, key in GRID_FLAGS.items():
+        if getattr(args, flag):
+            TILE_GRID[key] = ints(getattr(args, flag))
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "command": " ".join(sys.argv),
                "git": git_state(),
                "tile_rows": TILE_ROWS, "tile_grid": TILE_GRID, "tile_shapes": TILE_SHAPES, "gemv": {}}

@@ -228,15 +228,22 @@ def tile_choice(rows: int, n: int, k: int) -> tuple[int, ...] | str:
     return swept[max([r for r in swept if r <= rows], default=min(swept))]
 
 
+def _dispatch(x: torch.Tensor, tiles: bool, weight_shape: tuple[int, int] | None) -> tuple[str, tuple | None]:
+    """(``kernel_path``'s answer, the ``tile_kernel`` configuration where it is ``"tile"``, else None)."""
+    if tiles and x.shape[0] >= 2 and common.available(x):
+        choice = tile_choice(x.shape[0], *(weight_shape or (0, 0)))  # no shape: an unswept one, tile_config's
+        if choice == "torch":
+            return "torch", None
+        if choice != "gemv":
+            return "tile", choice
+    return ("gemv" if uses_gemv_kernel(x) else "torch"), None
+
+
 def kernel_path(x: torch.Tensor, tiles: bool = False, weight_shape: tuple[int, int] | None = None) -> str:
     """Which form ``gemv`` and ``greedy_head`` run for ``x [rows, K]``: ``"tile"`` (``tile_kernel``: with ``tiles``,
     2 rows or more, where ``tile_choice`` for ``weight_shape`` picks a configuration), ``"gemv"`` (``uses_gemv_kernel``)
     or ``"torch"`` (the PyTorch form; also where ``tile_choice`` picks it)."""
-    if tiles and x.shape[0] >= 2 and common.available(x):
-        choice = tile_choice(x.shape[0], *weight_shape) if weight_shape is not None else "tile"
-        if choice != "gemv":
-            return "torch" if choice == "torch" else "tile"
-    return "gemv" if uses_gemv_kernel(x) else "torch"
+    return _dispatch(x, tiles, weight_shape)[0]
 
 
 def tile_config(rows: int, n: int, k: int) -> tuple[int, int, int, int]:
@@ -262,7 +269,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | None = N
     started (``common.launch_next_kernel``), not only after its wait. Otherwise more than ``GEMV_MAX_ROWS`` rows, or no kernels here: the PyTorch form
     (``F.linear``).
     """
-    path = kernel_path(x, tiles, weight.shape)
+    path, tile = _dispatch(x, tiles, weight.shape)
     if path == "torch":
         if norm is not None:
             x = rms_norm(x, norm, eps)
@@ -272,8 +279,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | None = N
         y = F.linear(x, weight, bias)
         return y if residual is None else residual + y
     out = torch.empty(x.shape[0], weight.shape[0], dtype=weight.dtype, device=x.device)
-    _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, None,
-                 tile_choice(x.shape[0], *weight.shape) if path == "tile" else None, early_launch)
+    _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, None, tile, early_launch)
     return out
 
 
@@ -318,14 +324,13 @@ def greedy_head(x: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor, eps: 
     write). x ``[rows, hidden]``, weight ``[vocab, hidden]``, norm ``[hidden]``. ``tiles``, ``early_launch``: as
     ``gemv``'s. Otherwise
     more than ``GEMV_MAX_ROWS`` rows, or no kernels here: the PyTorch form (``F.linear`` and ``argmax``)."""
-    path = kernel_path(x, tiles, weight.shape)
+    path, tile = _dispatch(x, tiles, weight.shape)
     if path == "torch":
         token.copy_(F.linear(rms_norm(x, norm, eps), weight).argmax(dim=-1, keepdim=True))
         if position is not None:
             position.add_(1)
         return token
     rows = x.shape[0]
-    tile = tile_choice(rows, *weight.shape) if path == "tile" else None
     blocks = output_blocks(weight, tile)
     maxima = torch.empty(rows, blocks, dtype=torch.float32, device=x.device)  # [rows, blocks] per-program maxima
     where = torch.empty(rows, blocks, dtype=torch.int32, device=x.device)  # [rows, blocks] and their indices
