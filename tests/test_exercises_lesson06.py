@@ -128,7 +128,7 @@ def test_tile_prediction(monkeypatch):
     cells = {name.split()[0]: by_rows for name, by_rows in bench.tile_sweep(record).items()}
     for projection, by_rows in cells.items():
         for rows, cell in by_rows.items():
-            right = cell["fastest"] if isinstance(cell["fastest"], str) else "tile"
+            right = cell["path"]
             verdict = lesson06.check_tile_prediction(right, record, projection=projection, rows=rows)
             assert verdict.startswith("correct") and f"{cell['tile']:.1f} µs" in verdict, verdict
             wrong = next(path for path in lesson06.TILE_PATHS if path != right)

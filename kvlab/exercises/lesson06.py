@@ -222,8 +222,7 @@ def check_tile_prediction(prediction=None, record: dict | None = None, *, projec
     if projection not in table or rows not in table[projection]:
         raise ValueError(f"the sweep has projections {sorted(table)} at rows {sorted(next(iter(table.values())))}")
     cell = table[projection][rows]
-    measured = cell["fastest"] if isinstance(cell["fastest"], str) else "tile"
-    verdict = check_prediction(prediction, measured=measured, choices=TILE_PATHS,
+    verdict = check_prediction(prediction, measured=cell["path"], choices=TILE_PATHS,
                                what=f"the fastest kernel for {projection} at {rows} rows in the recorded sweep")
     if verdict.startswith(("correct", "not quite: you predicted")):
         verdict += (f" (GEMV kernel {cell['gemv']:.1f} µs, cuBLAS {cell['torch']:.1f} µs, best tile "

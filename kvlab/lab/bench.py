@@ -335,7 +335,8 @@ def tile_sweep(record: dict) -> dict:
     and batch: µs per call of the GEMV kernel (``"gemv"``), of the PyTorch form (``"torch"``: cuBLAS, with the norm,
     SiLU and residual as kernels of their own) and of ``tile_kernel``'s best configuration over all its sweeps
     (``"tile"``, ``"tile_config"``), and the fastest of the three (``"fastest"``, as ``kvlab.kernels.gemv.TILE_DISPATCH``
-    holds it: ``"gemv"``, ``"torch"`` or the configuration) -> ``{projection: {rows: {...}}}``. The GEMV and PyTorch
+    holds it: ``"gemv"``, ``"torch"`` or the configuration; ``"path"``: which of the three, by name) ->
+    ``{projection: {rows: {...}}}``. The GEMV and PyTorch
     times are those of the first sweep that timed the shape."""
     table = {}
     for sweep in record["sweeps"]:
@@ -350,6 +351,7 @@ def tile_sweep(record: dict) -> dict:
         for row in by_rows.values():
             row["fastest"] = min((row["tile"], row["tile_config"]), (row["gemv"], "gemv"), (row["torch"], "torch"),
                                  key=lambda t: t[0])[1]
+            row["path"] = row["fastest"] if isinstance(row["fastest"], str) else "tile"
     return table
 
 
