@@ -126,6 +126,8 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
     _kernels_variant("early-launch", "programmatic dependent launch one kernel deeper: each kernel lets the next "
                      "one start at its entry (kvlab.kernels.common.launch_next_kernel), so a kernel loads its weights while the "
                      "one before it still waits", early_launch=True),
+    _kernels_variant("all", "every variant above at once (dot-attention, tiles, captured-prefill, early-launch): "
+                     "what they buy together", dot_attention=True, tiles=True, captured_prefill=True, early_launch=True),
     Strategy("graph-safe-speculative", "graph-safe + prompt-lookup speculative decoding: k=4 n-gram drafts from the "
              "prompt and output, verified in one captured graph of k+1 rows", decode_speculative, 7, "graph",
              sized=True, warm_full=True, steps_per_replay=5, build=speculative_decoder),
