@@ -241,7 +241,9 @@ class GraphSafeDecoder:
                 f"max_cache_len={self.max_cache_len}: build the decoder with max_cache_len >= {need}"
             )
         if self.prefill_bucket is not None and prompt_len > self.prefill_bucket:
-            raise GraphSafeError(f"the prompt ({prompt_len} tokens) is longer than prefill_bucket={self.prefill_bucket}")
+            raise GraphSafeError(f"the prompt ({prompt_len} tokens) is longer than prefill_bucket={self.prefill_bucket}, "
+                                 "the captured prefill's length: build the decoder for the longest prompt it will "
+                                 "serve (or with a larger prefill_bucket, or captured_prefill=False)")
         if self._fingerprint is not None and self.cache.fingerprint() != self._fingerprint:
             raise GraphSafeError(
                 "the cache's buffers were reallocated or rebound since the graph was captured: replay would write into "
@@ -454,18 +456,20 @@ def prompt_bucket(prompt_len: int, max_cache_len: int) -> int:
 
 
 def kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, steps: int = 16,
-                    max_cache_len: int | None = None, graph: bool = True, captured_prefill: bool = False,
-                    dot_attention: bool = False, tiles: bool = False, early_launch: bool = False) -> GraphSafeDecoder:
+                    max_cache_len: int | None = None, graph: bool = True, captured_prefill: bool = True,
+                    dot_attention: bool = True, tiles: bool = True, early_launch: bool = False) -> GraphSafeDecoder:
     """The decoder ``decode_graph_safe_kernels`` builds for one call: kvlab's kernels for the step
     (``kvlab.kernels.step``), ``steps`` steps per captured graph (a real CUDA graph on a GPU, emulated elsewhere).
     ``captured_prefill``: the prefill is captured too (``prefill_bucket``: ``prompt_bucket`` of this prompt), so the
-    first token costs one replay instead of an eager forward that launches every kernel from Python.
+    first token costs one replay instead of an eager forward that launches every kernel from Python; it serves
+    prompts up to that bucket, so build it for the longest prompt it will see.
     ``dot_attention``, ``tiles``, ``early_launch``: ``kvlab.kernels.step.kernel_step``'s options (attention on tensor
-    cores; the matmuls of 2 rows or more as tiles; each kernel lets the next start at its entry)."""
+    cores; the matmuls of 2 rows or more as the measured dispatch picks; each kernel lets the next start at its entry).
+    The defaults are the fastest the H200 records show; the benchmark's ``graph-safe-kernels/...`` variants turn
+    each back."""
     length = cache_length(input_ids, max_new_tokens, max_cache_len)
     bucket = prompt_bucket(input_ids.shape[1], length) if captured_prefill else None
-    chosen = (("dot_attention", dot_attention), ("tiles", tiles), ("early_launch", early_launch))
-    options = {name: True for name, on in chosen if on} or None
+    options = {"dot_attention": dot_attention, "tiles": tiles, "early_launch": early_launch}
     return graph_safe_decoder(model, input_ids, max_new_tokens, max_cache_len=length, steps=steps,
                               step="kernels", graph=graph, prefill_bucket=bucket, kernel_options=options)
 

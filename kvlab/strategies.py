@@ -104,9 +104,10 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
              "step compiled (max-autotune-no-cudagraphs, coordinate descent), 16 steps per captured graph",
              decode_graph_safe_compiled, 6, "graph", sized=True, compiled=True, cuda_only=True,
              warm_full=True, steps_per_replay=16, build=compiled_decoder),
-    Strategy("graph-safe-kernels", "graph-safe cache, the step as kvlab's own Triton kernels (5 per layer; GEMMs above "
-             "kvlab.kernels.gemv.GEMV_MAX_ROWS rows), 16 steps per captured graph, no torch.compile (CPU: the same math "
-             "in PyTorch, graph emulated)", decode_graph_safe_kernels, 6, "graph", sized=True,
+    Strategy("graph-safe-kernels", "graph-safe cache, the step as kvlab's own Triton kernels (5 per layer: norm fused "
+             "into the GEMVs or, from 2 rows, tl.dot tiles or cuBLAS as measured fastest; RoPE, cache write and "
+             "attention on tensor cores in one), 16 steps per captured graph, the prefill captured too, no torch.compile "
+             "(CPU: the same math in PyTorch, graph emulated)", decode_graph_safe_kernels, 6, "graph", sized=True,
              warm_full=True, steps_per_replay=16, build=kernels_decoder),
     _ablation("sdpa-attention", "scaled_dot_product_attention (cuDNN flash attention on the GPU) instead of the Triton "
               "decode kernel", attention=True),
@@ -116,18 +117,18 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
     _ablation("1-step-graphs", "one decode step per captured graph", steps=1),
     _ablation("no-graph", "the same compiled step launched from Python, no graph", graph=False),
     _ablation("matmul", "matmul kernels instead of GEMV reductions", gemv=False),
-    _kernels_variant("dot-attention", "attention's scores and P.V as tl.dot over each kv head's query group padded "
-                     "to a 16-row tile, 128 cache slots per block (tensor cores in bf16)", dot_attention=True),
-    _kernels_variant("tiles", "the matmuls of 2 rows or more as tl.dot tiles of rows where the H200 sweep found them "
-                     "fastest (kvlab.kernels.gemv.TILE_DISPATCH: the weights read once per tile, the norm, SiLU and "
-                     "residual fused), elsewhere the GEMV kernel or cuBLAS", tiles=True),
-    _kernels_variant("captured-prefill", "the prefill captured too, padded to the prompt's power-of-two bucket "
-                     "(kvlab.graph_decoder.prompt_bucket), so the first token is one replay", captured_prefill=True),
+    _kernels_variant("broadcast-attention", "attention's scores and P.V as broadcast multiply-and-sum (no tensor "
+                     "cores) instead of tl.dot over each kv head's query group padded to a 16-row tile",
+                     dot_attention=False),
+    _kernels_variant("row-gemv", "the GEMV kernel for every row up to kvlab.kernels.gemv.GEMV_MAX_ROWS (each row reads "
+                     "the weights again) and cuBLAS above (norm, SiLU and residual unfused) instead of the measured "
+                     "dispatch (kvlab.kernels.gemv.TILE_DISPATCH: tl.dot tiles of rows where they won)", tiles=False),
+    _kernels_variant("eager-prefill", "the prefill run eagerly (every kernel launched from Python) instead of captured "
+                     "at the prompt's power-of-two bucket (kvlab.graph_decoder.prompt_bucket) and replayed",
+                     captured_prefill=False),
     _kernels_variant("early-launch", "programmatic dependent launch one kernel deeper: each kernel lets the next "
                      "one start at its entry (kvlab.kernels.common.launch_next_kernel), so a kernel loads its weights while the "
                      "one before it still waits", early_launch=True),
-    _kernels_variant("all", "every variant above at once (dot-attention, tiles, captured-prefill, early-launch): "
-                     "what they buy together", dot_attention=True, tiles=True, captured_prefill=True, early_launch=True),
     Strategy("graph-safe-speculative", "graph-safe + prompt-lookup speculative decoding: k=4 n-gram drafts from the "
              "prompt and output, verified in one captured graph of k+1 rows", decode_speculative, 7, "graph",
              sized=True, warm_full=True, steps_per_replay=5, build=speculative_decoder),

@@ -14,10 +14,10 @@ count); the figure is µs per call, the median of 20 replays. The parts:
 - ``step``: one graph-safe-kernels decode with the fastest configurations, and the kernels of one of its steps,
   in order, from torch.profiler.
 - ``tiles``: ``gemv.tile_kernel``'s configuration (with ``--tile-splits``, split-K too) per projection at 2 to 64 rows, beside the GEMV kernel and cuBLAS
-  (``graph-safe-kernels/tiles``; sets nothing: ``gemv.TILE_DISPATCH`` takes the result by hand, and a test checks it
-  against ``data/h200_tile_sweep.json``).
+  (``graph-safe-kernels`` from 2 rows; sets nothing: ``gemv.TILE_DISPATCH`` takes the result by hand, and a test checks
+  it against ``data/h200_tile_sweep.json``).
 - ``dot-attention``: ``rope_cache_attention`` with broadcasts against ``tl.dot`` (``dot=True``) over splits and
-  block sizes (``graph-safe-kernels/dot-attention``).
+  block sizes (``graph-safe-kernels``' attention; ``graph-safe-kernels/broadcast-attention`` the other).
 """
 
 import argparse

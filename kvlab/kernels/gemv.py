@@ -206,14 +206,14 @@ def uses_gemv_kernel(x: torch.Tensor) -> bool:
 
 
 # The tile path's dispatch per weight shape [N, K] (SmolLM2-135M's projections) and batch: the fastest of
-# tile_kernel (its best (rows per program, outputs per program, K per step, warps)), the GEMV kernel ("gemv") and the
+# tile_kernel (its best (rows per program, outputs per program, K per step, warps[, K splits])), the GEMV kernel ("gemv") and the
 # PyTorch form ("torch") in the H200 sweeps of 4, 16 and 64 rows (data/h200_tile_sweep.json; tests check the table
 # against it). A batch takes the entry of the largest swept row count not above it (4's below 4).
 TILE_DISPATCH: dict[tuple[int, int], dict[int, tuple[int, ...] | str]] = {
     (960, 576): {4: "gemv", 16: (16, 16, 256, 4), 64: (16, 32, 64, 4)},  # qkv (norm)
     (576, 576): {4: "gemv", 16: (16, 32, 128, 4), 64: (16, 32, 128, 4)},  # o_proj (+residual)
     (3072, 576): {4: (16, 32, 128, 8), 16: (16, 32, 128, 8), 64: (16, 128, 64, 4)},  # gate_up (norm)
-    (576, 1536): {4: "gemv", 16: "gemv", 64: "torch"},  # down (silu*up, +residual): the tiles never won
+    (576, 1536): {4: "gemv", 16: (16, 32, 64, 4, 12), 64: (16, 64, 64, 4, 6)},  # down (silu*up, +residual): K split
     (49152, 576): {4: (16, 128, 64, 4), 16: (16, 128, 64, 4), 64: (64, 128, 64, 4)},  # lm_head (norm)
 }
 

@@ -5,16 +5,17 @@ what its rules allow; a norm is a reduction and so is the matmul after it, so th
 write and the attention are more. At batch 1 every kernel is too short to fill the GPU, so a step costs about its
 number of kernels. ``kernel_step`` runs, per layer:
 
-1. ``gemv(x, W_qkv, norm=w)``: RMSNorm fused into the q/k/v matmul (``kvlab.kernels.gemv``).
-2. ``rope_cache_attention``: RoPE, the cache write at the counter and split-K attention in one kernel
-   (``kvlab.kernels.attention``).
+1. ``gemv(x, W_qkv, norm=w)``: RMSNorm fused into the q/k/v matmul (``kvlab.kernels.gemv``; from 2 rows a
+   ``tl.dot`` tile of rows where the H200 sweep found it fastest, ``gemv.TILE_DISPATCH``).
+2. ``rope_cache_attention``: RoPE, the cache write at the counter and split-K attention in one kernel, its scores
+   and P.V as ``tl.dot`` (``kvlab.kernels.attention``).
 3. ``gemv(attn, W_o, residual=x)``: o_proj and the residual add.
 4. ``gemv(x, W_gate_up, norm=w)``: RMSNorm fused into the gate/up matmul.
 5. ``gemv(gate_up, W_down, silu_mul=True, residual=x)``: SiLU(gate) * up fused into down_proj, and the residual.
 
 and after the last layer ``greedy_head``: the final norm, the LM head, the greedy token and the counter's advance.
-Each function runs its PyTorch form where the kernels do not (``kvlab.kernels.common.available``) and the GEMVs
-also above ``gemv.GEMV_MAX_ROWS`` rows, so the same step runs on a CPU (the reference the kernels are tested
+Each function runs its PyTorch form where the kernels do not (``kvlab.kernels.common.available``) and the matmuls
+also where the dispatch picks cuBLAS, so the same step runs on a CPU (the reference the kernels are tested
 against) and at large batch (cuBLAS).
 
 The step has no host sync: a decoder captures it in a CUDA graph and replays it.
@@ -78,17 +79,20 @@ def arrival_counters(model, batch: int, device: torch.device | str) -> torch.Ten
 KERNEL_OPTIONS = ("dot_attention", "tiles", "early_launch")  # keywords of kernel_step beyond its tensors: a variant of the step
 
 
-def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_attention: bool = False,
-                tiles: bool = False, early_launch: bool = False) -> torch.Tensor:
+def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_attention: bool = True,
+                tiles: bool = True, early_launch: bool = False) -> torch.Tensor:
     """One decode step: reads ``token`` ``[batch, 1]`` (long), writes the next token into it (in place) and returns it.
 
     ``model``: the fused copy ``kvlab.fusion.fused_copy(model, attention=False)`` of a supported model
     (``check_supported``): one ``qkv_proj`` and one ``gate_up_proj`` per layer. ``cache``: a
     ``kvlab.graph_safe_cache.GraphSafeStaticCache`` after a prefill; the step writes this token's key and value at its
     counter and advances the counter once (the step's last write). ``done``: ``arrival_counters(model, batch, device)``.
-    ``dot_attention``: attention's scores and P.V as ``tl.dot`` (``rope_cache_attention(dot=True)``). ``tiles``: the
-    matmuls of 2 rows or more as ``tl.dot`` tiles (``gemv(tiles=True)``), at any batch. ``early_launch``: with PDL,
-    each kernel lets the next one start at its entry instead of after its wait (``gemv(early_launch=True)``).
+    ``dot_attention``: attention's scores and P.V as ``tl.dot`` (``rope_cache_attention(dot=True)``; False: as
+    broadcast multiply-and-sum). ``tiles``: the matmuls of 2 rows or more through ``gemv.TILE_DISPATCH``'s choice of
+    tile kernel, GEMV kernel or cuBLAS (``gemv(tiles=True)``; False: the GEMV kernel up to ``gemv.GEMV_MAX_ROWS``
+    rows, cuBLAS above). The defaults are the fastest in the H200 records (``data/h200_kernel_variants.json``,
+    ``data/h200_kernel_tiles.json``). ``early_launch``: with PDL, each kernel lets the next one start at its entry
+    instead of after its wait (``gemv(early_launch=True)``).
     Call it in ``torch.inference_mode()``.
     """
     decoder, b = model.model, token.shape[0]

@@ -49,8 +49,8 @@ def speculation_runs(model, prompts: dict[str, torch.Tensor], new_tokens: int, *
     device = pick_device(device)
     longest = max(ids.shape[1] for ids in prompts.values())
     max_cache_len = longest + new_tokens + k - 1  # the last verify step's k drafts fit
-    any_ids = next(iter(prompts.values()))
-    built = {name: STRATEGIES[name].state(model, any_ids, new_tokens, max_cache_len=max_cache_len,
+    longest_ids = max(prompts.values(), key=lambda ids: ids.shape[1])  # a captured prefill serves shorter prompts
+    built = {name: STRATEGIES[name].state(model, longest_ids, new_tokens, max_cache_len=max_cache_len,
                                           **({"k": k} if name == SPECULATIVE else {}))
              for name in (*ONE_TOKEN, SPECULATIVE)}
     check_tokens = new_tokens if check_tokens is None else check_tokens
