@@ -150,3 +150,20 @@ def test_no_code_cell_is_copied_between_notebooks():
                 copies.append(f"{path.name} cell {index} is a copy of {seen[key]}")
             seen.setdefault(key, f"{path.name} cell {index}")
     assert not copies, "\n".join(copies)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_stored_clean_with_a_unique_id_per_cell(path):
+    """nbformat 4.5 wants an id on every cell (Jupyter warns, and will refuse, without one: a cell inserted by a
+    script gets none); lessons are stored without outputs."""
+    import re
+
+    nb = json.loads(path.read_text())
+    ids = [cell.get("id") for cell in nb["cells"]]
+    assert (nb["nbformat"], nb["nbformat_minor"]) >= (4, 5), path.name
+    missing = [i for i, cell_id in enumerate(ids) if not (cell_id and re.fullmatch(r"[a-zA-Z0-9-_]{1,64}", cell_id))]
+    assert not missing, f"{path.name}: cells {missing} have no valid id (give each a unique one, e.g. uuid4().hex[:8])"
+    assert len(set(ids)) == len(ids), f"{path.name}: duplicate cell ids"
+    dirty = [i for i, cell in enumerate(nb["cells"]) if cell["cell_type"] == "code"
+             and (cell.get("outputs") or cell.get("execution_count") is not None)]
+    assert not dirty, f"{path.name}: cells {dirty} carry outputs: clear them before committing"
