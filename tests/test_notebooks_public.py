@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -156,8 +157,6 @@ def test_no_code_cell_is_copied_between_notebooks():
 def test_notebook_is_stored_clean_with_a_unique_id_per_cell(path):
     """nbformat 4.5 wants an id on every cell (Jupyter warns, and will refuse, without one: a cell inserted by a
     script gets none); lessons are stored without outputs."""
-    import re
-
     nb = json.loads(path.read_text())
     ids = [cell.get("id") for cell in nb["cells"]]
     assert (nb["nbformat"], nb["nbformat_minor"]) >= (4, 5), path.name

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import gc
 import json
 import math
 import os
@@ -36,7 +35,7 @@ from ..decoding import decode_naive, first_mismatch
 from ..runtime import as_dtype, cpu_name, environment, pick_device, pick_dtype, quick_mode
 from ..sizes import floor_ms, model_facts
 from ..strategies import BENCHMARKED, DEFAULT_STRATEGIES, STRATEGIES
-from .measure import copy_bandwidth_gbps, profile_steps, time_decode
+from .measure import copy_bandwidth_gbps, free_unreferenced, profile_steps, time_decode
 from .models import RANDOM_SMOLLM2, ModelUnavailableError, build_model, cast
 
 CACHE_ROUNDING = 16  # max_cache_len = prompt + new tokens rounded up: one cache length per run, graphs reused
@@ -240,14 +239,6 @@ def options(strategy, max_cache_len: int, dynamic: bool | None) -> dict:
     if strategy.name == "reduce-overhead":
         kw["dynamic"] = dynamic
     return kw
-
-
-def free_unreferenced(device: torch.device) -> None:
-    """Collect what only reference cycles keep (a compiled step, a decoder's graphs) and hand its cached blocks back,
-    so the next peak-memory reading is of what is alive. Called between a check and a timing, never during a capture."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def prepared(strategy, model, ids, new_tokens: int, max_cache_len: int, dynamic: bool | None) -> dict:

@@ -387,6 +387,14 @@ def cache_bytes(cache) -> int:
     return tensor_bytes(t for layer in cache.layers for t in (layer.keys, layer.values))
 
 
+def free_unreferenced(device) -> None:
+    """Collect what only reference cycles keep (a compiled step, a decoder's graphs) and hand CUDA's cached blocks
+    back, so the next memory reading is of what is alive. Never call it during a capture."""
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def memory_held(device) -> dict:
     """Memory in use now, in MB: CUDA's allocated and reserved bytes and the peak so far; on CPU the process's RSS."""
     if torch.device(device).type == "cuda":

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import difflib
-import gc
 import inspect
 import os
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ import torch
 
 from ..runtime import environment, hardware, pick_device, quick_mode
 from ..sizes import model_sizes
-from .measure import memory_held
+from .measure import free_unreferenced, memory_held
 from .models import ModelUnavailableError, load_model, random_smollm2
 
 RANDOM_ENV = "KVLAB_RANDOM_WEIGHTS"
@@ -170,9 +169,7 @@ def release(device) -> dict:
     Call it after ``del`` of the section's models, caches and graphs; a CUDA graph keeps its memory pool until the
     graph object itself is gone. Returns ``kvlab.lab.measure.memory_held(device)``.
     """
-    gc.collect()
-    if torch.device(device).type == "cuda":
-        torch.cuda.empty_cache()
+    free_unreferenced(device)
     held = memory_held(device)
     print("memory held now: " + ", ".join(f"{k.removesuffix('_mb').replace('_', ' ')} {v:,.0f} MB" for k, v in held.items()))
     return held
