@@ -11,6 +11,10 @@ host sync; ``kvlab.graphs.capture`` records it (a real CUDA graph on a GPU, an e
   kvlab's own kernels over a fused copy of the model (``kvlab.fusion``).
 - ``prefill_bucket=T``: the prefill is captured too, padded to T tokens; every prompt of length <= T replays it,
   its valid length in a device tensor (the cache's valid window).
+- ``kernel_prefill``: with the ``"kernels"`` step, the prefill runs through the same kernels
+  (``kvlab.kernels.step.kernel_prefill``) instead of the model's forward.
+- ``copy_weights``: the ``"kernels"`` step decodes a fused copy of the model (True) or the model's own weights,
+  its q/k/v and gate/up read where they are (False: no second copy of the weights).
 
 The decoder's rules, which lesson 04's failures break: the position lives in the cache's one counter tensor
 (never a Python int), the counter and the token are put back in place after the capture's warm-up calls, the
@@ -75,12 +79,18 @@ class GraphSafeDecoder:
     ``GraphSafeStaticCache`` to decode into instead of a new one. ``fused``: decode a copy of the model,
     ``kvlab.fusion.fused_copy(model, **fused)`` (the ``"kernels"`` step always does, with ``attention=False``): a
     copy made here, so later edits to ``model``'s weights do not reach it; build a new decoder after an edit.
+    ``kernel_prefill``: the ``"kernels"`` step's prefill through its kernels (``kernel_step``'s ``tiles`` and
+    ``early_launch`` apply to it too). ``copy_weights=False``: the ``"kernels"`` step reads ``model``'s own weights
+    instead of a fused copy (``kvlab.kernels.step.stacked_projections``): no second copy in memory, and like the
+    ``"model"`` step it replays with the weights as they are then (an in-place edit reaches the next decode; a
+    weight replaced or moved is refused).
     """
 
     def __init__(self, model, max_cache_len: int, batch: int = 1, *, steps: int = 1, step: str = "model",
                  graph: bool = True, compile_mode: str | None = None, prefill_bucket: int | None = None,
                  warmup: int = 3, emulate: bool | None = None, cache: GraphSafeStaticCache | None = None,
-                 fused: dict | None = None, kernel_options: dict | None = None):
+                 fused: dict | None = None, kernel_options: dict | None = None, kernel_prefill: bool = False,
+                 copy_weights: bool = True):
         check_model(model)
         param = next(model.parameters())
         for name, value in (("batch", batch), ("steps", steps)):
@@ -111,12 +121,16 @@ class GraphSafeDecoder:
             if unknown:
                 raise ValueError(f"unknown kernel_options {unknown}; kvlab.kernels.step.kernel_step takes "
                                  f"{', '.join(KERNEL_OPTIONS)}")
+        if (kernel_prefill or not copy_weights) and step != "kernels":
+            raise ValueError("kernel_prefill and copy_weights set the 'kernels' step's prefill and weights: pass "
+                             "step='kernels' or drop them")
         self.source = model  # what the caller gave; self.model is what runs (a fused copy, for fused= or the kernels)
         if step == "kernels":
             from .kernels.step import check_supported
 
             check_supported(model)
-            fused = {"attention": False}  # one q/k/v and one gate/up weight per layer, the kernels' own attention
+            if copy_weights:  # one q/k/v and one gate/up weight per layer, the model's own attention for a prefill
+                fused = {"attention": False}
         if fused is not None:
             model = fused_copy(model, **fused)
         self.model, self.batch, self.steps, self.step_kind = model, batch, steps, step
@@ -124,6 +138,7 @@ class GraphSafeDecoder:
         self.dtype, self.device = param.dtype, param.device
         self.compile_mode, self.prefill_bucket = compile_mode, prefill_bucket
         self.kernel_options = dict(kernel_options or {})  # keywords of kernel_step, fixed at build
+        self.kernel_prefill = kernel_prefill
         self.cache = self._own_cache(cache, max_cache_len)
         self._token = torch.zeros(batch, 1, dtype=torch.long, device=self.device)  # static input AND output of a step
         if step == "kernels":
@@ -135,6 +150,7 @@ class GraphSafeDecoder:
             self.compiled_step = torch.compile(model_step, mode=compile_mode, fullgraph=True)
         if prefill_bucket is not None:
             self.prompt = torch.zeros(batch, prefill_bucket, dtype=torch.long, device=self.device)  # [batch, bucket]
+        if prefill_bucket is not None or kernel_prefill:
             self.valid = torch.zeros((), dtype=torch.long, device=self.device)  # valid prompt length, on the device
         self.graphs: dict[int, object] = {}  # steps per replay -> captured graph (at most two: steps and the rest)
         self.prefill_graph = None
@@ -213,6 +229,15 @@ class GraphSafeDecoder:
 
     def _padded_prefill(self, prompt: torch.Tensor) -> torch.Tensor:
         """Prefill of a prompt padded to the bucket; only ``self.valid`` tokens count. Writes the first new token."""
+        if self.kernel_prefill:
+            from .kernels.step import PREFILL_OPTIONS, kernel_prefill
+
+            if not self.cache.is_initialized:  # the kernels write into the buffers: allocate them (eagerly, first)
+                config = self.model.config
+                self.cache.early_initialization(self.batch, config.num_key_value_heads,
+                                                self.model.model.layers[0].self_attn.head_dim, self.dtype, self.device)
+            options = {k: v for k, v in self.kernel_options.items() if k in PREFILL_OPTIONS}
+            return kernel_prefill(self.model, self.cache, prompt, self.valid, self.token, **options)
         mask = prefill_mask(self.cache.cache_position, prompt.shape[0], prompt.shape[1], self.max_cache_len,
                             prompt.device)  # [batch, 1, bucket, slots]
         if self.model.config._attn_implementation != "sdpa":
@@ -295,6 +320,9 @@ class GraphSafeDecoder:
 
     def _prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         self.cache.reset()
+        if self.prefill_bucket is None and self.kernel_prefill:
+            self.valid.fill_(input_ids.shape[1])
+            return self._padded_prefill(input_ids)  # unpadded: every row is valid
         if self.prefill_bucket is None:
             logits = self.model(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=1).logits
             self.token.copy_(greedy(logits))
@@ -457,7 +485,8 @@ def prompt_bucket(prompt_len: int, max_cache_len: int) -> int:
 
 def kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, steps: int = 16,
                     max_cache_len: int | None = None, graph: bool = True, captured_prefill: bool = True,
-                    dot_attention: bool = True, tiles: bool = True, early_launch: bool = False) -> GraphSafeDecoder:
+                    dot_attention: bool = True, tiles: bool = True, early_launch: bool = False,
+                    kernel_prefill: bool = False, copy_weights: bool = True) -> GraphSafeDecoder:
     """The decoder ``decode_graph_safe_kernels`` builds for one call: kvlab's kernels for the step
     (``kvlab.kernels.step``), ``steps`` steps per captured graph (a real CUDA graph on a GPU, emulated elsewhere).
     ``captured_prefill``: the prefill is captured too (``prefill_bucket``: ``prompt_bucket`` of this prompt), so the
@@ -465,13 +494,17 @@ def kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, step
     prompts up to that bucket, so build it for the longest prompt it will see.
     ``dot_attention``, ``tiles``, ``early_launch``: ``kvlab.kernels.step.kernel_step``'s options (attention on tensor
     cores; the matmuls of 2 rows or more as the measured dispatch picks; each kernel lets the next start at its entry).
+    ``kernel_prefill``: the prefill through the same kernels (``kvlab.kernels.step.kernel_prefill``) instead of the
+    fused copy's transformers forward. ``copy_weights=False``: no fused copy; the kernels read the model's own
+    weights (``GraphSafeDecoder``'s option).
     The defaults are the fastest the H200 records show; the benchmark's ``graph-safe-kernels/...`` variants turn
-    each back."""
+    each back, or add one."""
     length = cache_length(input_ids, max_new_tokens, max_cache_len)
     bucket = prompt_bucket(input_ids.shape[1], length) if captured_prefill else None
     options = {"dot_attention": dot_attention, "tiles": tiles, "early_launch": early_launch}
     return graph_safe_decoder(model, input_ids, max_new_tokens, max_cache_len=length, steps=steps,
-                              step="kernels", graph=graph, prefill_bucket=bucket, kernel_options=options)
+                              step="kernels", graph=graph, prefill_bucket=bucket, kernel_options=options,
+                              kernel_prefill=kernel_prefill, copy_weights=copy_weights)
 
 
 def decode_graph_safe_kernels(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None,

@@ -168,7 +168,8 @@ def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str
 
 
 DECODER_SETTINGS = ("graph", "compile_mode", "prefill_bucket", "captured_prefill", "dot_attention", "tiles",
-                    "early_launch", "kernel_options", "steps", "fuse", "gemv", "attention")  # fixed at build
+                    "early_launch", "kernel_prefill", "copy_weights", "kernel_options", "steps", "fuse", "gemv",
+                    "attention")  # fixed at build
 
 
 def check_options(options: dict) -> None:

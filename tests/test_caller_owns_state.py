@@ -182,3 +182,25 @@ def test_following_one_decode_enters_no_module_twice(name):
     assert any("kvlab.graph_safe_cache" in stack for stack in seen)  # the watch saw the decode
     again = sorted(" -> ".join(s) for s in seen if len(set(s)) < len(s))
     assert not again, f"a module entered twice on one call stack: {again[:3]}"
+
+
+def test_a_kernels_decoder_without_a_copy_decodes_the_model_as_it_is_at_each_replay():
+    """``copy_weights=False``: the step reads the model's own weights (q/k/v and gate/up as stacked parts), so the
+    decoder holds no second copy; an in-place edit reaches its next decode, a replaced weight is refused."""
+    model = kvlab.tiny_model("tiny-llama")
+    decoder = GraphSafeDecoder(model, 32, steps=4, step="kernels", copy_weights=False)
+    own = {p.data_ptr() for p in model.parameters()}
+    assert {p.data_ptr() for p in decoder.model.parameters()} <= own  # nothing copied
+    assert torch.equal(decoder.generate(IDS, 4), kvlab.decode(model, IDS, 4))
+    with torch.no_grad():
+        model.model.layers[0].self_attn.k_proj.weight.mul_(-2.0)  # a part of the stacked q/k/v
+        model.lm_head.weight.detach().numpy()[:] *= -1.0  # past the version counter: the graph reads memory
+    assert torch.equal(decoder.generate(IDS, 4), kvlab.decode(model, IDS, 4))
+    model.model.layers[1].mlp.up_proj.weight = torch.nn.Parameter(model.model.layers[1].mlp.up_proj.weight.detach() * 2)
+    with pytest.raises(GraphSafeError, match="weights moved since this decoder captured"):
+        decoder.generate(IDS, 4)
+
+
+def test_copy_weights_belongs_to_the_kernels_step():
+    with pytest.raises(ValueError, match="step='kernels'"):
+        GraphSafeDecoder(kvlab.tiny_model("tiny-llama"), 32, copy_weights=False)

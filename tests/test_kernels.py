@@ -188,6 +188,25 @@ def check_gemv(case: str, tiles: bool = False) -> None:
     torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
 
 
+def check_stacked_gemv(case: str, tiles: bool = False) -> None:
+    """A weight (and bias) given as parts stacked along N gives exactly the outputs of the concatenated weight: each
+    output is the same program's sum in the same order, its row only read from where the part lies. Parts of 3 and
+    2 (q/k/v, gate/up), cut off the block sizes; the PyTorch form of the parts equals the kernel's too."""
+    x, w, kwargs = gemv_inputs(case, rows=TILE_ROWS if tiles else None)
+    whole = gemv_module.gemv(x, w, **kwargs, tiles=tiles)
+    n = w.shape[0]
+    for cuts in ((n // 2, n - n // 3), (n // 3,)):
+        bounds = (0, *cuts, n)
+        spans = list(zip(bounds, bounds[1:], strict=False))
+        bias = None if kwargs["bias"] is None else tuple(kwargs["bias"][a:b].contiguous() for a, b in spans)
+        weights = tuple(w[a:b].contiguous() for a, b in spans)
+        stacked = kwargs | {"bias": bias}
+        assert torch.equal(gemv_module.gemv(x, weights, **stacked, tiles=tiles), whole), (case, cuts)
+        tol = 1e-4 if x.dtype == torch.float32 else 3e-2
+        torch.testing.assert_close(reference(gemv_module.gemv, x, weights, **stacked).float(), whole.float(),
+                                   atol=tol, rtol=tol)
+
+
 SPLIT_TILE = (16, 32, 32, 4, 3)  # K shared by 3 programs: uneven shares, and with K <= 64 one of them empty
 
 
@@ -240,6 +259,64 @@ def check_rope_cache_attention(case: str, dot: bool = False) -> None:
     torch.testing.assert_close(keys, k2, atol=tol, rtol=tol)  # the new k (after RoPE) and v, at the same slot
     torch.testing.assert_close(values, v2, atol=0, rtol=0)
     assert not done.any(), "the arrival counters must be left at zero for the next call"
+
+
+PREFILLS = {  # batch, heads, kv_heads, slots, head_dim, prompt rows T, valid rows, start (the counter), dtype
+    "smollm2-bucket": (1, 9, 3, 200, 64, 64, 50, 0, torch.float32),  # a padded prompt: 14 rows beyond it
+    "after-cached-slots": (2, 4, 2, 150, 16, 40, 33, 70, torch.float32),  # slots before the prompt, several tiles
+    "no-gqa": (1, 8, 8, 40, 32, 8, 3, 5, torch.float32),  # one query head per kv head: a tile of 64 positions
+    "bf16": (2, 9, 3, 300, 64, 128, 100, 0, torch.bfloat16),
+}
+
+
+def check_prefill_attention(case: str) -> None:
+    """``rope_cache_prefill_attention`` equals its PyTorch form on the prompt's rows and writes the same keys and
+    values; padded rows stay finite; nothing past the prompt is written."""
+    b, heads, kv_heads, slots, d, t, valid, start, dtype = PREFILLS[case]
+    gen = torch.Generator().manual_seed(slots + t)
+    rand = lambda *shape: torch.randn(*shape, generator=gen).to(DEVICE, dtype)  # noqa: E731
+    qkv = rand(b * t, (heads + 2 * kv_heads) * d)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, device=DEVICE).float() / d))
+    keys, values = rand(b, kv_heads, slots + 1, d), rand(b, kv_heads, slots + 1, d)
+    k2, v2 = keys.clone(), values.clone()
+    pos, n = torch.tensor(start, device=DEVICE), torch.tensor(valid, device=DEVICE)
+    assert common.available(qkv), "the kernel does not run here: the check would test the PyTorch form against itself"
+    got = attention.rope_cache_prefill_attention(qkv, inv_freq, 1.0, keys, values, pos, n, heads, d**-0.5)
+    expected = attention._reference(qkv, inv_freq, 1.0, k2, v2, pos, n, heads, d**-0.5)
+    prompt = (torch.arange(t, device=DEVICE) < valid).repeat(b)  # [b T] the rows that count
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got[prompt].float(), expected[prompt].float(), atol=tol, rtol=tol)
+    assert torch.isfinite(got).all(), "a padded row must stay finite"
+    torch.testing.assert_close(keys[:, :, :slots], k2[:, :, :slots], atol=tol, rtol=tol)  # the trash slot aside
+    torch.testing.assert_close(values[:, :, :slots], v2[:, :, :slots], atol=0, rtol=0)
+    assert int(pos) == start, "the attention leaves the counter to kernel_prefill"
+
+
+def check_kernel_prefill_decode(name: str) -> None:
+    """Decodes whose prefill runs through the kernels (``kernel_prefill=True``), token-exact against naive: three
+    prompts through one decoder, padded to one bucket (through its graphs on CUDA, eagerly in the CPU interpreter,
+    as ``check_kernel_step_decode`` says why), and one unpadded prompt without a captured prefill."""
+    from kvlab.graph_decoder import decode_graph_safe_kernels, kernels_decoder
+
+    model = tiny_model(name).to(DEVICE)
+    calls = []
+    restore = counting(step, "rope_cache_prefill_attention", calls, record=lambda *a: common.available(a[0]))
+    try:
+        gen = torch.Generator().manual_seed(7)
+        n, graph = tokens(7, 4), DEVICE == "cuda"
+        ids = torch.randint(0, 256, (2, 16), generator=gen).to(DEVICE)
+        decoder = kernels_decoder(model, ids, n, steps=3, max_cache_len=48, graph=graph, kernel_prefill=True)
+        for prompt_len in (16, 9, 13):  # the bucket's longest, then shorter: padded rows in every layer
+            ids = torch.randint(0, 256, (2, prompt_len), generator=gen).to(DEVICE)
+            out = decode_graph_safe_kernels(model, ids, n, decoder=decoder)
+            assert torch.equal(out, decode_naive(model, ids, n)), (name, prompt_len)
+        ids = torch.randint(0, 256, (1, 11), generator=gen).to(DEVICE)
+        out = decode_graph_safe_kernels(model, ids, n, max_cache_len=48, graph=graph, kernel_prefill=True,
+                                        captured_prefill=False, copy_weights=False)
+        assert torch.equal(out, decode_naive(model, ids, n)), (name, "unpadded, the model's own weights")
+    finally:
+        restore()
+    assert any(calls), "the prefill kernel never ran: the check would only have tested the PyTorch form"
 
 
 HEADS = {  # rows, vocabulary, hidden, dtype
@@ -380,10 +457,16 @@ def run_checks() -> dict[str, str]:
     checks |= {f"greedy-head-{case}-tiles-split": (split_k, check_greedy_head, case, True) for case in HEADS
                if HEADS[case][-1] in DOT_DTYPES}
     checks["gemm-dispatch"] = (check_gemm_dispatch,)
+    checks |= {f"stacked-gemv-{case}": (check_stacked_gemv, case) for case in GEMVS}
+    checks |= {f"stacked-tile-{case}": (check_stacked_gemv, case, True) for case in GEMVS
+               if dtype_of(GEMVS[case]) in DOT_DTYPES}
     checks |= {f"rope-cache-attention-{case}": (check_rope_cache_attention, case) for case in ATTENTIONS}
     checks |= {f"rope-cache-attention-{case}-dot": (check_rope_cache_attention, case, True) for case in ATTENTIONS
                if ATTENTIONS[case][-1] in DOT_DTYPES}
     checks |= {f"greedy-head-{case}": (check_greedy_head, case) for case in HEADS}
+    checks |= {f"prefill-attention-{case}": (check_prefill_attention, case) for case in PREFILLS
+               if PREFILLS[case][-1] in DOT_DTYPES}
+    checks |= {f"kernel-prefill-{name}": (check_kernel_prefill_decode, name) for name in ATTENTION_DECODES}
     checks |= {f"kernel-step-{name}": (check_kernel_step, name) for name in KERNEL_STEP_DECODES}
     checks |= {f"kernel-step-{name}-dot": (check_kernel_step, name, True) for name in KERNEL_STEP_DECODES}
     checks |= {f"kernel-step-{name}-tiles": (check_kernel_step, name, False, True) for name in KERNEL_STEP_DECODES}
@@ -544,6 +627,26 @@ def test_the_tile_dispatch_is_the_fastest_path_of_the_recorded_h200_sweeps():
             for rows, choice in by_rows.items()} == fastest
 
 
+@pytest.mark.parametrize("case", GEMVS)
+def test_a_weight_in_stacked_parts_gives_the_concatenated_weights_outputs(interpreted, case):
+    outcome(interpreted, f"stacked-gemv-{case}", check_stacked_gemv, case)
+
+
+@pytest.mark.parametrize("case", [on_tensor_cores(case, dtype_of(GEMVS[case])) for case in GEMVS])
+def test_a_weight_in_stacked_parts_gives_the_concatenated_weights_outputs_in_tiles(interpreted, case):
+    outcome(interpreted, f"stacked-tile-{case}", check_stacked_gemv, case, True)
+
+
+@pytest.mark.parametrize("case", [on_tensor_cores(case, PREFILLS[case][-1]) for case in PREFILLS])
+def test_prefill_attention_kernel_matches_reference(interpreted, case):
+    outcome(interpreted, f"prefill-attention-{case}", check_prefill_attention, case)
+
+
+@pytest.mark.parametrize("name", ATTENTION_DECODES)
+def test_prefill_through_the_kernels_is_token_exact(interpreted, name):
+    outcome(interpreted, f"kernel-prefill-{name}", check_kernel_prefill_decode, name)
+
+
 @pytest.mark.parametrize("name", DECODER_KERNEL_STEPS)
 def test_kernel_step_decode_is_token_exact(interpreted, name):
     outcome(interpreted, f"kernel-step-decode-{name}", check_kernel_step_decode, name)
@@ -552,7 +655,8 @@ def test_kernel_step_decode_is_token_exact(interpreted, name):
 def test_both_attention_kernels_share_one_online_softmax_and_combine():
     """The softmax arithmetic is written once, in kvlab.kernels.common: the attention kernels call its helpers
     and compute no exponential of their own (their results are checked against the references above)."""
-    for kernel in (attention._partial_kernel, attention._rope_cache_attention_kernel):
+    for kernel in (attention._partial_kernel, attention._rope_cache_attention_kernel,
+                   attention._prefill_attention_kernel):
         assert "attend(" in kernel.src and "softmax_start(" in kernel.src and "tl.exp" not in kernel.src
     for kernel in (attention._combine_kernel, attention._rope_cache_attention_kernel):
         assert "combine_splits(" in kernel.src and "tl.exp" not in kernel.src

@@ -15,6 +15,11 @@ fused the softmax into the score reduction and was slower still (``data/h200_bat
   split-K attention over the slots ``<= counter``; the last program of each kv head to finish combines the shares
   (an arrival counter in memory instead of a second kernel). ``dot=True`` computes scores and P.V with ``tl.dot``
   over the kv head's query group padded to a tile (``common.DOT_ROWS``): tensor cores instead of broadcasts.
+- ``rope_cache_prefill_attention`` (the prefill of ``kvlab.kernels.step.kernel_prefill``): the same for the T rows of
+  a prompt (padded to T; its first ``valid`` rows count). Each program takes a tile of the prompt's positions for
+  the query heads of one kv head (``PREFILL_ROWS`` query rows), writes their keys and values into the cache, and
+  attends causally with ``tl.dot``: to the slots before the prompt from the cache, to the prompt's own from q/k/v
+  (with RoPE there), so no program reads a slot another one writes.
 
 Everything is accumulated in float32 whatever the cache dtype, so the float32 token check against ``"naive"``
 stays meaningful. Runs on CUDA GPUs of compute capability 8.0 and newer, and on CPU only under Triton's
@@ -31,6 +36,8 @@ from . import common
 from .common import tl, triton
 
 ATTENTION_WARPS = 4  # warps per program of every attention kernel (Triton's default; the fused kernel's sweep chose it)
+PREFILL_ROWS = 64  # query rows (prompt positions x the query heads of a kv head, padded) of one prefill program
+PREFILL_BLOCK_L = 64  # key slots per inner step of the prefill kernel
 
 
 def supports(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None) -> bool:
@@ -87,7 +94,7 @@ if triton is not None:
             offs = b * stride_kb + kvh * stride_kh + slot[:, None] * stride_kl + d[None, :]  # [L, D]
             k = tl.load(K + offs, mask=keep[:, None], other=0.0).to(tl.float32)
             v = tl.load(V + offs, mask=keep[:, None], other=0.0).to(tl.float32)
-            m, s_exp, acc = attend(q, k, v, keep, m, s_exp, acc, scale, False, K.dtype.element_ty)
+            m, s_exp, acc = attend(q, k, v, keep[None, :], keep, m, s_exp, acc, scale, False, K.dtype.element_ty)
         store_partial(PO, PM, PL, bh, split, splits, m, s_exp, acc, BLOCK_G, D)
 
     @triton.jit
@@ -105,6 +112,20 @@ if triton is not None:
     def _rope(x, x_rot, cos, sin, dt: tl.constexpr):
         """x * cos + rotate_half(x) * sin, each product and the sum rounded to dt (as transformers computes it)."""
         return ((x * cos).to(dt).to(tl.float32) + (x_rot * sin).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+
+    @triton.jit
+    def _rope_cos_sin(position, inv_freq, rope_scale, dt: tl.constexpr):
+        """RoPE's cos and sin at ``position`` (a number, or [rows, 1]) for ``inv_freq`` (``[D]``, cat(freqs, freqs)),
+        as transformers' rotary embedding computes them: float32 angles, then rounded to dt."""
+        angle = position.to(tl.float32) * inv_freq
+        return (tl.cos(angle) * rope_scale).to(dt).to(tl.float32), (tl.sin(angle) * rope_scale).to(dt).to(tl.float32)
+
+    @triton.jit
+    def _load_roped(ptr, d, d_rot, sign, cos, sin, inside, dt: tl.constexpr):
+        """Head vectors at ``ptr`` ([rows, 1] pointers, ``d`` [1, D]) with RoPE applied, float32 (0 outside)."""
+        x = tl.load(ptr + d, mask=inside, other=0.0).to(tl.float32)
+        x_rot = tl.load(ptr + d_rot, mask=inside, other=0.0).to(tl.float32) * sign
+        return _rope(x, x_rot, cos, sin, dt)
 
     @triton.jit
     def _rope_cache_attention_kernel(
@@ -131,10 +152,7 @@ if triton is not None:
         wait_for_previous_kernel(PDL, EARLY)
         if EARLY:
             pos = tl.load(POS)
-        # RoPE's cos/sin at this position, as transformers' rotary embedding computes them (float32, then dtype).
-        angle = pos.to(tl.float32) * tl.load(INV_FREQ + d % (D // 2))  # [D]: cat(freqs, freqs)
-        cos = (tl.cos(angle) * rope_scale).to(dt).to(tl.float32)
-        sin = (tl.sin(angle) * rope_scale).to(dt).to(tl.float32)
+        cos, sin = _rope_cos_sin(pos, tl.load(INV_FREQ + d % (D // 2)), rope_scale, dt)  # [D]
         d_rot = (d + D // 2) % D  # rotate_half(x) = cat(-x[D/2:], x[:D/2])
         sign = tl.where(d < D // 2, -1.0, 1.0)
         row = QKV + b * stride_qkv
@@ -154,8 +172,8 @@ if triton is not None:
         m, s_exp, acc = softmax_start(BLOCK_G, D)
         new = (slot == pos)[:, None]  # the slot being written: its values are in registers
         keep = (slot <= pos) & (slot < slots)
-        m, s_exp, acc = attend(q, tl.where(new, k_new[None, :], k), tl.where(new, v_new[None, :], v), keep,
-                               m, s_exp, acc, scale, DOT, dt)
+        m, s_exp, acc = attend(q, tl.where(new, k_new[None, :], k), tl.where(new, v_new[None, :], v), keep[None, :],
+                               keep, m, s_exp, acc, scale, DOT, dt)
         for i in range(1, ITERS):  # further blocks of this program's share (long caches)
             slot = (split * ITERS + i) * BLOCK_L + tl.arange(0, BLOCK_L)
             keep = (slot <= pos) & (slot < slots)
@@ -163,7 +181,7 @@ if triton is not None:
             new = (slot == pos)[:, None]
             k = tl.where(new, k_new[None, :], tl.load(KC + offs, mask=keep[:, None], other=0.0).to(tl.float32))
             v = tl.where(new, v_new[None, :], tl.load(VC + offs, mask=keep[:, None], other=0.0).to(tl.float32))
-            m, s_exp, acc = attend(q, k, v, keep, m, s_exp, acc, scale, DOT, dt)
+            m, s_exp, acc = attend(q, k, v, keep[None, :], keep, m, s_exp, acc, scale, DOT, dt)
         out_ptr = OUT + b * stride_ob + heads[:, None] * D + d[None, :]  # [G, D]
         if SPLITS == 1:
             tl.store(out_ptr, (acc / s_exp[:, None]).to(dt), mask=g_in)
@@ -175,6 +193,63 @@ if triton is not None:
                 out = combine_splits(PO, PM, PL, bh, SPLITS, BLOCK_G, BLOCK_S, D)
                 tl.store(out_ptr, out.to(dt), mask=g_in)
                 tl.store(DONE + bh, 0)  # ready for the next layer
+
+
+    @triton.jit
+    def _prefill_attention_kernel(
+            QKV, INV_FREQ, KC, VC, POS, VALID, OUT, stride_qkv, stride_kb, stride_kh, stride_kl, stride_out, kv_heads,
+            slots, T, scale, rope_scale, HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+            BLOCK_T: tl.constexpr, D: tl.constexpr, BLOCK_L: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+        launch_next_kernel(PDL, EARLY)
+        bh, tile = tl.program_id(0), tl.program_id(1)  # (batch row, kv head), which tile of the prompt's positions
+        b, kvh = bh // kv_heads, bh % kv_heads
+        dt = KC.dtype.element_ty
+        wait_for_previous_kernel(PDL, EARLY)
+        start, valid = tl.load(POS), tl.load(VALID)  # the prompt's first position; how many of its T rows count
+        d = tl.arange(0, D)[None, :]  # [1, D]
+        d_rot = (d + D // 2) % D  # rotate_half(x) = cat(-x[D/2:], x[:D/2])
+        sign = tl.where(d < D // 2, -1.0, 1.0)
+        inv_freq = tl.load(INV_FREQ + d % (D // 2))  # [1, D]
+        cache = b * stride_kb + kvh * stride_kh
+        # The query rows: (token t, head g of this kv head), t-major. A padded row (t >= valid) attends as the last
+        # valid one does: its output is never used, but it stays finite.
+        r = tl.arange(0, BLOCK_T * BLOCK_G)
+        t, g = tile * BLOCK_T + r // BLOCK_G, r % BLOCK_G  # [M]
+        last = tl.minimum(t, valid - 1)[:, None]  # [M, 1] the last prompt row each query row sees
+        row_in = ((t < T) & (g < GROUP))[:, None]
+        cos, sin = _rope_cos_sin(start + last, inv_freq, rope_scale, dt)  # [M, D]
+        q_ptr = QKV + (b * T + t)[:, None] * stride_qkv + (kvh * GROUP + g)[:, None] * D  # [M, 1]
+        q = _load_roped(q_ptr, d, d_rot, sign, cos, sin, row_in, dt)  # [M, D]
+        # This tile's keys (with RoPE) and values into the cache at start + t, valid rows only.
+        j = (tile * BLOCK_T + tl.arange(0, BLOCK_T))[:, None]  # [T_b, 1]
+        new = j < valid
+        cos_k, sin_k = _rope_cos_sin(start + j, inv_freq, rope_scale, dt)
+        kv_row = QKV + (b * T + j) * stride_qkv
+        k_new = _load_roped(kv_row + (HEADS + kvh) * D, d, d_rot, sign, cos_k, sin_k, new, dt)  # [T_b, D]
+        v_new = tl.load(kv_row + (HEADS + kv_heads + kvh) * D + d, mask=new, other=0.0)
+        write = cache + tl.minimum(start + j, slots) * stride_kl + d  # the trash slot if the cache is full
+        tl.store(KC + write, k_new.to(dt), mask=new)
+        tl.store(VC + write, v_new, mask=new)
+        m, s_exp, acc = softmax_start(BLOCK_T * BLOCK_G, D)
+        for s0 in range(0, start, BLOCK_L):  # the slots before the prompt: from the cache
+            slot = s0 + tl.arange(0, BLOCK_L)
+            seen = slot < start
+            offs = cache + slot[:, None] * stride_kl + d  # [L, D]
+            k = tl.load(KC + offs, mask=seen[:, None], other=0.0).to(tl.float32)
+            v = tl.load(VC + offs, mask=seen[:, None], other=0.0).to(tl.float32)
+            m, s_exp, acc = attend(q, k, v, seen[None, :], seen, m, s_exp, acc, scale, True, dt)
+        end = tl.minimum((tile + 1) * BLOCK_T, valid)  # the prompt's rows this tile sees: from q/k/v, not the cache
+        for j0 in range(0, end, BLOCK_L):
+            j = j0 + tl.arange(0, BLOCK_L)
+            seen = j < end
+            cos_k, sin_k = _rope_cos_sin(start + j[:, None], inv_freq, rope_scale, dt)
+            kv_row = QKV + (b * T + j)[:, None] * stride_qkv  # [L, 1]
+            k = _load_roped(kv_row + (HEADS + kvh) * D, d, d_rot, sign, cos_k, sin_k, seen[:, None], dt)  # [L, D]
+            v = tl.load(kv_row + (HEADS + kv_heads + kvh) * D + d, mask=seen[:, None], other=0.0).to(tl.float32)
+            keep = (j[None, :] <= last) & seen[None, :]  # [M, L] causal
+            m, s_exp, acc = attend(q, k, v, keep, seen, m, s_exp, acc, scale, True, dt)
+        out = OUT + (b * T + t)[:, None] * stride_out + (kvh * GROUP + g)[:, None] * D + d
+        tl.store(out, (acc / s_exp[:, None]).to(dt), mask=row_in)
 
 
 @torch.library.custom_op("kvlab::decode_attention", mutates_args=())
@@ -229,25 +304,8 @@ def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: 
     """
     b, kv_heads, slots, d = keys.shape[0], keys.shape[1], keys.shape[2] - 1, keys.shape[3]
     if not common.available(qkv):
-        from transformers.models.llama.modeling_llama import rotate_half
-
-        freqs = position.float() * inv_freq  # [d / 2], as transformers' rotary embedding
-        angle = torch.cat((freqs, freqs))
-        cos, sin = ((f(angle) * rope_scale).to(qkv.dtype) for f in (torch.cos, torch.sin))
-        q, k, v = qkv.view(b, 1, -1, d).transpose(1, 2).split([heads, kv_heads, kv_heads], dim=1)  # [b, h, 1, d]
-        q, k = (x * cos + rotate_half(x) * sin for x in (q, k))
-        write = position.clamp(max=slots).reshape(1)
-        keys.index_copy_(2, write, k)
-        values.index_copy_(2, write, v)
-        mask = (torch.arange(slots, device=qkv.device) <= position).reshape(1, 1, 1, slots)
-        group = heads // kv_heads
-        out = F.scaled_dot_product_attention(q, keys[:, :, :slots].repeat_interleave(group, 1),
-                                             values[:, :, :slots].repeat_interleave(group, 1), attn_mask=mask,
-                                             scale=scale)
-        return out.reshape(b, heads * d)
-    common.require_dense_rows(qkv=qkv, keys=keys, values=values)
-    if values.stride() != keys.stride():
-        raise ValueError("keys and values must be laid out alike (the cache's buffers are)")
+        return _reference(qkv, inv_freq, rope_scale, keys, values, position, None, heads, scale)
+    _require_cache_layout(qkv, keys, values)
     group = heads // kv_heads
     block_l = common.DOT_BLOCK_L if dot else common.BLOCK_L
     block_g, iters, splits = _split_plan(group, slots, block_l)
@@ -263,4 +321,69 @@ def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: 
         BLOCK_S=triton.next_power_of_2(splits), PDL=common.pdl(keys.device), DOT=dot, EARLY=early_launch,
         num_warps=ATTENTION_WARPS,
         **common.launch_options(keys.device))
+    return out
+
+
+def _require_cache_layout(qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Refuse what the kernels would read wrongly: rows not contiguous, keys and values laid out differently."""
+    common.require_dense_rows(qkv=qkv, keys=keys, values=values)
+    if values.stride() != keys.stride():
+        raise ValueError("keys and values must be laid out alike (the cache's buffers are)")
+
+
+def _reference(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: float, keys: torch.Tensor, values: torch.Tensor,
+               position: torch.Tensor, valid: torch.Tensor | None, heads: int, scale: float) -> torch.Tensor:
+    """Both kernels' math in PyTorch: qkv ``[batch * T, (heads + 2 kv_heads) * d]``, T rows per batch row at positions
+    ``position + t``, of which the first ``valid`` count (None: all). Their keys (after RoPE) and values are written
+    at their positions (the rest to the trash slot), and each row attends to the slots up to its position (a padded
+    row: up to the last valid one) -> ``[batch * T, heads * d]``."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    b, kv_heads, slots, d = keys.shape[0], keys.shape[1], keys.shape[2] - 1, keys.shape[3]
+    t = torch.arange(qkv.shape[0] // b, device=qkv.device)  # [T]
+    last = t if valid is None else torch.minimum(t, valid - 1)  # [T]
+    freqs = (position + last).float()[:, None] * inv_freq  # [T, d / 2], as transformers' rotary embedding
+    angle = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = ((f(angle) * rope_scale).to(qkv.dtype) for f in (torch.cos, torch.sin))  # [T, d]
+    q, k, v = qkv.view(b, len(t), -1, d).transpose(1, 2).split([heads, kv_heads, kv_heads], dim=1)  # [b, h, T, d]
+    q, k = (x * cos + rotate_half(x) * sin for x in (q, k))
+    write = position + t
+    if valid is not None:
+        write = torch.where(t < valid, write, slots)
+    write = write.clamp(max=slots)  # [T] slots, the trash slot for padded rows (and a full cache)
+    keys.index_copy_(2, write, k)
+    values.index_copy_(2, write, v)
+    mask = torch.arange(slots, device=qkv.device) <= (position + last)[:, None]  # [T, slots]
+    group = heads // kv_heads
+    out = F.scaled_dot_product_attention(q, keys[:, :, :slots].repeat_interleave(group, 1),
+                                         values[:, :, :slots].repeat_interleave(group, 1), attn_mask=mask,
+                                         scale=scale)  # [b, heads, T, d]
+    return out.transpose(1, 2).reshape(-1, heads * d)
+
+
+def rope_cache_prefill_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: float, keys: torch.Tensor,
+                                 values: torch.Tensor, position: torch.Tensor, valid: torch.Tensor, heads: int,
+                                 scale: float, early_launch: bool = False) -> torch.Tensor:
+    """A prompt's attention, with RoPE and the cache writes -> ``[batch * T, heads * head_dim]``.
+
+    qkv ``[batch * T, (heads + 2 kv_heads) * d]``: the projection of a prompt padded to T tokens, row ``b * T + t``
+    at position ``position + t`` (``position``: the cache's counter, not advanced here); ``valid``: a 0-dim long
+    tensor, how many of the T rows are the prompt's. Those rows' keys (after RoPE) and values are written into
+    ``keys``/``values`` (a graph-safe layer's buffers ``[batch, kv_heads, slots + 1, d]``), and every row attends to
+    the slots up to its own position (a padded row to the last valid one; its output is never used).
+    ``early_launch``: as ``rope_cache_attention``'s. Where ``common.available`` is False: the same math in PyTorch.
+    """
+    b, kv_heads, slots, d = keys.shape[0], keys.shape[1], keys.shape[2] - 1, keys.shape[3]
+    if not common.available(qkv):
+        return _reference(qkv, inv_freq, rope_scale, keys, values, position, valid, heads, scale)
+    _require_cache_layout(qkv, keys, values)
+    group, t = heads // kv_heads, qkv.shape[0] // b
+    block_g = triton.next_power_of_2(group)
+    block_t = max(1, PREFILL_ROWS // block_g)
+    out = torch.empty(b * t, heads * d, dtype=keys.dtype, device=keys.device)
+    _prefill_attention_kernel[(b * kv_heads, triton.cdiv(t, block_t))](
+        qkv, inv_freq, keys, values, position, valid, out, qkv.stride(0), keys.stride(0), keys.stride(1),
+        keys.stride(2), out.stride(0), kv_heads, slots, t, scale, rope_scale, HEADS=heads, GROUP=group,
+        BLOCK_G=block_g, BLOCK_T=block_t, D=d, BLOCK_L=PREFILL_BLOCK_L, PDL=common.pdl(keys.device),
+        EARLY=early_launch, num_warps=ATTENTION_WARPS, **common.launch_options(keys.device))
     return out

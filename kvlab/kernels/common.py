@@ -107,9 +107,10 @@ if triton is not None:
         return m, s_exp, acc
 
     @triton.jit
-    def attend(q, k, v, keep, m, s_exp, acc, scale, DOT: tl.constexpr, dt: tl.constexpr):
-        """One block of slots into the online softmax: q [G, D], k and v [L, D] in float32, keep [L] (False: the
-        slot is masked out, whatever k and v hold there) -> the updated (m [G], s_exp [G], acc [G, D]).
+    def attend(q, k, v, keep, seen, m, s_exp, acc, scale, DOT: tl.constexpr, dt: tl.constexpr):
+        """One block of slots into the online softmax: q [G, D], k and v [L, D] in float32, keep [1 or G, L] (which
+        slots each query row sees: one mask for all rows in a decode, a causal one in a prefill), seen [L] (False: no
+        row sees the slot, whatever k and v hold there) -> the updated (m [G], s_exp [G], acc [G, D]).
 
         ``DOT``: scores and P.V as ``tl.dot`` of operands in ``dt`` (the cache's dtype; G >= ``DOT_ROWS``), summed
         in float32; float32 operands multiply exactly (``input_precision="ieee"``, no TF32), so the float32 token
@@ -118,13 +119,13 @@ if triton is not None:
             score = tl.dot(q.to(dt), tl.trans(k.to(dt)), input_precision="ieee") * scale  # [G, L]
         else:
             score = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [G, L]
-        score = tl.where(keep[None, :], score, float("-inf"))
+        score = tl.where(keep, score, float("-inf"))
         m_new = tl.maximum(m, tl.max(score, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no slot seen yet: exp(-inf - 0) = 0
         p = tl.exp(score - m_safe[:, None])  # [G, L]
         alpha = tl.exp(m - m_safe)  # rescales what was summed under the old max
         s_exp = s_exp * alpha + tl.sum(p, axis=1)
-        v = tl.where(keep[:, None], v, 0.0)  # a masked slot may hold anything (even inf): weigh it 0, exactly
+        v = tl.where(seen[:, None], v, 0.0)  # a masked slot may hold anything (even inf): weigh it 0, exactly
         if DOT:  # p rounded to dt, as flash attention does
             acc = acc * alpha[:, None] + tl.dot(p.to(dt), v.to(dt), input_precision="ieee")  # [G, D]
         else:

@@ -21,6 +21,9 @@ GPU, with the norm, SiLU and residual as kernels of their own), which is also wh
 reference the kernels are tested against. With ``tiles=True`` (``kernel_path``) 2 rows or more run ``tile_kernel``
 where the H200 sweep measured it fastest (``TILE_DISPATCH``): the same prologue and epilogue around a ``tl.dot`` over
 tiles of rows, so the weights are read once per tile of rows instead of once per row.
+
+A weight may come in parts stacked along its outputs (``gemv(x, (W_q, W_k, W_v))``): the kernels read each part where
+it is, so an unfused model's q/k/v or gate/up run as one matmul without a concatenated copy of their weights.
 """
 
 from __future__ import annotations
@@ -54,6 +57,17 @@ if triton is not None:
     from .common import launch_next_kernel, wait_for_previous_kernel
 
     @triton.jit
+    def _stacked_rows(W, W1, W2, n, N0, N01, K, PARTS: tl.constexpr):
+        """Pointers to rows ``n`` [N_b] of a weight ``[N, K]``: one matrix (``PARTS`` 1), or up to three stacked
+        along N (rows ``[0, N0)`` in W, ``[N0, N01)`` in W1, the rest in W2), each read where it is."""
+        rows = W + n * K
+        if PARTS > 1:
+            rows = tl.where(n < N0, rows, W1 + (n - N0) * K)
+        if PARTS > 2:
+            rows = tl.where(n < N01, rows, W2 + (n - N01) * K)
+        return rows
+
+    @triton.jit
     def _x_tile(x_row, NORM, k, K, rstd, inside, PROLOGUE: tl.constexpr, dt: tl.constexpr):
         """x[k] after the prologue, in float32, rounded to dt where transformers rounds. One row (``x_row`` a
         pointer, ``k`` [K_b], ``rstd`` a number) or a tile of rows (``x_row`` [M_b, 1], ``k`` [1, K_b], ``rstd``
@@ -70,8 +84,8 @@ if triton is not None:
         return x
 
     @triton.jit
-    def gemv_kernel(X, W, BIAS, NORM, RES, OUT, IDX, N, K, stride_x, stride_res, stride_out, eps,
-                     PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr,
+    def gemv_kernel(X, W, W1, W2, BIAS, BIAS1, BIAS2, NORM, RES, OUT, IDX, N, N0, N01, K, stride_x, stride_res,
+                    stride_out, eps, PROLOGUE: tl.constexpr, PARTS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
         launch_next_kernel(PDL, EARLY)
         row, block = tl.program_id(0), tl.program_id(1)
@@ -80,7 +94,8 @@ if triton is not None:
         n_in = n < N
         kk = tl.arange(0, BLOCK_K)
         x_row = X + row * stride_x
-        w = tl.load(W + n[:, None] * K + kk[None, :], mask=n_in[:, None] & (kk < K)[None, :], other=0.0)  # [N_b, K_b]
+        w_rows = _stacked_rows(W, W1, W2, n, N0, N01, K, PARTS)[:, None]  # [N_b, 1]
+        w = tl.load(w_rows + kk[None, :], mask=n_in[:, None] & (kk < K)[None, :], other=0.0)  # [N_b, K_b]
         wait_for_previous_kernel(PDL, EARLY)  # the weights do not depend on it: their first tile is already on its way
         rstd = 0.0
         if PROLOGUE == 1:  # RMSNorm needs the row's mean square before any normed value
@@ -92,11 +107,11 @@ if triton is not None:
         acc = w.to(tl.float32) * _x_tile(x_row, NORM, kk, K, rstd, kk < K, PROLOGUE, dt)[None, :]
         for start in range(BLOCK_K, K, BLOCK_K):
             k = start + kk
-            w = tl.load(W + n[:, None] * K + k[None, :], mask=n_in[:, None] & (k < K)[None, :], other=0.0)
+            w = tl.load(w_rows + k[None, :], mask=n_in[:, None] & (k < K)[None, :], other=0.0)
             acc += w.to(tl.float32) * _x_tile(x_row, NORM, k, K, rstd, k < K, PROLOGUE, dt)[None, :]
         y = tl.sum(acc, 1)  # [N_b]
         if HAS_BIAS:
-            y += tl.load(BIAS + n, mask=n_in, other=0.0).to(tl.float32)
+            y += tl.load(_stacked_rows(BIAS, BIAS1, BIAS2, n, N0, N01, 1, PARTS), mask=n_in, other=0.0).to(tl.float32)
         if HAS_RES:  # residual + the layer's output, both in the model's dtype
             y = y.to(dt).to(tl.float32) + tl.load(RES + row * stride_res + n, mask=n_in, other=0.0).to(tl.float32)
         if ARGMAX:  # the LM head: only this program's largest logit (as the model's dtype) and where it is
@@ -108,13 +123,14 @@ if triton is not None:
             tl.store(OUT + row * stride_out + n, y.to(dt), mask=n_in)
 
     @triton.jit
-    def _tile_epilogue(y, BIAS, RES, OUT, IDX, rows, r_in, n, n_in, block, stride_res, stride_out,
-                       HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr, BLOCK_N: tl.constexpr,
-                       dt: tl.constexpr):
+    def _tile_epilogue(y, BIAS, BIAS1, BIAS2, N0, N01, RES, OUT, IDX, rows, r_in, n, n_in, block, stride_res,
+                       stride_out, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr,
+                       BLOCK_N: tl.constexpr, PARTS: tl.constexpr, dt: tl.constexpr):
         """``gemv_kernel``'s epilogue on a [rows, outputs] tile ``y`` (float32): bias, residual, then the store or
         the LM head's per-program maximum and where it is."""
         if HAS_BIAS:
-            y += tl.load(BIAS + n, mask=n_in, other=0.0).to(tl.float32)[None, :]
+            bias = tl.load(_stacked_rows(BIAS, BIAS1, BIAS2, n, N0, N01, 1, PARTS), mask=n_in, other=0.0)
+            y += bias.to(tl.float32)[None, :]
         if HAS_RES:
             res = tl.load(RES + rows[:, None] * stride_res + n[None, :], mask=r_in[:, None] & n_in[None, :], other=0.0)
             y = y.to(dt).to(tl.float32) + res.to(tl.float32)
@@ -127,8 +143,8 @@ if triton is not None:
             tl.store(OUT + rows[:, None] * stride_out + n[None, :], y.to(dt), mask=r_in[:, None] & n_in[None, :])
 
     @triton.jit
-    def tile_kernel(X, W, BIAS, NORM, RES, OUT, IDX, PART, DONE, M, N, K, stride_x, stride_res, stride_out, eps,
-                    PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr,
+    def tile_kernel(X, W, W1, W2, BIAS, BIAS1, BIAS2, NORM, RES, OUT, IDX, PART, DONE, M, N, N0, N01, K, stride_x,
+                    stride_res, stride_out, eps, PROLOGUE: tl.constexpr, PARTS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
                     PDL: tl.constexpr, EARLY: tl.constexpr):
         """``gemv_kernel`` for a tile of ``BLOCK_M`` rows: each weight tile is read once for all of them and
@@ -149,7 +165,8 @@ if triton is not None:
         k_end = tl.minimum(k_start + k_len, K)
         kk = k_start + tl.arange(0, BLOCK_K)
         x_rows = X + rows[:, None] * stride_x  # [M_b, 1]
-        w = tl.load(W + n[:, None] * K + kk[None, :], mask=n_in[:, None] & (kk < k_end)[None, :], other=0.0)  # [N_b, K_b]
+        w_rows = _stacked_rows(W, W1, W2, n, N0, N01, K, PARTS)[:, None]  # [N_b, 1]
+        w = tl.load(w_rows + kk[None, :], mask=n_in[:, None] & (kk < k_end)[None, :], other=0.0)  # [N_b, K_b]
         wait_for_previous_kernel(PDL, EARLY)
         rstd = 0.0
         if PROLOGUE == 1:  # the norm needs the whole row, whatever share of K this program multiplies
@@ -163,12 +180,12 @@ if triton is not None:
         acc = tl.dot(x.to(dt), tl.trans(w.to(dt)), input_precision="ieee")  # [M_b, N_b] float32
         for start in range(k_start + BLOCK_K, k_end, BLOCK_K):
             k = start + tl.arange(0, BLOCK_K)
-            w = tl.load(W + n[:, None] * K + k[None, :], mask=n_in[:, None] & (k < k_end)[None, :], other=0.0)
+            w = tl.load(w_rows + k[None, :], mask=n_in[:, None] & (k < k_end)[None, :], other=0.0)
             x = _x_tile(x_rows, NORM, k[None, :], K, rstd, r_in[:, None] & (k < k_end)[None, :], PROLOGUE, dt)
             acc += tl.dot(x.to(dt), tl.trans(w.to(dt)), input_precision="ieee")
         if SPLITS == 1:
-            _tile_epilogue(acc, BIAS, RES, OUT, IDX, rows, r_in, n, n_in, block, stride_res, stride_out,
-                           HAS_BIAS, HAS_RES, ARGMAX, BLOCK_N, dt)
+            _tile_epilogue(acc, BIAS, BIAS1, BIAS2, N0, N01, RES, OUT, IDX, rows, r_in, n, n_in, block, stride_res,
+                           stride_out, HAS_BIAS, HAS_RES, ARGMAX, BLOCK_N, PARTS, dt)
         else:  # publish this share; the last program of the tile to arrive adds all shares and finishes
             cell = tile * tl.num_programs(1) + block
             tile_offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # [M_b, N_b]
@@ -179,8 +196,8 @@ if triton is not None:
                 y = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
                 for s in range(SPLITS):
                     y += tl.load(PART + (cell * SPLITS + s) * BLOCK_M * BLOCK_N + tile_offs, cache_modifier=".cg")
-                _tile_epilogue(y, BIAS, RES, OUT, IDX, rows, r_in, n, n_in, block, stride_res, stride_out,
-                               HAS_BIAS, HAS_RES, ARGMAX, BLOCK_N, dt)
+                _tile_epilogue(y, BIAS, BIAS1, BIAS2, N0, N01, RES, OUT, IDX, rows, r_in, n, n_in, block,
+                               stride_res, stride_out, HAS_BIAS, HAS_RES, ARGMAX, BLOCK_N, PARTS, dt)
                 tl.store(DONE + cell, 0)  # ready for the next call
 
     @triton.jit
@@ -258,34 +275,53 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, *, bias: torch.Tensor | None = None, norm: torch.Tensor | None = None,
+Stacked = torch.Tensor | tuple[torch.Tensor, ...]  # a weight [N, K] (or bias [N]), or up to 3 parts stacked along N
+
+
+def parts(weight: Stacked | None) -> tuple[torch.Tensor, ...] | None:
+    """A stacked weight's parts (a tuple of one for one tensor)."""
+    return weight if weight is None or isinstance(weight, tuple) else (weight,)
+
+
+def stacked_shape(weight: Stacked) -> tuple[int, int]:
+    """``[N, K]`` of a weight, its parts' outputs added up."""
+    chunks = parts(weight)
+    return sum(w.shape[0] for w in chunks), chunks[0].shape[1]
+
+
+def gemv(x: torch.Tensor, weight: Stacked, *, bias: Stacked | None = None, norm: torch.Tensor | None = None,
          eps: float = 1e-6, silu_mul: bool = False, residual: torch.Tensor | None = None,
          tiles: bool = False, early_launch: bool = False) -> torch.Tensor:
     """``prologue(x) @ weight.T (+ bias) (+ residual)`` -> ``[rows, N]``.
 
-    x ``[rows, K]`` (``[rows, 2K]`` = [gate | up] with ``silu_mul``); weight ``[N, K]``; ``norm``: an RMSNorm weight
+    x ``[rows, K]`` (``[rows, 2K]`` = [gate | up] with ``silu_mul``); weight ``[N, K]``, or a tuple of up to three
+    parts ``[N_i, K]`` stacked along N (``bias`` then in the same parts), read where they are; ``norm``: an RMSNorm weight
     ``[K]`` applied to x first; ``residual [rows, N]`` added last. ``tiles``: 2 rows or more run ``tile_kernel``
     (``kernel_path``). ``early_launch``: with PDL, the next kernel may start when every program of this one has
     started (``common.launch_next_kernel``), not only after its wait. Otherwise more than ``GEMV_MAX_ROWS`` rows, or no kernels here: the PyTorch form
     (``F.linear``).
     """
-    path, tile = _dispatch(x, tiles, weight.shape)
+    path, tile = _dispatch(x, tiles, stacked_shape(weight))
     if path == "torch":
         if norm is not None:
             x = rms_norm(x, norm, eps)
         if silu_mul:
             gate, up = x.chunk(2, dim=-1)
             x = F.silu(gate) * up
-        y = F.linear(x, weight, bias)
+        if isinstance(weight, tuple):  # each part's outputs, side by side
+            biases = bias or (None,) * len(weight)
+            y = torch.cat([F.linear(x, w, b) for w, b in zip(weight, biases, strict=True)], dim=-1)
+        else:
+            y = F.linear(x, weight, bias)
         return y if residual is None else residual + y
-    out = torch.empty(x.shape[0], weight.shape[0], dtype=weight.dtype, device=x.device)
+    out = torch.empty(x.shape[0], stacked_shape(weight)[0], dtype=parts(weight)[0].dtype, device=x.device)
     _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, None, tile, early_launch)
     return out
 
 
-def output_blocks(weight: torch.Tensor, tile: tuple | None) -> int:
+def output_blocks(weight: Stacked, tile: tuple | None) -> int:
     """Programs along the outputs of a launch over ``weight [N, K]``: ``tile``'s or ``gemv_config``'s block."""
-    n, k = weight.shape
+    n, k = stacked_shape(weight)
     return triton.cdiv(n, tile[1] if tile is not None else gemv_config(n, k)[0])
 
 
@@ -293,19 +329,27 @@ def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index, til
     """Launch ``gemv_kernel``, or ``tile_kernel`` with ``tile`` (a ``tile_choice`` configuration); with ``index``, the argmax form
     (per-program maxima into out/index, ``output_blocks`` of them per row)."""
     common.require_dense_rows(x=x, residual=residual)
-    if not weight.is_contiguous():
-        raise ValueError("weight must be contiguous ([N, K], rows of K): pass weight.contiguous()")
-    rows, (n, k) = x.shape[0], weight.shape
+    weights, biases = parts(weight), parts(bias)
+    if len(weights) > 3 or any(not w.is_contiguous() or w.shape[1:] != weights[0].shape[1:] for w in weights):
+        raise ValueError("weight must be contiguous ([N, K], rows of K), or at most 3 such parts of one K: pass "
+                         "weight.contiguous()")
+    if biases is not None and [b.shape[0] for b in biases] != [w.shape[0] for w in weights]:
+        raise ValueError("bias must come in the weight's parts, one [N_i] per part [N_i, K]")
+    rows, (n, k) = x.shape[0], stacked_shape(weight)
     blocks = output_blocks(weight, tile)
-    args = (x, weight, bias if bias is not None else weight, norm if norm is not None else weight,
+    ends = [sum(w.shape[0] for w in weights[: i + 1]) for i in range(2)]  # N0, N01: where parts 1 and 2 start
+    w3 = (*weights, *weights[-1:] * (3 - len(weights)))  # unused parts: any tensor
+    b3 = (*biases, *biases[-1:] * (3 - len(biases))) if biases is not None else w3
+    args = (x, *w3, *b3, norm if norm is not None else weights[0],
             residual if residual is not None else out, out, index if index is not None else out)
     strides = (x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0), eps)
-    flags = dict(PROLOGUE=SILU_MUL if silu_mul else RMS_NORM if norm is not None else NO_NORM, HAS_BIAS=bias is not None,
+    flags = dict(PROLOGUE=SILU_MUL if silu_mul else RMS_NORM if norm is not None else NO_NORM, PARTS=len(weights),
+                 HAS_BIAS=bias is not None,
                  HAS_RES=residual is not None, ARGMAX=index is not None, PDL=common.pdl(x.device), EARLY=early,
                  **common.launch_options(x.device))
     if tile is None:
         block_n, block_k, warps = gemv_config(n, k)
-        gemv_kernel[(rows, blocks)](*args, n, k, *strides, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **flags)
+        gemv_kernel[(rows, blocks)](*args, n, *ends, k, *strides, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **flags)
     else:
         block_m, block_n, block_k, warps, *split = tile  # a fifth number: K split among that many programs
         splits, tiles = (split[0] if split else 1), triton.cdiv(rows, block_m)
@@ -313,7 +357,7 @@ def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index, til
         if splits > 1:  # each program's float32 sums, and one arrival counter per (tile of rows, block of outputs)
             part = torch.empty(tiles * blocks * splits * block_m * block_n, dtype=torch.float32, device=x.device)
             done = torch.zeros(tiles * blocks, dtype=torch.int32, device=x.device)
-        tile_kernel[(tiles, blocks, splits)](*args, part, done, rows, n, k, *strides, BLOCK_M=block_m,
+        tile_kernel[(tiles, blocks, splits)](*args, part, done, rows, n, *ends, k, *strides, BLOCK_M=block_m,
                                              BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, num_warps=warps, **flags)
 
 

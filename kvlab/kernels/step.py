@@ -14,6 +14,8 @@ number of kernels. ``kernel_step`` runs, per layer:
 5. ``gemv(gate_up, W_down, silu_mul=True, residual=x)``: SiLU(gate) * up fused into down_proj, and the residual.
 
 and after the last layer ``greedy_head``: the final norm, the LM head, the greedy token and the counter's advance.
+``kernel_prefill`` runs a prompt through the same five kernels a layer (its T rows as the matmuls' rows; the
+attention ``rope_cache_prefill_attention``, causal over the prompt), then the LM head on each row's last token.
 Each function runs its PyTorch form where the kernels do not (``kvlab.kernels.common.available``) and the matmuls
 also where the dispatch picks cuBLAS, so the same step runs on a CPU (the reference the kernels are tested
 against) and at large batch (cuBLAS).
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import rope_cache_attention
+from .attention import rope_cache_attention, rope_cache_prefill_attention
 from .gemv import gemv, greedy_head
 
 SUPPORTED = ("llama", "mistral", "qwen2")  # RMSNorm, rotate-half RoPE, SiLU-gated MLP, no per-head norms
@@ -79,12 +81,26 @@ def arrival_counters(model, batch: int, device: torch.device | str) -> torch.Ten
 KERNEL_OPTIONS = ("dot_attention", "tiles", "early_launch")  # keywords of kernel_step beyond its tensors: a variant of the step
 
 
+def stacked_projections(layer) -> tuple:
+    """(q/k/v weight, its bias, gate/up weight, its bias) of a layer: a fused copy's ``qkv_proj`` and
+    ``gate_up_proj``, or an unfused model's q, k, v and gate, up as tuples of parts, which the kernels read where
+    they are (``gemv``'s stacked weight)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    if hasattr(attn, "qkv_proj"):
+        return attn.qkv_proj.weight, attn.qkv_proj.bias, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias
+    qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
+    qkv_bias = tuple(p.bias for p in qkv) if attn.q_proj.bias is not None else None
+    gate_up = (mlp.gate_proj, mlp.up_proj)
+    gate_up_bias = tuple(p.bias for p in gate_up) if mlp.gate_proj.bias is not None else None
+    return tuple(p.weight for p in qkv), qkv_bias, tuple(p.weight for p in gate_up), gate_up_bias
+
+
 def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_attention: bool = True,
                 tiles: bool = True, early_launch: bool = False) -> torch.Tensor:
     """One decode step: reads ``token`` ``[batch, 1]`` (long), writes the next token into it (in place) and returns it.
 
-    ``model``: the fused copy ``kvlab.fusion.fused_copy(model, attention=False)`` of a supported model
-    (``check_supported``): one ``qkv_proj`` and one ``gate_up_proj`` per layer. ``cache``: a
+    ``model``: a supported model (``check_supported``), or its fused copy ``kvlab.fusion.fused_copy(model,
+    attention=False)`` (one ``qkv_proj`` and one ``gate_up_proj`` per layer; ``stacked_projections``). ``cache``: a
     ``kvlab.graph_safe_cache.GraphSafeStaticCache`` after a prefill; the step writes this token's key and value at its
     counter and advances the counter once (the step's last write). ``done``: ``arrival_counters(model, batch, device)``.
     ``dot_attention``: attention's scores and P.V as ``tl.dot`` (``rope_cache_attention(dot=True)``; False: as
@@ -99,19 +115,66 @@ def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_at
     heads = model.config.num_attention_heads
     rope = decoder.rotary_emb
     position = cache.cache_position  # [] the one counter: this token's position
-    x = decoder.embed_tokens(token).view(b, -1)  # [b, hidden]
     early = {"early_launch": True} if early_launch else {}
+
+    def attention(qkv, attn, cached):  # RoPE, the cache write at the counter, split-K attention: [b, heads * d]
+        return rope_cache_attention(qkv, rope.inv_freq, rope.attention_scaling, cached.keys, cached.values,
+                                    position, heads, attn.scaling, done, dot=dot_attention, **early)
+
+    x = decoder.embed_tokens(token).view(b, -1)  # [b, hidden]
     for layer, cached in zip(decoder.layers, cache.layers, strict=True):
-        attn, mlp = layer.self_attn, layer.mlp
-        norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
-        qkv = gemv(x, attn.qkv_proj.weight, bias=attn.qkv_proj.bias, norm=norm1.weight,
-                   eps=norm1.variance_epsilon, tiles=tiles, **early)  # [b, (heads + 2 kv_heads) * d]
-        out = rope_cache_attention(qkv, rope.inv_freq, rope.attention_scaling, cached.keys, cached.values,
-                                   position, heads, attn.scaling, done, dot=dot_attention, **early)  # [b, heads * d]
-        x = gemv(out, attn.o_proj.weight, bias=attn.o_proj.bias, residual=x, tiles=tiles, **early)  # [b, hidden]
-        gate_up = gemv(x, mlp.gate_up_proj.weight, bias=mlp.gate_up_proj.bias, norm=norm2.weight,
-                       eps=norm2.variance_epsilon, tiles=tiles, **early)  # [b, 2 * intermediate]
-        x = gemv(gate_up, mlp.down_proj.weight, bias=mlp.down_proj.bias, silu_mul=True, residual=x,
-                 tiles=tiles, **early)  # [b, hidden]
+        x = layer_kernels(x, layer, cached, attention, tiles=tiles, early_launch=early_launch)  # [b, hidden]
     return greedy_head(x, model.lm_head.weight, decoder.norm.weight, decoder.norm.variance_epsilon, token,
                        position, tiles=tiles, **early)  # [b, 1] the next token, in place; the counter advanced
+
+
+def layer_kernels(x: torch.Tensor, layer, cached, attention, *, tiles: bool = True,
+                  early_launch: bool = False) -> torch.Tensor:
+    """One decoder layer over the rows ``x`` ``[rows, hidden]`` -> ``[rows, hidden]``: its five kernels, the second
+    ``attention(qkv, layer.self_attn, cached)`` (``kernel_step``'s over the cache, ``kernel_prefill``'s over the
+    prompt; ``cached``: the layer's cache). ``tiles``, ``early_launch``: as ``kernel_step``'s."""
+    attn, mlp = layer.self_attn, layer.mlp
+    norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
+    early = {"early_launch": True} if early_launch else {}
+    w_qkv, b_qkv, w_gate_up, b_gate_up = stacked_projections(layer)
+    qkv = gemv(x, w_qkv, bias=b_qkv, norm=norm1.weight, eps=norm1.variance_epsilon, tiles=tiles,
+               **early)  # [rows, (heads + 2 kv_heads) * d]
+    out = attention(qkv, attn, cached)  # [rows, heads * d]
+    x = gemv(out, attn.o_proj.weight, bias=attn.o_proj.bias, residual=x, tiles=tiles, **early)  # [rows, hidden]
+    gate_up = gemv(x, w_gate_up, bias=b_gate_up, norm=norm2.weight, eps=norm2.variance_epsilon, tiles=tiles,
+                   **early)  # [rows, 2 * intermediate]
+    return gemv(gate_up, mlp.down_proj.weight, bias=mlp.down_proj.bias, silu_mul=True, residual=x,
+                tiles=tiles, **early)  # [rows, hidden]
+
+
+PREFILL_OPTIONS = ("tiles", "early_launch")  # the options of kernel_step that kernel_prefill takes too
+
+
+def kernel_prefill(model, cache, prompt: torch.Tensor, valid: torch.Tensor, token: torch.Tensor, *,
+                   tiles: bool = True, early_launch: bool = False) -> torch.Tensor:
+    """The prefill through the step's kernels: writes the first new token into ``token`` ``[batch, 1]`` and returns it.
+
+    ``prompt`` ``[batch, T]`` (long): a prompt padded to T tokens, of which the first ``valid`` (a 0-dim long tensor)
+    count; their keys and values are written into ``cache`` from its counter on, and the counter advances by
+    ``valid`` (one graph captured at T serves every length up to T). ``model``, ``cache``: as ``kernel_step``'s, the
+    cache's buffers allocated (``cache.early_initialization``). ``tiles``, ``early_launch``: as ``kernel_step``'s;
+    the attention always runs on ``tl.dot`` tiles. Call it in ``torch.inference_mode()``.
+    """
+    decoder, (b, t) = model.model, prompt.shape
+    heads = model.config.num_attention_heads
+    rope = decoder.rotary_emb
+    position = cache.cache_position  # [] the prompt's first position
+    early = {"early_launch": True} if early_launch else {}
+
+    def attention(qkv, attn, cached):  # RoPE, the prompt's cache writes, causal attention: [b T, heads * d]
+        return rope_cache_prefill_attention(qkv, rope.inv_freq, rope.attention_scaling, cached.keys, cached.values,
+                                            position, valid, heads, attn.scaling, **early)
+
+    x = decoder.embed_tokens(prompt).view(b * t, -1)  # [b T, hidden]: the prompt's rows are the matmuls' rows
+    for layer, cached in zip(decoder.layers, cache.layers, strict=True):
+        x = layer_kernels(x, layer, cached, attention, tiles=tiles, early_launch=early_launch)  # [b T, hidden]
+    last = x.view(b, t, -1).index_select(1, (valid - 1).reshape(1)).view(b, -1)  # [b, hidden] each row's last token
+    greedy_head(last, model.lm_head.weight, decoder.norm.weight, decoder.norm.variance_epsilon, token,
+                tiles=tiles, **early)  # [b, 1] the first new token, in place
+    position.add_(valid)  # the counter: past the prompt
+    return token
