@@ -155,6 +155,7 @@ GEMVS = {  # rows, N, K, the prologue and epilogue: K and N off the block sizes,
     "rmsnorm-bias": (3, 37, 200, {"norm": True, "bias": True}),
     "silu-mul-residual": (2, 24, 150, {"silu_mul": True, "residual": True}),
     "bf16-rmsnorm-residual": (1, 64, 576, {"norm": True, "residual": True, "dtype": torch.bfloat16}),
+    "three-blocks-rmsnorm-bias": (3, 192, 80, {"norm": True, "bias": True}),  # parts can end on blocks of 64 too
 }
 
 
@@ -194,8 +195,12 @@ def check_stacked_gemv(case: str, tiles: bool = False) -> None:
     2 (q/k/v, gate/up), cut off the block sizes; the PyTorch form of the parts equals the kernel's too."""
     x, w, kwargs = gemv_inputs(case, rows=TILE_ROWS if tiles else None)
     whole = gemv_module.gemv(x, w, **kwargs, tiles=tiles)
-    n = w.shape[0]
-    for cuts in ((n // 2, n - n // 3), (n // 3,)):
+    n, k = w.shape
+    tile = gemv_module._dispatch(x, tiles, (n, k))[1]
+    block = tile[1] if tile else gemv_module.gemv_config(n, k)[0]  # outputs per program
+    blocks = n // block
+    on_blocks = [(block * (blocks // 3), block * (2 * blocks // 3))] if blocks >= 3 else []  # one part per program
+    for cuts in ((n // 2, n - n // 3), (n // 3,), *on_blocks):
         bounds = (0, *cuts, n)
         spans = list(zip(bounds, bounds[1:], strict=False))
         bias = None if kwargs["bias"] is None else tuple(kwargs["bias"][a:b].contiguous() for a, b in spans)

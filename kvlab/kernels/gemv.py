@@ -57,12 +57,21 @@ if triton is not None:
     from .common import launch_next_kernel, wait_for_previous_kernel
 
     @triton.jit
-    def _stacked_rows(W, W1, W2, n, N0, N01, K, PARTS: tl.constexpr):
+    def _stacked_rows(W, W1, W2, n, first, N0, N01, K, PARTS: tl.constexpr, BY_BLOCK: tl.constexpr):
         """Pointers to rows ``n`` [N_b] of a weight ``[N, K]``: one matrix (``PARTS`` 1), or up to three stacked
-        along N (rows ``[0, N0)`` in W, ``[N0, N01)`` in W1, the rest in W2), each read where it is."""
-        rows = W + n * K
-        if PARTS > 1:
-            rows = tl.where(n < N0, rows, W1 + (n - N0) * K)
+        along N (rows ``[0, N0)`` in W, ``[N0, N01)`` in W1, the rest in W2), each read where it is. ``BY_BLOCK``:
+        the block's outputs lie in one part, so its first output ``first`` picks the part for all; the compiler
+        then still knows the rows 16-byte aligned and loads them as vectors (chosen per row, it does not)."""
+        if PARTS == 1:
+            return W + n * K
+        if BY_BLOCK:  # one base pointer for the block (a scalar choice)
+            base, lo = W, 0
+            if first >= N0:
+                base, lo = W1, N0
+            if PARTS > 2 and first >= N01:
+                base, lo = W2, N01
+            return base + (n - lo) * K
+        rows = tl.where(n < N0, W + n * K, W1 + (n - N0) * K)
         if PARTS > 2:
             rows = tl.where(n < N01, rows, W2 + (n - N01) * K)
         return rows
@@ -85,7 +94,7 @@ if triton is not None:
 
     @triton.jit
     def gemv_kernel(X, W, W1, W2, BIAS, BIAS1, BIAS2, NORM, RES, OUT, IDX, N, N0, N01, K, stride_x, stride_res,
-                    stride_out, eps, PROLOGUE: tl.constexpr, PARTS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr,
+                    stride_out, eps, PROLOGUE: tl.constexpr, PARTS: tl.constexpr, BY_BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
         launch_next_kernel(PDL, EARLY)
         row, block = tl.program_id(0), tl.program_id(1)
@@ -94,7 +103,7 @@ if triton is not None:
         n_in = n < N
         kk = tl.arange(0, BLOCK_K)
         x_row = X + row * stride_x
-        w_rows = _stacked_rows(W, W1, W2, n, N0, N01, K, PARTS)[:, None]  # [N_b, 1]
+        w_rows = _stacked_rows(W, W1, W2, n, block * BLOCK_N, N0, N01, K, PARTS, BY_BLOCK)[:, None]  # [N_b, 1]
         w = tl.load(w_rows + kk[None, :], mask=n_in[:, None] & (kk < K)[None, :], other=0.0)  # [N_b, K_b]
         wait_for_previous_kernel(PDL, EARLY)  # the weights do not depend on it: their first tile is already on its way
         rstd = 0.0
@@ -111,7 +120,7 @@ if triton is not None:
             acc += w.to(tl.float32) * _x_tile(x_row, NORM, k, K, rstd, k < K, PROLOGUE, dt)[None, :]
         y = tl.sum(acc, 1)  # [N_b]
         if HAS_BIAS:
-            y += tl.load(_stacked_rows(BIAS, BIAS1, BIAS2, n, N0, N01, 1, PARTS), mask=n_in, other=0.0).to(tl.float32)
+            y += tl.load(_stacked_rows(BIAS, BIAS1, BIAS2, n, block * BLOCK_N, N0, N01, 1, PARTS, BY_BLOCK), mask=n_in, other=0.0).to(tl.float32)
         if HAS_RES:  # residual + the layer's output, both in the model's dtype
             y = y.to(dt).to(tl.float32) + tl.load(RES + row * stride_res + n, mask=n_in, other=0.0).to(tl.float32)
         if ARGMAX:  # the LM head: only this program's largest logit (as the model's dtype) and where it is
@@ -125,11 +134,11 @@ if triton is not None:
     @triton.jit
     def _tile_epilogue(y, BIAS, BIAS1, BIAS2, N0, N01, RES, OUT, IDX, rows, r_in, n, n_in, block, stride_res,
                        stride_out, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr,
-                       BLOCK_N: tl.constexpr, PARTS: tl.constexpr, dt: tl.constexpr):
+                       BLOCK_N: tl.constexpr, PARTS: tl.constexpr, BY_BLOCK: tl.constexpr, dt: tl.constexpr):
         """``gemv_kernel``'s epilogue on a [rows, outputs] tile ``y`` (float32): bias, residual, then the store or
         the LM head's per-program maximum and where it is."""
         if HAS_BIAS:
-            bias = tl.load(_stacked_rows(BIAS, BIAS1, BIAS2, n, N0, N01, 1, PARTS), mask=n_in, other=0.0)
+            bias = tl.load(_stacked_rows(BIAS, BIAS1, BIAS2, n, block * BLOCK_N, N0, N01, 1, PARTS, BY_BLOCK), mask=n_in, other=0.0)
             y += bias.to(tl.float32)[None, :]
         if HAS_RES:
             res = tl.load(RES + rows[:, None] * stride_res + n[None, :], mask=r_in[:, None] & n_in[None, :], other=0.0)
@@ -144,7 +153,7 @@ if triton is not None:
 
     @triton.jit
     def tile_kernel(X, W, W1, W2, BIAS, BIAS1, BIAS2, NORM, RES, OUT, IDX, PART, DONE, M, N, N0, N01, K, stride_x,
-                    stride_res, stride_out, eps, PROLOGUE: tl.constexpr, PARTS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr,
+                    stride_res, stride_out, eps, PROLOGUE: tl.constexpr, PARTS: tl.constexpr, BY_BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
                     PDL: tl.constexpr, EARLY: tl.constexpr):
         """``gemv_kernel`` for a tile of ``BLOCK_M`` rows: each weight tile is read once for all of them and
@@ -165,7 +174,7 @@ if triton is not None:
         k_end = tl.minimum(k_start + k_len, K)
         kk = k_start + tl.arange(0, BLOCK_K)
         x_rows = X + rows[:, None] * stride_x  # [M_b, 1]
-        w_rows = _stacked_rows(W, W1, W2, n, N0, N01, K, PARTS)[:, None]  # [N_b, 1]
+        w_rows = _stacked_rows(W, W1, W2, n, block * BLOCK_N, N0, N01, K, PARTS, BY_BLOCK)[:, None]  # [N_b, 1]
         w = tl.load(w_rows + kk[None, :], mask=n_in[:, None] & (kk < k_end)[None, :], other=0.0)  # [N_b, K_b]
         wait_for_previous_kernel(PDL, EARLY)
         rstd = 0.0
@@ -185,7 +194,7 @@ if triton is not None:
             acc += tl.dot(x.to(dt), tl.trans(w.to(dt)), input_precision="ieee")
         if SPLITS == 1:
             _tile_epilogue(acc, BIAS, BIAS1, BIAS2, N0, N01, RES, OUT, IDX, rows, r_in, n, n_in, block, stride_res,
-                           stride_out, HAS_BIAS, HAS_RES, ARGMAX, BLOCK_N, PARTS, dt)
+                           stride_out, HAS_BIAS, HAS_RES, ARGMAX, BLOCK_N, PARTS, BY_BLOCK, dt)
         else:  # publish this share; the last program of the tile to arrive adds all shares and finishes
             cell = tile * tl.num_programs(1) + block
             tile_offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # [M_b, N_b]
@@ -197,7 +206,7 @@ if triton is not None:
                 for s in range(SPLITS):
                     y += tl.load(PART + (cell * SPLITS + s) * BLOCK_M * BLOCK_N + tile_offs, cache_modifier=".cg")
                 _tile_epilogue(y, BIAS, BIAS1, BIAS2, N0, N01, RES, OUT, IDX, rows, r_in, n, n_in, block,
-                               stride_res, stride_out, HAS_BIAS, HAS_RES, ARGMAX, BLOCK_N, PARTS, dt)
+                               stride_res, stride_out, HAS_BIAS, HAS_RES, ARGMAX, BLOCK_N, PARTS, BY_BLOCK, dt)
                 tl.store(DONE + cell, 0)  # ready for the next call
 
     @triton.jit
@@ -235,6 +244,13 @@ TILE_DISPATCH: dict[tuple[int, int], dict[int, tuple[int, ...] | str]] = {
 }
 
 
+# The sweep chose its tiles in bfloat16. A float32 tile holds twice the bytes: the LM head's 64-row tile would need
+# 113 KiB of shared memory, more than an sm_86/sm_89 GPU (an RTX 30xx/40xx, an L4) gives one program
+# (python tools/compile_kernels.py --capability 89). Fewer rows per tile change no sum: each output adds the same
+# products in the same order.
+FLOAT32_TILE_ROWS = 16
+
+
 def tile_choice(rows: int, n: int, k: int) -> tuple[int, ...] | str:
     """What the tile path runs for ``rows`` rows of an ``[N, K]`` weight: ``TILE_DISPATCH``'s entry (a
     ``tile_kernel`` configuration (rows per program, outputs per program, K per step, warps[, K splits]), ``"gemv"``
@@ -251,8 +267,8 @@ def _dispatch(x: torch.Tensor, tiles: bool, weight_shape: tuple[int, int] | None
         choice = tile_choice(x.shape[0], *(weight_shape or (0, 0)))  # no shape: an unswept one, tile_config's
         if choice == "torch":
             return "torch", None
-        if choice != "gemv":
-            return "tile", choice
+        if choice != "gemv":  # float32 (the token check's) in tiles of at most FLOAT32_TILE_ROWS rows
+            return "tile", choice if x.element_size() < 4 else (min(choice[0], FLOAT32_TILE_ROWS), *choice[1:])
     return ("gemv" if uses_gemv_kernel(x) else "torch"), None
 
 
@@ -343,7 +359,10 @@ def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index, til
     args = (x, *w3, *b3, norm if norm is not None else weights[0],
             residual if residual is not None else out, out, index if index is not None else out)
     strides = (x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0), eps)
+    block_n = tile[1] if tile is not None else gemv_config(n, k)[0]
+    by_block = all(end % block_n == 0 for end in ends[: len(weights) - 1])  # no block straddles two parts
     flags = dict(PROLOGUE=SILU_MUL if silu_mul else RMS_NORM if norm is not None else NO_NORM, PARTS=len(weights),
+                 BY_BLOCK=by_block,
                  HAS_BIAS=bias is not None,
                  HAS_RES=residual is not None, ARGMAX=index is not None, PDL=common.pdl(x.device), EARLY=early,
                  **common.launch_options(x.device))
