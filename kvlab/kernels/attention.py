@@ -17,7 +17,7 @@ fused the softmax into the score reduction and was slower still (``data/h200_bat
   over the kv head's query group padded to a tile (``common.DOT_ROWS``): tensor cores instead of broadcasts.
 - ``rope_cache_prefill_attention`` (the prefill of ``kvlab.kernels.step.kernel_prefill``): the same for the T rows of
   a prompt (padded to T; its first ``valid`` rows count). Each program takes a tile of the prompt's positions for
-  the query heads of one kv head (``PREFILL_ROWS`` query rows), writes their keys and values into the cache, and
+  the query heads of one kv head (``PREFILL_TILE``'s query rows), writes their keys and values into the cache, and
   attends causally with ``tl.dot``: to the slots before the prompt from the cache, to the prompt's own from q/k/v
   (with RoPE there), so no program reads a slot another one writes.
 
@@ -36,8 +36,10 @@ from . import common
 from .common import tl, triton
 
 ATTENTION_WARPS = 4  # warps per program of every attention kernel (Triton's default; the fused kernel's sweep chose it)
-PREFILL_ROWS = 64  # query rows (prompt positions x the query heads of a kv head, padded) of one prefill program
-PREFILL_BLOCK_L = 64  # key slots per inner step of the prefill kernel
+# The prefill kernel's (query rows: prompt positions x the query heads of a kv head, padded; key slots per inner
+# step) by the cache's element size. Float32 (the token check's) takes half of each: at 64 x 64 its kernel needs
+# 144 KiB of shared memory, more than an sm_86/sm_89 GPU (an RTX 30xx, an L4) has (python tools/compile_kernels.py).
+PREFILL_TILE = {2: (64, 64), 4: (32, 32)}
 
 
 def supports(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None) -> bool:
@@ -239,14 +241,14 @@ if triton is not None:
             v = tl.load(VC + offs, mask=seen[:, None], other=0.0).to(tl.float32)
             m, s_exp, acc = attend(q, k, v, seen[None, :], seen, m, s_exp, acc, scale, True, dt)
         end = tl.minimum((tile + 1) * BLOCK_T, valid)  # the prompt's rows this tile sees: from q/k/v, not the cache
-        for j0 in range(0, end, BLOCK_L):
-            j = j0 + tl.arange(0, BLOCK_L)
-            seen = j < end
-            cos_k, sin_k = _rope_cos_sin(start + j[:, None], inv_freq, rope_scale, dt)
-            kv_row = QKV + (b * T + j)[:, None] * stride_qkv  # [L, 1]
-            k = _load_roped(kv_row + (HEADS + kvh) * D, d, d_rot, sign, cos_k, sin_k, seen[:, None], dt)  # [L, D]
-            v = tl.load(kv_row + (HEADS + kv_heads + kvh) * D + d, mask=seen[:, None], other=0.0).to(tl.float32)
-            keep = (j[None, :] <= last) & seen[None, :]  # [M, L] causal
+        for r0 in range(0, end, BLOCK_L):  # (names apart from the tile's above: a loop keeps each name's type)
+            row = r0 + tl.arange(0, BLOCK_L)  # [L] prompt rows, at slots start + row
+            seen = row < end
+            cos_l, sin_l = _rope_cos_sin(start + row[:, None], inv_freq, rope_scale, dt)
+            kv_rows = QKV + (b * T + row)[:, None] * stride_qkv  # [L, 1]
+            k = _load_roped(kv_rows + (HEADS + kvh) * D, d, d_rot, sign, cos_l, sin_l, seen[:, None], dt)  # [L, D]
+            v = tl.load(kv_rows + (HEADS + kv_heads + kvh) * D + d, mask=seen[:, None], other=0.0).to(tl.float32)
+            keep = (row[None, :] <= last) & seen[None, :]  # [M, L] causal
             m, s_exp, acc = attend(q, k, v, keep, seen, m, s_exp, acc, scale, True, dt)
         out = OUT + (b * T + t)[:, None] * stride_out + (kvh * GROUP + g)[:, None] * D + d
         tl.store(out, (acc / s_exp[:, None]).to(dt), mask=row_in)
@@ -379,11 +381,12 @@ def rope_cache_prefill_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope
     _require_cache_layout(qkv, keys, values)
     group, t = heads // kv_heads, qkv.shape[0] // b
     block_g = triton.next_power_of_2(group)
-    block_t = max(1, PREFILL_ROWS // block_g)
+    rows, block_l = PREFILL_TILE[keys.element_size()]
+    block_t = max(1, rows // block_g)
     out = torch.empty(b * t, heads * d, dtype=keys.dtype, device=keys.device)
     _prefill_attention_kernel[(b * kv_heads, triton.cdiv(t, block_t))](
         qkv, inv_freq, keys, values, position, valid, out, qkv.stride(0), keys.stride(0), keys.stride(1),
         keys.stride(2), out.stride(0), kv_heads, slots, t, scale, rope_scale, HEADS=heads, GROUP=group,
-        BLOCK_G=block_g, BLOCK_T=block_t, D=d, BLOCK_L=PREFILL_BLOCK_L, PDL=common.pdl(keys.device),
+        BLOCK_G=block_g, BLOCK_T=block_t, D=d, BLOCK_L=block_l, PDL=common.pdl(keys.device),
         EARLY=early_launch, num_warps=ATTENTION_WARPS, **common.launch_options(keys.device))
     return out
