@@ -201,6 +201,18 @@ def test_a_kernels_decoder_without_a_copy_decodes_the_model_as_it_is_at_each_rep
         decoder.generate(IDS, 4)
 
 
-def test_copy_weights_belongs_to_the_kernels_step():
+@pytest.mark.parametrize("option", [{"copy_weights": False}, {"kernel_prefill": True}])
+def test_the_kernels_steps_own_options_are_refused_for_the_model_step(option):
     with pytest.raises(ValueError, match="step='kernels'"):
-        GraphSafeDecoder(kvlab.tiny_model("tiny-llama"), 32, copy_weights=False)
+        GraphSafeDecoder(kvlab.tiny_model("tiny-llama"), 32, **option)
+
+
+@pytest.mark.parametrize("options", [{"kernel_prefill": True}, {"copy_weights": False},
+                                     {"kernel_prefill": True, "copy_weights": False}])
+def test_kvlab_decode_takes_the_kernels_options_and_stays_token_exact(options):
+    model = kvlab.tiny_model("tiny-qwen2")  # q/k/v biases: stacked too
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2]])
+    assert torch.equal(kvlab.decode(model, ids, 6, strategy="graph-safe-kernels", **options), kvlab.decode(model, ids, 6))
+    decoder = kvlab.STRATEGIES["graph-safe-kernels"].state(model, ids, 6)["decoder"]
+    with pytest.raises(ValueError, match="keeps the settings it was built with"):
+        kvlab.decode(model, ids, 6, strategy="graph-safe-kernels", decoder=decoder, **options)
