@@ -129,6 +129,11 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
     _kernels_variant("early-launch", "programmatic dependent launch one kernel deeper: each kernel lets the next "
                      "one start at its entry (kvlab.kernels.common.launch_next_kernel), so a kernel loads its weights while the "
                      "one before it still waits", early_launch=True),
+    _kernels_variant("kernel-prefill", "the prompt run through the step's own kernels (kvlab.kernels.step.kernel_prefill: "
+                     "the five kernels per layer on the prompt's rows, a causal tl.dot attention that writes the cache) "
+                     "instead of the fused copy's transformers forward, captured at the same bucket", kernel_prefill=True),
+    _kernels_variant("no-copy", "the kernels reading the model's own weights, q/k/v and gate/up as stacked parts "
+                     "(kvlab.kernels.gemv.Stacked), instead of a fused copy of every weight", copy_weights=False),
     Strategy("graph-safe-speculative", "graph-safe + prompt-lookup speculative decoding: k=4 n-gram drafts from the "
              "prompt and output, verified in one captured graph of k+1 rows", decode_speculative, 7, "graph",
              sized=True, warm_full=True, steps_per_replay=5, build=speculative_decoder),

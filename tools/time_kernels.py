@@ -32,11 +32,11 @@ import torch
 
 import kvlab
 from kvlab import fusion
-from kvlab.graph_decoder import GraphSafeDecoder
 from kvlab.kernels import attention, common, gemv
 from kvlab.lab.bench import git_state
 from kvlab.lab.measure import profile
 from kvlab.lab.models import random_smollm2
+from kvlab.strategies import STRATEGIES
 
 SHAPES = {  # name: N, K, what the kernel does before and after the matmul
     "qkv (norm)": (960, 576, {"norm": True}),
@@ -144,10 +144,19 @@ def sweep_attention(results: dict, save) -> None:
           f"top8 {[(round(t, 2), c) for t, c in timings[:8]]}", flush=True)
 
 
+STEP_ROWS = (1,)  # the batch sizes ``step`` profiles (--step-rows)
+
+
 def step_profile(results: dict, save) -> None:
+    for rows in STEP_ROWS:
+        profile_one_step(results, rows)
+        save()
+
+
+def profile_one_step(results: dict, rows: int) -> None:
     model = random_smollm2(device="cuda", dtype=torch.bfloat16)
-    ids = torch.randint(0, 49152, (1, 64), device="cuda")
-    decoder = GraphSafeDecoder(model, 320, steps=16, step="kernels")  # built once: every run replays its graphs
+    ids = torch.randint(0, 49152, (rows, 64), device="cuda")
+    decoder = STRATEGIES["graph-safe-kernels"].state(model, ids, 256, max_cache_len=320)["decoder"]
     run = lambda n: kvlab.decode(model, ids, n, strategy="graph-safe-kernels", decoder=decoder)  # noqa: E731
     t0 = time.perf_counter()
     run(256)
@@ -168,12 +177,13 @@ def step_profile(results: dict, save) -> None:
     one = profile(lambda: run(1), "cuda").kernels
     per_step = (len(events) - len(one)) / 16
     last = events[-round(per_step):]
-    results["step"] = {"ms_per_token": ms, "tokens_per_s": 1e3 / ms, "first_call_s": first, "kernels_per_step": per_step,
-                       "busy_us": sum(e[1] for e in last), "kernels": [(round(s - last[0][0], 2), round(d, 2), nm[:60])
-                                                                       for s, d, nm in last]}
-    print(f"PDL: {common.pdl(torch.device('cuda'))}; graph-safe-kernels: {ms:.3f} ms/token = {1e3 / ms:.0f} tok/s; "
-          f"first call {first:.1f} s; {per_step:.1f} kernels/step, busy {results['step']['busy_us']:.0f} us", flush=True)
-    for s, d, nm in results["step"]["kernels"][:12] + results["step"]["kernels"][-6:]:
+    key = "step" if rows == 1 else f"step@{rows}"
+    results[key] = {"rows": rows, "ms_per_step": ms, "tokens_per_s": rows * 1e3 / ms, "first_call_s": first,
+                    "kernels_per_step": per_step, "busy_us": sum(e[1] for e in last),
+                    "kernels": [(round(s - last[0][0], 2), round(d, 2), nm[:60]) for s, d, nm in last]}
+    print(f"PDL: {common.pdl(torch.device('cuda'))}; graph-safe-kernels at {rows} rows: {ms:.3f} ms/step = {rows * 1e3 / ms:.0f} tok/s; "
+          f"first call {first:.1f} s; {per_step:.1f} kernels/step, busy {results[key]['busy_us']:.0f} us", flush=True)
+    for s, d, nm in results[key]["kernels"][:12] + results[key]["kernels"][-6:]:
         print(f"   {s:8.2f} {d:6.2f}  {nm}")
     by_name = {}
     for _, d, nm in last:
@@ -279,16 +289,19 @@ PARTS = {"decode-attention": sweep_decode_attention, "gemv": sweep_gemv, "attent
 
 
 def main() -> None:
-    global TILE_ROWS
+    global TILE_ROWS, STEP_ROWS
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=None)
     p.add_argument("--parts", default="gemv,attention,step", help=f"comma-separated, of {', '.join(PARTS)}")
+    p.add_argument("--step-rows", default=None, help=f"step: batch sizes to profile (default {STEP_ROWS})")
     p.add_argument("--tile-rows", default=None, help=f"tiles: batch sizes (default {TILE_ROWS})")
     p.add_argument("--tile-shapes", default=None, help=f"tiles: comma list of projections (default all: {', '.join(SHAPES)})")
     for flag, key in GRID_FLAGS.items():
         p.add_argument(f"--{flag.replace('_', '-')}", default=None, help=f"tiles: {key} (default {TILE_GRID[key]})")
     args = p.parse_args()
     ints = lambda text: tuple(int(v) for v in text.split(","))  # noqa: E731
+    if args.step_rows:
+        STEP_ROWS = ints(args.step_rows)
     if args.tile_rows:
         TILE_ROWS = ints(args.tile_rows)
     if args.tile_shapes:
