@@ -12,7 +12,11 @@ count); the figure is µs per call, the median of 20 replays. The parts:
 - ``gemv``: block sizes and warps of ``gemv`` / ``greedy_head`` per projection (sets ``gemv.GEMV_CONFIGS``).
 - ``attention``: ``common.MAX_SPLITS``, ``common.BLOCK_L`` and ``ATTENTION_WARPS`` of ``rope_cache_attention``.
 - ``step``: one graph-safe-kernels decode with the fastest configurations, and the kernels of one of its steps,
-  in order, from torch.profiler.
+  in order, from torch.profiler, at each batch of ``--step-rows``.
+- ``first-token``: where the time to the first token goes at batch 1 (a 64-token prompt), for the prefill through
+  the model's transformers forward and through the kernels (``kernel_prefill``): the wall time of
+  ``decoder.prefill``, of its host-side pieces (``read_addresses``, ``cache.reset``), of one replay of the captured
+  prefill on the GPU (CUDA events), and its kernels from torch.profiler.
 - ``tiles``: ``gemv.tile_kernel``'s configuration (with ``--tile-splits``, split-K too) per projection at 2 to 64 rows, beside the GEMV kernel and cuBLAS
   (``graph-safe-kernels`` from 2 rows; sets nothing: ``gemv.TILE_DISPATCH`` takes the result by hand, and a test checks
   it against ``data/h200_tile_sweep.json``).
@@ -192,6 +196,58 @@ def profile_one_step(results: dict, rows: int) -> None:
         print(f"   {nm:40} x{len(ds):4}  total {sum(ds):7.1f} us  median {sorted(ds)[len(ds) // 2]:5.2f} us")
 
 
+def first_token(results: dict, save) -> None:
+    model = random_smollm2(device="cuda", dtype=torch.bfloat16)
+    ids = torch.randint(0, 49152, (1, 64), device="cuda")
+    with torch.inference_mode():  # as a decoder replays its graphs
+        for through_kernels in (False, True):
+            first_token_pieces(results, model, ids, through_kernels)
+            save()
+
+
+def wall_ms(fn, repeats: int = 7) -> float:
+    """The median wall time of ``fn()``, the GPU synchronized before and after, in ms."""
+    samples = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        samples.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(samples)
+
+
+def first_token_pieces(results: dict, model, ids: torch.Tensor, through_kernels: bool) -> None:
+    from kvlab.graph_decoder import kernels_decoder, read_addresses
+
+    decoder = kernels_decoder(model, ids, 256, max_cache_len=320, kernel_prefill=through_kernels)
+    decoder.generate(ids, 32)  # captures the prefill and the steps
+    graph = decoder.prefill_graph
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    gpu = []
+    for _ in range(7):
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        gpu.append(start.elapsed_time(end))
+    events = profile(graph.replay, "cuda").kernels  # [(start us, duration us, name)]
+    by_name = {}
+    for _, d, nm in events:
+        by_name.setdefault(nm[:50], []).append(d)
+    row = {"prefill_ms": wall_ms(lambda: decoder.prefill(ids)), "read_addresses_ms": wall_ms(lambda: read_addresses(model)),
+           "cache_reset_ms": wall_ms(decoder.cache.reset), "replay_gpu_ms": statistics.median(gpu),
+           "kernels": len(events), "span_us": events[-1][0] + events[-1][1] - events[0][0],
+           "by_name": {nm: (len(ds), sum(ds), statistics.median(ds)) for nm, ds in by_name.items()}}
+    key = "kernel_prefill" if through_kernels else "transformers_prefill"
+    results.setdefault("first_token", {})[key] = row
+    print(f"{key}: decoder.prefill {row['prefill_ms']:.3f} ms; one replay {row['replay_gpu_ms']:.3f} ms on the GPU "
+          f"({row['kernels']} kernels, span {row['span_us']:.0f} us); host: read_addresses "
+          f"{row['read_addresses_ms']:.3f} ms, cache.reset {row['cache_reset_ms']:.3f} ms", flush=True)
+    for nm, (count, total, median) in sorted(row["by_name"].items(), key=lambda kv: -kv[1][1])[:8]:
+        print(f"   {nm:50} x{count:4}  total {total:7.1f} us  median {median:5.2f} us")
+
+
 DEVICE = "cuda"  # the parts below take it from here (a CPU smoke run under TRITON_INTERPRET=1 sets "cpu")
 TILE_ROWS = (2, 4, 8, 16, 32, 64)  # the benchmark's batch sizes above 1 (--tile-rows)
 TILE_SHAPES = list(SHAPES)  # the projections swept (--tile-shapes qkv,down: by the first word of their names)
@@ -285,7 +341,7 @@ def sweep_dot_attention(results: dict, save, time_fn=None) -> None:
 
 
 PARTS = {"decode-attention": sweep_decode_attention, "gemv": sweep_gemv, "attention": sweep_attention,
-         "step": step_profile, "tiles": sweep_tiles, "dot-attention": sweep_dot_attention}
+         "step": step_profile, "tiles": sweep_tiles, "dot-attention": sweep_dot_attention, "first-token": first_token}
 
 
 def main() -> None:
