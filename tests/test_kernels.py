@@ -755,6 +755,25 @@ def test_the_captured_prefill_serves_every_prompt_of_its_bucket_and_refuses_a_lo
         decoder.generate(torch.randint(0, 256, (2, 9), generator=gen), 3)
 
 
+def test_kernels_decoder_reads_the_models_weights_and_prefills_through_the_kernels_up_to_the_measured_rows(
+        pytorch_form, monkeypatch):
+    """The strategy's defaults: no fused copy (the decoder runs the caller's model), and the prefill through the
+    kernels while batch x bucket is at most KERNEL_PREFILL_MAX_ROWS, the model's forward above; either way exact."""
+    from kvlab.graph_decoder import kernels_decoder
+
+    model = tiny_model("tiny-llama")
+    gen = torch.Generator().manual_seed(9)
+    monkeypatch.setattr(step, "KERNEL_PREFILL_MAX_ROWS", 16)
+    for batch, prompt_len, captured, through_kernels in ((2, 5, True, True), (3, 5, True, False),  # buckets of 8
+                                                         (3, 5, False, True), (4, 5, False, False)):  # unpadded
+        ids = torch.randint(0, 256, (batch, prompt_len), generator=gen)
+        decoder = kernels_decoder(model, ids, 6, steps=2, max_cache_len=16, captured_prefill=captured)
+        assert decoder.model is model and decoder.kernel_prefill is through_kernels, (batch, captured)
+        assert torch.equal(decoder.generate(ids, 6), decode_naive(model, ids, 6)), (batch, captured)
+    assert kernels_decoder(model, ids, 6, max_cache_len=16, copy_weights=True).model is not model  # the fused copy
+    assert kernels_decoder(model, ids, 6, max_cache_len=16, kernel_prefill=True).kernel_prefill is True  # as asked
+
+
 def test_the_kernel_options_reach_the_attention_and_others_are_refused(pytorch_form, monkeypatch):
     from kvlab.graph_decoder import GraphSafeDecoder, kernels_decoder
 

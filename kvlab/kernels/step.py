@@ -148,6 +148,11 @@ def layer_kernels(x: torch.Tensor, layer, cached, attention, *, tiles: bool = Tr
 
 
 PREFILL_OPTIONS = ("tiles", "early_launch")  # the options of kernel_step that kernel_prefill takes too
+# The most prompt rows (batch x padded prompt length) that kvlab.graph_decoder.kernels_decoder sends through
+# kernel_prefill by default. On the H200 (data/attempts/h200_prefill_c4365f3.json, a 64-token prompt) the kernels
+# took the first token in 3.9 ms against 5.2 ms for the fused copy's transformers forward at 64 rows, and tied at
+# 1,024 (7.0 against 7.2 ms); at 4,096 they took 19.5 against 13.1 ms: their tiles were chosen for at most 64 rows.
+KERNEL_PREFILL_MAX_ROWS = 1024
 
 
 def kernel_prefill(model, cache, prompt: torch.Tensor, valid: torch.Tensor, token: torch.Tensor, *,
