@@ -131,6 +131,9 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
     _kernels_variant("early-launch", "programmatic dependent launch one kernel deeper: each kernel lets the next "
                      "one start at its entry (kvlab.kernels.common.launch_next_kernel), so a kernel loads its weights while the "
                      "one before it still waits", early_launch=True),
+    _kernels_variant("fill-splits", "attention split over only as many programs per (row, kv head) as fill the GPU "
+                     "once (kvlab.kernels.common.fill_splits: one from as many pairs as multiprocessors, so no shares "
+                     "to combine) instead of up to kvlab.kernels.common.MAX_SPLITS", fill_splits=True),
     _kernels_variant("transformers-prefill", "the prefill through the model's transformers forward (captured at the "
                      "same bucket) at every batch, instead of through the step's own kernels (kvlab.kernels.step."
                      "kernel_prefill) where the prompt's rows are at most kvlab.kernels.step.KERNEL_PREFILL_MAX_ROWS",

@@ -232,7 +232,9 @@ ATTENTIONS = {  # batch, heads, kv_heads, slots, head_dim, position (the counter
     "first-token": (1, 4, 2, 70, 16, 0, torch.float32),
     "cache-full": (1, 4, 4, 40, 16, 40, torch.float32),  # written to the trash slot, attends to every slot
     "long-bf16": (1, 9, 3, 1100, 64, 1000, torch.bfloat16),  # several blocks per program
+    "many-rows": (70, 4, 2, 70, 16, 60, torch.float32),  # 140 (row, kv head) pairs: fill_splits gives one program each
 }
+FILL_CASES = ["three-splits", "long-bf16", "many-rows"]  # where fill_splits changes the split plan (on a GPU: many-rows)
 
 
 # Triton's CPU interpreter multiplies bfloat16 operands of tl.dot wrongly (triton-lang/triton#11584), so there the
@@ -247,7 +249,7 @@ def on_tensor_cores(case: str, dtype: torch.dtype):
     return case if dtype in DOT_DTYPES else pytest.param(case, marks=pytest.mark.skip(reason=BF16_DOT_SKIP))
 
 
-def check_rope_cache_attention(case: str, dot: bool = False) -> None:
+def check_rope_cache_attention(case: str, dot: bool = False, fill_splits: bool = False) -> None:
     b, heads, kv_heads, slots, d, position, dtype = ATTENTIONS[case]
     gen = torch.Generator().manual_seed(slots)
     rand = lambda *shape: torch.randn(*shape, generator=gen).to(DEVICE, dtype)  # noqa: E731
@@ -257,7 +259,8 @@ def check_rope_cache_attention(case: str, dot: bool = False) -> None:
     pos = torch.tensor(position, device=DEVICE)
     done = torch.zeros(b * kv_heads, dtype=torch.int32, device=DEVICE)
     k2, v2 = keys.clone(), values.clone()
-    got = attention.rope_cache_attention(qkv, inv_freq, 1.0, keys, values, pos, heads, d**-0.5, done, dot=dot)
+    got = attention.rope_cache_attention(qkv, inv_freq, 1.0, keys, values, pos, heads, d**-0.5, done, dot=dot,
+                                         fill_splits=fill_splits)
     expected = reference(attention.rope_cache_attention, qkv, inv_freq, 1.0, k2, v2, pos, heads, d**-0.5)
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
@@ -468,6 +471,8 @@ def run_checks() -> dict[str, str]:
     checks |= {f"rope-cache-attention-{case}": (check_rope_cache_attention, case) for case in ATTENTIONS}
     checks |= {f"rope-cache-attention-{case}-dot": (check_rope_cache_attention, case, True) for case in ATTENTIONS
                if ATTENTIONS[case][-1] in DOT_DTYPES}
+    checks |= {f"rope-cache-attention-{case}-fill": (check_rope_cache_attention, case, False, True)
+               for case in FILL_CASES}
     checks |= {f"greedy-head-{case}": (check_greedy_head, case) for case in HEADS}
     checks |= {f"prefill-attention-{case}": (check_prefill_attention, case) for case in PREFILLS
                if PREFILLS[case][-1] in DOT_DTYPES}
@@ -547,6 +552,25 @@ def test_rope_cache_attention_kernel_matches_reference(interpreted, case):
 @pytest.mark.parametrize("case", [on_tensor_cores(case, ATTENTIONS[case][-1]) for case in ATTENTIONS])
 def test_rope_cache_attention_on_tensor_cores_matches_reference(interpreted, case):
     outcome(interpreted, f"rope-cache-attention-{case}-dot", check_rope_cache_attention, case, True)
+
+
+@pytest.mark.parametrize("case", FILL_CASES)
+def test_rope_cache_attention_filling_the_gpu_once_matches_reference(interpreted, case):
+    """``fill_splits=True``: fewer programs per (row, kv head), each walking more blocks of the cache; in the
+    interpreter, where two cores stand in for the multiprocessors, every case runs one program per pair."""
+    outcome(interpreted, f"rope-cache-attention-{case}-fill", check_rope_cache_attention, case, False, True)
+
+
+def test_fill_splits_gives_each_multiprocessor_one_program():
+    """One program per pair from as many pairs as multiprocessors (a CPU's cores where the kernels are interpreted),
+    enough programs per pair for one wave below."""
+    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    for device in devices:
+        units = (torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda"
+                 else os.cpu_count())
+        assert [common.fill_splits(p, device) for p in (units, 2 * units, 1)] == [1, 1, units], device
+        if units > 1:
+            assert common.fill_splits(units - 1, device) == 2, device
 
 
 @pytest.mark.parametrize("case", list(HEADS))
@@ -781,7 +805,8 @@ def test_the_kernel_options_reach_the_attention_and_others_are_refused(pytorch_f
     ids = torch.randint(0, 256, (1, 4), generator=torch.Generator().manual_seed(8))
     seen = []
     real = step.rope_cache_attention
-    monkeypatch.setattr(step, "rope_cache_attention", lambda *a, dot=False: seen.append(dot) or real(*a, dot=dot))
+    monkeypatch.setattr(step, "rope_cache_attention",
+                        lambda *a, dot=False, **kw: seen.append(dot) or real(*a, dot=dot, **kw))
     decoder = kernels_decoder(model, ids, 3, steps=1, max_cache_len=16, graph=False, dot_attention=True)
     assert torch.equal(decoder.generate(ids, 3), decode_naive(model, ids, 3))
     assert seen and all(seen) and len(seen) == 2 * model.config.num_hidden_layers  # two steps, every layer

@@ -78,7 +78,7 @@ def arrival_counters(model, batch: int, device: torch.device | str) -> torch.Ten
     return torch.zeros(batch * model.config.num_key_value_heads, dtype=torch.int32, device=device)
 
 
-KERNEL_OPTIONS = ("dot_attention", "tiles", "early_launch")  # keywords of kernel_step beyond its tensors: a variant of the step
+KERNEL_OPTIONS = ("dot_attention", "tiles", "early_launch", "fill_splits")  # keywords of kernel_step beyond its tensors: a variant of the step
 
 
 def stacked_projections(layer) -> tuple:
@@ -96,7 +96,7 @@ def stacked_projections(layer) -> tuple:
 
 
 def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_attention: bool = True,
-                tiles: bool = True, early_launch: bool = False) -> torch.Tensor:
+                tiles: bool = True, early_launch: bool = False, fill_splits: bool = False) -> torch.Tensor:
     """One decode step: reads ``token`` ``[batch, 1]`` (long), writes the next token into it (in place) and returns it.
 
     ``model``: a supported model (``check_supported``), or its fused copy ``kvlab.fusion.fused_copy(model,
@@ -108,7 +108,8 @@ def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_at
     tile kernel, GEMV kernel or cuBLAS (``gemv(tiles=True)``; False: the GEMV kernel up to ``gemv.GEMV_MAX_ROWS``
     rows, cuBLAS above). The defaults are the fastest in the H200 records (``data/h200_kernel_variants.json``,
     ``data/h200_kernel_tiles.json``). ``early_launch``: with PDL, each kernel lets the next one start at its entry
-    instead of after its wait (``gemv(early_launch=True)``).
+    instead of after its wait (``gemv(early_launch=True)``). ``fill_splits``: attention split over only as many
+    programs per (row, kv head) as fill the GPU once (``rope_cache_attention(fill_splits=True)``).
     Call it in ``torch.inference_mode()``.
     """
     decoder, b = model.model, token.shape[0]
@@ -119,7 +120,8 @@ def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_at
 
     def attention(qkv, attn, cached):  # RoPE, the cache write at the counter, split-K attention: [b, heads * d]
         return rope_cache_attention(qkv, rope.inv_freq, rope.attention_scaling, cached.keys, cached.values,
-                                    position, heads, attn.scaling, done, dot=dot_attention, **early)
+                                    position, heads, attn.scaling, done, dot=dot_attention, fill_splits=fill_splits,
+                                    **early)
 
     x = decoder.embed_tokens(token).view(b, -1)  # [b, hidden]
     for layer, cached in zip(decoder.layers, cache.layers, strict=True):
