@@ -58,8 +58,17 @@ def prefill_mask(start: torch.Tensor, batch: int, bucket: int, slots: int, devic
 
 
 def read_addresses(model) -> tuple:
-    """Address, shape and dtype of every parameter and buffer: what a captured graph reads, by address."""
-    return tuple((t.data_ptr(), tuple(t.shape), t.dtype) for t in (*model.parameters(), *model.buffers()))
+    """Address, shape and dtype of every parameter and buffer: what a captured graph reads, by address. It walks the
+    modules' own dicts: a decoder reads them before every decode, and ``model.parameters()`` (which also drops a tied
+    weight's second name) takes a few times longer, time before the first token."""
+    found, stack = [], [model]
+    while stack:
+        module = stack.pop()
+        for t in (*module._parameters.values(), *module._buffers.values()):
+            if t is not None:
+                found.append((t.data_ptr(), t.shape, t.dtype))
+        stack.extend(child for child in module._modules.values() if child is not None)
+    return tuple(found)
 
 
 def model_step(model, cache, token: torch.Tensor) -> torch.Tensor:
