@@ -134,6 +134,9 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
     _kernels_variant("fill-splits", "attention split over only as many programs per (row, kv head) as fill the GPU "
                      "once (kvlab.kernels.common.fill_splits: one from as many pairs as multiprocessors, so no shares "
                      "to combine) instead of up to kvlab.kernels.common.MAX_SPLITS", fill_splits=True),
+    _kernels_variant("memset-counters", "the down projection's split-K arrival counters zeroed for each call (a "
+                     "memset per layer in the captured graph, between the gate/up and down kernels) instead of kept "
+                     "in the decoder's counters, which every kernel leaves at zero", split_counters=False),
     _kernels_variant("transformers-prefill", "the prefill through the model's transformers forward (captured at the "
                      "same bucket) at every batch, instead of through the step's own kernels (kvlab.kernels.step."
                      "kernel_prefill) where the prompt's rows are at most kvlab.kernels.step.KERNEL_PREFILL_MAX_ROWS",

@@ -21,7 +21,7 @@ from kvlab import fusion
 from kvlab.decoding import decode_naive
 from kvlab.kernels import attention, common, step
 from kvlab.kernels import gemv as gemv_module
-from kvlab.lab.models import tiny_model
+from kvlab.lab.models import random_smollm2, tiny_model
 
 pytestmark = [pytest.mark.skipif(
     importlib.util.find_spec("triton") is None,
@@ -226,6 +226,19 @@ def split_k(check, *args) -> None:
         gemv_module.tile_choice = chosen
 
 
+def check_split_counters(case: str) -> None:
+    """A split tile launch counting its arrivals in given counters (``gemv(counters=...)``) gives exactly the
+    outputs of one with counters made per call and leaves them at zero; counters too few for the launch are not
+    touched (it makes its own)."""
+    x, w, kwargs = gemv_inputs(case, rows=TILE_ROWS)
+    alone = gemv_module.gemv(x, w, **kwargs, tiles=True)
+    cells = -(-x.shape[0] // SPLIT_TILE[0]) * -(-w.shape[0] // SPLIT_TILE[1])
+    for size in (cells, cells + 7, cells - 1):
+        counters = torch.zeros(size, dtype=torch.int32, device=DEVICE)
+        assert torch.equal(gemv_module.gemv(x, w, **kwargs, tiles=True, counters=counters), alone), (case, size)
+        assert not counters.any(), (case, size)
+
+
 ATTENTIONS = {  # batch, heads, kv_heads, slots, head_dim, position (the counter), dtype
     "one-split": (1, 9, 3, 30, 64, 12, torch.float32),
     "three-splits": (2, 4, 2, 70, 16, 33, torch.float32),  # the last program of each kv head combines
@@ -240,6 +253,7 @@ FILL_CASES = ["three-splits", "long-bf16", "many-rows"]  # where fill_splits cha
 # Triton's CPU interpreter multiplies bfloat16 operands of tl.dot wrongly (triton-lang/triton#11584), so there the
 # tl.dot attention is checked in float32 only; on a GPU in both dtypes
 DOT_DTYPES = (torch.float32, torch.bfloat16) if DEVICE == "cuda" else (torch.float32,)
+SPLIT_COUNTER_CASES = [case for case in ("rmsnorm-bias", "silu-mul-residual") if dtype_of(GEMVS[case]) in DOT_DTYPES]
 BF16_DOT_SKIP = ("Triton's CPU interpreter multiplies bfloat16 tl.dot operands wrongly (triton-lang/triton#11584); "
                  "this case runs on a CUDA GPU (python3 -m pytest tests/test_kernels.py there)")
 
@@ -464,6 +478,9 @@ def run_checks() -> dict[str, str]:
                if dtype_of(GEMVS[case]) in DOT_DTYPES}
     checks |= {f"greedy-head-{case}-tiles-split": (split_k, check_greedy_head, case, True) for case in HEADS
                if HEADS[case][-1] in DOT_DTYPES}
+    checks |= {f"tile-split-counters-{case}": (split_k, check_split_counters, case) for case in SPLIT_COUNTER_CASES}
+    checks |= {f"kernel-step-{name}-tiles-split": (split_k, check_kernel_step, name, False, True)
+               for name in KERNEL_STEP_DECODES}
     checks["gemm-dispatch"] = (check_gemm_dispatch,)
     checks |= {f"stacked-gemv-{case}": (check_stacked_gemv, case) for case in GEMVS}
     checks |= {f"stacked-tile-{case}": (check_stacked_gemv, case, True) for case in GEMVS
@@ -615,6 +632,18 @@ def test_split_k_tile_kernel_matches_reference(interpreted, case):
     outcome(interpreted, f"tile-split-{case}", split_k, check_gemv, case, True)
 
 
+@pytest.mark.parametrize("case", SPLIT_COUNTER_CASES)
+def test_split_k_tile_kernel_counts_in_given_counters_and_leaves_them_zero(interpreted, case):
+    outcome(interpreted, f"tile-split-counters-{case}", split_k, check_split_counters, case)
+
+
+@pytest.mark.parametrize("name", KERNEL_STEP_DECODES)
+def test_kernel_step_with_every_matmul_split_shares_the_decoders_counters(interpreted, name):
+    """Every tile launch split along K, counting in the step's ``done`` beside the attention kernel: token-exact,
+    and the counters left at zero (``kernel_step_decode`` asserts it)."""
+    outcome(interpreted, f"kernel-step-{name}-tiles-split", split_k, check_kernel_step, name, False, True)
+
+
 @pytest.mark.parametrize("case", [on_tensor_cores(case, HEADS[case][-1]) for case in HEADS])
 def test_split_k_greedy_head_tiles_match_argmax(interpreted, case):
     outcome(interpreted, f"greedy-head-{case}-tiles-split", split_k, check_greedy_head, case, True)
@@ -731,10 +760,17 @@ def test_kernel_step_in_pytorch_form_is_token_exact(pytorch_form, name):
         assert torch.equal(kernel_step_decode(model, ids, n), decode_naive(model, ids, n)), (name, prompt_len)
 
 
-def test_arrival_counters_are_one_per_batch_row_and_kv_head():
-    model = tiny_model("tiny-llama")
-    done = step.arrival_counters(model, 3, "cpu")
-    assert done.dtype == torch.int32 and done.shape == (3 * model.config.num_key_value_heads,) and not done.any()
+def test_arrival_counters_hold_the_attentions_and_the_split_matmuls_of_every_batch_row():
+    """One per (row, kv head) for attention, and enough for a split tile launch over the hidden size: tiles of at
+    least 16 rows times blocks of at least 16 outputs."""
+    for name in ("tiny-llama", "smollm2"):
+        model = tiny_model("tiny-llama") if name == "tiny-llama" else random_smollm2(layers=1)
+        config = model.config
+        for batch in (1, 3, 64):
+            done = step.arrival_counters(model, batch, "cpu")
+            assert done.dtype == torch.int32 and not done.any(), (name, batch)
+            assert done.numel() >= batch * config.num_key_value_heads, (name, batch)
+            assert done.numel() >= -(-batch // 16) * -(-config.hidden_size // 16), (name, batch)
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-mistral"])
