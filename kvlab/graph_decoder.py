@@ -495,22 +495,32 @@ def prompt_bucket(prompt_len: int, max_cache_len: int) -> int:
 def kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, steps: int = 16,
                     max_cache_len: int | None = None, graph: bool = True, captured_prefill: bool = True,
                     dot_attention: bool = True, tiles: bool = True, early_launch: bool = False,
-                    kernel_prefill: bool = False, copy_weights: bool = True) -> GraphSafeDecoder:
+                    fill_splits: bool = False, split_counters: bool = True, kernel_prefill: bool | None = None,
+                    copy_weights: bool = False) -> GraphSafeDecoder:
     """The decoder ``decode_graph_safe_kernels`` builds for one call: kvlab's kernels for the step
     (``kvlab.kernels.step``), ``steps`` steps per captured graph (a real CUDA graph on a GPU, emulated elsewhere).
     ``captured_prefill``: the prefill is captured too (``prefill_bucket``: ``prompt_bucket`` of this prompt), so the
     first token costs one replay instead of an eager forward that launches every kernel from Python; it serves
     prompts up to that bucket, so build it for the longest prompt it will see.
-    ``dot_attention``, ``tiles``, ``early_launch``: ``kvlab.kernels.step.kernel_step``'s options (attention on tensor
-    cores; the matmuls of 2 rows or more as the measured dispatch picks; each kernel lets the next start at its entry).
+    ``dot_attention``, ``tiles``, ``early_launch``, ``fill_splits``, ``split_counters``:
+    ``kvlab.kernels.step.kernel_step``'s options (attention on tensor cores; the matmuls of 2 rows or more as the
+    measured dispatch picks; each kernel lets the next start at its entry; attention split over only as many
+    programs as fill the GPU once; the split matmuls' arrival counters kept by the decoder, no memset per layer).
     ``kernel_prefill``: the prefill through the same kernels (``kvlab.kernels.step.kernel_prefill``) instead of the
-    fused copy's transformers forward. ``copy_weights=False``: no fused copy; the kernels read the model's own
-    weights (``GraphSafeDecoder``'s option).
+    model's transformers forward; None (default): where the prompt's rows (batch x bucket) are at most
+    ``kvlab.kernels.step.KERNEL_PREFILL_MAX_ROWS``, the most the H200 measured them no slower at.
+    ``copy_weights``: decode a fused copy of the weights (``GraphSafeDecoder``'s option); False (default): the
+    kernels read the model's own weights, as fast on the H200 and without a second copy in memory.
     The defaults are the fastest the H200 records show; the benchmark's ``graph-safe-kernels/...`` variants turn
     each back, or add one."""
     length = cache_length(input_ids, max_new_tokens, max_cache_len)
     bucket = prompt_bucket(input_ids.shape[1], length) if captured_prefill else None
-    options = {"dot_attention": dot_attention, "tiles": tiles, "early_launch": early_launch}
+    if kernel_prefill is None:
+        from .kernels.step import KERNEL_PREFILL_MAX_ROWS
+
+        kernel_prefill = input_ids.shape[0] * (bucket or input_ids.shape[1]) <= KERNEL_PREFILL_MAX_ROWS
+    options = {"dot_attention": dot_attention, "tiles": tiles, "early_launch": early_launch, "fill_splits": fill_splits,
+               "split_counters": split_counters}
     return graph_safe_decoder(model, input_ids, max_new_tokens, max_cache_len=length, steps=steps,
                               step="kernels", graph=graph, prefill_bucket=bucket, kernel_options=options,
                               kernel_prefill=kernel_prefill, copy_weights=copy_weights)

@@ -106,7 +106,9 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
              warm_full=True, steps_per_replay=16, build=compiled_decoder),
     Strategy("graph-safe-kernels", "graph-safe cache, the step as kvlab's own Triton kernels (5 per layer: norm fused "
              "into the GEMVs or, from 2 rows, tl.dot tiles or cuBLAS as measured fastest; RoPE, cache write and "
-             "attention on tensor cores in one), 16 steps per captured graph, the prefill captured too, no torch.compile "
+             "attention on tensor cores in one) reading the model's own weights, 16 steps per captured graph, the "
+             "prefill captured too and through the same kernels up to kvlab.kernels.step.KERNEL_PREFILL_MAX_ROWS "
+             "prompt rows, no torch.compile "
              "(CPU: the same math in PyTorch, graph emulated)", decode_graph_safe_kernels, 6, "graph", sized=True,
              warm_full=True, steps_per_replay=16, build=kernels_decoder),
     _ablation("sdpa-attention", "scaled_dot_product_attention (cuDNN flash attention on the GPU) instead of the Triton "
@@ -129,6 +131,21 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
     _kernels_variant("early-launch", "programmatic dependent launch one kernel deeper: each kernel lets the next "
                      "one start at its entry (kvlab.kernels.common.launch_next_kernel), so a kernel loads its weights while the "
                      "one before it still waits", early_launch=True),
+    _kernels_variant("fill-splits", "attention split over only as many programs per (row, kv head) as fill the GPU "
+                     "once (kvlab.kernels.common.fill_splits: one from as many pairs as multiprocessors, so no shares "
+                     "to combine) instead of up to kvlab.kernels.common.MAX_SPLITS", fill_splits=True),
+    _kernels_variant("memset-counters", "the down projection's split-K arrival counters zeroed for each call (a "
+                     "memset per layer in the captured graph, between the gate/up and down kernels) instead of kept "
+                     "in the decoder's counters, which every kernel leaves at zero", split_counters=False),
+    _kernels_variant("transformers-prefill", "the prefill through the model's transformers forward (captured at the "
+                     "same bucket) at every batch, instead of through the step's own kernels (kvlab.kernels.step."
+                     "kernel_prefill) where the prompt's rows are at most kvlab.kernels.step.KERNEL_PREFILL_MAX_ROWS",
+                     kernel_prefill=False),
+    _kernels_variant("kernel-prefill", "the prefill through the step's own kernels at every batch, also above "
+                     "kvlab.kernels.step.KERNEL_PREFILL_MAX_ROWS prompt rows", kernel_prefill=True),
+    _kernels_variant("fused-copy", "a fused copy of every weight (q/k/v and gate/up concatenated, kvlab.fusion) that "
+                     "the kernels read, instead of the model's own weights read in stacked parts "
+                     "(kvlab.kernels.gemv.Stacked)", copy_weights=True),
     Strategy("graph-safe-speculative", "graph-safe + prompt-lookup speculative decoding: k=4 n-gram drafts from the "
              "prompt and output, verified in one captured graph of k+1 rows", decode_speculative, 7, "graph",
              sized=True, warm_full=True, steps_per_replay=5, build=speculative_decoder),

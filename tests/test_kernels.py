@@ -21,7 +21,7 @@ from kvlab import fusion
 from kvlab.decoding import decode_naive
 from kvlab.kernels import attention, common, step
 from kvlab.kernels import gemv as gemv_module
-from kvlab.lab.models import tiny_model
+from kvlab.lab.models import random_smollm2, tiny_model
 
 pytestmark = [pytest.mark.skipif(
     importlib.util.find_spec("triton") is None,
@@ -226,18 +226,34 @@ def split_k(check, *args) -> None:
         gemv_module.tile_choice = chosen
 
 
+def check_split_counters(case: str) -> None:
+    """A split tile launch counting its arrivals in given counters (``gemv(counters=...)``) gives exactly the
+    outputs of one with counters made per call and leaves them at zero; counters too few for the launch are not
+    touched (it makes its own)."""
+    x, w, kwargs = gemv_inputs(case, rows=TILE_ROWS)
+    alone = gemv_module.gemv(x, w, **kwargs, tiles=True)
+    cells = -(-x.shape[0] // SPLIT_TILE[0]) * -(-w.shape[0] // SPLIT_TILE[1])
+    for size in (cells, cells + 7, cells - 1):
+        counters = torch.zeros(size, dtype=torch.int32, device=DEVICE)
+        assert torch.equal(gemv_module.gemv(x, w, **kwargs, tiles=True, counters=counters), alone), (case, size)
+        assert not counters.any(), (case, size)
+
+
 ATTENTIONS = {  # batch, heads, kv_heads, slots, head_dim, position (the counter), dtype
     "one-split": (1, 9, 3, 30, 64, 12, torch.float32),
     "three-splits": (2, 4, 2, 70, 16, 33, torch.float32),  # the last program of each kv head combines
     "first-token": (1, 4, 2, 70, 16, 0, torch.float32),
     "cache-full": (1, 4, 4, 40, 16, 40, torch.float32),  # written to the trash slot, attends to every slot
     "long-bf16": (1, 9, 3, 1100, 64, 1000, torch.bfloat16),  # several blocks per program
+    "many-rows": (70, 4, 2, 70, 16, 60, torch.float32),  # 140 (row, kv head) pairs: fill_splits gives one program each
 }
+FILL_CASES = ["three-splits", "long-bf16", "many-rows"]  # where fill_splits changes the split plan (on a GPU: many-rows)
 
 
 # Triton's CPU interpreter multiplies bfloat16 operands of tl.dot wrongly (triton-lang/triton#11584), so there the
 # tl.dot attention is checked in float32 only; on a GPU in both dtypes
 DOT_DTYPES = (torch.float32, torch.bfloat16) if DEVICE == "cuda" else (torch.float32,)
+SPLIT_COUNTER_CASES = [case for case in ("rmsnorm-bias", "silu-mul-residual") if dtype_of(GEMVS[case]) in DOT_DTYPES]
 BF16_DOT_SKIP = ("Triton's CPU interpreter multiplies bfloat16 tl.dot operands wrongly (triton-lang/triton#11584); "
                  "this case runs on a CUDA GPU (python3 -m pytest tests/test_kernels.py there)")
 
@@ -247,7 +263,7 @@ def on_tensor_cores(case: str, dtype: torch.dtype):
     return case if dtype in DOT_DTYPES else pytest.param(case, marks=pytest.mark.skip(reason=BF16_DOT_SKIP))
 
 
-def check_rope_cache_attention(case: str, dot: bool = False) -> None:
+def check_rope_cache_attention(case: str, dot: bool = False, fill_splits: bool = False) -> None:
     b, heads, kv_heads, slots, d, position, dtype = ATTENTIONS[case]
     gen = torch.Generator().manual_seed(slots)
     rand = lambda *shape: torch.randn(*shape, generator=gen).to(DEVICE, dtype)  # noqa: E731
@@ -257,7 +273,8 @@ def check_rope_cache_attention(case: str, dot: bool = False) -> None:
     pos = torch.tensor(position, device=DEVICE)
     done = torch.zeros(b * kv_heads, dtype=torch.int32, device=DEVICE)
     k2, v2 = keys.clone(), values.clone()
-    got = attention.rope_cache_attention(qkv, inv_freq, 1.0, keys, values, pos, heads, d**-0.5, done, dot=dot)
+    got = attention.rope_cache_attention(qkv, inv_freq, 1.0, keys, values, pos, heads, d**-0.5, done, dot=dot,
+                                         fill_splits=fill_splits)
     expected = reference(attention.rope_cache_attention, qkv, inv_freq, 1.0, k2, v2, pos, heads, d**-0.5)
     tol = 1e-5 if dtype == torch.float32 else 3e-2
     torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
@@ -461,6 +478,9 @@ def run_checks() -> dict[str, str]:
                if dtype_of(GEMVS[case]) in DOT_DTYPES}
     checks |= {f"greedy-head-{case}-tiles-split": (split_k, check_greedy_head, case, True) for case in HEADS
                if HEADS[case][-1] in DOT_DTYPES}
+    checks |= {f"tile-split-counters-{case}": (split_k, check_split_counters, case) for case in SPLIT_COUNTER_CASES}
+    checks |= {f"kernel-step-{name}-tiles-split": (split_k, check_kernel_step, name, False, True)
+               for name in KERNEL_STEP_DECODES}
     checks["gemm-dispatch"] = (check_gemm_dispatch,)
     checks |= {f"stacked-gemv-{case}": (check_stacked_gemv, case) for case in GEMVS}
     checks |= {f"stacked-tile-{case}": (check_stacked_gemv, case, True) for case in GEMVS
@@ -468,6 +488,8 @@ def run_checks() -> dict[str, str]:
     checks |= {f"rope-cache-attention-{case}": (check_rope_cache_attention, case) for case in ATTENTIONS}
     checks |= {f"rope-cache-attention-{case}-dot": (check_rope_cache_attention, case, True) for case in ATTENTIONS
                if ATTENTIONS[case][-1] in DOT_DTYPES}
+    checks |= {f"rope-cache-attention-{case}-fill": (check_rope_cache_attention, case, False, True)
+               for case in FILL_CASES}
     checks |= {f"greedy-head-{case}": (check_greedy_head, case) for case in HEADS}
     checks |= {f"prefill-attention-{case}": (check_prefill_attention, case) for case in PREFILLS
                if PREFILLS[case][-1] in DOT_DTYPES}
@@ -549,6 +571,25 @@ def test_rope_cache_attention_on_tensor_cores_matches_reference(interpreted, cas
     outcome(interpreted, f"rope-cache-attention-{case}-dot", check_rope_cache_attention, case, True)
 
 
+@pytest.mark.parametrize("case", FILL_CASES)
+def test_rope_cache_attention_filling_the_gpu_once_matches_reference(interpreted, case):
+    """``fill_splits=True``: fewer programs per (row, kv head), each walking more blocks of the cache; in the
+    interpreter, where two cores stand in for the multiprocessors, every case runs one program per pair."""
+    outcome(interpreted, f"rope-cache-attention-{case}-fill", check_rope_cache_attention, case, False, True)
+
+
+def test_fill_splits_gives_each_multiprocessor_one_program():
+    """One program per pair from as many pairs as multiprocessors (a CPU's cores where the kernels are interpreted),
+    enough programs per pair for one wave below."""
+    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    for device in devices:
+        units = (torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda"
+                 else os.cpu_count())
+        assert [common.fill_splits(p, device) for p in (units, 2 * units, 1)] == [1, 1, units], device
+        if units > 1:
+            assert common.fill_splits(units - 1, device) == 2, device
+
+
 @pytest.mark.parametrize("case", list(HEADS))
 def test_greedy_head_kernels_match_argmax(interpreted, case):
     outcome(interpreted, f"greedy-head-{case}", check_greedy_head, case)
@@ -589,6 +630,18 @@ def test_greedy_head_tile_kernels_match_argmax(interpreted, case):
 @pytest.mark.parametrize("case", [on_tensor_cores(case, dtype_of(GEMVS[case])) for case in GEMVS])
 def test_split_k_tile_kernel_matches_reference(interpreted, case):
     outcome(interpreted, f"tile-split-{case}", split_k, check_gemv, case, True)
+
+
+@pytest.mark.parametrize("case", SPLIT_COUNTER_CASES)
+def test_split_k_tile_kernel_counts_in_given_counters_and_leaves_them_zero(interpreted, case):
+    outcome(interpreted, f"tile-split-counters-{case}", split_k, check_split_counters, case)
+
+
+@pytest.mark.parametrize("name", KERNEL_STEP_DECODES)
+def test_kernel_step_with_every_matmul_split_shares_the_decoders_counters(interpreted, name):
+    """Every tile launch split along K, counting in the step's ``done`` beside the attention kernel: token-exact,
+    and the counters left at zero (``kernel_step_decode`` asserts it)."""
+    outcome(interpreted, f"kernel-step-{name}-tiles-split", split_k, check_kernel_step, name, False, True)
 
 
 @pytest.mark.parametrize("case", [on_tensor_cores(case, HEADS[case][-1]) for case in HEADS])
@@ -707,10 +760,17 @@ def test_kernel_step_in_pytorch_form_is_token_exact(pytorch_form, name):
         assert torch.equal(kernel_step_decode(model, ids, n), decode_naive(model, ids, n)), (name, prompt_len)
 
 
-def test_arrival_counters_are_one_per_batch_row_and_kv_head():
-    model = tiny_model("tiny-llama")
-    done = step.arrival_counters(model, 3, "cpu")
-    assert done.dtype == torch.int32 and done.shape == (3 * model.config.num_key_value_heads,) and not done.any()
+def test_arrival_counters_hold_the_attentions_and_the_split_matmuls_of_every_batch_row():
+    """One per (row, kv head) for attention, and enough for a split tile launch over the hidden size: tiles of at
+    least 16 rows times blocks of at least 16 outputs."""
+    for name in ("tiny-llama", "smollm2"):
+        model = tiny_model("tiny-llama") if name == "tiny-llama" else random_smollm2(layers=1)
+        config = model.config
+        for batch in (1, 3, 64):
+            done = step.arrival_counters(model, batch, "cpu")
+            assert done.dtype == torch.int32 and not done.any(), (name, batch)
+            assert done.numel() >= batch * config.num_key_value_heads, (name, batch)
+            assert done.numel() >= -(-batch // 16) * -(-config.hidden_size // 16), (name, batch)
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-mistral"])
@@ -755,6 +815,25 @@ def test_the_captured_prefill_serves_every_prompt_of_its_bucket_and_refuses_a_lo
         decoder.generate(torch.randint(0, 256, (2, 9), generator=gen), 3)
 
 
+def test_kernels_decoder_reads_the_models_weights_and_prefills_through_the_kernels_up_to_the_measured_rows(
+        pytorch_form, monkeypatch):
+    """The strategy's defaults: no fused copy (the decoder runs the caller's model), and the prefill through the
+    kernels while batch x bucket is at most KERNEL_PREFILL_MAX_ROWS, the model's forward above; either way exact."""
+    from kvlab.graph_decoder import kernels_decoder
+
+    model = tiny_model("tiny-llama")
+    gen = torch.Generator().manual_seed(9)
+    monkeypatch.setattr(step, "KERNEL_PREFILL_MAX_ROWS", 16)
+    for batch, prompt_len, captured, through_kernels in ((2, 5, True, True), (3, 5, True, False),  # buckets of 8
+                                                         (3, 5, False, True), (4, 5, False, False)):  # unpadded
+        ids = torch.randint(0, 256, (batch, prompt_len), generator=gen)
+        decoder = kernels_decoder(model, ids, 6, steps=2, max_cache_len=16, captured_prefill=captured)
+        assert decoder.model is model and decoder.kernel_prefill is through_kernels, (batch, captured)
+        assert torch.equal(decoder.generate(ids, 6), decode_naive(model, ids, 6)), (batch, captured)
+    assert kernels_decoder(model, ids, 6, max_cache_len=16, copy_weights=True).model is not model  # the fused copy
+    assert kernels_decoder(model, ids, 6, max_cache_len=16, kernel_prefill=True).kernel_prefill is True  # as asked
+
+
 def test_the_kernel_options_reach_the_attention_and_others_are_refused(pytorch_form, monkeypatch):
     from kvlab.graph_decoder import GraphSafeDecoder, kernels_decoder
 
@@ -762,7 +841,8 @@ def test_the_kernel_options_reach_the_attention_and_others_are_refused(pytorch_f
     ids = torch.randint(0, 256, (1, 4), generator=torch.Generator().manual_seed(8))
     seen = []
     real = step.rope_cache_attention
-    monkeypatch.setattr(step, "rope_cache_attention", lambda *a, dot=False: seen.append(dot) or real(*a, dot=dot))
+    monkeypatch.setattr(step, "rope_cache_attention",
+                        lambda *a, dot=False, **kw: seen.append(dot) or real(*a, dot=dot, **kw))
     decoder = kernels_decoder(model, ids, 3, steps=1, max_cache_len=16, graph=False, dot_attention=True)
     assert torch.equal(decoder.generate(ids, 3), decode_naive(model, ids, 3))
     assert seen and all(seen) and len(seen) == 2 * model.config.num_hidden_layers  # two steps, every layer

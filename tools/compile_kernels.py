@@ -106,7 +106,7 @@ def compile_all(capability: int) -> list[dict]:
     """Compile the kernels path's launches (see the module docstring) -> one row per distinct compiled kernel."""
     from kvlab.fusion import fused_copy
 
-    steps = [{}, {"dot_attention": False}, {"tiles": False}, {"early_launch": True}]
+    steps = [{}, {"dot_attention": False}, {"tiles": False}, {"early_launch": True}, {"fill_splits": True}]
     with compile_only(capability) as compiled:
         for dtype in (torch.bfloat16, torch.float32):  # float32: the token check's
             model = random_smollm2(device="cpu", dtype=dtype, layers=1)

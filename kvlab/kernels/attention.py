@@ -52,11 +52,12 @@ def supports(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: 
             and value.stride() == key.stride() and value.shape == key.shape and mask_ok)
 
 
-def _split_plan(group: int, slots: int, block_l: int | None = None) -> tuple[int, int, int]:
+def _split_plan(group: int, slots: int, block_l: int | None = None,
+                max_splits: int | None = None) -> tuple[int, int, int]:
     """(query heads padded to a power of two, blocks per program, programs) for ``slots`` cache slots in blocks of
-    ``block_l`` (default ``common.BLOCK_L``)."""
+    ``block_l`` (default ``common.BLOCK_L``), at most ``max_splits`` programs (default ``common.MAX_SPLITS``)."""
     blocks = triton.cdiv(slots, block_l or common.BLOCK_L)
-    iters = triton.cdiv(blocks, common.MAX_SPLITS)
+    iters = triton.cdiv(blocks, max_splits or common.MAX_SPLITS)
     return triton.next_power_of_2(group), iters, triton.cdiv(blocks, iters)
 
 
@@ -290,7 +291,8 @@ def _(query, key, value, mask, scale):
 
 def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: float, keys: torch.Tensor,
                          values: torch.Tensor, position: torch.Tensor, heads: int, scale: float,
-                         done: torch.Tensor | None = None, dot: bool = False, early_launch: bool = False) -> torch.Tensor:
+                         done: torch.Tensor | None = None, dot: bool = False, early_launch: bool = False,
+                         fill_splits: bool = False) -> torch.Tensor:
     """One decode token's attention, with RoPE and the cache write -> ``[batch, heads * head_dim]``.
 
     qkv ``[batch, (heads + 2 kv_heads) * d]`` (the projection's output); inv_freq ``[d / 2]`` and rope_scale: the
@@ -302,6 +304,9 @@ def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: 
     blocks of ``common.DOT_BLOCK_L`` slots.
     ``early_launch``: with PDL the next kernel may start once every program of this one has started; the counter is
     then read after the wait (``kvlab.kernels.gemv.gemv``'s option).
+    ``fill_splits``: each (row, kv head) split over at most ``common.fill_splits`` programs, enough for one wave to
+    fill the GPU, instead of ``common.MAX_SPLITS``: from as many pairs as multiprocessors, one program walks the
+    whole cache and no shares are combined.
     Where ``common.available`` is False: the same math in PyTorch (the reference the kernel is tested against).
     """
     b, kv_heads, slots, d = keys.shape[0], keys.shape[1], keys.shape[2] - 1, keys.shape[3]
@@ -310,7 +315,8 @@ def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: 
     _require_cache_layout(qkv, keys, values)
     group = heads // kv_heads
     block_l = common.DOT_BLOCK_L if dot else common.BLOCK_L
-    block_g, iters, splits = _split_plan(group, slots, block_l)
+    most = common.fill_splits(b * kv_heads, keys.device) if fill_splits else None
+    block_g, iters, splits = _split_plan(group, slots, block_l, most)
     block_g = max(block_g, common.DOT_ROWS) if dot else block_g
     out = torch.empty(b, heads * d, dtype=keys.dtype, device=keys.device)
     partial_o, partial_m, partial_l = _partials(b * kv_heads * splits * block_g, d, keys.device)

@@ -67,6 +67,15 @@ def pdl(device: torch.device) -> bool:
     return not INTERPRET and HAS_GDC and gpu_supports(device, PDL)
 
 
+def fill_splits(pairs: int, device: torch.device) -> int:
+    """The most programs per (batch row, kv head) that one wave of an attention launch needs to give every
+    multiprocessor one (``fill_splits=True`` of ``attention.rope_cache_attention``): one from as many pairs as
+    multiprocessors (132 on an H200, so from batch 44 of SmolLM2's 3 kv heads), more for fewer pairs. Where the
+    kernels run interpreted on a CPU, its cores stand in for the multiprocessors."""
+    units = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else os.cpu_count()
+    return max(1, -(-(units or 1) // pairs))
+
+
 def launch_options(device: torch.device) -> dict:
     """Keyword arguments of a kernel launch on ``device``: ``launch_pdl`` where ``pdl(device)``."""
     return {"launch_pdl": True} if pdl(device) else {}

@@ -307,15 +307,17 @@ def stacked_shape(weight: Stacked) -> tuple[int, int]:
 
 def gemv(x: torch.Tensor, weight: Stacked, *, bias: Stacked | None = None, norm: torch.Tensor | None = None,
          eps: float = 1e-6, silu_mul: bool = False, residual: torch.Tensor | None = None,
-         tiles: bool = False, early_launch: bool = False) -> torch.Tensor:
+         tiles: bool = False, early_launch: bool = False, counters: torch.Tensor | None = None) -> torch.Tensor:
     """``prologue(x) @ weight.T (+ bias) (+ residual)`` -> ``[rows, N]``.
 
     x ``[rows, K]`` (``[rows, 2K]`` = [gate | up] with ``silu_mul``); weight ``[N, K]``, or a tuple of up to three
     parts ``[N_i, K]`` stacked along N (``bias`` then in the same parts), read where they are; ``norm``: an RMSNorm weight
     ``[K]`` applied to x first; ``residual [rows, N]`` added last. ``tiles``: 2 rows or more run ``tile_kernel``
     (``kernel_path``). ``early_launch``: with PDL, the next kernel may start when every program of this one has
-    started (``common.launch_next_kernel``), not only after its wait. Otherwise more than ``GEMV_MAX_ROWS`` rows, or no kernels here: the PyTorch form
-    (``F.linear``).
+    started (``common.launch_next_kernel``), not only after its wait. ``counters``: int32 zeros that a tile launch
+    split along K counts its programs' arrivals in (``kvlab.kernels.step.arrival_counters``; the kernel leaves them
+    at zero); None, or fewer than the launch needs: zeros made for the call, a memset in a captured graph.
+    Otherwise more than ``GEMV_MAX_ROWS`` rows, or no kernels here: the PyTorch form (``F.linear``).
     """
     path, tile = _dispatch(x, tiles, stacked_shape(weight))
     if path == "torch":
@@ -331,7 +333,7 @@ def gemv(x: torch.Tensor, weight: Stacked, *, bias: Stacked | None = None, norm:
             y = F.linear(x, weight, bias)
         return y if residual is None else residual + y
     out = torch.empty(x.shape[0], stacked_shape(weight)[0], dtype=parts(weight)[0].dtype, device=x.device)
-    _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, None, tile, early_launch)
+    _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, None, tile, early_launch, counters)
     return out
 
 
@@ -341,7 +343,8 @@ def output_blocks(weight: Stacked, tile: tuple | None) -> int:
     return triton.cdiv(n, tile[1] if tile is not None else gemv_config(n, k)[0])
 
 
-def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index, tile=None, early=False) -> None:
+def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index, tile=None, early=False,
+                 counters=None) -> None:
     """Launch ``gemv_kernel``, or ``tile_kernel`` with ``tile`` (a ``tile_choice`` configuration); with ``index``, the argmax form
     (per-program maxima into out/index, ``output_blocks`` of them per row)."""
     common.require_dense_rows(x=x, residual=residual)
@@ -375,7 +378,9 @@ def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index, til
         part = done = out  # unused unless split
         if splits > 1:  # each program's float32 sums, and one arrival counter per (tile of rows, block of outputs)
             part = torch.empty(tiles * blocks * splits * block_m * block_n, dtype=torch.float32, device=x.device)
-            done = torch.zeros(tiles * blocks, dtype=torch.int32, device=x.device)
+            cells = tiles * blocks
+            done = counters if counters is not None and counters.numel() >= cells else torch.zeros(
+                cells, dtype=torch.int32, device=x.device)
         tile_kernel[(tiles, blocks, splits)](*args, part, done, rows, n, *ends, k, *strides, BLOCK_M=block_m,
                                              BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, num_warps=warps, **flags)
 

@@ -73,12 +73,15 @@ def check_supported(model) -> None:
 
 
 def arrival_counters(model, batch: int, device: torch.device | str) -> torch.Tensor:
-    """The ``done`` tensor of ``kernel_step``: int32 zeros ``[batch * kv_heads]``, the attention kernel's arrival
-    counters (one per batch row and kv head; each kernel leaves them at zero for the next layer)."""
-    return torch.zeros(batch * model.config.num_key_value_heads, dtype=torch.int32, device=device)
+    """The ``done`` tensor of ``kernel_step``: int32 zeros, the arrival counters of the attention kernel (one per
+    batch row and kv head) and of the matmuls split along K (one per tile of at least 16 rows and block of at least
+    16 outputs of the hidden size). The kernels run one after the other and each leaves them at zero."""
+    config = model.config
+    per_row = max(config.num_key_value_heads, -(-config.hidden_size // 16))
+    return torch.zeros(batch * per_row, dtype=torch.int32, device=device)
 
 
-KERNEL_OPTIONS = ("dot_attention", "tiles", "early_launch")  # keywords of kernel_step beyond its tensors: a variant of the step
+KERNEL_OPTIONS = ("dot_attention", "tiles", "early_launch", "fill_splits", "split_counters")  # keywords of kernel_step beyond its tensors: a variant of the step
 
 
 def stacked_projections(layer) -> tuple:
@@ -96,7 +99,8 @@ def stacked_projections(layer) -> tuple:
 
 
 def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_attention: bool = True,
-                tiles: bool = True, early_launch: bool = False) -> torch.Tensor:
+                tiles: bool = True, early_launch: bool = False, fill_splits: bool = False,
+                split_counters: bool = True) -> torch.Tensor:
     """One decode step: reads ``token`` ``[batch, 1]`` (long), writes the next token into it (in place) and returns it.
 
     ``model``: a supported model (``check_supported``), or its fused copy ``kvlab.fusion.fused_copy(model,
@@ -108,7 +112,10 @@ def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_at
     tile kernel, GEMV kernel or cuBLAS (``gemv(tiles=True)``; False: the GEMV kernel up to ``gemv.GEMV_MAX_ROWS``
     rows, cuBLAS above). The defaults are the fastest in the H200 records (``data/h200_kernel_variants.json``,
     ``data/h200_kernel_tiles.json``). ``early_launch``: with PDL, each kernel lets the next one start at its entry
-    instead of after its wait (``gemv(early_launch=True)``).
+    instead of after its wait (``gemv(early_launch=True)``). ``fill_splits``: attention split over only as many
+    programs per (row, kv head) as fill the GPU once (``rope_cache_attention(fill_splits=True)``).
+    ``split_counters``: the matmuls split along K count arrivals in ``done`` too (False: in zeros made per call, a
+    memset per layer in a captured graph, between two kernels that could otherwise overlap).
     Call it in ``torch.inference_mode()``.
     """
     decoder, b = model.model, token.shape[0]
@@ -119,35 +126,43 @@ def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_at
 
     def attention(qkv, attn, cached):  # RoPE, the cache write at the counter, split-K attention: [b, heads * d]
         return rope_cache_attention(qkv, rope.inv_freq, rope.attention_scaling, cached.keys, cached.values,
-                                    position, heads, attn.scaling, done, dot=dot_attention, **early)
+                                    position, heads, attn.scaling, done, dot=dot_attention, fill_splits=fill_splits,
+                                    **early)
 
     x = decoder.embed_tokens(token).view(b, -1)  # [b, hidden]
     for layer, cached in zip(decoder.layers, cache.layers, strict=True):
-        x = layer_kernels(x, layer, cached, attention, tiles=tiles, early_launch=early_launch)  # [b, hidden]
+        x = layer_kernels(x, layer, cached, attention, tiles=tiles, early_launch=early_launch,
+                          counters=done if split_counters else None)  # [b, hidden]
     return greedy_head(x, model.lm_head.weight, decoder.norm.weight, decoder.norm.variance_epsilon, token,
                        position, tiles=tiles, **early)  # [b, 1] the next token, in place; the counter advanced
 
 
-def layer_kernels(x: torch.Tensor, layer, cached, attention, *, tiles: bool = True,
-                  early_launch: bool = False) -> torch.Tensor:
+def layer_kernels(x: torch.Tensor, layer, cached, attention, *, tiles: bool = True, early_launch: bool = False,
+                  counters: torch.Tensor | None = None) -> torch.Tensor:
     """One decoder layer over the rows ``x`` ``[rows, hidden]`` -> ``[rows, hidden]``: its five kernels, the second
     ``attention(qkv, layer.self_attn, cached)`` (``kernel_step``'s over the cache, ``kernel_prefill``'s over the
-    prompt; ``cached``: the layer's cache). ``tiles``, ``early_launch``: as ``kernel_step``'s."""
+    prompt; ``cached``: the layer's cache). ``tiles``, ``early_launch``: as ``kernel_step``'s; ``counters``: the
+    matmuls' arrival counters (``gemv``'s)."""
     attn, mlp = layer.self_attn, layer.mlp
     norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
-    early = {"early_launch": True} if early_launch else {}
+    launch = {"tiles": tiles, "counters": counters} | ({"early_launch": True} if early_launch else {})
     w_qkv, b_qkv, w_gate_up, b_gate_up = stacked_projections(layer)
-    qkv = gemv(x, w_qkv, bias=b_qkv, norm=norm1.weight, eps=norm1.variance_epsilon, tiles=tiles,
-               **early)  # [rows, (heads + 2 kv_heads) * d]
+    qkv = gemv(x, w_qkv, bias=b_qkv, norm=norm1.weight, eps=norm1.variance_epsilon,
+               **launch)  # [rows, (heads + 2 kv_heads) * d]
     out = attention(qkv, attn, cached)  # [rows, heads * d]
-    x = gemv(out, attn.o_proj.weight, bias=attn.o_proj.bias, residual=x, tiles=tiles, **early)  # [rows, hidden]
-    gate_up = gemv(x, w_gate_up, bias=b_gate_up, norm=norm2.weight, eps=norm2.variance_epsilon, tiles=tiles,
-                   **early)  # [rows, 2 * intermediate]
+    x = gemv(out, attn.o_proj.weight, bias=attn.o_proj.bias, residual=x, **launch)  # [rows, hidden]
+    gate_up = gemv(x, w_gate_up, bias=b_gate_up, norm=norm2.weight, eps=norm2.variance_epsilon,
+                   **launch)  # [rows, 2 * intermediate]
     return gemv(gate_up, mlp.down_proj.weight, bias=mlp.down_proj.bias, silu_mul=True, residual=x,
-                tiles=tiles, **early)  # [rows, hidden]
+                **launch)  # [rows, hidden]
 
 
 PREFILL_OPTIONS = ("tiles", "early_launch")  # the options of kernel_step that kernel_prefill takes too
+# The most prompt rows (batch x padded prompt length) that kvlab.graph_decoder.kernels_decoder sends through
+# kernel_prefill by default. On the H200 (data/attempts/h200_prefill_c4365f3.json, a 64-token prompt) the kernels
+# took the first token in 3.9 ms against 5.2 ms for the fused copy's transformers forward at 64 rows, and tied at
+# 1,024 (7.0 against 7.2 ms); at 4,096 they took 19.5 against 13.1 ms: their tiles were chosen for at most 64 rows.
+KERNEL_PREFILL_MAX_ROWS = 1024
 
 
 def kernel_prefill(model, cache, prompt: torch.Tensor, valid: torch.Tensor, token: torch.Tensor, *,
