@@ -511,8 +511,8 @@ def kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, step
     ``kvlab.kernels.step.KERNEL_PREFILL_MAX_ROWS``, the most the H200 measured them no slower at.
     ``copy_weights``: decode a fused copy of the weights (``GraphSafeDecoder``'s option); False (default): the
     kernels read the model's own weights, as fast on the H200 and without a second copy in memory.
-    The defaults are the fastest the H200 records show; the benchmark's ``graph-safe-kernels/...`` variants turn
-    each back, or add one."""
+    The benchmark's ``graph-safe-kernels/...`` variants turn each default back, or add an option
+    (``data/README.md`` lists the records that measure them)."""
     length = cache_length(input_ids, max_new_tokens, max_cache_len)
     bucket = prompt_bucket(input_ids.shape[1], length) if captured_prefill else None
     if kernel_prefill is None:
