@@ -84,12 +84,12 @@ class GraphSafeDecoder:
 
     ``graph=False`` runs the same steps eagerly (the baseline for timings). ``emulate=True`` forces the CPU-style
     emulation of capture also on a GPU (to compare it with the real graph). ``kernel_options``: keywords of the
-    ``"kernels"`` step (``kvlab.kernels.step.KERNEL_OPTIONS``). ``cache``: an empty
+    ``"kernels"`` step (``kvlab.kernels.step.KERNEL_OPTIONS``) and of its prefill (``PREFILL_OPTIONS``). ``cache``: an empty
     ``GraphSafeStaticCache`` to decode into instead of a new one. ``fused``: decode a copy of the model,
     ``kvlab.fusion.fused_copy(model, **fused)`` (the ``"kernels"`` step always does, with ``attention=False``): a
     copy made here, so later edits to ``model``'s weights do not reach it; build a new decoder after an edit.
-    ``kernel_prefill``: the ``"kernels"`` step's prefill through its kernels (``kernel_step``'s ``tiles`` and
-    ``early_launch`` apply to it too). ``copy_weights=False``: the ``"kernels"`` step reads ``model``'s own weights
+    ``kernel_prefill``: the ``"kernels"`` step's prefill through its kernels (``kernel_options``' ``tiles``,
+    ``early_launch`` and ``fill_prefill`` apply to it). ``copy_weights=False``: the ``"kernels"`` step reads ``model``'s own weights
     instead of a fused copy (``kvlab.kernels.step.stacked_projections``): no second copy in memory, and like the
     ``"model"`` step it replays with the weights as they are then (an in-place edit reaches the next decode; a
     weight replaced or moved is refused).
@@ -122,14 +122,14 @@ class GraphSafeDecoder:
         if fused is not None and step == "kernels":
             raise ValueError("the 'kernels' step makes its own fused copy (attention=False): drop fused=")
         if kernel_options:
-            from .kernels.step import KERNEL_OPTIONS
+            from .kernels.step import KERNEL_OPTIONS, PREFILL_OPTIONS
 
             if step != "kernels":
                 raise ValueError("kernel_options sets the 'kernels' step's variant: pass step='kernels' or drop it")
-            unknown = sorted(set(kernel_options) - set(KERNEL_OPTIONS))
+            unknown = sorted(set(kernel_options) - set(KERNEL_OPTIONS) - set(PREFILL_OPTIONS))
             if unknown:
                 raise ValueError(f"unknown kernel_options {unknown}; kvlab.kernels.step.kernel_step takes "
-                                 f"{', '.join(KERNEL_OPTIONS)}")
+                                 f"{', '.join(KERNEL_OPTIONS)} and kernel_prefill {', '.join(PREFILL_OPTIONS)}")
         if (kernel_prefill or not copy_weights) and step != "kernels":
             raise ValueError("kernel_prefill and copy_weights set the 'kernels' step's prefill and weights: pass "
                              "step='kernels' or drop them")
@@ -219,9 +219,10 @@ class GraphSafeDecoder:
     def one_step(self, token: torch.Tensor) -> torch.Tensor:
         """One decode step: reads ``token`` [batch, 1], writes the next token into it, advances the cache's counter."""
         if self.step_kind == "kernels":
-            from .kernels.step import kernel_step
+            from .kernels.step import KERNEL_OPTIONS, kernel_step
 
-            return kernel_step(self.model, self.cache, token, self.done, **self.kernel_options)
+            options = {k: v for k, v in self.kernel_options.items() if k in KERNEL_OPTIONS}
+            return kernel_step(self.model, self.cache, token, self.done, **options)
         return (self.compiled_step or model_step)(self.model, self.cache, token)
 
     def multi_step(self, n: int):
@@ -495,8 +496,8 @@ def prompt_bucket(prompt_len: int, max_cache_len: int) -> int:
 def kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, steps: int = 16,
                     max_cache_len: int | None = None, graph: bool = True, captured_prefill: bool = True,
                     dot_attention: bool = True, tiles: bool = True, early_launch: bool = False,
-                    fill_splits: bool = False, split_counters: bool = True, kernel_prefill: bool | None = None,
-                    copy_weights: bool = False) -> GraphSafeDecoder:
+                    fill_splits: bool = True, split_counters: bool = True, kernel_prefill: bool | None = None,
+                    fill_prefill: bool = True, copy_weights: bool = False) -> GraphSafeDecoder:
     """The decoder ``decode_graph_safe_kernels`` builds for one call: kvlab's kernels for the step
     (``kvlab.kernels.step``), ``steps`` steps per captured graph (a real CUDA graph on a GPU, emulated elsewhere).
     ``captured_prefill``: the prefill is captured too (``prefill_bucket``: ``prompt_bucket`` of this prompt), so the
@@ -508,7 +509,8 @@ def kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, step
     programs as fill the GPU once; the split matmuls' arrival counters kept by the decoder, no memset per layer).
     ``kernel_prefill``: the prefill through the same kernels (``kvlab.kernels.step.kernel_prefill``) instead of the
     model's transformers forward; None (default): where the prompt's rows (batch x bucket) are at most
-    ``kvlab.kernels.step.KERNEL_PREFILL_MAX_ROWS``, the most the H200 measured them no slower at.
+    ``kvlab.kernels.step.KERNEL_PREFILL_MAX_ROWS``, the most the H200 measured them no slower at. ``fill_prefill``:
+    ``kernel_prefill``'s (its attention in fewer query rows per program where its tiles would not fill the GPU).
     ``copy_weights``: decode a fused copy of the weights (``GraphSafeDecoder``'s option); False (default): the
     kernels read the model's own weights, as fast on the H200 and without a second copy in memory.
     The benchmark's ``graph-safe-kernels/...`` variants turn each default back, or add an option
@@ -520,7 +522,7 @@ def kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, step
 
         kernel_prefill = input_ids.shape[0] * (bucket or input_ids.shape[1]) <= KERNEL_PREFILL_MAX_ROWS
     options = {"dot_attention": dot_attention, "tiles": tiles, "early_launch": early_launch, "fill_splits": fill_splits,
-               "split_counters": split_counters}
+               "split_counters": split_counters, "fill_prefill": fill_prefill}
     return graph_safe_decoder(model, input_ids, max_new_tokens, max_cache_len=length, steps=steps,
                               step="kernels", graph=graph, prefill_bucket=bucket, kernel_options=options,
                               kernel_prefill=kernel_prefill, copy_weights=copy_weights)

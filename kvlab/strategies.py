@@ -131,9 +131,14 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
     _kernels_variant("early-launch", "programmatic dependent launch one kernel deeper: each kernel lets the next "
                      "one start at its entry (kvlab.kernels.common.launch_next_kernel), so a kernel loads its weights while the "
                      "one before it still waits", early_launch=True),
-    _kernels_variant("fill-splits", "attention split over only as many programs per (row, kv head) as fill the GPU "
-                     "once (kvlab.kernels.common.fill_splits: one from as many pairs as multiprocessors, so no shares "
-                     "to combine) instead of up to kvlab.kernels.common.MAX_SPLITS", fill_splits=True),
+    _kernels_variant("max-splits", "attention split over up to kvlab.kernels.common.MAX_SPLITS programs per (row, kv "
+                     "head) at every batch, their shares combined, instead of only as many as fill the GPU once "
+                     "(kvlab.kernels.common.fill_splits: one program per pair once the pairs fill the multiprocessors)",
+                     fill_splits=False),
+    _kernels_variant("wide-prefill-tiles", "the prefill attention in kvlab.kernels.attention.PREFILL_TILE's query rows "
+                     "per program at every size, instead of fewer where the prompt's tiles would leave multiprocessors "
+                     "idle (kvlab.kernels.attention.prefill_rows: a 64-token prompt at batch 1 runs 48 programs of 16 "
+                     "rows instead of 12 of 64)", fill_prefill=False),
     _kernels_variant("memset-counters", "the down projection's split-K arrival counters zeroed for each call (a "
                      "memset per layer in the captured graph, between the gate/up and down kernels) instead of kept "
                      "in the decoder's counters, which every kernel leaves at zero", split_counters=False),

@@ -222,7 +222,7 @@ def test_reset_is_in_place_and_the_old_recipes_reset_is_out_of_range(prompt):
         counter = cache.cache_position
         cache.reset()
     assert cache.fingerprint() == before and cache.cache_position is counter and int(counter) == 0
-    assert all(layer.keys.abs().sum() == 0 for layer in cache.layers)
+    assert all(layer.keys.abs().sum() == 0 and layer.values.abs().sum() == 0 for layer in cache.layers)
     # the old recipe's literal reset on a vanilla 5.24 StaticCache: the next write targets slot max_cache_len, which does not exist
     vanilla = StaticCache(config=model.config, max_cache_len=24)
     with torch.inference_mode():

@@ -189,3 +189,23 @@ def test_allocated_by_counts_the_allocators_blocks_on_cuda_and_nothing_elsewhere
     made, grew = measure.allocated_by(lambda: torch.empty(1024, 1024, device=device), device)  # 4 MiB of float32
     assert made.shape == (1024, 1024)
     assert grew == (4 * 2**20 if device == "cuda" else None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="cuBLAS workspaces exist only on a CUDA GPU: run the suite "
+                    "there (python3 tools/gpu_check.py --parts tests)")
+def test_free_unreferenced_drops_the_cublas_workspace_a_capture_stream_left():
+    """A matmul on a stream of its own (as every capture's warm-up runs) leaves a cuBLAS workspace allocated; the
+    benchmark frees it between strategies, or the next strategy's peak would count it."""
+    device = torch.device("cuda")
+    measure.free_unreferenced(device)
+    before = torch.cuda.memory_allocated(device)
+    a = torch.randn(64, 64, device=device)
+    side = torch.cuda.Stream(device)
+    with torch.cuda.stream(side):
+        a = a @ a
+    torch.cuda.synchronize(device)
+    a = None
+    left = torch.cuda.memory_allocated(device) - before
+    assert left > 0, "no workspace left behind: the mechanism this test guards against is gone"
+    measure.free_unreferenced(device)
+    assert torch.cuda.memory_allocated(device) == before, (left, torch.cuda.memory_allocated(device) - before)

@@ -69,15 +69,16 @@ def compile_only(capability: int):
             compiled.append((self.fn.__name__, self.run(*args, grid=grid, warmup=True, **kwargs)))
         return run
 
-    saved = (JITFunction.__getitem__, common.available, common.pdl)
+    saved = (JITFunction.__getitem__, common.available, common.pdl, common.units)
     driver.set_active(StandIn())
     JITFunction.__getitem__ = launch
     common.available = lambda x: True
     common.pdl = lambda device: capability >= 90 and common.HAS_GDC
+    common.units = lambda device: 132  # an H100's or H200's multiprocessors: the launches fill_splits plans there
     try:
         yield compiled
     finally:  # the driver stays the stand-in: this process compiles, and exits
-        JITFunction.__getitem__, common.available, common.pdl = saved
+        JITFunction.__getitem__, common.available, common.pdl, common.units = saved
 
 
 def new_cache(model, batch: int, slots: int = 320) -> GraphSafeStaticCache:
@@ -99,14 +100,16 @@ def launch_everything(model, fused, batches, options, prefill_rows: int) -> None
                     step.kernel_step(weights, new_cache(weights, b), token, step.arrival_counters(weights, b, "cpu"),
                                      **option)
             prompt, valid = torch.zeros(1, prefill_rows, dtype=torch.long), torch.tensor(prefill_rows - 3)
-            step.kernel_prefill(weights, new_cache(weights, 1), prompt, valid, torch.zeros(1, 1, dtype=torch.long))
+            for fill in (True, False):  # the attention's tiles: fewer rows where they would not fill the GPU, or all
+                step.kernel_prefill(weights, new_cache(weights, 1), prompt, valid, torch.zeros(1, 1, dtype=torch.long),
+                                    fill_prefill=fill)
 
 
 def compile_all(capability: int) -> list[dict]:
     """Compile the kernels path's launches (see the module docstring) -> one row per distinct compiled kernel."""
     from kvlab.fusion import fused_copy
 
-    steps = [{}, {"dot_attention": False}, {"tiles": False}, {"early_launch": True}, {"fill_splits": True}]
+    steps = [{}, {"dot_attention": False}, {"tiles": False}, {"early_launch": True}, {"fill_splits": False}]
     with compile_only(capability) as compiled:
         for dtype in (torch.bfloat16, torch.float32):  # float32: the token check's
             model = random_smollm2(device="cpu", dtype=dtype, layers=1)

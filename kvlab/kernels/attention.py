@@ -42,6 +42,17 @@ ATTENTION_WARPS = 4  # warps per program of every attention kernel (Triton's def
 PREFILL_TILE = {2: (64, 64), 4: (32, 32)}
 
 
+def prefill_rows(pairs: int, t: int, block_g: int, most: int, device: torch.device) -> int:
+    """Query rows per program of the prefill attention (``fill_prefill=True``): ``most`` (``PREFILL_TILE``'s), halved
+    while the launch would give fewer programs than one wave fills (``common.units``) and a tile keeps at least
+    ``common.DOT_ROWS`` rows. A 64-token prompt at batch 1 (SmolLM2: 3 kv heads, groups of 3 padded to 4) then runs
+    48 programs of 16 rows instead of 12 of 64; from batch 16 the 64-row tiles already fill an H100 or H200."""
+    rows = most
+    while rows > common.DOT_ROWS and pairs * -(-t // max(1, rows // block_g)) < common.units(device):
+        rows //= 2
+    return rows
+
+
 def supports(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None) -> bool:
     """Shapes ``decode_attention`` handles: one query token, head_dim a power of two, rows contiguous, keys and values
     laid out alike, and a boolean mask ``[batch or 1, 1, 1, slots]`` (or none)."""
@@ -301,7 +312,7 @@ def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: 
     cache's counter, a 0-dim tensor); attends to the slots ``<= position``.
     ``done``: int32 zeros ``[batch * kv_heads]``, the kernel's arrival counters (it leaves them at zero).
     ``dot``: scores and P.V as ``tl.dot`` over the group padded to ``common.DOT_ROWS`` rows (``common.attend``), in
-    blocks of ``common.DOT_BLOCK_L`` slots.
+    blocks of ``common.DOT_BLOCK_L`` slots (half that in float32).
     ``early_launch``: with PDL the next kernel may start once every program of this one has started; the counter is
     then read after the wait (``kvlab.kernels.gemv.gemv``'s option).
     ``fill_splits``: each (row, kv head) split over at most ``common.fill_splits`` programs, enough for one wave to
@@ -315,6 +326,8 @@ def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: 
     _require_cache_layout(qkv, keys, values)
     group = heads // kv_heads
     block_l = common.DOT_BLOCK_L if dot else common.BLOCK_L
+    if dot and keys.element_size() == 4:  # float32 (the token check's) in half the slots: a program walking several
+        block_l //= 2  # blocks of 128 (fill_splits) needs 172 KiB of shared memory, more than an sm_86/sm_89 GPU has
     most = common.fill_splits(b * kv_heads, keys.device) if fill_splits else None
     block_g, iters, splits = _split_plan(group, slots, block_l, most)
     block_g = max(block_g, common.DOT_ROWS) if dot else block_g
@@ -371,7 +384,7 @@ def _reference(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: float, key
 
 def rope_cache_prefill_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: float, keys: torch.Tensor,
                                  values: torch.Tensor, position: torch.Tensor, valid: torch.Tensor, heads: int,
-                                 scale: float, early_launch: bool = False) -> torch.Tensor:
+                                 scale: float, early_launch: bool = False, fill_prefill: bool = False) -> torch.Tensor:
     """A prompt's attention, with RoPE and the cache writes -> ``[batch * T, heads * head_dim]``.
 
     qkv ``[batch * T, (heads + 2 kv_heads) * d]``: the projection of a prompt padded to T tokens, row ``b * T + t``
@@ -379,7 +392,9 @@ def rope_cache_prefill_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope
     tensor, how many of the T rows are the prompt's. Those rows' keys (after RoPE) and values are written into
     ``keys``/``values`` (a graph-safe layer's buffers ``[batch, kv_heads, slots + 1, d]``), and every row attends to
     the slots up to its own position (a padded row to the last valid one; its output is never used).
-    ``early_launch``: as ``rope_cache_attention``'s. Where ``common.available`` is False: the same math in PyTorch.
+    ``early_launch``: as ``rope_cache_attention``'s. ``fill_prefill``: fewer query rows per program where
+    ``PREFILL_TILE``'s would leave multiprocessors idle (``prefill_rows``). Where ``common.available`` is False: the
+    same math in PyTorch.
     """
     b, kv_heads, slots, d = keys.shape[0], keys.shape[1], keys.shape[2] - 1, keys.shape[3]
     if not common.available(qkv):
@@ -388,6 +403,8 @@ def rope_cache_prefill_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope
     group, t = heads // kv_heads, qkv.shape[0] // b
     block_g = triton.next_power_of_2(group)
     rows, block_l = PREFILL_TILE[keys.element_size()]
+    if fill_prefill:
+        rows = prefill_rows(b * kv_heads, t, block_g, rows, keys.device)
     block_t = max(1, rows // block_g)
     out = torch.empty(b * t, heads * d, dtype=keys.dtype, device=keys.device)
     _prefill_attention_kernel[(b * kv_heads, triton.cdiv(t, block_t))](

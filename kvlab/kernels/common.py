@@ -67,13 +67,18 @@ def pdl(device: torch.device) -> bool:
     return not INTERPRET and HAS_GDC and gpu_supports(device, PDL)
 
 
+def units(device: torch.device) -> int:
+    """The programs one wave of a launch needs to give every unit of ``device`` one: its multiprocessors (132 on an
+    H100 or H200); where the kernels run interpreted on a CPU, its cores stand in for them."""
+    count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else os.cpu_count()
+    return count or 1
+
+
 def fill_splits(pairs: int, device: torch.device) -> int:
     """The most programs per (batch row, kv head) that one wave of an attention launch needs to give every
     multiprocessor one (``fill_splits=True`` of ``attention.rope_cache_attention``): one from as many pairs as
-    multiprocessors (132 on an H200, so from batch 44 of SmolLM2's 3 kv heads), more for fewer pairs. Where the
-    kernels run interpreted on a CPU, its cores stand in for the multiprocessors."""
-    units = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else os.cpu_count()
-    return max(1, -(-(units or 1) // pairs))
+    multiprocessors (132 on an H200, so from batch 44 of SmolLM2's 3 kv heads), more for fewer pairs."""
+    return max(1, -(-units(device) // pairs))
 
 
 def launch_options(device: torch.device) -> dict:

@@ -99,7 +99,7 @@ def stacked_projections(layer) -> tuple:
 
 
 def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_attention: bool = True,
-                tiles: bool = True, early_launch: bool = False, fill_splits: bool = False,
+                tiles: bool = True, early_launch: bool = False, fill_splits: bool = True,
                 split_counters: bool = True) -> torch.Tensor:
     """One decode step: reads ``token`` ``[batch, 1]`` (long), writes the next token into it (in place) and returns it.
 
@@ -113,7 +113,8 @@ def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_at
     rows, cuBLAS above). Each default is measured against its variant in ``data/h100_kernel_variants.json`` and
     ``data/h100_kernel_tiles.json``. ``early_launch``: with PDL, each kernel lets the next one start at its entry
     instead of after its wait (``gemv(early_launch=True)``). ``fill_splits``: attention split over only as many
-    programs per (row, kv head) as fill the GPU once (``rope_cache_attention(fill_splits=True)``).
+    programs per (row, kv head) as fill the GPU once (``rope_cache_attention(fill_splits=True)``; False: up to
+    ``common.MAX_SPLITS`` at every batch, shares combined even where the pairs alone fill the GPU).
     ``split_counters``: the matmuls split along K count arrivals in ``done`` too (False: in zeros made per call, a
     memset per layer in a captured graph, between two kernels that could otherwise overlap).
     Call it in ``torch.inference_mode()``.
@@ -157,7 +158,7 @@ def layer_kernels(x: torch.Tensor, layer, cached, attention, *, tiles: bool = Tr
                 **launch)  # [rows, hidden]
 
 
-PREFILL_OPTIONS = ("tiles", "early_launch")  # the options of kernel_step that kernel_prefill takes too
+PREFILL_OPTIONS = ("tiles", "early_launch", "fill_prefill")  # kernel_prefill's: two of kernel_step's, and its own
 # The most prompt rows (batch x padded prompt length) that kvlab.graph_decoder.kernels_decoder sends through
 # kernel_prefill by default. On the H200 (data/attempts/h200_prefill_c4365f3.json, a 64-token prompt) the kernels
 # took the first token in 3.9 ms against 5.2 ms for the fused copy's transformers forward at 64 rows, and tied at
@@ -166,14 +167,16 @@ KERNEL_PREFILL_MAX_ROWS = 1024
 
 
 def kernel_prefill(model, cache, prompt: torch.Tensor, valid: torch.Tensor, token: torch.Tensor, *,
-                   tiles: bool = True, early_launch: bool = False) -> torch.Tensor:
+                   tiles: bool = True, early_launch: bool = False, fill_prefill: bool = True) -> torch.Tensor:
     """The prefill through the step's kernels: writes the first new token into ``token`` ``[batch, 1]`` and returns it.
 
     ``prompt`` ``[batch, T]`` (long): a prompt padded to T tokens, of which the first ``valid`` (a 0-dim long tensor)
     count; their keys and values are written into ``cache`` from its counter on, and the counter advances by
     ``valid`` (one graph captured at T serves every length up to T). ``model``, ``cache``: as ``kernel_step``'s, the
     cache's buffers allocated (``cache.early_initialization``). ``tiles``, ``early_launch``: as ``kernel_step``'s;
-    the attention always runs on ``tl.dot`` tiles. Call it in ``torch.inference_mode()``.
+    the attention always runs on ``tl.dot`` tiles, with fewer query rows per program where the prompt's tiles would
+    not fill the GPU (``fill_prefill``; ``kvlab.kernels.attention.prefill_rows``). Call it in
+    ``torch.inference_mode()``.
     """
     decoder, (b, t) = model.model, prompt.shape
     heads = model.config.num_attention_heads
@@ -183,7 +186,7 @@ def kernel_prefill(model, cache, prompt: torch.Tensor, valid: torch.Tensor, toke
 
     def attention(qkv, attn, cached):  # RoPE, the prompt's cache writes, causal attention: [b T, heads * d]
         return rope_cache_prefill_attention(qkv, rope.inv_freq, rope.attention_scaling, cached.keys, cached.values,
-                                            position, valid, heads, attn.scaling, **early)
+                                            position, valid, heads, attn.scaling, fill_prefill=fill_prefill, **early)
 
     x = decoder.embed_tokens(prompt).view(b * t, -1)  # [b T, hidden]: the prompt's rows are the matmuls' rows
     for layer, cached in zip(decoder.layers, cache.layers, strict=True):

@@ -388,10 +388,15 @@ def cache_bytes(cache) -> int:
 
 
 def free_unreferenced(device) -> None:
-    """Collect what only reference cycles keep (a compiled step, a decoder's graphs) and hand CUDA's cached blocks
-    back, so the next memory reading is of what is alive. Never call it during a capture."""
+    """Collect what only reference cycles keep (a compiled step, a decoder's graphs), drop cuBLAS's workspaces and
+    hand CUDA's cached blocks back, so the next memory reading is of what is alive. Never call it during a capture.
+
+    cuBLAS's workspaces: PyTorch allocates one per (cuBLAS handle, stream) through the caching allocator and keeps it
+    for the life of the process. Every capture warms up on a stream of its own, so each decoder that ran a cuBLAS
+    matmul left 32 MiB or more allocated behind it, and a later path's peak counted them as its own."""
     gc.collect()
     if torch.device(device).type == "cuda":
+        torch._C._cuda_clearCublasWorkspaces()  # no public name; PyTorch's own leak check calls it the same way
         torch.cuda.empty_cache()
 
 
