@@ -110,8 +110,8 @@ def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_at
     ``dot_attention``: attention's scores and P.V as ``tl.dot`` (``rope_cache_attention(dot=True)``; False: as
     broadcast multiply-and-sum). ``tiles``: the matmuls of 2 rows or more through ``gemv.TILE_DISPATCH``'s choice of
     tile kernel, GEMV kernel or cuBLAS (``gemv(tiles=True)``; False: the GEMV kernel up to ``gemv.GEMV_MAX_ROWS``
-    rows, cuBLAS above). Each default is measured against its variant in ``data/h100_kernel_variants.json`` and
-    ``data/h100_kernel_tiles.json``. ``early_launch``: with PDL, each kernel lets the next one start at its entry
+    rows, cuBLAS above). Each default is measured against its variant in ``data/h200_kernel_variants.json`` and
+    ``data/h200_kernel_tiles.json``. ``early_launch``: with PDL, each kernel lets the next one start at its entry
     instead of after its wait (``gemv(early_launch=True)``). ``fill_splits``: attention split over only as many
     programs per (row, kv head) as fill the GPU once (``rope_cache_attention(fill_splits=True)``; False: up to
     ``common.MAX_SPLITS`` at every batch, shares combined even where the pairs alone fill the GPU).
