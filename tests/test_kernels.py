@@ -299,19 +299,23 @@ PREFILLS = {  # batch, heads, kv_heads, slots, head_dim, prompt rows T, valid ro
     "after-cached-slots": (2, 4, 2, 150, 16, 40, 33, 70, torch.float32),  # slots before the prompt, several tiles
     "no-gqa": (1, 8, 8, 40, 32, 8, 3, 5, torch.float32),  # one query head per kv head: a tile of 64 positions
     "bf16": (2, 9, 3, 300, 64, 128, 100, 0, torch.bfloat16),
+    "prompt-past-the-cache": (1, 9, 3, 90, 64, 64, 50, 60, torch.float32),  # 20 of its rows have no slot
+    "counter-past-the-cache": (2, 4, 2, 70, 16, 40, 33, 150, torch.float32),  # a prefill replayed without a reset
 }
 
 
 def check_prefill_attention(case: str, fill: bool = False) -> None:
     """``rope_cache_prefill_attention`` equals its PyTorch form on the prompt's rows and writes the same keys and
-    values; padded rows stay finite; nothing past the prompt is written. ``fill``: ``fill_prefill=True`` (run it under
-    ``many_units``: its tiles then shrink to the fewest rows)."""
+    values; padded rows stay finite; nothing past the prompt is written. The cache's buffers are views into larger
+    ones of NaN, so a read past their slots (the counter or the prompt past the cache's end) would show in the
+    output. ``fill``: ``fill_prefill=True`` (run it under ``many_units``: its tiles then shrink to the fewest rows)."""
     b, heads, kv_heads, slots, d, t, valid, start, dtype = PREFILLS[case]
     gen = torch.Generator().manual_seed(slots + t)
     rand = lambda *shape: torch.randn(*shape, generator=gen).to(DEVICE, dtype)  # noqa: E731
     qkv = rand(b * t, (heads + 2 * kv_heads) * d)
     inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, device=DEVICE).float() / d))
-    keys, values = rand(b, kv_heads, slots + 1, d), rand(b, kv_heads, slots + 1, d)
+    keys, values = (torch.full((b, kv_heads, max(slots, start + t) + 1, d), float("nan"), dtype=dtype, device=DEVICE)
+                    [:, :, : slots + 1].copy_(rand(b, kv_heads, slots + 1, d)) for _ in range(2))
     k2, v2 = keys.clone(), values.clone()
     pos, n = torch.tensor(start, device=DEVICE), torch.tensor(valid, device=DEVICE)
     assert common.available(qkv), "the kernel does not run here: the check would test the PyTorch form against itself"

@@ -245,14 +245,18 @@ if triton is not None:
         tl.store(KC + write, k_new.to(dt), mask=new)
         tl.store(VC + write, v_new, mask=new)
         m, s_exp, acc = softmax_start(BLOCK_T * BLOCK_G, D)
-        for s0 in range(0, start, BLOCK_L):  # the slots before the prompt: from the cache
+        # Past the cache's end (a counter not reset, a prompt too long: no host check runs inside a graph) nothing is
+        # read beyond its slots, and the prompt's rows without a slot are not attended, as in the PyTorch form.
+        before = tl.minimum(start, slots)
+        for s0 in range(0, before, BLOCK_L):  # the slots before the prompt: from the cache
             slot = s0 + tl.arange(0, BLOCK_L)
-            seen = slot < start
+            seen = slot < before
             offs = cache + slot[:, None] * stride_kl + d  # [L, D]
             k = tl.load(KC + offs, mask=seen[:, None], other=0.0).to(tl.float32)
             v = tl.load(VC + offs, mask=seen[:, None], other=0.0).to(tl.float32)
             m, s_exp, acc = attend(q, k, v, seen[None, :], seen, m, s_exp, acc, scale, True, dt)
-        end = tl.minimum((tile + 1) * BLOCK_T, valid)  # the prompt's rows this tile sees: from q/k/v, not the cache
+        # The prompt's rows this tile sees, from q/k/v (not the cache), and only those the cache has slots for.
+        end = tl.minimum(tl.minimum((tile + 1) * BLOCK_T, valid), slots - start)
         for r0 in range(0, end, BLOCK_L):  # (names apart from the tile's above: a loop keeps each name's type)
             row = r0 + tl.arange(0, BLOCK_L)  # [L] prompt rows, at slots start + row
             seen = row < end
@@ -391,8 +395,9 @@ def rope_cache_prefill_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope
     at position ``position + t`` (``position``: the cache's counter, not advanced here); ``valid``: a 0-dim long
     tensor, how many of the T rows are the prompt's. Those rows' keys (after RoPE) and values are written into
     ``keys``/``values`` (a graph-safe layer's buffers ``[batch, kv_heads, slots + 1, d]``), and every row attends to
-    the slots up to its own position (a padded row to the last valid one; its output is never used).
-    ``early_launch``: as ``rope_cache_attention``'s. ``fill_prefill``: fewer query rows per program where
+    the slots up to its own position (a padded row to the last valid one; its output is never used). Rows past the
+    cache's end (a counter not reset before a replay) go to the trash slot and are not attended; nothing past it is
+    read. ``early_launch``: as ``rope_cache_attention``'s. ``fill_prefill``: fewer query rows per program where
     ``PREFILL_TILE``'s would leave multiprocessors idle (``prefill_rows``). Where ``common.available`` is False: the
     same math in PyTorch.
     """
