@@ -68,7 +68,8 @@ def check_inputs(model, input_ids: torch.Tensor, max_new_tokens: int) -> None:
     if input_ids.device != device:
         raise ValueError(f"input_ids are on {input_ids.device} but the model is on {device}: call input_ids.to({str(device)!r})")
     vocab = model.config.get_text_config().vocab_size
-    if int(input_ids.max()) >= vocab or int(input_ids.min()) < 0:
+    low, high = torch.stack(torch.aminmax(input_ids)).tolist()  # one host read, not two (on a GPU: a sync each)
+    if high >= vocab or low < 0:
         raise ValueError(f"input_ids hold ids outside the model's vocabulary [0, {vocab}): was the prompt tokenized for another model?")
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit is not None and input_ids.shape[1] + max_new_tokens > limit:

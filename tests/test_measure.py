@@ -1,6 +1,7 @@
 """kvlab.lab.measure: per-step timing, warm-up apart, memory, and the record every measurement carries."""
 
 import json
+import statistics
 import time
 from collections import Counter
 
@@ -50,6 +51,14 @@ def test_time_decode_subtracts_the_prefill_and_keeps_the_warmup_apart():
     # warm-up (4), the one-token call's own untimed first use, then T(1) and T(5) in turns, twice each
     assert timing.step_seconds is None and timing.batch == 3 and timing.new_tokens == 5
     assert timing.ms_per_token == pytest.approx(1e3 * (timing.total_seconds - timing.prefill_seconds) / 4)
+    # each repeat is kept, in the order run, and the record shows them beside their medians
+    assert len(timing.prefill_runs) == len(timing.total_runs) == 2
+    assert timing.prefill_seconds == pytest.approx(statistics.median(timing.prefill_runs))
+    assert timing.total_seconds == pytest.approx(statistics.median(timing.total_runs))
+    assert all(t1 < tn for t1, tn in zip(timing.prefill_runs, timing.total_runs, strict=True))  # 2 ms vs 10 ms sleeps
+    record = timing.record()
+    assert record["prefill_ms_runs"] == pytest.approx([1e3 * t for t in timing.prefill_runs])
+    assert record["total_ms_runs"] == pytest.approx([1e3 * t for t in timing.total_runs])
 
 
 def test_time_decode_refuses_what_it_cannot_time(model):

@@ -63,6 +63,8 @@ class DecodeTiming:
     step_seconds: list[float] | None  # per_step=True: median time of each step, step 0 = prefill + first token
     peak_memory_bytes: int  # during the T(n) runs (CUDA: allocator peak; CPU: the process's peak RSS)
     env: dict
+    prefill_runs: list[float] = field(default_factory=list)  # each repeat's T(1), in the order run
+    total_runs: list[float] = field(default_factory=list)  # each repeat's T(n)
 
     @property
     def seconds_per_step(self) -> float:
@@ -87,7 +89,9 @@ class DecodeTiming:
         """The numbers as a JSON-ready dict (ms, MB)."""
         return {"warmup_s": self.warmup_seconds, "prefill_ms": 1e3 * self.prefill_seconds,
                 "total_ms": 1e3 * self.total_seconds, "ms_per_token": self.ms_per_token,
-                "tokens_per_s": self.tokens_per_s, "peak_memory_mb": self.peak_memory_bytes / 2**20}
+                "tokens_per_s": self.tokens_per_s, "peak_memory_mb": self.peak_memory_bytes / 2**20,
+                "prefill_ms_runs": [1e3 * t for t in self.prefill_runs],
+                "total_ms_runs": [1e3 * t for t in self.total_runs]}
 
 
 def _check_timing_args(new_tokens, repeats, warmup_tokens) -> None:
@@ -122,9 +126,8 @@ def time_decode(run: Callable[[int, OnToken], torch.Tensor], new_tokens: int, de
         raise ValueError(f"{label or 'run'} called on_token {len(clocked[0])} times for {tokens.shape[1]} tokens: "
                          "per_step needs a run that calls on_token once per token")
     steps = [statistics.median(col) for col in zip(*clocked, strict=True)]
-    prefill = statistics.median(times[0] for times in clocked)
-    total = statistics.median(sum(times) for times in clocked)
-    return _timing(label, tokens, new_tokens, warmup, prefill, total, steps, peak_memory_bytes(device), device)
+    prefills, totals = [times[0] for times in clocked], [sum(times) for times in clocked]
+    return _timing(label, tokens, new_tokens, warmup, prefills, totals, steps, peak_memory_bytes(device), device)
 
 
 def time_decodes(runs: dict[str, Callable[[int, OnToken], torch.Tensor]], new_tokens: int, device, *,
@@ -154,12 +157,14 @@ def time_decodes(runs: dict[str, Callable[[int, OnToken], torch.Tensor]], new_to
                 synchronize(device)
                 totals[label].append(time.perf_counter() - t0)
                 peaks[label] = max(peaks[label], peak_memory_bytes(device))
-    return {label: _timing(label, tokens[label], new_tokens, warmups[label], statistics.median(prefills[label]),
-                           statistics.median(totals[label]), None, peaks[label], device) for label in runs}
+    return {label: _timing(label, tokens[label], new_tokens, warmups[label], prefills[label], totals[label], None,
+                           peaks[label], device) for label in runs}
 
 
-def _timing(label, tokens, new_tokens, warmup, prefill, total, steps, peak, device) -> DecodeTiming:
-    """The DecodeTiming of one path, refused where the rule's number would mean nothing."""
+def _timing(label, tokens, new_tokens, warmup, prefills, totals, steps, peak, device) -> DecodeTiming:
+    """The DecodeTiming of one path (its T(1) and T(n): the medians of ``prefills`` and ``totals``, each repeat's),
+    refused where the rule's number would mean nothing."""
+    prefill, total = statistics.median(prefills), statistics.median(totals)
     if tokens.dim() != 2 or tokens.shape[1] != new_tokens:
         raise TimingError(f"{label or 'run'}({new_tokens}) returned tokens of shape {tuple(tokens.shape)}, not "
                           f"[batch, {new_tokens}]: the rule needs the run to make exactly the tokens it was asked for")
@@ -170,7 +175,8 @@ def _timing(label, tokens, new_tokens, warmup, prefill, total, steps, peak, devi
             "Time more tokens or more repeats, with nothing else running.")
     return DecodeTiming(label=label, batch=int(tokens.shape[0]), new_tokens=int(tokens.shape[1]), tokens=tokens,
                         warmup_seconds=warmup, prefill_seconds=prefill, total_seconds=total, step_seconds=steps,
-                        peak_memory_bytes=peak, env=environment(device))
+                        peak_memory_bytes=peak, env=environment(device), prefill_runs=list(prefills),
+                        total_runs=list(totals))
 
 
 def time_strategy(model, input_ids: torch.Tensor, new_tokens: int, *, strategy: str = "naive", repeats: int = 3,
