@@ -496,17 +496,19 @@ def prompt_bucket(prompt_len: int, max_cache_len: int) -> int:
 def kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, steps: int = 16,
                     max_cache_len: int | None = None, graph: bool = True, captured_prefill: bool = True,
                     dot_attention: bool = True, tiles: bool = True, early_launch: bool = False,
-                    fill_splits: bool = True, split_counters: bool = True, kernel_prefill: bool | None = None,
-                    fill_prefill: bool = True, copy_weights: bool = False) -> GraphSafeDecoder:
+                    fill_splits: bool = True, split_counters: bool = True, fused_mlp: bool = False,
+                    kernel_prefill: bool | None = None, fill_prefill: bool = True,
+                    copy_weights: bool = False) -> GraphSafeDecoder:
     """The decoder ``decode_graph_safe_kernels`` builds for one call: kvlab's kernels for the step
     (``kvlab.kernels.step``), ``steps`` steps per captured graph (a real CUDA graph on a GPU, emulated elsewhere).
     ``captured_prefill``: the prefill is captured too (``prefill_bucket``: ``prompt_bucket`` of this prompt), so the
     first token costs one replay instead of an eager forward that launches every kernel from Python; it serves
     prompts up to that bucket, so build it for the longest prompt it will see.
-    ``dot_attention``, ``tiles``, ``early_launch``, ``fill_splits``, ``split_counters``:
+    ``dot_attention``, ``tiles``, ``early_launch``, ``fill_splits``, ``split_counters``, ``fused_mlp``:
     ``kvlab.kernels.step.kernel_step``'s options (attention on tensor cores; the matmuls of 2 rows or more as the
     measured dispatch picks; each kernel lets the next start at its entry; attention split over only as many
-    programs as fill the GPU once; the split matmuls' arrival counters kept by the decoder, no memset per layer).
+    programs as fill the GPU once; the split matmuls' arrival counters kept by the decoder, no memset per layer;
+    the MLP as one kernel at batch 1).
     ``kernel_prefill``: the prefill through the same kernels (``kvlab.kernels.step.kernel_prefill``) instead of the
     model's transformers forward; None (default): where the prompt's rows (batch x bucket) are at most
     ``kvlab.kernels.step.KERNEL_PREFILL_MAX_ROWS``, the most the H200 measured them no slower at. ``fill_prefill``:
@@ -522,7 +524,7 @@ def kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, step
 
         kernel_prefill = input_ids.shape[0] * (bucket or input_ids.shape[1]) <= KERNEL_PREFILL_MAX_ROWS
     options = {"dot_attention": dot_attention, "tiles": tiles, "early_launch": early_launch, "fill_splits": fill_splits,
-               "split_counters": split_counters, "fill_prefill": fill_prefill}
+               "split_counters": split_counters, "fused_mlp": fused_mlp, "fill_prefill": fill_prefill}
     return graph_safe_decoder(model, input_ids, max_new_tokens, max_cache_len=length, steps=steps,
                               step="kernels", graph=graph, prefill_bucket=bucket, kernel_options=options,
                               kernel_prefill=kernel_prefill, copy_weights=copy_weights)

@@ -35,6 +35,7 @@ from .hf_caches import (
     decode_static,
     reduce_overhead_state,
 )
+from .kernels.step import KERNEL_OPTIONS, PREFILL_OPTIONS
 from .speculative import decode_speculative, speculative_decoder
 
 KINDS = ("eager", "compiled", "graph")  # Python launches every kernel / torch.compile (with its own graphs) / kvlab captures
@@ -189,9 +190,9 @@ def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str
     return chosen(model, input_ids, max_new_tokens, **kwargs)
 
 
-DECODER_SETTINGS = ("graph", "compile_mode", "prefill_bucket", "captured_prefill", "dot_attention", "tiles",
-                    "early_launch", "kernel_prefill", "copy_weights", "kernel_options", "steps", "fuse", "gemv",
-                    "attention")  # fixed at build
+DECODER_SETTINGS = tuple(dict.fromkeys((
+    "graph", "compile_mode", "prefill_bucket", "captured_prefill", "kernel_prefill", "copy_weights", "kernel_options",
+    "steps", "fuse", "gemv", "attention", *KERNEL_OPTIONS, *PREFILL_OPTIONS)))  # fixed at build
 
 
 def check_options(options: dict) -> None:

@@ -102,7 +102,8 @@ def test_a_held_kernels_decoder_decodes_its_own_copy():
     assert not torch.equal(kvlab.decode(model, IDS, 4), before)  # the edit changed the model's own tokens
 
 
-@pytest.mark.parametrize("option", [{"graph": False}, {"prefill_bucket": 8}, {"steps": 2}, {"compile_mode": "default"}])
+@pytest.mark.parametrize("option", [{"graph": False}, {"prefill_bucket": 8}, {"steps": 2}, {"compile_mode": "default"},
+                                    {"fill_splits": False}, {"fused_mlp": True}, {"fill_prefill": False}])
 def test_a_decoder_with_settings_of_its_own_is_refused_at_the_door(option):
     model = kvlab.tiny_model("tiny-llama")
     decoder = GraphSafeDecoder(model, 32)

@@ -19,7 +19,7 @@ import torch
 
 from kvlab import fusion
 from kvlab.decoding import decode_naive
-from kvlab.kernels import attention, common, step
+from kvlab.kernels import attention, common, mlp, step
 from kvlab.kernels import gemv as gemv_module
 from kvlab.lab.models import random_smollm2, tiny_model
 
@@ -428,6 +428,28 @@ def check_gemm_dispatch(max_rows: int = 2) -> None:
         gemv_module.GEMV_MAX_ROWS, gemv_module._launch_gemv = saved_rows, saved_launch
 
 
+MLPS = {  # rows, hidden, intermediate: SmolLM2's (96 programs, 12 groups), ragged sizes, a last group of one program
+    "smollm2": (1, 576, 1536),
+    "ragged": (3, 40, 100),
+    "short-last-group": (2, 64, mlp.MLP_BLOCK_I * mlp.MLP_GROUP + 16),
+}
+
+
+def check_fused_mlp(case: str) -> None:
+    """``fused_mlp`` equals its PyTorch form (float32) and leaves its arrival counters at zero."""
+    rows, hidden, inter = MLPS[case]
+    gen = torch.Generator().manual_seed(hidden + inter)
+    rand = lambda *shape: torch.randn(*shape, generator=gen).to(DEVICE)  # noqa: E731
+    x, residual, norm = rand(rows, hidden), rand(rows, hidden), 1 + 0.1 * rand(hidden)
+    w_gate, w_up, w_down = 0.1 * rand(inter, hidden), 0.1 * rand(inter, hidden), 0.1 * rand(hidden, inter)
+    counters = torch.zeros(rows * mlp.counters_per_row(inter), dtype=torch.int32, device=DEVICE)
+    assert common.available(x), "the kernel does not run here: the check would test the PyTorch form against itself"
+    got = mlp.fused_mlp(x, w_gate, w_up, w_down, norm, 1e-5, residual, counters)
+    expected = mlp.mlp_reference(x, w_gate, w_up, w_down, norm, 1e-5, residual)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-5)
+    assert not counters.any(), "the arrival counters must be left at zero for the next call"
+
+
 def kernel_step_decode(model, ids: torch.Tensor, n: int, **options) -> torch.Tensor:
     """Prefill through the fused copy, then ``step.kernel_step(..., **options)`` for each further token ->
     ``[batch, n]``."""
@@ -439,19 +461,24 @@ def kernel_step_decode(model, ids: torch.Tensor, n: int, **options) -> torch.Ten
     return out
 
 
-def check_kernel_step(name: str, dot_attention: bool = False, tiles: bool = False, early_launch: bool = False) -> None:
+def check_kernel_step(name: str, dot_attention: bool = False, tiles: bool = False, early_launch: bool = False,
+                      fused_mlp: bool = False) -> None:
     """The whole step through the kernels (the plain function), token-exact against naive."""
     model = tiny_model(name).to(DEVICE)
-    calls = []
+    calls, mlp_calls = [], []
     restore = counting(step, "rope_cache_attention", calls, record=lambda *a: common.available(a[0]))
+    restore_mlp = counting(step, "mlp_in_one_kernel", mlp_calls, record=lambda *a: common.available(a[0]))
     try:
         ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(6)).to(DEVICE)
         n = tokens(6, 4)
-        out = kernel_step_decode(model, ids, n, dot_attention=dot_attention, tiles=tiles, early_launch=early_launch)
-        assert torch.equal(out, decode_naive(model, ids, n)), (name, dot_attention, tiles, early_launch)
+        out = kernel_step_decode(model, ids, n, dot_attention=dot_attention, tiles=tiles, early_launch=early_launch,
+                                 fused_mlp=fused_mlp)
+        assert torch.equal(out, decode_naive(model, ids, n)), (name, dot_attention, tiles, early_launch, fused_mlp)
     finally:
         restore()
+        restore_mlp()
     assert any(calls), "the kernels never ran: the check would only have tested the PyTorch form"
+    assert any(mlp_calls) == fused_mlp, "fused_mlp runs the MLP in one kernel, and only then"
 
 
 def check_kernel_step_decode(name: str) -> None:
@@ -517,6 +544,9 @@ def run_checks() -> dict[str, str]:
     checks |= {f"kernel-step-{name}-dot": (check_kernel_step, name, True) for name in KERNEL_STEP_DECODES}
     checks |= {f"kernel-step-{name}-tiles": (check_kernel_step, name, False, True) for name in KERNEL_STEP_DECODES}
     checks |= {f"kernel-step-{name}-early": (check_kernel_step, name, False, False, True)
+               for name in KERNEL_STEP_DECODES}
+    checks |= {f"fused-mlp-{case}": (check_fused_mlp, case) for case in MLPS}
+    checks |= {f"kernel-step-{name}-fused-mlp": (check_kernel_step, name, False, False, False, True)
                for name in KERNEL_STEP_DECODES}
     checks |= {f"decode-{name}-graph{g}": (check_decode, name, g) for name, g in DECODES}
     checks["compiled-decode"] = (check_compiled_decode,)
@@ -634,6 +664,18 @@ def test_kernel_step_with_early_launch_is_token_exact(interpreted, name):
     """On a GPU with PDL each kernel lets the next start at its entry, and attention reads the counter after its
     wait; in the interpreter (no PDL) the same code path computes the same tokens."""
     outcome(interpreted, f"kernel-step-{name}-early", check_kernel_step, name, False, False, True)
+
+
+@pytest.mark.parametrize("case", list(MLPS))
+def test_fused_mlp_kernel_matches_reference(interpreted, case):
+    outcome(interpreted, f"fused-mlp-{case}", check_fused_mlp, case)
+
+
+@pytest.mark.parametrize("name", KERNEL_STEP_DECODES)
+def test_kernel_step_with_the_mlp_in_one_kernel_is_token_exact(interpreted, name):
+    """``fused_mlp=True``: at the GEMV's rows the MLP runs as one kernel (the check counts its calls), sharing the
+    step's arrival counters (``kernel_step_decode`` asserts they are left at zero)."""
+    outcome(interpreted, f"kernel-step-{name}-fused-mlp", check_kernel_step, name, False, False, False, True)
 
 
 @pytest.mark.parametrize("case", [on_tensor_cores(case, dtype_of(GEMVS[case])) for case in GEMVS])

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                  reason="needs the triton package (pip install triton on Linux x86-64)"),
               pytest.mark.heavy]
 KERNELS = {"gemv_kernel", "tile_kernel", "_argmax_kernel", "_rope_cache_attention_kernel", "_prefill_attention_kernel",
-           "_partial_kernel", "_combine_kernel"}
+           "_partial_kernel", "_combine_kernel", "mlp_kernel"}
 
 
 @pytest.fixture(scope="module", params=[90, 89], ids=["sm_90 (H200)", "sm_89 (L4: the least shared memory)"])

@@ -109,12 +109,13 @@ def compile_all(capability: int) -> list[dict]:
     """Compile the kernels path's launches (see the module docstring) -> one row per distinct compiled kernel."""
     from kvlab.fusion import fused_copy
 
-    steps = [{}, {"dot_attention": False}, {"tiles": False}, {"early_launch": True}, {"fill_splits": False}]
+    steps = [{}, {"dot_attention": False}, {"tiles": False}, {"early_launch": True}, {"fill_splits": False},
+             {"fused_mlp": True}]
     with compile_only(capability) as compiled:
         for dtype in (torch.bfloat16, torch.float32):  # float32: the token check's
             model = random_smollm2(device="cpu", dtype=dtype, layers=1)
             launch_everything(model, fused_copy(model, attention=False), (1, 16, 64),
-                              steps if dtype == torch.bfloat16 else [{}], prefill_rows=64)
+                              steps if dtype == torch.bfloat16 else [{}, {"fused_mlp": True}], prefill_rows=64)
             q = torch.zeros(1, 9, 1, 64, dtype=dtype)
             kv = torch.zeros(1, 3, 320, 64, dtype=dtype)
             attention.decode_attention(q, kv, kv, torch.ones(1, 1, 1, 320, dtype=torch.bool), 0.125)

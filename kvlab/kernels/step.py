@@ -28,7 +28,9 @@ from __future__ import annotations
 import torch
 
 from .attention import rope_cache_attention, rope_cache_prefill_attention
-from .gemv import gemv, greedy_head
+from .gemv import gemv, greedy_head, kernel_path, stacked_shape
+from .mlp import counters_per_row
+from .mlp import fused_mlp as mlp_in_one_kernel
 
 SUPPORTED = ("llama", "mistral", "qwen2")  # RMSNorm, rotate-half RoPE, SiLU-gated MLP, no per-head norms
 
@@ -74,14 +76,15 @@ def check_supported(model) -> None:
 
 def arrival_counters(model, batch: int, device: torch.device | str) -> torch.Tensor:
     """The ``done`` tensor of ``kernel_step``: int32 zeros, the arrival counters of the attention kernel (one per
-    batch row and kv head) and of the matmuls split along K (one per tile of at least 16 rows and block of at least
-    16 outputs of the hidden size). The kernels run one after the other and each leaves them at zero."""
+    batch row and kv head), of the matmuls split along K (one per tile of at least 16 rows and block of at least
+    16 outputs of the hidden size) and of the fused MLP (``kvlab.kernels.mlp.counters_per_row``). The kernels run
+    one after the other and each leaves them at zero."""
     config = model.config
-    per_row = max(config.num_key_value_heads, -(-config.hidden_size // 16))
+    per_row = max(config.num_key_value_heads, -(-config.hidden_size // 16), counters_per_row(config.intermediate_size))
     return torch.zeros(batch * per_row, dtype=torch.int32, device=device)
 
 
-KERNEL_OPTIONS = ("dot_attention", "tiles", "early_launch", "fill_splits", "split_counters")  # keywords of kernel_step beyond its tensors: a variant of the step
+KERNEL_OPTIONS = ("dot_attention", "tiles", "early_launch", "fill_splits", "split_counters", "fused_mlp")  # keywords of kernel_step beyond its tensors: a variant of the step
 
 
 def stacked_projections(layer) -> tuple:
@@ -100,7 +103,7 @@ def stacked_projections(layer) -> tuple:
 
 def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_attention: bool = True,
                 tiles: bool = True, early_launch: bool = False, fill_splits: bool = True,
-                split_counters: bool = True) -> torch.Tensor:
+                split_counters: bool = True, fused_mlp: bool = False) -> torch.Tensor:
     """One decode step: reads ``token`` ``[batch, 1]`` (long), writes the next token into it (in place) and returns it.
 
     ``model``: a supported model (``check_supported``), or its fused copy ``kvlab.fusion.fused_copy(model,
@@ -117,6 +120,8 @@ def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_at
     ``common.MAX_SPLITS`` at every batch, shares combined even where the pairs alone fill the GPU).
     ``split_counters``: the matmuls split along K count arrivals in ``done`` too (False: in zeros made per call, a
     memset per layer in a captured graph, between two kernels that could otherwise overlap).
+    ``fused_mlp``: where the MLP's matmuls run the GEMV kernel (batch 1), the MLP as one kernel instead of two
+    (``kvlab.kernels.mlp.fused_mlp``; not measured on a GPU yet, so not the default).
     Call it in ``torch.inference_mode()``.
     """
     decoder, b = model.model, token.shape[0]
@@ -133,17 +138,17 @@ def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_at
     x = decoder.embed_tokens(token).view(b, -1)  # [b, hidden]
     for layer, cached in zip(decoder.layers, cache.layers, strict=True):
         x = layer_kernels(x, layer, cached, attention, tiles=tiles, early_launch=early_launch,
-                          counters=done if split_counters else None)  # [b, hidden]
+                          counters=done if split_counters else None, fused_mlp=fused_mlp)  # [b, hidden]
     return greedy_head(x, model.lm_head.weight, decoder.norm.weight, decoder.norm.variance_epsilon, token,
                        position, tiles=tiles, **early)  # [b, 1] the next token, in place; the counter advanced
 
 
 def layer_kernels(x: torch.Tensor, layer, cached, attention, *, tiles: bool = True, early_launch: bool = False,
-                  counters: torch.Tensor | None = None) -> torch.Tensor:
+                  counters: torch.Tensor | None = None, fused_mlp: bool = False) -> torch.Tensor:
     """One decoder layer over the rows ``x`` ``[rows, hidden]`` -> ``[rows, hidden]``: its five kernels, the second
     ``attention(qkv, layer.self_attn, cached)`` (``kernel_step``'s over the cache, ``kernel_prefill``'s over the
-    prompt; ``cached``: the layer's cache). ``tiles``, ``early_launch``: as ``kernel_step``'s; ``counters``: the
-    matmuls' arrival counters (``gemv``'s)."""
+    prompt; ``cached``: the layer's cache). ``tiles``, ``early_launch``, ``fused_mlp``: as ``kernel_step``'s;
+    ``counters``: the matmuls' arrival counters (``gemv``'s)."""
     attn, mlp = layer.self_attn, layer.mlp
     norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
     launch = {"tiles": tiles, "counters": counters} | ({"early_launch": True} if early_launch else {})
@@ -152,6 +157,11 @@ def layer_kernels(x: torch.Tensor, layer, cached, attention, *, tiles: bool = Tr
                **launch)  # [rows, (heads + 2 kv_heads) * d]
     out = attention(qkv, attn, cached)  # [rows, heads * d]
     x = gemv(out, attn.o_proj.weight, bias=attn.o_proj.bias, residual=x, **launch)  # [rows, hidden]
+    if fused_mlp and b_gate_up is None and mlp.down_proj.bias is None and \
+            kernel_path(x, tiles, stacked_shape(w_gate_up)) == "gemv":  # one kernel instead of the two below
+        w_gate, w_up = w_gate_up if isinstance(w_gate_up, tuple) else w_gate_up.chunk(2)  # [intermediate, hidden]
+        return mlp_in_one_kernel(x, w_gate, w_up, mlp.down_proj.weight, norm2.weight, norm2.variance_epsilon, x,
+                                 counters, early_launch)  # [rows, hidden]
     gate_up = gemv(x, w_gate_up, bias=b_gate_up, norm=norm2.weight, eps=norm2.variance_epsilon,
                    **launch)  # [rows, 2 * intermediate]
     return gemv(gate_up, mlp.down_proj.weight, bias=mlp.down_proj.bias, silu_mul=True, residual=x,
