@@ -64,11 +64,12 @@ def read_addresses(model) -> tuple:
     found, stack = [], [model]
     while stack:
         module = stack.pop()
-        for t in (*module._parameters.values(), *module._buffers.values()):
-            if t is not None:
-                found.append((t.data_ptr(), t.shape, t.dtype))
-        stack.extend(child for child in module._modules.values() if child is not None)
-    return tuple(found)
+        if module is None:  # a child slot set to None
+            continue
+        found += module._parameters.values()
+        found += module._buffers.values()
+        stack += module._modules.values()
+    return tuple((t.data_ptr(), t.shape, t.dtype) for t in found if t is not None)
 
 
 def model_step(model, cache, token: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,7 @@ decoder the caller holds refuses to replay graphs whose weights moved."""
 
 import gc
 import weakref
+from collections import Counter
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from kvlab.graph_decoder import (
     decode_graph_safe,
     decode_graph_safe_compiled,
     decode_graph_safe_kernels,
+    read_addresses,
 )
 
 IDS = torch.tensor([[1, 2, 3, 4, 5]])
@@ -79,6 +81,19 @@ def test_a_changed_module_or_config_is_followed_by_the_next_decode(name, change)
         model.model.layers = model.model.layers[:1]
         model.config.num_hidden_layers = 1
     assert torch.equal(STRATEGIES[name](model, IDS, 4), kvlab.decode(model, IDS, 4))
+
+
+def test_read_addresses_lists_every_parameter_and_buffer_as_they_lie():
+    """What a held decoder compares before each decode: every parameter and buffer, a tied weight under each of its
+    names, a child slot set to None skipped."""
+    model = kvlab.tiny_model("tiny-llama")
+    model.model.register_module("unused", None)
+    tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    expected = Counter((t.data_ptr(), tuple(t.shape), str(t.dtype)) for _, t in tensors)
+    got = Counter((ptr, tuple(shape), str(dtype)) for ptr, shape, dtype in read_addresses(model))
+    assert got == expected and len(tensors) > 20
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())  # moved: another address
+    assert Counter((p, tuple(s), str(d)) for p, s, d in read_addresses(model)) != expected
 
 
 def test_a_held_decoder_refuses_weights_that_moved():
