@@ -15,8 +15,9 @@ count); the figure is µs per call, the median of 20 replays. The parts:
   in order, from torch.profiler, at each batch of ``--step-rows``.
 - ``first-token``: where the time to the first token goes at batch 1 (a 64-token prompt), for the prefill through
   the model's transformers forward and through the kernels (``kernel_prefill``): the wall time of
-  ``decoder.prefill``, of its host-side pieces (``read_addresses``, ``cache.reset``), of one replay of the captured
-  prefill on the GPU (CUDA events), and its kernels from torch.profiler.
+  ``decoder.prefill`` and of ``decoder.generate(ids, 1)`` (in a row, and right after a whole decode as the benchmark
+  times T(1)), of its host-side pieces (``read_addresses``, ``check_inputs``, ``cache.reset``), of one replay of the
+  captured prefill on the GPU (CUDA events), and its kernels from torch.profiler.
 - ``tiles``: ``gemv.tile_kernel``'s configuration (with ``--tile-splits``, split-K too) per projection at 2 to 64 rows, beside the GEMV kernel and cuBLAS
   (``graph-safe-kernels`` from 2 rows; sets nothing: ``gemv.TILE_DISPATCH`` takes the result by hand, and a test checks
   it against ``data/h200_tile_sweep.json``).
@@ -220,6 +221,7 @@ def wall_ms(fn, repeats: int = 7) -> float:
 
 
 def first_token_pieces(results: dict, model, ids: torch.Tensor, through_kernels: bool) -> None:
+    from kvlab.decoding import check_inputs
     from kvlab.graph_decoder import kernels_decoder, read_addresses
 
     decoder = kernels_decoder(model, ids, 256, max_cache_len=320, kernel_prefill=through_kernels)
@@ -228,24 +230,35 @@ def first_token_pieces(results: dict, model, ids: torch.Tensor, through_kernels:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     gpu = []
     for _ in range(7):
+        decoder.cache.reset()  # a replay continues from the counter: from 0 each time, as a decode's prefill does
         start.record()
         graph.replay()
         end.record()
         torch.cuda.synchronize()
         gpu.append(start.elapsed_time(end))
+    decoder.cache.reset()
     events = profile(graph.replay, "cuda").kernels  # [(start us, duration us, name)]
     by_name = {}
     for _, d, nm in events:
         by_name.setdefault(nm[:50], []).append(d)
+    after_a_decode = []  # the benchmark's pattern: T(1) right after a whole decode
+    for _ in range(7):
+        after_a_decode.append(wall_ms(lambda: decoder.generate(ids, 1), repeats=1))
+        decoder.generate(ids, 256)
     row = {"prefill_ms": wall_ms(lambda: decoder.prefill(ids)), "read_addresses_ms": wall_ms(lambda: read_addresses(model)),
+           "check_inputs_ms": wall_ms(lambda: check_inputs(model, ids, 1)),
+           "generate_1_in_a_row_ms": wall_ms(lambda: decoder.generate(ids, 1), repeats=21),
+           "generate_1_after_a_decode_ms": statistics.median(after_a_decode), "after_a_decode_all": after_a_decode,
            "cache_reset_ms": wall_ms(decoder.cache.reset), "replay_gpu_ms": statistics.median(gpu),
            "kernels": len(events), "span_us": events[-1][0] + events[-1][1] - events[0][0],
            "by_name": {nm: (len(ds), sum(ds), statistics.median(ds)) for nm, ds in by_name.items()}}
     key = "kernel_prefill" if through_kernels else "transformers_prefill"
     results.setdefault("first_token", {})[key] = row
-    print(f"{key}: decoder.prefill {row['prefill_ms']:.3f} ms; one replay {row['replay_gpu_ms']:.3f} ms on the GPU "
-          f"({row['kernels']} kernels, span {row['span_us']:.0f} us); host: read_addresses "
-          f"{row['read_addresses_ms']:.3f} ms, cache.reset {row['cache_reset_ms']:.3f} ms", flush=True)
+    print(f"{key}: decoder.prefill {row['prefill_ms']:.3f} ms; generate(ids, 1) {row['generate_1_in_a_row_ms']:.3f} ms "
+          f"in a row, {row['generate_1_after_a_decode_ms']:.3f} ms after a decode; one replay "
+          f"{row['replay_gpu_ms']:.3f} ms on the GPU ({row['kernels']} kernels, span {row['span_us']:.0f} us); host: "
+          f"read_addresses {row['read_addresses_ms']:.3f} ms, check_inputs {row['check_inputs_ms']:.3f} ms, "
+          f"cache.reset {row['cache_reset_ms']:.3f} ms", flush=True)
     for nm, (count, total, median) in sorted(row["by_name"].items(), key=lambda kv: -kv[1][1])[:8]:
         print(f"   {nm:50} x{count:4}  total {total:7.1f} us  median {median:5.2f} us")
 
