@@ -121,7 +121,7 @@ def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_at
     ``split_counters``: the matmuls split along K count arrivals in ``done`` too (False: in zeros made per call, a
     memset per layer in a captured graph, between two kernels that could otherwise overlap).
     ``fused_mlp``: where the MLP's matmuls run the GEMV kernel (batch 1), the MLP as one kernel instead of two
-    (``kvlab.kernels.mlp.fused_mlp``; not measured on a GPU yet, so not the default).
+    (``kvlab.kernels.mlp.fused_mlp``).
     Call it in ``torch.inference_mode()``.
     """
     decoder, b = model.model, token.shape[0]
