@@ -77,6 +77,16 @@ if triton is not None:
         return rows
 
     @triton.jit
+    def rms_normed(x, rstd, w_norm, dt: tl.constexpr):
+        """weight * (x * rstd).to(dtype), as LlamaRMSNorm: float32 values rounded to dt where it rounds."""
+        return ((x * rstd).to(dt).to(tl.float32) * w_norm).to(dt).to(tl.float32)
+
+    @triton.jit
+    def silu_times(gate, up, dt: tl.constexpr):
+        """SiLU(gate) * up, as transformers' Llama MLP: float32 values rounded to dt where it rounds."""
+        return ((gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+
+    @triton.jit
     def _x_tile(x_row, NORM, k, K, rstd, inside, PROLOGUE: tl.constexpr, dt: tl.constexpr):
         """x[k] after the prologue, in float32, rounded to dt where transformers rounds. One row (``x_row`` a
         pointer, ``k`` [K_b], ``rstd`` a number) or a tile of rows (``x_row`` [M_b, 1], ``k`` [1, K_b], ``rstd``
@@ -84,12 +94,11 @@ if triton is not None:
         if PROLOGUE == 2:  # x holds [gate | up]: SiLU(gate) * up
             gate = tl.load(x_row + k, mask=inside, other=0.0).to(tl.float32)
             up = tl.load(x_row + K + k, mask=inside, other=0.0).to(tl.float32)
-            x = ((gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+            x = silu_times(gate, up, dt)
         else:
             x = tl.load(x_row + k, mask=inside, other=0.0).to(tl.float32)
-            if PROLOGUE == 1:  # weight * (x * rstd).to(dtype), as LlamaRMSNorm
-                w_norm = tl.load(NORM + k, mask=k < K, other=0.0).to(tl.float32)
-                x = ((x * rstd).to(dt).to(tl.float32) * w_norm).to(dt).to(tl.float32)
+            if PROLOGUE == 1:
+                x = rms_normed(x, rstd, tl.load(NORM + k, mask=k < K, other=0.0).to(tl.float32), dt)
         return x
 
     @triton.jit

@@ -13,7 +13,8 @@ kernel of the step costs about its launch in the PDL chain, so ``fused_mlp`` doe
   first.
 
 The values are rounded to the model's dtype where transformers' Llama MLP rounds them (the gate/up outputs, SiLU,
-the product, the output), as the two GEMVs do, so the tokens stay exact in float32. ``BLOCK_I``, ``GROUP`` and the
+the product, the output), with the two GEMVs' own helpers (``gemv.rms_normed``, ``gemv.silu_times``), so the
+tokens stay exact in float32. ``BLOCK_I``, ``GROUP`` and the
 warps are not swept yet (``python tools/time_kernels.py --parts mlp`` times them against the two GEMVs).
 """
 
@@ -38,6 +39,7 @@ def counters_per_row(intermediate: int) -> int:
 
 if triton is not None:
     from .common import launch_next_kernel, wait_for_previous_kernel
+    from .gemv import rms_normed, silu_times
 
     @triton.jit
     def _add_shares(PART, first, count, h, h_in, BLOCK_H: tl.constexpr):
@@ -67,10 +69,10 @@ if triton is not None:
         x = tl.load(X + row * stride_x + h, mask=h_in, other=0.0).to(tl.float32)  # [H_b]
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / H + eps)
         w_norm = tl.load(NORM + h, mask=h_in, other=0.0).to(tl.float32)
-        x = ((x * rstd).to(dt).to(tl.float32) * w_norm).to(dt).to(tl.float32)  # as LlamaRMSNorm
+        x = rms_normed(x, rstd, w_norm, dt)
         gate = tl.sum(w_gate.to(tl.float32) * x[None, :], 1).to(dt).to(tl.float32)  # [I_b]
         up = tl.sum(w_up.to(tl.float32) * x[None, :], 1).to(dt).to(tl.float32)
-        act = ((gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)  # SiLU(gate) * up
+        act = silu_times(gate, up, dt)  # [I_b]
         w_down = tl.load(WD + h[:, None] * INTER + i[None, :], mask=h_in[:, None] & i_in[None, :], other=0.0)  # [H_b, I_b]
         share = tl.sum(w_down.to(tl.float32) * act[None, :], 1)  # [H_b] this program's share of the output
         tl.store(PART + (row * programs + p) * BLOCK_H + h, share)
