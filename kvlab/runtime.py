@@ -94,8 +94,7 @@ def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
 def check_dtype(device: torch.device | str, dtype: torch.dtype) -> None:
     """Refuse bfloat16 on a GPU that does not compute it natively (a T4: compute capability 7.5 < 8.0): torch
     would emulate it slowly in eager mode, and torch.compile's Triton kernels cannot use it at all."""
-    if (torch.device(device).type == "cuda" and dtype == torch.bfloat16
-            and not torch.cuda.is_bf16_supported(including_emulation=False)):
+    if dtype == torch.bfloat16 and torch.device(device).type == "cuda" and not native_bf16(device):
         raise ValueError(
             "bfloat16 was asked for, but this GPU has no native bfloat16 (that needs compute capability 8.0, Ampere "
             "or newer; a T4 is 7.5). Use dtype=torch.float16 ('fp16'), what kvlab picks on this GPU by default."
@@ -113,14 +112,38 @@ def pick_dtype(device: torch.device | str, dtype: torch.dtype | str | None = Non
         check_dtype(device, dtype)
         return dtype
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
+        return torch.bfloat16 if native_bf16(device) else torch.float16
     return torch.float32
 
 
 # Compute capabilities (major, minor) that kvlab's GPU paths need; ``gpu_supports`` is the one rule that checks them.
+BF16 = (8, 0)  # native bfloat16: Ampere and newer
 TRITON_KERNELS = (8, 0)  # kvlab's own Triton kernels (kvlab.kernels): Ampere (A100, RTX 30xx) and newer
 PDL = (9, 0)  # programmatic dependent launch: Hopper (H100, H200) and newer
 _CAPABILITY: dict[int, tuple[int, int]] = {}  # GPU index -> its compute capability, asked once
+
+# ``KVLAB_GPU_AS=t4``: kvlab's own GPU rules (capability, bfloat16, which of its paths run, the name a number is
+# recorded under) answer as this GPU, while torch, inductor and Triton still see the real one. It previews on a
+# newer GPU the paths a Colab T4 takes (float16, the PyTorch form of the kernels, SDPA in compiled steps, no PDL);
+# timings stay the real GPU's.
+GPU_AS_ENV = "KVLAB_GPU_AS"
+GPU_PROXIES = {"t4": {"name": "Tesla T4", "capability": (7, 5), "multiprocessors": 40}}
+
+
+def gpu_proxy() -> dict | None:
+    """The GPU that ``KVLAB_GPU_AS`` names (``GPU_PROXIES``), or None when unset or empty."""
+    name = os.environ.get(GPU_AS_ENV, "").strip().lower()
+    if not name:
+        return None
+    if name not in GPU_PROXIES:
+        raise ValueError(f"{GPU_AS_ENV}={name!r} is not a GPU kvlab can answer as; use one of "
+                         f"{', '.join(GPU_PROXIES)}, or unset it")
+    return GPU_PROXIES[name]
+
+
+def native_bf16(device: torch.device | str) -> bool:
+    """True on a CUDA GPU that computes bfloat16 natively (``BF16``); False on a CPU and on a T4."""
+    return gpu_supports(device, BF16)
 
 
 def gpu_supports(device: torch.device | str, capability: tuple[int, int]) -> bool:
@@ -138,13 +161,34 @@ def _at_least(index: int | None, major: int, minor: int) -> bool:
 
 def gpu_capability(index: int | None = None) -> tuple[int, int] | None:
     """(major, minor) compute capability of CUDA GPU ``index`` (None: the current one), asked once per GPU; None
-    without CUDA."""
+    without CUDA. Under ``KVLAB_GPU_AS`` the proxied GPU's."""
     if not torch.cuda.is_available():
         return None
+    proxy = gpu_proxy()
+    if proxy is not None:
+        return proxy["capability"]
     index = torch.cuda.current_device() if index is None else index
     if index not in _CAPABILITY:
         _CAPABILITY[index] = tuple(torch.cuda.get_device_capability(index))
     return _CAPABILITY[index]
+
+
+def gpu_name(device: torch.device | str | None = None) -> str:
+    """The GPU's name as a number is recorded under: the real name, and under ``KVLAB_GPU_AS`` what it answers as,
+    e.g. 'NVIDIA H100 80GB HBM3 as a Tesla T4 (KVLAB_GPU_AS=t4)'."""
+    name = torch.cuda.get_device_name(device)
+    proxy = gpu_proxy()
+    if proxy is None:
+        return name
+    return f"{name} as a {proxy['name']} ({GPU_AS_ENV}={os.environ[GPU_AS_ENV].strip().lower()})"
+
+
+def multiprocessors(device: torch.device | str) -> int:
+    """The GPU's streaming multiprocessors (the proxied GPU's under ``KVLAB_GPU_AS``)."""
+    proxy = gpu_proxy()
+    if proxy is not None:
+        return proxy["multiprocessors"]
+    return torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
 
 
 def synchronize(device: torch.device | str) -> None:
@@ -170,7 +214,7 @@ def hardware(device: torch.device | str | None = None) -> str:
     """A one-line name of the machine a number was measured on, e.g. 'NVIDIA H200' or 'CPU: ... (2 threads)'."""
     device = pick_device(device)
     if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
+        return gpu_name(device)
     return f"CPU: {cpu_name()} ({torch.get_num_threads()} threads)"
 
 
@@ -188,6 +232,8 @@ def environment(device: torch.device | str | None = None) -> dict:
         "platform": platform.platform(),
         "quick_mode": quick_mode(),
     }
+    if device.type == "cuda" and gpu_proxy() is not None:
+        env["gpu_as"] = os.environ[GPU_AS_ENV].strip().lower()
     if device.type == "cuda":
         env["cuda"] = torch.version.cuda
         try:
@@ -218,7 +264,7 @@ def runtime_summary(device: torch.device | str | None = None) -> str:
         lines.append("dtype: float32 (what the course computes in on a CPU)")
         return "\n".join(lines)
     major, minor = gpu_capability(device.index)
-    lines.append(f"GPU: {torch.cuda.get_device_name(device)}, compute capability {major}.{minor}")
+    lines.append(f"GPU: {gpu_name(device)}, compute capability {major}.{minor}")
     name = str(dtype).removeprefix("torch.")
     if dtype == torch.bfloat16:
         line = f"dtype: {name}"

@@ -402,3 +402,34 @@ def test_merge_joins_the_records_of_several_calls_and_refuses_mixed_code(tmp_pat
     assert "different code" in said and "zzz" in said and out.read_text() == before[0]
     assert gpu_check.main(["--merge", str(tmp_path / "nothing"), "--out", str(out)]) == 2
     assert "--copy-to" in capsys.readouterr().out
+
+
+def test_the_t4_proxy_is_a_mode_of_its_own(tmp_path, monkeypatch):
+    """``--gpu-as t4`` runs the same parts with KVLAB_GPU_AS=t4 in their environment, recorded beside (not over) the
+    native runs, and ``describe`` says which is which."""
+    folder, out = tmp_path / "nbs", tmp_path / "record.json"
+    folder.mkdir()
+    v4 = nbformat.v4
+    nb = v4.new_notebook(cells=[v4.new_code_cell(
+        "import os\nprint('as', repr(os.environ.get('KVLAB_GPU_AS')))\n"
+        "assert os.environ['KVLAB_GPU_AS'] == os.environ['EXPECT_GPU_AS']")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, folder / "00_tiny.ipynb")
+    monkeypatch.setattr(gpu_check, "MODEL_HALF_HERE", tmp_path / "no-half")
+    monkeypatch.setattr(gpu_check, "MODEL_WHEEL", tmp_path / "no-wheel.whl")
+    monkeypatch.setattr(gpu_check, "probe", lambda env: {"hardware": "fake", "device": "cpu"})
+    common = ["--notebooks-dir", str(folder), "--out", str(out), "--parts", "notebooks"]
+    monkeypatch.setenv("EXPECT_GPU_AS", "")
+    assert gpu_check.main(common) == 0
+    monkeypatch.setenv("EXPECT_GPU_AS", "t4")
+    assert gpu_check.main([*common, "--gpu-as", "t4"]) == 0
+    record = json.loads(out.read_text())
+    assert [(p["name"], p["gpu_as"], p["passed"]) for p in record["parts"]] == [
+        ("00_tiny.ipynb", "", True), ("00_tiny.ipynb", "t4", True)]
+    assert [c["gpu_as"] for c in record["calls"]] == ["", "t4"]
+    said = gpu_check.describe(record)
+    assert "notebooks 00 (quick, random weights): 1 of 1" in said
+    assert "notebooks 00 (quick, random weights, as a T4): 1 of 1" in said
+    monkeypatch.setenv("EXPECT_GPU_AS", "t4")
+    assert gpu_check.main([*common, "--gpu-as", "t4", "--missing"]) == 0  # held in this mode: nothing runs
+    assert len(json.loads(out.read_text())["calls"]) == 2

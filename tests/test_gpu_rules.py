@@ -162,3 +162,67 @@ def test_runtime_summary_without_gpu_says_how_to_get_one():
     summary = runtime.runtime_summary("cpu")
     assert "Runtime > Change runtime type > T4 GPU" in summary and "dtype: float32" in summary
     assert f"torch {torch.__version__}" in summary
+
+
+# ---- the T4 proxy: KVLAB_GPU_AS=t4 on a newer GPU ----
+
+H100 = (9, 0)
+
+
+def test_the_t4_proxy_answers_as_a_t4_on_an_h100(gpu, monkeypatch):
+    """Every kvlab rule answers as a T4 would (float16, no Triton kernels, no PDL, 40 multiprocessors, the name a
+    number is recorded under) while torch still reports the real GPU."""
+    gpu(H100)
+    assert runtime.pick_dtype(CUDA) == torch.bfloat16 and runtime.gpu_supports(CUDA, runtime.PDL)
+    monkeypatch.setenv(runtime.GPU_AS_ENV, "t4")
+    assert torch.cuda.get_device_capability() == H100  # torch, inductor and Triton see the real GPU
+    assert runtime.gpu_capability() == T4
+    assert runtime.pick_dtype(CUDA) == torch.float16
+    with pytest.raises(ValueError, match="float16"):
+        runtime.pick_dtype(CUDA, "bf16")
+    assert not runtime.gpu_supports(CUDA, runtime.TRITON_KERNELS)
+    assert not runtime.gpu_supports(CUDA, runtime.PDL)
+    assert runtime.multiprocessors(CUDA) == 40
+    assert runtime.hardware(CUDA) == "fake GPU sm90 as a Tesla T4 (KVLAB_GPU_AS=t4)"
+    summary = runtime.runtime_summary(CUDA)
+    assert "compute capability 7.5" in summary and "PyTorch form runs instead" in summary
+    monkeypatch.setenv(runtime.GPU_AS_ENV, " T4 ")  # case and spaces as a person types them
+    assert runtime.gpu_capability() == T4
+    monkeypatch.setenv(runtime.GPU_AS_ENV, "")
+    assert runtime.gpu_capability() == H100 and runtime.hardware(CUDA) == "fake GPU sm90"
+
+
+def test_the_proxy_is_recorded_in_the_environment(gpu, monkeypatch):
+    gpu(H100)
+    monkeypatch.setattr(runtime, "pick_device", lambda device=None: CUDA)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setenv(runtime.GPU_AS_ENV, "t4")
+    env = runtime.environment(CUDA)
+    assert env["gpu_as"] == "t4" and "as a Tesla T4" in env["hardware"]
+    monkeypatch.delenv(runtime.GPU_AS_ENV)
+    assert "gpu_as" not in runtime.environment(CUDA)
+
+
+def test_an_unknown_proxy_is_refused_with_the_choices(gpu, monkeypatch):
+    gpu(H100)
+    monkeypatch.setenv(runtime.GPU_AS_ENV, "t5")
+    with pytest.raises(ValueError, match=r"KVLAB_GPU_AS='t5'.*t4"):
+        runtime.pick_dtype(CUDA)
+
+
+def test_the_proxy_does_nothing_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv(runtime.GPU_AS_ENV, "t4")
+    assert runtime.gpu_capability() is None and runtime.pick_dtype("cpu") == torch.float32
+
+
+@pytest.mark.skipif(common.triton is None, reason="needs Triton (the course installs it on Linux)")
+def test_under_the_proxy_the_kernels_take_their_pytorch_form(gpu, monkeypatch):
+    gpu(H100)
+    monkeypatch.setenv(runtime.GPU_AS_ENV, "t4")
+    monkeypatch.setattr(common, "INTERPRET", False)
+    query = SimpleNamespace(device=CUDA, shape=(1, 64))
+    assert not common.available(query) and not gemv.uses_gemv_kernel(query)
+    assert not common.pdl(CUDA)
+    monkeypatch.delenv(runtime.GPU_AS_ENV)
+    assert common.available(query) and common.pdl(CUDA) is common.HAS_GDC

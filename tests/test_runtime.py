@@ -40,9 +40,9 @@ def test_pick_dtype(monkeypatch):
     assert runtime.pick_dtype(cpu) == torch.float32
     assert runtime.pick_dtype(cpu, "bfloat16") == torch.bfloat16
     assert runtime.pick_dtype(cuda, torch.float32) == torch.float32
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    monkeypatch.setattr(runtime, "gpu_capability", lambda index=None: (9, 0))
     assert runtime.pick_dtype(cuda) == torch.bfloat16  # A100, H100, H200
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
+    monkeypatch.setattr(runtime, "gpu_capability", lambda index=None: (7, 5))
     assert runtime.pick_dtype(cuda) == torch.float16  # T4: no bf16
 
 
@@ -68,7 +68,7 @@ def test_hardware_and_environment_on_cpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run on Colab/GPU machine")
 def test_environment_on_cuda():
     env = runtime.environment("cuda")
-    assert env["hardware"] == torch.cuda.get_device_name() and env["cuda"] == torch.version.cuda and env["driver"]
+    assert env["hardware"] == runtime.gpu_name() and env["cuda"] == torch.version.cuda and env["driver"]
 
 
 # ---- version check (kvlab/__init__.py) ----

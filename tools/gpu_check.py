@@ -4,6 +4,7 @@
     python3 tools/gpu_check.py --full                   # full size with the real model; also data/notebook_runs.json
     python3 tools/gpu_check.py --parts tests --test-runs 3
     python3 tools/gpu_check.py --full --parts notebooks 05 --notebook-runs 5
+    python3 tools/gpu_check.py --gpu-as t4              # the same, kvlab's GPU rules answering as a Colab T4
     python3 tools/gpu_check.py --copy-to "$OUT"         # also copy every file written into $OUT (a device call)
     python3 tools/gpu_check.py --missing                # only what the record of this code and mode lacks
     python3 tools/gpu_check.py --merge DIR1 DIR2        # join the records that several device calls copied back
@@ -182,9 +183,11 @@ def real_model_wheel() -> None:
         os.environ.setdefault("KVLAB_CACHE", MODEL_CACHE)
 
 
-def mode_env(size: str, weights: str) -> dict:
-    """The environment of the tests and the kernels for a mode."""
-    env = {**os.environ, "KVLAB_QUICK": "1" if size == "quick" else "0", "PYTHONUNBUFFERED": "1"}
+def mode_env(size: str, weights: str, gpu_as: str = "") -> dict:
+    """The environment of the tests and the kernels for a mode; ``gpu_as`` (``--gpu-as``): kvlab's GPU rules answer
+    as that GPU (``KVLAB_GPU_AS``, ``kvlab.runtime.GPU_PROXIES``) while torch sees the real one."""
+    env = {**os.environ, "KVLAB_QUICK": "1" if size == "quick" else "0", "PYTHONUNBUFFERED": "1",
+           "KVLAB_GPU_AS": gpu_as}
     if weights == "random":
         env["KVLAB_RANDOM_WEIGHTS"] = "1"
     else:
@@ -361,7 +364,7 @@ def generated_docs_stale(runs: Path, readme: Path, guide: Path, notebooks: Path)
 
 
 def part_key(part: dict) -> tuple:
-    return part["part"], part["name"], part["size"], part["weights"]
+    return part["part"], part["name"], part["size"], part["weights"], part.get("gpu_as", "")
 
 
 def load_record(path: Path, hashes: dict) -> dict:
@@ -373,13 +376,14 @@ def load_record(path: Path, hashes: dict) -> dict:
         say(f"{path} holds a check of other code ({str((old.get('code_hash') or {}).get('combined'))[:12]}): "
             "starting a new record")
     return {"kvlab_gpu_check": 1, "about": "tools/gpu_check.py: the test suite and the notebooks on a GPU machine, "
-            "one part per (part, name, size, weights)", "code_hash": hashes, "date": None, "parts": []}
+            "one part per (part, name, size, weights, gpu_as)", "code_hash": hashes, "date": None, "parts": []}
 
 
 def put_part(record: dict, part: dict) -> dict:
     """``record`` with ``part`` in place of the part of the same key."""
     parts = [p for p in record["parts"] if part_key(p) != part_key(part)] + [part]
-    record["parts"] = sorted(parts, key=lambda p: (p["part"] != "tests", p["name"], p["size"], p["weights"]))
+    record["parts"] = sorted(parts, key=lambda p: (p["part"] != "tests", p["name"], p["size"], p["weights"],
+                                                   p.get("gpu_as", "")))
     record["date"] = max(p["date"] for p in record["parts"])
     return record
 
@@ -403,14 +407,16 @@ def describe(record: dict) -> str:
     """What a record checked, e.g. "pytest (quick, random weights): 1 of 1 runs passed; notebooks 00, 01 (...): ..."."""
     groups: dict[tuple, list[dict]] = {}
     for part in record.get("parts", []):
-        groups.setdefault((part["part"], part["size"], part["weights"]), []).append(part)
+        key = (part["part"], part["size"], part["weights"], part.get("gpu_as", ""))
+        groups.setdefault(key, []).append(part)
     said = []
-    for (kind, size, weights), parts in sorted(groups.items(), key=lambda g: (g[0][0] != "tests", g[0])):
+    for (kind, size, weights, gpu_as), parts in sorted(groups.items(), key=lambda g: (g[0][0] != "tests", g[0])):
         runs = [run for part in parts for run in part["runs"]]
         passed = sum(1 for run in runs if run.get("passed"))
         names = "pytest" if kind == "tests" else "notebooks " + ", ".join(
             p["name"][:2] if p["name"][:2].isdigit() else p["name"] for p in parts)
-        said.append(f"{names} ({'full size' if size == 'full' else 'quick'}, {weights} weights): "
+        proxy = f", as a {gpu_as.upper()}" if gpu_as else ""
+        said.append(f"{names} ({'full size' if size == 'full' else 'quick'}, {weights} weights{proxy}): "
                     f"{passed} of {len(runs)} runs passed")
     return "; ".join(said)
 
@@ -524,6 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("notebooks", nargs="*", help="notebooks to run: names or prefixes (default: all)")
     p.add_argument("--full", action="store_true", help="full size (KVLAB_QUICK=0) with the real model")
     p.add_argument("--weights", choices=("random", "real"), help="override the weights (quick: random, --full: real)")
+    p.add_argument("--gpu-as", default="", choices=("", "t4"),
+                   help="kvlab's GPU rules answer as this GPU (KVLAB_GPU_AS): a Colab T4's paths at this GPU's speed")
     p.add_argument("--parts", default="tests,notebooks", help="comma-separated: tests, notebooks (default both)")
     p.add_argument("--test-runs", type=int, default=1, help="runs of the test suite in a row (default 1)")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2),
@@ -560,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     real_model_wheel()
     size = "full" if args.full else "quick"
     weights = args.weights or ("real" if args.full else "random")
-    env = mode_env(size, weights)
+    env = mode_env(size, weights, args.gpu_as)
     command = shlex.join(["python3", "tools/gpu_check.py", *argv])
     folder = args.notebooks_dir.resolve()
     notebooks = run_notebooks.find_notebooks(folder, args.notebooks) if "notebooks" in parts else []
@@ -568,7 +576,8 @@ def main(argv: list[str] | None = None) -> int:
     found = probe(env)
     versions = {k: found.get(k) for k in ("python", "torch", "cuda", "triton", "transformers")}
     hardware = found.get("hardware") or "unknown"
-    say(f"gpu_check: {size}, {weights} weights, on {hardware}; code hash {hashes['combined'][:12]}; {versions}")
+    say(f"gpu_check: {size}, {weights} weights{', as a ' + args.gpu_as.upper() if args.gpu_as else ''}, "
+        f"on {hardware}; code hash {hashes['combined'][:12]}; {versions}")
     for error in found.get("probe_errors", []):
         say(f"  probe: {error}")
     if found.get("device") != "cuda":
@@ -579,17 +588,17 @@ def main(argv: list[str] | None = None) -> int:
     record = load_record(args.out, hashes)
     if args.missing:
         runs_held = {(p["part"], p["name"]): len(p["runs"]) for p in record["parts"]
-                     if (p["size"], p["weights"]) == (size, weights)}
+                     if (p["size"], p["weights"], p.get("gpu_as", "")) == (size, weights, args.gpu_as)}
         if runs_held.get(("tests", "tests/"), 0) >= args.test_runs:
             parts = [x for x in parts if x != "tests"]
         notebooks = [path for path in notebooks if runs_held.get(("notebook", path.name), 0) < args.notebook_runs]
         say(f"  --missing: left to run: {', '.join(['tests'] * ('tests' in parts) + [x.name for x in notebooks]) or 'nothing'}")
-    common = {"size": size, "weights": weights, "hardware": hardware, "versions": versions,
+    common = {"size": size, "weights": weights, "gpu_as": args.gpu_as, "hardware": hardware, "versions": versions,
               "commit": found.get("git"), "command": command}
     done: list[dict] = []
     written = [args.out]
     started = float(os.environ[STARTED_ENV])
-    call = {"command": command, "size": size, "weights": weights, "hardware": hardware,
+    call = {"command": command, "size": size, "weights": weights, "gpu_as": args.gpu_as, "hardware": hardware,
             "started": datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds"),
             "setup_s": round(time.time() - started, 1), "wall_s": None, "parts": [], "passed": None}
 
