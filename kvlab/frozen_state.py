@@ -46,15 +46,25 @@ def decoder_layers(model) -> tuple[int, int | None]:
     return configured, (len(layers) if layers is not None else None)
 
 
-def layer_count_problem(model) -> str | None:
+def layer_problem(model) -> str | None:
     """What is wrong when the config and the model's decoder layers disagree (a forward runs
-    ``layers[:config.num_hidden_layers]`` and a cache has one layer per configured one), else None."""
+    ``layers[:config.num_hidden_layers]`` and a cache has one layer per configured one), or a layer's attention
+    writes another position's cache layer (``self_attn.layer_idx``: a layer moved or copied), else None."""
     configured, present = decoder_layers(model)
-    if present is None or present == configured:
-        return None
-    return (f"model.config.num_hidden_layers is {configured} but the model has {present} decoder layers "
-            f"(model.model.layers): {configured} decoder layers configured, {present} present. Set it "
-            f"(model.config.num_hidden_layers = {present}), or build a model of the layers you want from its config")
+    if present is not None and present != configured:
+        return (f"model.config.num_hidden_layers is {configured} but the model has {present} decoder layers "
+                f"(model.model.layers): a forward would run {min(configured, present)} of them and a cache would "
+                f"hold {configured}; the layers or the config changed after the model was built. Set it "
+                f"(model.config.num_hidden_layers = {present}), or build a model of the layers you want from its "
+                "config")
+    for i, layer in enumerate(getattr(getattr(model, "model", model), "layers", None) or ()):
+        index = getattr(getattr(layer, "self_attn", None), "layer_idx", i)
+        if index != i:
+            return (f"model.model.layers[{i}] reads and writes cache layer {index} (its self_attn.layer_idx): a "
+                    "layer was moved or copied from another position, and a cache would mix two layers' keys. Set "
+                    f"model.model.layers[{i}].self_attn.layer_idx = {i} (and so for each moved layer), or build a "
+                    "model of the layers you want from its config")
+    return None
 
 
 def _walk(model) -> tuple[list, list, tuple]:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import kvlab
-from kvlab.frozen_state import check_unchanged, frozen_state, layer_count_problem, unchanged
+from kvlab.frozen_state import check_unchanged, frozen_state, layer_problem, unchanged
 from kvlab.graph_safe_cache import GraphSafeError
 from kvlab.lab.models import TINY_CONFIGS, tiny_model
 
@@ -116,10 +116,15 @@ def test_what_it_cannot_see_is_what_its_docstring_says():
     assert "tensor.data" in module.__doc__ and "class" in module.__doc__
 
 
-def test_layer_count_problem_says_what_to_do():
+def test_layer_problem_says_what_to_do():
     model = tiny_model("tiny-llama")
-    assert layer_count_problem(model) is None
+    assert layer_problem(model) is None
     model.model.layers = model.model.layers[:1]
-    assert "model.config.num_hidden_layers = 1" in layer_count_problem(model)
+    assert "model.config.num_hidden_layers = 1" in layer_problem(model)
     model.config.num_hidden_layers = 1
-    assert layer_count_problem(model) is None
+    assert layer_problem(model) is None
+    model.model.layers = torch.nn.ModuleList([model.model.layers[0], tiny_model("tiny-llama").model.layers[1]])
+    model.config.num_hidden_layers = 2
+    assert layer_problem(model) is None
+    model.model.layers = model.model.layers[::-1]  # reordered: each attention writes the other's cache layer
+    assert "layers[0] reads and writes cache layer 1" in layer_problem(model)
