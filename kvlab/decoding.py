@@ -44,6 +44,22 @@ def check_model(model) -> None:
     if not isinstance(model, torch.nn.Module) or not hasattr(getattr(model, "config", None), "get_text_config"):
         raise TypeError(f"model must be a transformers model (a torch.nn.Module with a .config), got "
                         f"{type(model).__name__}: load one with model, tokenizer = kvlab.load_model(...)")
+    if model.get_output_embeddings() is None:
+        raise TypeError(f"{type(model).__name__} has no language-model head (lm_head), so it gives no next-token "
+                        "logits: load the causal-LM model (transformers.AutoModelForCausalLM, or "
+                        "kvlab.load_model(...))")
+
+
+def random_in_training(model) -> str | None:
+    """A dropout that would change tokens at random, in a model left in train mode, else None."""
+    if not model.training:
+        return None
+    for name, module in model.named_modules():
+        p = module.p if isinstance(module, torch.nn.Dropout) else getattr(module, "attention_dropout", 0.0)
+        if module.training and isinstance(p, float) and p > 0:
+            return (f"the model is in train mode and {name or 'model'} drops activations at random (p={p}): decoded "
+                    "tokens would be random and differ between strategies. Call model.eval() first")
+    return None
 
 
 def count(value, name: str, *, minimum: int = 1) -> int:
@@ -97,6 +113,9 @@ def check_inputs(model, input_ids: torch.Tensor, max_new_tokens: int) -> int:
                          "e.g. kvlab.load_model(...) or model.to_empty(device=...) followed by loading a state dict")
     if input_ids.device != device:
         raise ValueError(f"input_ids are on {input_ids.device} but the model is on {device}: call input_ids.to({str(device)!r})")
+    dropout = random_in_training(model)
+    if dropout is not None:
+        raise ValueError(dropout)
     layers = layer_problem(model)  # a forward runs layers[:num_hidden_layers]; a cache has num_hidden_layers
     if layers is not None:
         raise ValueError(layers)

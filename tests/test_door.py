@@ -111,3 +111,17 @@ def test_ids_past_the_embedding_are_refused_whatever_the_config_says(prompt):
 def test_a_module_without_a_config_is_refused(prompt):
     with pytest.raises(TypeError, match=r"a torch\.nn\.Module with a \.config.*load_model"):
         kvlab.decode(torch.nn.Linear(4, 4), prompt(3), 2)
+
+
+def test_a_model_without_a_head_or_with_live_dropout_is_refused(prompt):
+    from transformers import AutoModelForCausalLM
+
+    model = tiny_model("tiny-llama")
+    with pytest.raises(TypeError, match="no language-model head.*AutoModelForCausalLM"):
+        kvlab.decode(model.model, prompt(3), 2)
+    config = model.config.__class__(**{**model.config.to_dict(), "attention_dropout": 0.5})
+    dropping = AutoModelForCausalLM.from_config(config).train()
+    with pytest.raises(ValueError, match=r"train mode and model\.layers\.0\.self_attn drops .*p=0\.5.*model\.eval\(\)"):
+        kvlab.decode(dropping, prompt(3), 2)
+    assert torch.equal(kvlab.decode(dropping.eval(), prompt(3), 3), kvlab.decode(dropping, prompt(3), 3))
+    assert torch.equal(kvlab.decode(model.train(), prompt(3), 3), kvlab.decode(model.eval(), prompt(3), 3))
