@@ -44,7 +44,7 @@ def check_model(model) -> None:
     if not isinstance(model, torch.nn.Module) or not hasattr(getattr(model, "config", None), "get_text_config"):
         raise TypeError(f"model must be a transformers model (a torch.nn.Module with a .config), got "
                         f"{type(model).__name__}: load one with model, tokenizer = kvlab.load_model(...)")
-    if model.get_output_embeddings() is None:
+    if getattr(model, "get_output_embeddings", lambda: None)() is None:
         raise TypeError(f"{type(model).__name__} has no language-model head (lm_head), so it gives no next-token "
                         "logits: load the causal-LM model (transformers.AutoModelForCausalLM, or "
                         "kvlab.load_model(...))")
@@ -74,7 +74,8 @@ def count(value, name: str, *, minimum: int = 1) -> int:
     if number is None or number < minimum:
         hint = (": pass int(x)" if isinstance(value, float | str) else
                 ": a bool is not a count" if wrong and "bool" in str(getattr(value, "dtype", type(value))) else "")
-        raise ValueError(f"{name} must be a {'positive' if minimum == 1 else f'>= {minimum}'} int, got {value!r}{hint}")
+        kind = {0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
+        raise ValueError(f"{name} must be {kind}, got {value!r}{hint}")
     return number
 
 
@@ -92,7 +93,7 @@ def _check_ids(input_ids) -> None:
 def vocabulary(model) -> int:
     """How many token ids the model can read: its input embedding's rows (``config.vocab_size`` can be edited
     without resizing it)."""
-    embedding = model.get_input_embeddings()
+    embedding = getattr(model, "get_input_embeddings", lambda: None)()
     rows = getattr(embedding, "num_embeddings", None)
     return rows if rows is not None else model.config.get_text_config().vocab_size
 

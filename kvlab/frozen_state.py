@@ -163,7 +163,9 @@ class FrozenState:
 
 
 def _config(model) -> tuple:
-    return decoder_layers(model), *_config_settings(model.config.get_text_config())
+    config = model.config.get_text_config()
+    layers = getattr(getattr(model, "model", model), "layers", None)
+    return (config.num_hidden_layers, None if layers is None else len(layers)), *_config_settings(config)
 
 
 def _marks(module) -> tuple:
