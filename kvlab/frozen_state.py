@@ -3,25 +3,31 @@
 A graph replays the kernels it recorded: it reads every weight and buffer by address, runs the layers that were
 there, and bakes in every plain-Python number a step read (an RMSNorm's ``variance_epsilon``, the attention's
 ``scaling``, the RoPE type). A fused copy holds the weights as they were. Either one keeps decoding the old model
-after an edit, so whoever holds one takes ``frozen_state(model)`` when it freezes the model and calls
-``check_unchanged(before, model, "this decoder")`` before every decode.
+after an edit, so whoever holds one takes ``before = frozen_state(model)`` when it freezes the model (for a fused
+copy: of the source model and of the copy) and calls ``check_unchanged(before, model, "this decoder")`` before
+every decode; it raises ``GraphSafeError`` naming what moved. ``unchanged(before, model)`` is its fast path (a
+bool) and ``changes(before, model)`` the list of what moved, by name. ``layer_problem(model)`` says what is wrong
+with a model whose decoder layers disagree with its config (``kvlab.decoding.check_inputs`` refuses it).
 
-What the snapshot holds (taken in one walk of the modules' own ``_parameters``/``_buffers``/``_modules`` dicts):
+What the snapshot holds (the check is one walk of the modules' own ``_parameters``/``_buffers``/``_modules`` dicts;
+it reads no tensor's data, so it never waits for a device):
 
-- every module, by identity (a submodule replaced, added or removed is seen) and its instance ``forward`` if one was
+- every module, by identity (a submodule replaced, added or removed is seen), its instance ``forward`` if one was
   set on it (a patched forward) and its number of forward (pre-)hooks, plus the process's global forward hooks;
 - every parameter and buffer, by identity, address, shape, dtype, device and in-place version (``tensor._version``:
   an in-place edit under ``torch.no_grad()`` or ``torch.inference_mode()``, ``copy_``, ``load_state_dict`` all bump
   it);
 - the decoder layers configured (``config.num_hidden_layers``) and present (``model.model.layers``);
 - each module's public scalar attributes (float, int, bool, str, None), and the config fields a forward reads
-  (``CONFIG_READ``). ``training`` is left out: kvlab decodes the same tokens in train mode (the course's models
-  have no dropout) and toggling ``model.eval()`` is common. Private attributes (``_name``) are left out.
+  (``CONFIG_READ``). ``training`` is left out: kvlab decodes the same tokens in train mode (a model with live
+  dropout is refused by ``check_inputs``) and toggling ``model.eval()`` is common. Private attributes (``_name``)
+  are left out. The snapshot holds weak references only: it keeps no old weight alive.
 
 What it cannot see: a weight edited through ``tensor.data`` (``p.data.mul_(2)``: ``.data`` has its own version
-counter), through a raw ``data_ptr``, by another process or by a CUDA kernel of someone else's; a method patched on
-the class (``LlamaMLP.forward = ...``) or a module-level function a forward calls; a setting held in a container
-(a list or dict attribute) or in a private attribute; a config field outside ``CONFIG_READ``.
+counter), through a raw ``data_ptr``, by another process or by a CUDA kernel of someone else's; a tensor held in a
+plain attribute (not a parameter or buffer); a method patched on the class (``LlamaMLP.forward = ...``) or a
+module-level function a forward calls; a setting held in a container (a list or dict attribute) or in a private
+attribute; a config field outside ``CONFIG_READ``; an int setting turned into the equal bool (``1`` -> ``True``).
 """
 
 from __future__ import annotations
