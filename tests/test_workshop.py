@@ -115,7 +115,7 @@ def test_the_schedule_sums_are_the_sums_of_its_rows():
     if found.group(2):
         assert int(found.group(2)) == abs(sum(r.total for r in core) - workshop.WORKSHOP_MINUTES)
         assert (found.group(3) == "over") == (sum(r.total for r in core) > workshop.WORKSHOP_MINUTES)
-    parts = re.search(r"Its minutes: run time (\d+), reading (\d+) \((\d+) of it printed source\), in-room exercises "
+    parts = re.search(r"Its minutes: run time (\d+), reading (\d+) \((\d+) of it printed source\), in-class exercises "
                       r"(\d+) \((\d+) exercises?\), (\d+) breaks? (\d+), slack (\d+)\.", said)
     assert parts
     run, reading, printed, room, room_count, breaks, break_minutes, slack = map(int, parts.groups())
@@ -294,7 +294,7 @@ def test_exercises_in_the_room_as_homework_and_optional():
 
 
 def fake_texts(room: dict[str, int]) -> dict:
-    """Lessons 00-07 with 30 minutes of reading each, ``room[lesson]`` in-room exercises, one homework exercise."""
+    """Lessons 00-07 with 30 minutes of reading each, ``room[lesson]`` in-class exercises, one homework exercise."""
     texts = {}
     for lesson in (*workshop.PRE_WORK, *workshop.CORE, *workshop.SEPARATE):
         text = workshop.Text(words=30 * workshop.WORDS_PER_MINUTE, room_exercises=room.get(lesson, 0),
@@ -320,17 +320,17 @@ def test_the_verdict_names_a_core_lesson_without_an_in_room_exercise():
     # 5 lessons of 35 minutes, 2 breaks, 15 of slack: 210 minutes, over 180
     over = workshop.verdict(workshop.schedule(fake_texts({k: 1 for k in workshop.CORE}), []))
     assert over.startswith("**The plan does not fit: the core path (lessons 01-05) takes 210 minutes on the recorded "
-                           "CPU, 30 over 180, and every core lesson has an in-room exercise.**")
-    assert ("Its minutes: run time 0, reading 150 (0 of it printed source), in-room exercises 25 (5 exercises), "
+                           "CPU, 30 over 180, and every core lesson has an in-class exercise.**")
+    assert ("Its minutes: run time 0, reading 150 (0 of it printed source), in-class exercises 25 (5 exercises), "
             "2 breaks 20, slack 15.") in over
-    assert ("Homework, the exercises of the lessons' Exercises sections, left out of the room (25 minutes): "
+    assert ("Homework, the exercises of the lessons' Exercises sections, left out of class (25 minutes): "
             "01 1 exercise (5 minutes); 02 1 exercise (5 minutes)") in over
     assert "Pre-work (lesson 00): 30 minutes, and 5 of homework (1 exercise)." in over
     # lessons 01 and 03 without one: 200 minutes, still over, and both named
     lacking = workshop.verdict(workshop.schedule(fake_texts({"02": 1, "04": 1, "05": 1}), []))
     assert lacking.startswith("**The plan does not fit: the core path (lessons 01-05) takes 200 minutes on the recorded "
-                              "CPU, 20 over 180, and `01_l`, `03_l` have no in-room exercise.**")
-    # a total that fits does not make the plan fit while a lesson has no in-room exercise
+                              "CPU, 20 over 180, and `01_l`, `03_l` have no in-class exercise.**")
+    # a total that fits does not make the plan fit while a lesson has no in-class exercise
     short = fake_texts({k: 1 for k in workshop.CORE if k != "04"})
     for lesson in workshop.CORE:
         short[lesson][1].words = 20 * workshop.WORDS_PER_MINUTE

@@ -31,7 +31,10 @@ Per lesson (a notebook of notebooks/, named by its two-digit prefix):
   ``RUNTIME_SHOWN`` (lesson 04's ``show(result)``, which displays the source of the scenario that made ``result``).
   Anything still unresolved is an error: the tool names the lesson, the cell (its 0-based index in the notebook) and
   the expression, and exits 1, rather than counting 0. The counts are cached per notebook (by its text) within a run.
-- **exercises**: ``EXERCISE_MINUTES`` each. An exercise is a markdown line that starts with ``**Exercise`` (lessons
+- **exercises**: each at its own estimate (``Exercise.estimate``): a "(N min)" note in its heading or bold line, else
+  ``EXERCISE_ESTIMATES`` keyed by the checker its code cell calls (``lessonNN.check_NAME``: robust to renumbered
+  lessons and exercises), else ``WRITE_MINUTES`` for a stub to fill in and ``EXERCISE_MINUTES`` for a prediction, a
+  number or a question. An exercise is a markdown line that starts with ``**Exercise`` (lessons
   00-02 write "**Exercise 1.**", lesson 05 "**Exercise 1 · Predict, then run**") or with a bold number ``**1.**``
   (lessons 03-06 write their Exercises sections so), a heading whose title starts with "Exercise" and a number
   ("### Exercise 4 · The whole loop, by hand"), or a cell tagged "exercise" that holds no such line (a code cell so
@@ -39,8 +42,8 @@ Per lesson (a notebook of notebooks/, named by its two-digit prefix):
   its tagged code cell count once). Where an exercise is decides who does it:
   - **homework**: an exercise in a lesson's "Exercises" section (a heading whose title ends with "Exercises", until
     the next heading of the same or a higher level). The section's words and code are part of its exercises'
-    minutes, not of reading, and the homework is left out of the room's total, listed per lesson apart.
-  - **in the room**: an exercise anywhere else (the lesson body) that is not in an optional section. Its minutes are
+    minutes, not of reading, and the homework is left out of class's total, listed per lesson apart.
+  - **in class**: an exercise anywhere else (the lesson body) that is not in an optional section. Its minutes are
     part of the lesson's total; its text is also counted as reading (where it ends is not marked), so the total is
     on the safe side.
 - **optional sections**: a heading line that ends with "(optional)", or a cell tagged "optional" (from its first
@@ -49,17 +52,18 @@ Per lesson (a notebook of notebooks/, named by its two-digit prefix):
   shown apart.
 
 Every column is rounded up to whole minutes, and a lesson's total is the sum of its rounded columns (run, reading,
-printed source, in-room exercises), so the schedule's sums are the sums of the numbers it shows.
+printed source, in-class exercises), so the schedule's sums are the sums of the numbers it shows.
 
 The workshop: lesson 00 is pre-work, lessons 01-05 are the core path, with a ``BREAK_MINUTES`` break at the lesson
 boundary where the time since the last break comes nearest to ``BREAK_EVERY_MINUTES``, and ``SLACK_MINUTES`` of
 slack once at its end, kept for the instructor and set-up problems; lesson 06 is a session of its own. The core
-path's total is run time + reading (markdown, code and printed source) + in-room exercises + breaks + slack, and the
+path's total is run time + reading (markdown, code and printed source) + in-class exercises + breaks + slack, and the
 plan fits only when that total is at most ``WORKSHOP_MINUTES`` and every core lesson has at least one exercise done
-in the room. The block written into INSTRUCTORS.md holds the run-time table (with whether each machine's rows are
+in class. The block written into INSTRUCTORS.md holds the run-time table (with whether each machine's rows are
 current: their ``code_hash`` against this checkout's, ``tools/code_hash.py``), the schedule and the verdict: the
-core path's minutes, whether and by how much it fits ``WORKSHOP_MINUTES``, the core lessons without an in-room
-exercise, the GPU variant, the optional sections and the homework left out. Every number in it is read from the data
+core path's minutes, whether and by how much it fits ``WORKSHOP_MINUTES``, the core lessons without an in-class
+exercise, the GPU variant and the homework left out; then the optional sections as a list per lesson and every
+exercise with its minutes. Its prose is wrapped at ``WRAP`` characters (no line of the guide over 300). Every number in it is read from the data
 and the notebooks, never typed.
 """
 
@@ -74,12 +78,14 @@ import json
 import math
 import re
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
 if str(Path(__file__).resolve().parent) not in sys.path:  # tools/, also when this file is loaded by its path
     sys.path.append(str(Path(__file__).resolve().parent))
 import code_hash  # noqa: E402
+import write_readme_runs  # noqa: E402  (is_current, OLDER: the README's table marks older code the same way)
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -96,12 +102,29 @@ WORDS_PER_MINUTE = 180
 # seconds: 600 lines an hour, a little above the few hundred lines an hour that code-review studies (SmartBear's study
 # of reviews at Cisco, "Best Kept Secrets of Peer Code Review", 2006) give as the most a careful reader takes in.
 CODE_LINES_PER_MINUTE = 10
-# An assumption: minutes for one exercise (read it, work it out, run the checker, read its hint once).
+# Minutes for one exercise (read it, work it out, run the checker, read its hint once), estimated per exercise by
+# what it asks, keyed by its checker's name (``lessonNN.check_NAME(...)`` in its code cell): robust to renumbered
+# lessons and exercises. A "(N min)" in the exercise's heading or bold line overrides the table; an exercise missing
+# from both counts WRITE_MINUTES if its cell holds a stub to fill in (``raise NotImplementedError``), else
+# EXERCISE_MINUTES (a prediction, a number or a question to think about). Estimates, not measurements: change them
+# after a workshop.
 EXERCISE_MINUTES = 5
+WRITE_MINUTES = 10
+EXERCISE_ESTIMATES = {
+    "check_parameter_count": 10, "check_chat_ids": 10,  # lesson 00
+    "check_naive_decode": 10, "check_step_flops": 15,  # lesson 01: a loop; FLOPs of every part of a pass
+    "check_attend": 10, "check_cache_update": 15, "check_cache_bytes": 5, "check_cached_positions": 5,  # lesson 02
+    "check_decode_step": 15, "check_reset_in_place": 10, "check_static_cache_bytes": 5,  # lesson 03
+    "check_graph_decode": 25, "check_put_back": 15,  # lesson 04: a whole capture-and-replay loop; one fix for two
+    "check_graph_loop": 30,  # lesson 05: the whole graph-safe loop by hand, before the rules
+    "check_write_positions": 10, "check_write_valid": 15, "check_launch_cost_us": 5,
+    "check_tokens_per_s": 5, "check_step_floor_ms": 10, "check_padding_rows": 5, "check_norm_matmul": 15,  # 06
+    "check_kept_drafts": 15, "check_draft": 15, "check_slots": 10, "check_blocks_held": 5,  # lesson 07
+}
 BREAK_MINUTES = 10
 BREAK_EVERY_MINUTES = 60
 # A choice, not a measurement: minutes of the core path kept for the instructor and set-up problems (a laptop that
-# will not start the kernel, a question that takes the room), counted once.
+# will not start the kernel, a question that takes the class), counted once.
 SLACK_MINUTES = 15
 WORKSHOP_MINUTES = 180
 
@@ -112,6 +135,9 @@ HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 FENCE = re.compile(r"^\s*(```|~~~)")
 EXERCISE_LINE = re.compile(r"^\s*\*\*(Exercise\b|\d+\.\*\*)")
 EXERCISE_HEADING = re.compile(r"^\**Exercise\s+\d")  # a heading's title: "Exercise 4 · The whole loop, by hand"
+CHECKER = re.compile(r"\blesson\w*\.(check_\w+)\s*\(")  # the checker an exercise's code cell calls
+MINUTES_NOTE = re.compile(r"\((\d+)\s*min(?:utes)?\)")  # "(20 min)" in an exercise's heading or bold line
+STUB = re.compile(r"raise\s+NotImplementedError")
 MAGIC = re.compile(r"^\s*[%!]")  # an IPython magic or shell line: not Python, blanked before a cell is parsed
 DISPLAYS = ("show_source", "show_diff")  # kvlab.lab.notebook's functions that display package source
 
@@ -322,13 +348,42 @@ def printed_source(notebook: dict, name: str = "the notebook") -> dict[int, int]
 # ------------------------------------------------------------------------------------------- the notebooks' text
 
 @dataclass
+class Exercise:
+    """One exercise: its heading or bold line, where it is done, its checker and its minutes' source."""
+
+    title: str
+    part: str  # "core" (in class), "homework" or "optional"
+    checker: str = ""
+    stub: bool = False  # its code cell has a stub to fill in
+
+    @property
+    def minutes(self) -> int:
+        return self.estimate[0]
+
+    @property
+    def estimate(self) -> tuple[int, str]:
+        """(minutes, where the number comes from)."""
+        note = MINUTES_NOTE.search(self.title)
+        if note:
+            return int(note.group(1)), "its heading"
+        if self.checker in EXERCISE_ESTIMATES:
+            return EXERCISE_ESTIMATES[self.checker], "the tool's table"
+        return (WRITE_MINUTES, "code to write") if self.stub else (EXERCISE_MINUTES, "a prediction or a question")
+
+    @property
+    def name(self) -> str:
+        """Its title without markdown: "Exercise 2 · The naive loop"."""
+        return re.sub(r"\*+|^#+\s*", "", self.title).strip().rstrip(".")
+
+
+@dataclass
 class Text:
     """What a lesson asks a student to read and do: core, homework and optional apart."""
 
     words: int = 0
     code_lines: int = 0  # the notebook's own code cells
     printed_lines: int = 0  # the source its show_source/show_diff calls display
-    room_exercises: int = 0  # exercises done in the room: outside the Exercises section and the optional sections
+    room_exercises: int = 0  # exercises done in class: outside the Exercises section and the optional sections
     homework_exercises: int = 0  # the exercises of the lesson's Exercises section
     optional_words: int = 0
     optional_code_lines: int = 0
@@ -339,6 +394,7 @@ class Text:
     # lines] up to the next heading, optional or not
     sections: dict[str, list[int]] = field(default_factory=dict)
     parts: dict[str, str] = field(default_factory=dict)  # each heading -> "core", "homework" or "optional"
+    exercises: list[Exercise] = field(default_factory=list)  # in reading order
 
     def add(self, optional: bool, *, words: int = 0, code_lines: int = 0, printed_lines: int = 0, exercises: int = 0,
             section: str = "", exercise_text: bool = False) -> None:
@@ -372,19 +428,25 @@ class Text:
     def printed_minutes(self) -> float:
         return self.printed_lines / CODE_LINES_PER_MINUTE
 
+    def _exercise_minutes(self, part: str, count: int) -> float:
+        """The listed exercises' estimates; exercises counted but not listed (a Text built by hand) at
+        EXERCISE_MINUTES."""
+        listed = [e.minutes for e in self.exercises if e.part == part]
+        return sum(listed) + max(0, count - len(listed)) * EXERCISE_MINUTES
+
     @property
     def exercise_minutes(self) -> float:
-        """The exercises done in the room."""
-        return self.room_exercises * EXERCISE_MINUTES
+        """The exercises done in class."""
+        return self._exercise_minutes("core", self.room_exercises)
 
     @property
     def homework_minutes(self) -> float:
-        return self.homework_exercises * EXERCISE_MINUTES
+        return self._exercise_minutes("homework", self.homework_exercises)
 
     @property
     def optional_minutes(self) -> float:
-        return minutes(self.optional_words, self.optional_code_lines + self.optional_printed_lines,
-                       self.optional_exercises)
+        return (minutes(self.optional_words, self.optional_code_lines + self.optional_printed_lines, 0)
+                + self._exercise_minutes("optional", self.optional_exercises))
 
 
 def minutes(words: int, code_lines: int, exercises: int) -> float:
@@ -399,6 +461,11 @@ def _source(cell: dict) -> str:
 
 def _tags(cell: dict) -> set:
     return set(cell.get("metadata", {}).get("tags", []) or [])
+
+
+def part(optional_level: int | None, exercises_level: int | None) -> str:
+    """Where an exercise at this point is done: "optional", "homework" (an Exercises section) or "core"."""
+    return "optional" if optional_level is not None else "homework" if exercises_level is not None else "core"
 
 
 def analyse(notebook: dict, name: str = "the notebook") -> Text:
@@ -441,15 +508,20 @@ def analyse(notebook: dict, name: str = "the notebook") -> Text:
                     section = f"{heading.group(1)} {title}"
                     n = 1 if EXERCISE_HEADING.match(title) else 0  # "### Exercise 4 · ...": the heading is the exercise
                     exercises_here += n
+                    if n:
+                        text.exercises.append(Exercise(title, part(optional_level, exercises_level)))
                     text.add(optional_level is not None, words=len(title.split()), exercises=n, section=section,
                              exercise_text=exercises_level is not None)
                     continue
                 n = 1 if not fenced and EXERCISE_LINE.match(line) else 0
                 exercises_here += n
+                if n:
+                    text.exercises.append(Exercise(line.strip()[:120], part(optional_level, exercises_level)))
                 text.add(optional_level is not None, words=len(line.split()), exercises=n, section=section,
                          exercise_text=exercises_level is not None)
             if "exercise" in tags and exercises_here == 0:
                 exercises_here = 1
+                text.exercises.append(Exercise(section, part(optional_level, exercises_level)))
                 text.add(optional_level is not None, exercises=1, section=section,
                          exercise_text=exercises_level is not None)
             if provisional and first_heading:  # a tagged cell without a heading: just this cell
@@ -460,7 +532,12 @@ def analyse(notebook: dict, name: str = "the notebook") -> Text:
                      section=section, exercise_text=exercises_level is not None)
             if "exercise" in tags and not previous_counted:
                 exercises_here = 1
+                text.exercises.append(Exercise(section, "optional" if optional else part(None, exercises_level)))
                 text.add(optional, exercises=1, section=section, exercise_text=exercises_level is not None)
+            if "exercise" in tags and text.exercises and not text.exercises[-1].checker:
+                checker = CHECKER.search(_source(cell))
+                text.exercises[-1].checker = checker.group(1) if checker else ""
+                text.exercises[-1].stub = bool(STUB.search(_source(cell)))
         previous_counted = exercises_here > 0 or (previous_counted and "exercise" in tags)
     return text
 
@@ -523,8 +600,8 @@ class Row:
     run: int = 0
     reading: int = 0  # the notebook's own markdown and code
     printed: int = 0  # the source its show_source/show_diff calls display
-    exercises: int = 0  # minutes of the exercises done in the room
-    room_count: int = 0  # how many exercises are done in the room
+    exercises: int = 0  # minutes of the exercises done in class
+    room_count: int = 0  # how many exercises are done in class
     homework: int = 0  # minutes of the Exercises section's exercises, left out of the total
     homework_count: int = 0
     optional: int = 0  # minutes of optional sections, left out of the total
@@ -589,8 +666,9 @@ def schedule(texts: dict[str, tuple[str, Text]], rows: list[dict]) -> dict[str, 
 # ------------------------------------------------------------------------------------------------------ rendering
 
 def run_table(texts: dict[str, tuple[str, Text]], rows: list[dict], now: dict | None = None) -> str:
-    """One column per recorded hardware (CPUs first), one row per lesson: seconds and minutes of the full-size run;
-    then whether each column is current against ``now`` (default: this checkout's hashes)."""
+    """One column per recorded hardware (CPUs first), one row per lesson: seconds and minutes of the full-size run,
+    marked where it ran code that has changed since (its code hash against ``now``, default this checkout's)."""
+    now = code_hash.tree_hashes(ROOT) if now is None else now
     full = [r for r in rows if not r.get("quick")]
     hardware = sorted({r["hardware"] for r in full if hardware_kind(r)}, key=lambda h: (not h.startswith("CPU"), h))
     by = {(r["notebook"], r["hardware"]): r for r in full}
@@ -598,19 +676,19 @@ def run_table(texts: dict[str, tuple[str, Text]], rows: list[dict], now: dict | 
     def cell(r):
         if r is None:
             return "not recorded"
-        if not r.get("passed"):
-            return f"FAILED after {r['wall_s']:.0f} s"
-        return f"{r['wall_s']:.0f} s ({r['wall_s'] / 60:.1f} min)"
+        said = (f"{r['wall_s']:.0f} s ({r['wall_s'] / 60:.1f} min)" if r.get("passed") else
+                f"FAILED after {r['wall_s']:.0f} s")
+        return said if write_readme_runs.is_current(r, now) else f"{said}, {write_readme_runs.OLDER}"
 
     lines = ["| lesson | " + " | ".join(hardware) + " |", "| --- |" + " --- |" * len(hardware)]
     for _, (name, _) in sorted(texts.items()):
         lines.append(f"| `{name.removesuffix('.ipynb')}` | " + " | ".join(cell(by.get((name, h))) for h in hardware) + " |")
-    made = {h: sorted({f"{(r.get('commit') or '?')[:7]} ({(r.get('date') or '?')[:10]})" for r in full
-                       if r["hardware"] == h}) for h in hardware}
-    lines += ["", "Full-size runs (`KVLAB_QUICK=0`, one fresh kernel per notebook, model loading included) recorded by "
-              "`python tools/run_notebooks.py` in `data/notebook_runs.json`; code: "
-              + "; ".join(f"{h} at {', '.join(m)}" for h, m in made.items()) + "."]
-    lines += ["", code_hash.status_sentence(full, hardware, code_hash.tree_hashes(ROOT) if now is None else now)]
+    dates = {h: sorted({str(r.get("date") or "?")[:10] for r in full if r["hardware"] == h}) for h in hardware}
+    older = any(write_readme_runs.OLDER in line for line in lines[2:])
+    lines += ["", "Full-size runs (`KVLAB_QUICK=0`, one fresh kernel per notebook, model loading included), recorded by "
+              "`python tools/run_notebooks.py` in `data/notebook_runs.json`, on "
+              + "; ".join(f"{h} ({', '.join(d)})" for h, d in dates.items()) + "."
+              + (f' "{write_readme_runs.OLDER}": that run\'s lesson code has changed since.' if older else "")]
     return "\n".join(lines)
 
 
@@ -620,7 +698,7 @@ def cpu_hardware(rows: list[dict]) -> list[str]:
 
 def schedule_table(plan: dict[str, list[Row]], rows: list[dict]) -> str:
     cpus = cpu_hardware(rows) or ["no CPU recorded"]
-    lines = ["| part | lesson | run (CPU) | reading | printed source | in-room exercises | total | "
+    lines = ["| part | lesson | run (CPU) | reading | printed source | in-class exercises | total | "
              "homework (left out) | optional (left out) |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
 
@@ -641,10 +719,10 @@ def schedule_table(plan: dict[str, list[Row]], rows: list[dict]) -> str:
     lines += ["", f"Minutes, each column rounded up. Run time: the slowest recorded full-size CPU run of the lesson "
               f"({', '.join(cpus)}). Reading: the notebook's markdown at {WORDS_PER_MINUTE} words per minute plus its "
               f"code cells at {CODE_LINES_PER_MINUTE} lines per minute. Printed source: the lines of package code its "
-              f"`show_source` and `show_diff` calls display, at {CODE_LINES_PER_MINUTE} lines per minute. In-room "
-              f"exercises: those of the lesson body, outside its Exercises section and its optional sections, "
-              f"{EXERCISE_MINUTES} minutes each. Homework: the exercises of the lesson's Exercises section, "
-              f"{EXERCISE_MINUTES} minutes each (their text included), left out of the total. Breaks: "
+              f"`show_source` and `show_diff` calls display, at {CODE_LINES_PER_MINUTE} lines per minute. In-class "
+              f"exercises: those of the lesson body, outside its Exercises section and its optional sections, each at "
+              f"its own estimate (the exercises table below). Homework: the exercises of the lesson's Exercises "
+              f"section (their text included), left out of the total. Breaks: "
               f"{BREAK_MINUTES} minutes at the lesson boundary nearest to every {BREAK_EVERY_MINUTES} minutes. "
               f"Slack: {SLACK_MINUTES} minutes once, kept for the instructor and set-up problems. "
               "The rates are assumptions, stated and sourced in `tools/write_workshop_schedule.py`."]
@@ -670,22 +748,23 @@ def verdict(plan: dict[str, list[Row]]) -> str:
               f"{WORKSHOP_MINUTES - total} under {WORKSHOP_MINUTES}" if fits_time else
               f"{total - WORKSHOP_MINUTES} over {WORKSHOP_MINUTES}")
     lacking = (f"{', '.join(f'`{label}`' for label in without)} "
-               f"{'has' if len(without) == 1 else 'have'} no in-room exercise")
+               f"{'has' if len(without) == 1 else 'have'} no in-class exercise")
     words = (f"**The plan {'fits' if fits else 'does not fit'}: the core path (lessons 01-05) takes {total} minutes "
              f"on the recorded CPU, {margin}" +
-             (", and every core lesson has an in-room exercise.**" if not without else
+             (", and every core lesson has an in-class exercise.**" if not without else
               f"{', but' if fits_time else ', and'} {lacking}.**"))
     words += (f" Its minutes: run time {run}, reading {reading + printed} ({printed} of it printed source), "
-              f"in-room exercises {exercises} ({_plural(room_count, 'exercise')}), "
+              f"in-class exercises {exercises} ({_plural(room_count, 'exercise')}), "
               f"{_plural(breaks, 'break')} {breaks * BREAK_MINUTES}, slack {slack}.")
     words += f" With the recorded GPU run times instead it takes {gpu_total} minutes."
     optional = sum(r.optional for r in lessons)
-    marked = [f'{r.label[:2]} "{title}"' for r in lessons for title in r.optional_sections]
-    words += (f" Marked optional in lessons 01-05, and left out of these totals ({optional} minutes): {'; '.join(marked)}."
+    marked = sum(len(r.optional_sections) for r in lessons)
+    words += (f" {_plural(marked, 'section')} of lessons 01-05 {'is' if marked == 1 else 'are'} marked optional and "
+              f"left out of these totals ({optional} minutes; listed below)."
               if marked else " No section of lessons 01-05 is marked optional yet.")
     homework = [f"{r.label[:2]} {_plural(r.homework_count, 'exercise')} ({r.homework} minutes)"
                 for r in lessons if r.homework_count]
-    words += (f" Homework, the exercises of the lessons' Exercises sections, left out of the room "
+    words += (f" Homework, the exercises of the lessons' Exercises sections, left out of class "
               f"({sum(r.homework for r in lessons)} minutes): {'; '.join(homework)}." if homework else
               " No core lesson sets homework exercises.")
     missing = [r.label for r in lessons if not r.recorded]
@@ -699,6 +778,48 @@ def verdict(plan: dict[str, list[Row]]) -> str:
             words += f" {said}: {sum(r.total for r in rows)} minutes" + (
                 f", and {homework_minutes} of homework ({_plural(count, 'exercise')})." if count else ".")
     return words
+
+
+def optional_list(plan: dict[str, list[Row]]) -> str:
+    """The optional sections of every lesson, a list item per lesson with its minutes."""
+    rows = [r for part in plan.values() for r in part if r.lesson and r.optional_sections]
+    items = [f"- **{r.label[:2]}** ({r.optional} min): " + "; ".join(f'"{t}"' for t in r.optional_sections)
+             for r in rows]
+    return "\n".join(["Optional sections, left out of the totals (homework reading):", "", *items]) if items else ""
+
+
+def exercise_table(texts: dict[str, tuple[str, Text]]) -> str:
+    """Every exercise of every lesson: where it is done, its minutes and where the estimate comes from."""
+    lines = ["| lesson | exercise | checker | done | minutes | estimate |", "| --- | --- | --- | --- | ---: | --- |"]
+    done = {"core": "in class", "homework": "homework", "optional": "optional"}
+    for _, (name, text) in sorted(texts.items()):
+        for e in text.exercises:
+            minutes_, source = e.estimate
+            checker = f"`{e.checker}`" if e.checker else ""
+            lines.append(f"| {name[:2]} | {_short(e.name)} | {checker} | {done[e.part]} | {minutes_} | {source} |")
+    return "\n".join(lines)
+
+
+def _short(title: str, width: int = 48) -> str:
+    """A title cut to ``width`` characters at a word, for a table cell (``|`` escaped)."""
+    title = title.replace("|", "\\|")
+    return title if len(title) <= width else title[:width].rsplit(" ", 1)[0] + " ..."
+
+
+WRAP = 116  # the generated block's prose is wrapped (markdown joins the lines); tables are not
+
+
+def wrapped(block: str) -> str:
+    """Every prose line of ``block`` wrapped at WRAP characters; a list item's continuation indented."""
+    out = []
+    for line in block.split("\n"):
+        if len(line) <= WRAP or line.startswith("|"):
+            out.append(line)
+        else:
+            indent = "  " if line.startswith("- ") else ""
+            out += textwrap.wrap(line, WRAP, subsequent_indent=indent, break_long_words=False,
+                                 break_on_hyphens=False)
+    return "\n".join(out)
 
 
 def section_table(texts: dict[str, tuple[str, Text]]) -> str:
@@ -715,8 +836,14 @@ def section_table(texts: dict[str, tuple[str, Text]]) -> str:
 def render(texts: dict[str, tuple[str, Text]], rows: list[dict]) -> str:
     """The block between the markers (without them)."""
     plan = schedule(texts, rows)
-    return "\n".join(["", "#### Run time per lesson", "", run_table(texts, rows), "",
-                      "#### The schedule", "", schedule_table(plan, rows), "", verdict(plan), ""])
+    return wrapped("\n".join(["", "#### Run time per lesson", "", run_table(texts, rows), "",
+                               "#### The schedule", "", schedule_table(plan, rows), "", verdict(plan), "",
+                               optional_list(plan), "", "#### The exercises and their minutes", "",
+                               exercise_table(texts), "",
+                               f"Estimates by what each exercise asks: the tool's table `EXERCISE_ESTIMATES` "
+                               f"(by checker), a \"(N min)\" note in the exercise's heading, else {WRITE_MINUTES} "
+                               f"minutes for code to write and {EXERCISE_MINUTES} for a prediction or a question.",
+                               ""]))
 
 
 def refreshed(guide_text: str, block: str) -> str:
