@@ -163,23 +163,72 @@ def test_an_exercises_section_counts_as_exercises_not_reading():
                     md("## Summary\nshort")]}
     text = workshop.analyse(nb)
     assert (text.homework_exercises, text.room_exercises, text.optional_exercises) == (1, 0, 0)  # homework
-    assert text.homework_minutes == workshop.EXERCISE_MINUTES and text.exercise_minutes == 0
+    assert text.homework_minutes == workshop.WRITE_MINUTES and text.exercise_minutes == 0  # a stub: code to write
     assert text.words == len(f"Lesson part {words} Summary short".split())  # the Exercises text is not reading
     assert text.code_lines == 0
     assert text.sections["## Exercises"][0] > 180  # still listed under its heading by --sections
 
 
-def test_the_run_table_says_whether_each_machine_is_current():
+def test_the_run_table_marks_older_code_and_names_no_hash():
     now = {"kvlab": "k" * 64, "notebooks": "n" * 64, "tests": "t" * 64}
     texts = {"00": ("00_a.ipynb", workshop.Text())}
-    row = {"notebook": "00_a.ipynb", "passed": True, "quick": False, "wall_s": 30.0, "date": "2026-12-01T10:00:00+00:00"}
+    row = {"notebook": "00_a.ipynb", "passed": True, "quick": False, "wall_s": 30.0, "date": "2026-12-01T10:00:00+00:00",
+           "commit": "abc1234def5678"}
     rows = [{**row, "hardware": "CPU: laptop", "device": "cpu", "code_hash": {**now, "combined": "c"}},
             {**row, "hardware": "NVIDIA H200", "device": "cuda", "code_hash": {**now, "kvlab": "old", "combined": "d"}},
             {**row, "hardware": "NVIDIA A100", "device": "cuda"}]
-    status = workshop.run_table(texts, rows, now=now).splitlines()[-1]
-    assert "CPU: laptop: current (code hash kvlab/ kkkkkkk, notebooks/ nnnnnnn)" in status
-    assert "NVIDIA H200: kvlab/ changed since these runs (rows of 2026-12-01)" in status
-    assert "NVIDIA A100: code hash not recorded (rows of 2026-12-01)" in status
+    table = workshop.run_table(texts, rows, now=now)
+    line = next(x for x in table.splitlines() if x.startswith("| `00_a`"))
+    assert line == "| `00_a` | 30 s (0.5 min) | 30 s (0.5 min), older code | 30 s (0.5 min), older code |"  # A100, H200
+    assert "abc1234" not in table and "kkkkkkk" not in table and "2026-12-01" in table
+    assert '"older code": that run\'s lesson code has changed since.' in table
+    current = workshop.run_table(texts, rows[:1], now=now)
+    assert "older code" not in current
+
+
+def test_an_exercise_is_estimated_by_its_note_its_checker_or_its_kind(monkeypatch):
+    monkeypatch.setattr(workshop, "EXERCISE_ESTIMATES", {"check_loop": 30})
+    nb = {"cells": [
+        md("## 1 · Body"),
+        md("### Exercise 1 · The loop"), code("def loop():\n    raise NotImplementedError\nprint(lesson09.check_loop(loop))",
+                                              "exercise"),
+        md("### Exercise 2 · A stub not in the table"),
+        code("def f():\n    raise NotImplementedError\nprint(lesson09.check_f(f))", "exercise"),
+        md("### Exercise 3 · A guess"), code("prediction = None\nprint(lesson09.check_guess(prediction))", "exercise"),
+        md("### Exercise 4 · A long one, noted (40 min)"),
+        code("def g():\n    raise NotImplementedError\nprint(lesson09.check_loop(g))", "exercise"),
+    ]}
+    text = workshop.analyse(nb)
+    assert [(e.checker, e.estimate) for e in text.exercises] == [
+        ("check_loop", (30, "the tool's table")), ("check_f", (workshop.WRITE_MINUTES, "code to write")),
+        ("check_guess", (workshop.EXERCISE_MINUTES, "a prediction or a question")), ("check_loop", (40, "its heading"))]
+    assert text.room_exercises == 4
+    assert text.exercise_minutes == 30 + workshop.WRITE_MINUTES + workshop.EXERCISE_MINUTES + 40
+    table = workshop.exercise_table({"09": ("09_x.ipynb", text)})
+    assert "| 09 | Exercise 1 · The loop | `check_loop` | in class | 30 | the tool's table |" in table
+
+
+def test_every_checker_in_the_table_is_a_checker_of_the_course():
+    from kvlab import exercises
+
+    pattern = re.compile(r"^(?:def (check_\w+)|(check_\w+)\s*=)", re.MULTILINE)
+    names = {a or b for path in Path(exercises.__file__).parent.glob("lesson*.py")
+             for a, b in pattern.findall(path.read_text(encoding="utf-8"))}
+    used = {e.checker for _, text in workshop.lesson_texts(workshop.NOTEBOOKS).values() for e in text.exercises}
+    stale = set(workshop.EXERCISE_ESTIMATES) - names - used
+    assert not stale, f"EXERCISE_ESTIMATES names checkers the course no longer has: {sorted(stale)}"
+
+
+def test_the_block_is_readable_no_line_over_300_and_prose_wrapped():
+    block = workshop.render(workshop.lesson_texts(workshop.NOTEBOOKS), runs())
+    for line in block.splitlines():
+        assert len(line) <= 300, line[:80]
+        if not line.startswith("|"):
+            assert len(line) <= workshop.WRAP, line[:80]
+    optional = [line for line in block.splitlines() if line.startswith("- **")]
+    plan = workshop.schedule(workshop.lesson_texts(workshop.NOTEBOOKS), runs())
+    assert len(optional) == sum(1 for part in plan.values() for r in part if r.lesson and r.optional_sections)
+    assert workshop.wrapped("- " + "word " * 100).splitlines()[1].startswith("  word")  # a list item continues
 
 
 # ------------------------------------------------------------------------------------- the source lessons print
@@ -287,8 +336,13 @@ def test_exercises_in_the_room_as_homework_and_optional():
     assert text.sections["### Exercise 2 · The whole loop, by hand"][2] == 1
     assert text.parts == {"## 1 · Body": "core", "### Exercise 2 · The whole loop, by hand": "core",
                           "## 2 · Deep (optional)": "optional", "## Exercises": "homework"}
+    # each at its own estimate: a prediction, then a stub to fill in (no checker named: by kind)
+    assert [(e.part, e.stub, e.minutes) for e in text.exercises] == [
+        ("core", False, workshop.EXERCISE_MINUTES), ("core", True, workshop.WRITE_MINUTES),
+        ("optional", False, workshop.EXERCISE_MINUTES), ("homework", False, workshop.EXERCISE_MINUTES),
+        ("homework", False, workshop.EXERCISE_MINUTES)]
     row = workshop.lesson_row("core", "05_x.ipynb", text, [])
-    assert (row.exercises, row.room_count) == (2 * workshop.EXERCISE_MINUTES, 2)
+    assert (row.exercises, row.room_count) == (workshop.EXERCISE_MINUTES + workshop.WRITE_MINUTES, 2)
     assert (row.homework, row.homework_count) == (2 * workshop.EXERCISE_MINUTES, 2)
     assert row.total == row.reading + row.printed + row.exercises  # homework and optional left out
 
@@ -338,7 +392,7 @@ def test_the_verdict_names_a_core_lesson_without_an_in_room_exercise():
     total = sum(r.total for r in workshop.schedule(short, [])["core"])
     assert total <= workshop.WORKSHOP_MINUTES
     assert said.startswith(f"**The plan does not fit: the core path (lessons 01-05) takes {total} minutes on the "
-                           f"recorded CPU, {workshop.WORKSHOP_MINUTES - total} under 180, but `04_l` has no in-room "
+                           f"recorded CPU, {workshop.WORKSHOP_MINUTES - total} under 180, but `04_l` has no in-class "
                            "exercise.**")
     short["04"][1].room_exercises = 1
     assert workshop.verdict(workshop.schedule(short, [])).startswith("**The plan fits: the core path")
