@@ -1,10 +1,10 @@
-"""Checkers for lesson 01 (naive decoding): code the student writes, and one prediction.
+"""Checkers for lesson 01 (naive decoding): one prediction, and code the student writes (in reading order).
 
+- ``check_doubling_prediction(prediction, ...)``: how the naive decode's total time grows when ``n`` doubles;
 - ``check_naive_decode(naive_decode)``: the greedy loop without a cache, token-exact against
   ``kvlab.decoding.decode_naive`` on a tiny random model; a wrong loop is told the first token that differs and why;
 - ``check_step_flops(step_flops, config=...)``: the FLOPs of one naive step from the config, against
-  ``kvlab.sizes.forward_flops``, with the mistake behind a wrong count named;
-- ``check_doubling_prediction(prediction, ...)``: how the naive decode's total time grows when ``n`` doubles.
+  ``kvlab.sizes.forward_flops``, with the mistake behind a wrong count named.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from .common import NotANumber, call_student, check_prediction, code_checker, re
 from .lesson00 import describe, small_gqa_config
 from .mistakes import first_match, show_sources
 
-# ---- exercise 1: the naive greedy loop -------------------------------------------------------------------------
+# ---- exercise 2: the naive greedy loop -------------------------------------------------------------------------
 
 DECODE_CASES = ((1, 5, 1), (2, 4, 3))  # (batch, prompt_len, seed): one prompt, then a batch of two; seeds whose
 # first step tells apart the argmax of the first, second-to-last and last position and of the newest token alone
@@ -109,7 +109,7 @@ def check_naive_decode(student, *, model=None, new_tokens: int = 6) -> str:
             "prompt and for a batch of two")
 
 
-# ---- exercise 2: the FLOPs of one naive step -------------------------------------------------------------------
+# ---- exercise 3: the FLOPs of one naive step -------------------------------------------------------------------
 
 
 def step_flops(config, length: int) -> int:
@@ -174,7 +174,7 @@ def check_step_flops(student, *, config=None, length: int = 1000) -> str:
 show_sources(check_step_flops, step_flops, flops_breakdown)
 
 
-# ---- exercise 3 (predict, then run): doubling n ----------------------------------------------------------------
+# ---- exercise 1 (predict, then run): doubling n ----------------------------------------------------------------
 
 DOUBLING_CHOICES = {
     "2x": "about twice as long: every step costs about the same, whatever its length",
