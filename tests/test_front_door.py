@@ -12,6 +12,7 @@ README, GUIDE, MAINTAINING = ROOT / "README.md", ROOT / "INSTRUCTORS.md", ROOT /
 # a commit or code hash: 7 to 40 hex digits, at least one digit and one letter, standing alone
 HASH = re.compile(r"(?<![0-9A-Za-z_/.-])(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?![0-9A-Za-z_])")
 MACHINE_WORDS = ("the GPU machine", "64 MiB", "device call", "/work/", "shared/device")
+BOOKKEEPING = ("data/attempts", "in the room")  # the course's rule for what students and teachers read
 TEST_COMMAND = "KVLAB_QUICK=1 pytest"
 
 
@@ -46,6 +47,8 @@ def test_no_hash_and_no_development_machine_detail(path):
     assert not hashes, f"{path.name} names commit or code hashes {hashes}: they belong in MAINTAINING.md or data/"
     found = [w for w in MACHINE_WORDS if w.lower() in text.lower()]
     assert not found, f"{path.name} names development-machine detail {found}: move it to MAINTAINING.md"
+    found = [w for w in BOOKKEEPING if w.lower() in text.lower()] + re.findall(r"\bCI\b", text)
+    assert not found, f"{path.name} says {found}: bookkeeping, not for students or teachers (MAINTAINING.md)"
 
 
 def test_the_hash_pattern_finds_hashes_and_nothing_else():
