@@ -9,8 +9,9 @@ token after draft ``i - 1``. The longest prefix of right drafts is kept, plus th
 verify step makes from 1 (no draft right) to k + 1 (all right) tokens, and they are the tokens plain greedy decoding
 makes: the drafts only decide how many come per forward.
 
-``SpeculativeDecoder`` is a ``kvlab.graph_decoder.GraphSafeDecoder`` (its cache, prefill, capture and checks) with one
-more captured graph: the verify step of k + 1 rows. Per verify step the host drafts (``prompt_lookup_draft`` on
+``SpeculativeDecoder`` is a ``kvlab.graph_decoder.GraphSafeDecoder`` (its cache, prefill, capture and checks)
+with one more captured graph: the verify step of k + 1 rows, a plain function like a decoder's step
+(``model_verify``: the model's forward; ``kvlab.kernels.step.kernel_verify``: kvlab's kernels). Per verify step the host drafts (``prompt_lookup_draft`` on
 its own copy of each row's tokens), writes the rows into the static buffer ``rows``, replays, and reads the number
 of accepted drafts (its one host sync). The rollback happens inside the graph: the forward advanced the cache's
 one counter by k + 1, and the graph subtracts the rejected drafts, in place. The rejected drafts' keys and values
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from .decoding import OnToken
-from .graph_decoder import GraphSafeDecoder, cache_length, held, prefill_mask
+from .graph_decoder import GraphSafeDecoder, cache_length, forward_mask, held, model_step
 from .graph_safe_cache import GraphSafeError, GraphSafeStaticCache
 
 
@@ -88,6 +89,16 @@ def kept_drafts(rows: torch.Tensor, verified: torch.Tensor) -> torch.Tensor:
     return right.long().cumprod(dim=-1).sum(dim=-1).min()  # a False stops the cumprod: the right prefix's length
 
 
+def model_verify(model, cache, rows: torch.Tensor, verified: torch.Tensor) -> torch.Tensor:
+    """The verify forward: ``rows`` [batch, k + 1] (the last token, then k drafts) at the counter's positions,
+    causal; writes the model's greedy token after each row into ``verified`` [batch, k + 1] and advances the
+    counter by k + 1 (the caller rolls back the rejected drafts)."""
+    mask = forward_mask(model, cache, rows)  # [batch, 1, k + 1, slots] causal from the counter
+    logits = model(input_ids=rows, cache=cache, attention_mask=mask, use_cache=True).logits  # counter += k+1
+    verified.copy_(logits.argmax(dim=-1))  # [batch, k + 1]: verified[:, i] follows rows[:, i]
+    return verified
+
+
 @dataclass(frozen=True)
 class SpeculativeStats:
     """What one ``SpeculativeDecoder.generate`` call did (``decoder.last_stats``)."""
@@ -114,41 +125,40 @@ class SpeculativeStats:
 class SpeculativeDecoder(GraphSafeDecoder):
     """A GraphSafeDecoder that decodes by prompt-lookup drafts verified ``k`` at a time in one captured graph.
 
-    ``k``: drafts per verify step (the graph's k + 1 query rows). ``max_ngram``/``min_ngram``: the n-gram lengths
-    ``prompt_lookup_draft`` tries. ``graph``, ``prefill_bucket``, ``warmup``, ``emulate``, ``cache``: as for
-    GraphSafeDecoder (its plain decode steps, ``decode_steps``, still work after ``generate``).
+    ``k``: drafts per verify step (the graph's k + 1 query rows). ``max_ngram``/``min_ngram``: the n-gram
+    lengths ``prompt_lookup_draft`` tries. ``verify``: ``verify(model, cache, rows, verified) -> verified``
+    (default ``model_verify``). ``step``, ``prefill``, ``prefill_bucket``, ``graph``: as for GraphSafeDecoder
+    (its plain decode steps, ``decode_steps``, still work after ``generate``).
 
-    Room: the cache must hold prompt + max_new_tokens - 1 tokens, as for GraphSafeDecoder. A verify step near the end
-    may run past ``max_cache_len``: those rows' keys go to the trash slot and their tokens are never used (the
-    output is trimmed to ``max_new_tokens``). ``speculative_decoder`` sizes the cache with k - 1 more slots, so that
-    no verify step reaches the end.
+    Room: the cache must hold prompt + max_new_tokens - 1 tokens, as for GraphSafeDecoder. A verify step near
+    the end may run past ``max_cache_len``: those rows' keys go to the trash slot and their tokens are never
+    used (the output is trimmed to ``max_new_tokens``). ``speculative_decoder`` sizes the cache with k - 1 more
+    slots, so that no verify step reaches the end.
     """
 
-    def __init__(self, model, max_cache_len: int, batch: int = 1, *, k: int = 4, max_ngram: int = 3,
-                 min_ngram: int = 1, graph: bool = True, prefill_bucket: int | None = None, warmup: int = 3,
-                 emulate: bool | None = None, cache: GraphSafeStaticCache | None = None):
+    def __init__(self, model, max_cache_len: int | GraphSafeStaticCache, batch: int = 1, *, k: int = 4,
+                 max_ngram: int = 3, min_ngram: int = 1, verify=model_verify, step=model_step, prefill=None,
+                 prefill_bucket: int | None = None, graph: bool | str = True):
         check_draft_settings(k, max_ngram, min_ngram)
-        super().__init__(model, max_cache_len, batch, graph=graph, prefill_bucket=prefill_bucket, warmup=warmup,
-                         emulate=emulate, cache=cache)
-        self.k, self.max_ngram, self.min_ngram = k, max_ngram, min_ngram
+        if not callable(verify):
+            raise TypeError(f"verify must be a function (verify(model, cache, rows, verified)), got "
+                            f"{type(verify).__name__}")
+        super().__init__(model, max_cache_len, batch, step=step, prefill=prefill, prefill_bucket=prefill_bucket,
+                         graph=graph)
+        self.k, self.max_ngram, self.min_ngram, self.verify_fn = k, max_ngram, min_ngram, verify
         self.rows = torch.zeros(batch, k + 1, dtype=torch.long, device=self.device)  # static: last token, k drafts
-        self.verified = torch.zeros(batch, k + 1, dtype=torch.long, device=self.device)  # static: model's token after each
+        self.verified = torch.zeros(batch, k + 1, dtype=torch.long, device=self.device)  # static: token after each
         self.accepted = torch.zeros((), dtype=torch.long, device=self.device)  # static: drafts every row accepted
         self.verify_graph = None
         self.last_stats: SpeculativeStats | None = None
 
     # ---- the verify step (no host sync inside: it is captured) ---------------------------------------
     def verify(self, rows: torch.Tensor) -> torch.Tensor:
-        """Run ``rows`` [batch, k + 1] (the last token, then k drafts) at the counter's positions; write the model's
-        greedy token after each row into ``verified`` [batch, k + 1], the number of drafts every row accepts into
-        ``accepted``, and leave the counter after the last token and the accepted drafts."""
-        batch, width = rows.shape  # width = k + 1
-        start = self.cache.cache_position  # the shared counter, read inside the graph
-        mask = prefill_mask(start, batch, width, self.max_cache_len, rows.device)  # [batch, 1, k + 1, slots] causal
-        if self.model.config._attn_implementation != "sdpa":  # eager attention adds the mask: 0 or the dtype's min
-            mask = torch.zeros((), dtype=self.dtype, device=rows.device).masked_fill(~mask, torch.finfo(self.dtype).min)
-        logits = self.model(input_ids=rows, cache=self.cache, attention_mask=mask, use_cache=True).logits  # counter += k+1
-        self.verified.copy_(logits.argmax(dim=-1))  # [batch, k + 1]: verified[:, i] follows rows[:, i]
+        """Run ``rows`` [batch, k + 1] (the last token, then k drafts) at the counter's positions; write the
+        model's greedy token after each row into ``verified`` [batch, k + 1], the number of drafts every row
+        accepts into ``accepted``, and leave the counter after the last token and the accepted drafts."""
+        width = rows.shape[1]  # k + 1
+        self.verify_fn(self.model, self.cache, rows, self.verified)  # the counter advanced by k + 1
         self.accepted.copy_(kept_drafts(rows, self.verified))
         self.cache.cache_position.sub_(width - 1 - self.accepted)  # roll back in place: drop the rejected drafts
         return self.verified
@@ -216,12 +226,13 @@ def speculative_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, 
                         **settings) -> SpeculativeDecoder:
     """The decoder ``decode_speculative`` builds for one call: batch from the call, the cache ``max_cache_len`` (a
     given ``cache``'s own), else prompt + max_new_tokens + k - 1 (the last verify step's k drafts fit),
-    ``settings`` for ``SpeculativeDecoder``. Pass it back as ``decoder=`` to replay its graphs in later calls."""
+    ``settings`` for ``SpeculativeDecoder`` (``verify``, ``step`` and ``prefill`` too: see
+    ``kvlab.kernels.decoder.speculative_kernels_decoder``). Pass it back as ``decoder=`` to replay its graphs in later calls."""
     check_draft_settings(k, settings.get("max_ngram", 3), settings.get("min_ngram", 1))
     if max_cache_len is None and cache is None:
         max_cache_len = input_ids.shape[1] + max_new_tokens + k - 1
     length = cache_length(input_ids, max_new_tokens, max_cache_len, cache)
-    return SpeculativeDecoder(model, length, input_ids.shape[0], k=k, cache=cache, **settings)
+    return SpeculativeDecoder(model, length, input_ids.shape[0], k=k, **settings)
 
 
 def decode_speculative(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None,
