@@ -69,9 +69,9 @@ def check_supported(model) -> None:
             why = f"head_dim {attn.head_dim} (must be a power of two)"
     if why:
         raise ValueError(f"kvlab's decode kernels compute a Llama-style layer; this model has {why}. Use the "
-                         "'graph-safe' strategy for it (any full-attention model); 'graph-safe-compiled' fuses Llama-style "
-                         "projections too, so for this model call kvlab.graph_decoder.decode_graph_safe_compiled(..., "
-                         "fuse=False).")
+                         "'graph-safe' strategy for it (any full-attention model); 'graph-safe-compiled' fuses "
+                         "Llama-style projections too, so for this model call "
+                         "kvlab.compiled_step.decode_graph_safe_compiled(..., fuse=False).")
 
 
 def arrival_counters(model, batch: int, device: torch.device | str) -> torch.Tensor:
