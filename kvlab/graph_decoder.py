@@ -192,14 +192,17 @@ class GraphSafeDecoder:
         return self.graphs.get(self.steps)
 
     # ---- the steps (no host sync inside: they are captured) -----------------------------------------
+    def one_step(self, token: torch.Tensor) -> torch.Tensor:
+        """One decode step: reads ``token`` [batch, 1], writes the next token into it, advances the counter."""
+        return self.step_fn(self.model, self.cache, token)
+
     def multi_step(self, n: int):
         """A function of the static token that runs ``n`` steps and returns their tokens ``[batch, n]``."""
         out = torch.zeros(self.batch, n, dtype=torch.long, device=self.device)  # static output of the graph
-        step, model, cache = self.step_fn, self.model, self.cache
 
         def run(token: torch.Tensor) -> torch.Tensor:
             for k in range(n):
-                step(model, cache, token)
+                self.one_step(token)
                 out[:, k : k + 1].copy_(token)
             return out
 
