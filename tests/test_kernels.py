@@ -514,7 +514,7 @@ def check_speculative_kernels(name: str) -> None:
     calls = []
     restore = counting(step, "rope_cache_prefill_attention", calls, record=lambda *a: common.available(a[0]))
     try:
-        n, graph = tokens(12, 6), DEVICE == "cuda"
+        n, graph = tokens(12, 5), DEVICE == "cuda"
         gen = torch.Generator().manual_seed(8)
         phrase = torch.randint(0, 256, (1, 5), generator=gen)
         repeating = torch.cat([phrase, phrase, phrase[:, :3]], 1).to(DEVICE)  # [1, 13]: its suffix drafts
@@ -522,9 +522,10 @@ def check_speculative_kernels(name: str) -> None:
         out = decode_speculative_kernels(model, repeating, n, decoder=decoder)
         assert torch.equal(out, decode_naive(model, repeating, n)), (name, "repeating")
         assert decoder.last_stats.drafted > 0, "the lookup found no draft: the verify checked only padding"
-        ids = torch.randint(0, 256, (2, 7), generator=gen).to(DEVICE)
-        out = decode_speculative_kernels(model, ids, n, k=2, graph=graph)
-        assert torch.equal(out, decode_naive(model, ids, n)), (name, "random, batch 2")
+        if DEVICE == "cuda":  # the interpreter's seconds per step: tests/test_speculative.py covers batch 2 there
+            ids = torch.randint(0, 256, (2, 7), generator=gen).to(DEVICE)
+            out = decode_speculative_kernels(model, ids, n, k=2, graph=graph)
+            assert torch.equal(out, decode_naive(model, ids, n)), (name, "random, batch 2")
     finally:
         restore()
     assert len(calls) > 2 and all(calls), "the verify never ran through the kernels"
