@@ -1,12 +1,13 @@
-"""Lesson 06's compiled step: ``model_step`` over a fused copy of the model (``kvlab.fusion``), compiled by
-``torch.compile`` without its own CUDA graphs, several steps per graph kvlab captures.
+"""Lesson 06's compiled step: ``model_step`` over a fused copy of the model (``kvlab.fusion``),
+compiled by ``torch.compile`` without its own CUDA graphs, several steps per graph kvlab captures.
 
-``compiled_decoder`` makes what it needs and hands it to ``GraphSafeDecoder``: the fused copy (its model), the
-step compiled once (``torch.compile(model_step)``, gpt-fast style: its owner compiles it), 16 steps per graph.
-``decode_graph_safe_compiled`` generates under ``inductor_options(tune)``, read when the step compiles, at the
-first decode. ``decode_reduce_overhead_gqa`` is lesson 03's ``reduce-overhead`` with the attention that reads
-the cache's kv heads as they are (SDPA's ``enable_gqa``), where transformers' SDPA attention under Dynamo copies
-them with ``repeat_kv`` in every layer at every step.
+``compiled_decoder`` makes what it needs and hands it to ``GraphSafeDecoder``: the fused copy (its
+model), the step compiled once (``torch.compile(model_step)``, gpt-fast style: its owner compiles
+it), 16 steps per graph. ``decode_graph_safe_compiled`` generates under ``inductor_options(tune)``,
+read when the step compiles, at the first decode. ``decode_reduce_overhead_gqa`` is lesson 03's
+``reduce-overhead`` with the attention that reads the cache's kv heads as they are (SDPA's
+``enable_gqa``), where transformers' SDPA attention under Dynamo copies them with ``repeat_kv`` in
+every layer at every step.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from .runtime import PDL, check_dtype, gpu_supports
 
 
 def inductor_options(tune: bool = True, device: torch.device | str = "cuda"):
-    """Inductor settings for the compiled step (gpt-fast's): coordinate-descent tuning of each kernel's block
-    sizes, and programmatic dependent launch (a kernel starts while the previous one drains) where ``device``
-    has it (``runtime.PDL``) and this torch offers it. ``tune=False``: inductor's defaults."""
+    """Inductor settings for the compiled step (gpt-fast's): coordinate-descent tuning of each
+    kernel's block sizes, and programmatic dependent launch (a kernel starts while the previous one
+    drains) where ``device`` has it (``runtime.PDL``) and this torch offers it. ``tune=False``:
+    inductor's defaults."""
     if not tune:
         return nullcontext()
     config = torch._inductor.config
@@ -41,13 +43,13 @@ def compiled_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *,
                      fuse: bool = True, gemv: bool = True, attention: bool | str = "triton",
                      max_cache_len: int | None = None, graph: bool | str | None = None) -> GraphSafeDecoder:
     """The decoder ``decode_graph_safe_compiled`` builds for one call: a fused copy of the model
-    (``fused_copy(model, fuse=, attention=, gemv=)``), ``model_step`` compiled with ``compile_mode`` (None: not
-    compiled), ``steps`` steps per captured graph. Its ``source`` is ``model``: an edit of ``model`` after the
-    build does not reach the copy, so build a new decoder after one.
+    (``fused_copy(model, fuse=, attention=, gemv=)``), ``model_step`` compiled with ``compile_mode``
+    (None: not compiled), ``steps`` steps per captured graph. Its ``source`` is ``model``: an edit
+    of ``model`` after the build does not reach the copy, so build a new decoder after one.
 
-    On CPU the step is neither compiled nor captured unless asked (``graph``): an inductor compile takes
-    minutes on two cores, a compiled step cannot be captured by the emulation, and the emulated graph is no
-    faster than eager."""
+    On CPU the step is neither compiled nor captured unless asked (``graph``): an inductor compile
+    takes minutes on two cores, a compiled step cannot be captured by the emulation, and the
+    emulated graph is no faster than eager."""
     cuda = input_ids.device.type == "cuda"
     graph = cuda if graph is None else graph
     compile_mode = compile_mode if cuda else None
@@ -69,8 +71,9 @@ def compiled_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *,
 def decode_graph_safe_compiled(model, input_ids: torch.Tensor, max_new_tokens: int, *,
                                on_token: OnToken = None, decoder: GraphSafeDecoder | None = None,
                                tune: bool = True, **settings) -> torch.Tensor:
-    """The ``"graph-safe-compiled"`` strategy: ``decoder`` (else ``compiled_decoder(model, ..., **settings)``)
-    generates, under ``inductor_options(tune)`` (used where its step compiles: at its first decode)."""
+    """The ``"graph-safe-compiled"`` strategy: ``decoder`` (else ``compiled_decoder(model, ...,
+    **settings)``) generates, under ``inductor_options(tune)`` (used where its step compiles: at its
+    first decode)."""
     if decoder is None:
         decoder = compiled_decoder(model, input_ids, max_new_tokens, **settings)
     with inductor_options(tune, input_ids.device):
@@ -82,8 +85,9 @@ GQA_ATTENTION = "kvlab-sdpa-gqa"
 
 def gqa_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                        **kwargs):
-    """transformers' SDPA attention with the kv heads read as they are (``enable_gqa=True``), never repeated.
-    query [b, heads, q, d], key/value [b, kv_heads, L, d], mask [b, 1, q, L] or None -> [b, q, heads, d]."""
+    """transformers' SDPA attention with the kv heads read as they are (``enable_gqa=True``), never
+    repeated. query [b, heads, q, d], key/value [b, kv_heads, L, d], mask [b, 1, q, L] or None ->
+    [b, q, heads, d]."""
     q_len = query.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = q_len > 1 and attention_mask is None and causal  # as transformers' SDPA attention decides it
@@ -96,8 +100,8 @@ def gqa_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, s
 
 @contextmanager
 def gqa_attention(model):
-    """The model's attention set to ``gqa_sdpa_attention`` (its masks as for ``"sdpa"``) for the block, and set
-    back after it: the caller's model is left as it was."""
+    """The model's attention set to ``gqa_sdpa_attention`` (its masks as for ``"sdpa"``) for the
+    block, and set back after it: the caller's model is left as it was."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -112,15 +116,17 @@ def gqa_attention(model):
 
 
 def reduce_overhead_gqa_state(model, input_ids: torch.Tensor, max_new_tokens: int, **settings) -> dict:
-    """What ``decode_reduce_overhead_gqa`` builds for one call: ``reduce_overhead_state``'s cache and step."""
+    """What ``decode_reduce_overhead_gqa`` builds for one call: ``reduce_overhead_state``'s cache
+    and step."""
     with gqa_attention(model):
         return reduce_overhead_state(model, input_ids, max_new_tokens, **settings)
 
 
 def decode_reduce_overhead_gqa(model, input_ids: torch.Tensor, max_new_tokens: int, *,
                                on_token: OnToken = None, **settings) -> torch.Tensor:
-    """The ``"reduce-overhead/gqa"`` strategy: ``decode_reduce_overhead`` with the model's attention set to
-    ``gqa_sdpa_attention`` for the call (``gqa_attention``), so the compiled step reads the cache's kv heads
-    without copying them. The model's attention implementation is set back after the call."""
+    """The ``"reduce-overhead/gqa"`` strategy: ``decode_reduce_overhead`` with the model's attention
+    set to ``gqa_sdpa_attention`` for the call (``gqa_attention``), so the compiled step reads the
+    cache's kv heads without copying them. The model's attention implementation is set back after
+    the call."""
     with gqa_attention(model):
         return decode_reduce_overhead(model, input_ids, max_new_tokens, on_token=on_token, **settings)

@@ -1,24 +1,28 @@
-"""The graph decoder of lessons 05 and 06: prefill, capture decode steps once, replay them for every prompt.
+"""The graph decoder of lessons 05 and 06: prefill, capture decode steps once, replay them for every
+prompt.
 
-``GraphSafeDecoder`` owns one ``GraphSafeStaticCache`` (``kvlab.graph_safe_cache``) and one static token
-buffer. Its decode step is a plain function (gpt-fast's ``decode_one_token``), given to it:
+``GraphSafeDecoder`` owns one ``GraphSafeStaticCache`` (``kvlab.graph_safe_cache``) and one static
+token buffer. Its decode step is a plain function (gpt-fast's ``decode_one_token``), given to it:
 
     step(model, cache, token) -> token    # reads token [batch, 1], writes the next one into it, in place
 
-``model_step`` (here: the transformers forward, then argmax) is lesson 05's; lesson 06's steps live beside the
-idea that owns them (``kvlab.compiled_step``: the forward compiled; ``kvlab.kernels.decoder``: kvlab's
-kernels). A step reads the token and the cache by address, with no host sync; ``kvlab.graphs.capture`` records
-``steps`` of them in one graph (a real CUDA graph on a GPU, an emulation elsewhere), replayed for every
-``steps`` tokens. ``prefill_bucket=T`` captures the prefill too, padded to T tokens:
+``model_step`` (here: the transformers forward, then argmax) is lesson 05's; lesson 06's steps live
+beside the idea that owns them (``kvlab.compiled_step``: the forward compiled;
+``kvlab.kernels.decoder``: kvlab's kernels). A step reads the token and the cache by address, with
+no host sync; ``kvlab.graphs.capture`` records ``steps`` of them in one graph (a real CUDA graph on
+a GPU, an emulation elsewhere), replayed for every ``steps`` tokens. ``prefill_bucket=T`` captures
+the prefill too, padded to T tokens:
 
     prefill(model, cache, prompt, valid, token) -> token    # prompt [batch, T], its first ``valid`` count
 
-(default ``model_prefill``: the forward with a causal mask from the counter, the cache's valid window).
+(default ``model_prefill``: the forward with a causal mask from the counter, the cache's valid
+window).
 
-The decoder's rules, which lesson 04's failures break: the position lives in the cache's one counter tensor
-(never a Python int); the counter and the token are put back in place after the capture's warm-up calls; the
-cache is never rebound (its addresses are checked before every decode), and neither are the weights a graph
-reads. The caller owns the decoder: a strategy builds one per call unless handed one (``decoder=``).
+The decoder's rules, which lesson 04's failures break: the position lives in the cache's one counter
+tensor (never a Python int); the counter and the token are put back in place after the capture's
+warm-up calls; the cache is never rebound (its addresses are checked before every decode), and
+neither are the weights a graph reads. The caller owns the decoder: a strategy builds one per call
+unless handed one (``decoder=``).
 """
 
 from __future__ import annotations
@@ -33,13 +37,14 @@ from .graphs import capture
 
 
 def prefill_mask(start: torch.Tensor, batch: int, bucket: int, slots: int, device=None) -> torch.Tensor:
-    """The 4-D causal mask of a padded prefill: row ``i`` (position ``start + i``) may see slots ``0..start + i``.
+    """The 4-D causal mask of a padded prefill: row ``i`` (position ``start + i``) may see slots
+    ``0..start + i``.
 
-    ``start`` is the cache's counter (a 0-dim tensor, read inside the graph, never on the host; before the
-    cache's first forward it still lives on the CPU, so ``device`` says where the mask goes, default
-    ``start``'s). Returns a bool ``[batch, 1, bucket, slots]`` tensor (True: attend), which the model uses as
-    given instead of building its own. Padded rows get a mask too; their outputs are never used and their keys
-    go to the trash slot.
+    ``start`` is the cache's counter (a 0-dim tensor, read inside the graph, never on the host;
+    before the cache's first forward it still lives on the CPU, so ``device`` says where the mask
+    goes, default ``start``'s). Returns a bool ``[batch, 1, bucket, slots]`` tensor (True: attend),
+    which the model uses as given instead of building its own. Padded rows get a mask too; their
+    outputs are never used and their keys go to the trash slot.
     """
     device = start.device if device is None else device
     queries = start + torch.arange(bucket, device=device)  # [bucket] positions (a 0-dim CPU start broadcasts)
@@ -48,8 +53,8 @@ def prefill_mask(start: torch.Tensor, batch: int, bucket: int, slots: int, devic
 
 
 def forward_mask(model, cache, rows: torch.Tensor) -> torch.Tensor:
-    """``prefill_mask`` of ``rows`` [batch, width] at the counter, in the form the model's attention takes:
-    bool for ``"sdpa"``, additive (0 or the dtype's min) for the others."""
+    """``prefill_mask`` of ``rows`` [batch, width] at the counter, in the form the model's attention
+    takes: bool for ``"sdpa"``, additive (0 or the dtype's min) for the others."""
     mask = prefill_mask(cache.cache_position, rows.shape[0], rows.shape[1], cache.max_cache_len, rows.device)
     if model.config._attn_implementation == "sdpa":
         return mask
@@ -58,9 +63,10 @@ def forward_mask(model, cache, rows: torch.Tensor) -> torch.Tensor:
 
 
 def read_addresses(model) -> tuple:
-    """Address, shape and dtype of every parameter and buffer: what a captured graph reads, by address. It walks
-    the modules' own dicts: a decoder reads them before every decode, and ``model.parameters()`` (which also
-    drops a tied weight's second name) takes a few times longer, time before the first token."""
+    """Address, shape and dtype of every parameter and buffer: what a captured graph reads, by
+    address. It walks the modules' own dicts: a decoder reads them before every decode, and
+    ``model.parameters()`` (which also drops a tied weight's second name) takes a few times longer,
+    time before the first token."""
     found, stack = [], [model]
     while stack:
         module = stack.pop()
@@ -73,17 +79,18 @@ def read_addresses(model) -> tuple:
 
 
 def model_step(model, cache, token: torch.Tensor) -> torch.Tensor:
-    """One decode step through the model's forward: reads ``token`` [batch, 1], writes the argmax of the next
-    one into it, advances the cache's counter."""
+    """One decode step through the model's forward: reads ``token`` [batch, 1], writes the argmax of
+    the next one into it, advances the cache's counter."""
     logits = model(input_ids=token, cache=cache, use_cache=True).logits  # [batch, 1, vocab]
     token.copy_(logits[:, -1, :].argmax(dim=-1, keepdim=True))
     return token
 
 
 def model_prefill(model, cache, prompt: torch.Tensor, valid: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-    """A padded prefill through the model's forward: ``prompt`` [batch, T], of which the first ``valid`` (a
-    0-dim long tensor) count; writes the first new token into ``token`` [batch, 1] and advances the counter by
-    ``valid`` (the cache's valid window). One graph captured at T serves every length up to T."""
+    """A padded prefill through the model's forward: ``prompt`` [batch, T], of which the first
+    ``valid`` (a 0-dim long tensor) count; writes the first new token into ``token`` [batch, 1] and
+    advances the counter by ``valid`` (the cache's valid window). One graph captured at T serves
+    every length up to T."""
     mask = forward_mask(model, cache, prompt)  # [batch, 1, T, slots]
     with cache.valid_window(valid):
         logits = model(input_ids=prompt, cache=cache, attention_mask=mask, use_cache=True).logits
@@ -98,16 +105,17 @@ GRAPH_SETTINGS = (True, False, "emulate")
 class GraphSafeDecoder:
     """Prefill, capture ``steps`` decode steps in one graph, replay it for any number of prompts.
 
-    ``max_cache_len``: the cache's slots, or an empty ``GraphSafeStaticCache`` to decode into (its own length).
-    ``step``: the decode step, ``step(model, cache, token) -> token`` (default ``model_step``). ``steps``: steps
-    per captured graph. ``prefill``: the padded prefill, ``prefill(model, cache, prompt, valid, token)``
-    (default: ``model_prefill`` when padded, the model's plain forward when not). ``prefill_bucket=T``: the
-    prefill is captured too, at T tokens; every prompt of length <= T replays it. ``graph``: True (capture: a
-    CUDA graph on a GPU, the emulation elsewhere), False (the same steps eagerly, the baseline for timings) or
-    ``"emulate"`` (the emulation also on a GPU, to compare it with the real graph).
+    ``max_cache_len``: the cache's slots, or an empty ``GraphSafeStaticCache`` to decode into (its
+    own length). ``step``: the decode step, ``step(model, cache, token) -> token`` (default
+    ``model_step``). ``steps``: steps per captured graph. ``prefill``: the padded prefill,
+    ``prefill(model, cache, prompt, valid, token)`` (default: ``model_prefill`` when padded, the
+    model's plain forward when not). ``prefill_bucket=T``: the prefill is captured too, at T tokens;
+    every prompt of length <= T replays it. ``graph``: True (capture: a CUDA graph on a GPU, the
+    emulation elsewhere), False (the same steps eagerly, the baseline for timings) or ``"emulate"``
+    (the emulation also on a GPU, to compare it with the real graph).
 
-    ``model`` is what the steps read, by address; ``source`` (the same model, unless a builder set it to the
-    model it copied) is the one ``kvlab.decode`` checks a held decoder against.
+    ``model`` is what the steps read, by address; ``source`` (the same model, unless a builder set
+    it to the model it copied) is the one ``kvlab.decode`` checks a held decoder against.
     """
 
     warmup = 3  # calls of a step before its capture (their side effects are put back)
@@ -152,7 +160,8 @@ class GraphSafeDecoder:
 
     @property
     def token(self) -> torch.Tensor:
-        """The static token buffer ``[batch, 1]`` a step reads and writes by address (write into it, never rebind)."""
+        """The static token buffer ``[batch, 1]`` a step reads and writes by address (write into it,
+        never rebind)."""
         return self._token
 
     @token.setter
@@ -188,16 +197,20 @@ class GraphSafeDecoder:
 
     @property
     def step_graph(self):
-        """The captured graph of ``steps`` decode steps (None before the first decode, or with ``graph=False``)."""
+        """The captured graph of ``steps`` decode steps (None before the first decode, or with
+        ``graph=False``)."""
         return self.graphs.get(self.steps)
 
-    # ---- the steps (no host sync inside: they are captured) -----------------------------------------
+    # ---- the steps (no host sync inside: they are captured)
+    # -----------------------------------------
     def one_step(self, token: torch.Tensor) -> torch.Tensor:
-        """One decode step: reads ``token`` [batch, 1], writes the next token into it, advances the counter."""
+        """One decode step: reads ``token`` [batch, 1], writes the next token into it, advances the
+        counter."""
         return self.step_fn(self.model, self.cache, token)
 
     def multi_step(self, n: int):
-        """A function of the static token that runs ``n`` steps and returns their tokens ``[batch, n]``."""
+        """A function of the static token that runs ``n`` steps and returns their tokens ``[batch,
+        n]``."""
         out = torch.zeros(self.batch, n, dtype=torch.long, device=self.device)  # static output of the graph
 
         def run(token: torch.Tensor) -> torch.Tensor:
@@ -209,10 +222,12 @@ class GraphSafeDecoder:
         return run
 
     def padded_prefill(self, prompt: torch.Tensor) -> torch.Tensor:
-        """The prefill of ``prompt`` [batch, T], of which ``self.valid`` tokens count; writes the first new token."""
+        """The prefill of ``prompt`` [batch, T], of which ``self.valid`` tokens count; writes the
+        first new token."""
         return (self.prefill_fn or model_prefill)(self.model, self.cache, prompt, self.valid, self.token)
 
-    # ---- host-side checks, all before any tensor is written ----------------------------------------
+    # ---- host-side checks, all before any tensor is written
+    # ----------------------------------------
     def _check(self, input_ids: torch.Tensor, max_new_tokens: int) -> None:
         check_inputs(self.model, input_ids, max_new_tokens)
         batch, prompt_len = input_ids.shape
@@ -241,9 +256,10 @@ class GraphSafeDecoder:
         self._check_weights()
 
     def _weights_now(self) -> tuple:
-        """What the replays read of the model (and of the source it was copied from), as ``_check_weights``
-        compares it. TODO(frozen_state): the single call site for ``kvlab.frozen_state.frozen_state(model)`` and
-        ``frozen_state(source)`` once that module lands; until then, addresses, shapes and dtypes."""
+        """What the replays read of the model (and of the source it was copied from), as
+        ``_check_weights`` compares it. TODO(frozen_state): the single call site for
+        ``kvlab.frozen_state.frozen_state(model)`` and ``frozen_state(source)`` once that module
+        lands; until then, addresses, shapes and dtypes."""
         source = () if self.source is self.model else read_addresses(self.source)
         return read_addresses(self.model), source
 
@@ -256,7 +272,8 @@ class GraphSafeDecoder:
             )
 
     def capture_graph(self, fn, static: torch.Tensor):
-        """Capture ``fn(static)`` and undo the warm-up calls' side effects in place: counter, token, slots."""
+        """Capture ``fn(static)`` and undo the warm-up calls' side effects in place: counter, token,
+        slots."""
         if not self.cache.is_initialized:
             raise GraphSafeError("capture before the cache is initialized: run a prefill (or "
                                  "cache.early_initialization) first")
@@ -277,18 +294,20 @@ class GraphSafeDecoder:
         return graph
 
     def next_tokens(self, n: int) -> torch.Tensor:
-        """The next ``n`` (<= steps) tokens ``[batch, n]``: one replay of the n-step graph (captured on first use)."""
+        """The next ``n`` (<= steps) tokens ``[batch, n]``: one replay of the n-step graph (captured
+        on first use)."""
         if not self.use_graph:
             return self.multi_step(n)(self.token)
         if n not in self.graphs:
             self.graphs[n] = self.capture_graph(self.multi_step(n), self.token)
         return self.graphs[n].replay()
 
-    # ---- generation --------------------------------------------------------------------------------
+    # ---- generation
+    # --------------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Reset the cache (in place) and prefill ``input_ids``; returns the first new token ``[batch, 1]`` (a
-        copy: the static buffer ``token`` is overwritten by the next step)."""
+        """Reset the cache (in place) and prefill ``input_ids``; returns the first new token
+        ``[batch, 1]`` (a copy: the static buffer ``token`` is overwritten by the next step)."""
         self._check(input_ids, 1)
         with self.cache.unchecked():  # room was checked above, once
             return self._prefill(input_ids).clone()
@@ -317,7 +336,8 @@ class GraphSafeDecoder:
 
     @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None) -> torch.Tensor:
-        """Greedy-decode ``max_new_tokens`` after ``input_ids`` [batch, prompt_len]; returns ``[batch, max_new_tokens]``."""
+        """Greedy-decode ``max_new_tokens`` after ``input_ids`` [batch, prompt_len]; returns
+        ``[batch, max_new_tokens]``."""
         self._check(input_ids, max_new_tokens)
         out = torch.empty(self.batch, max_new_tokens, dtype=torch.long, device=self.device)
         with self.cache.unchecked():  # room was checked above, once for every step: no host sync per step
@@ -336,9 +356,9 @@ class GraphSafeDecoder:
 
     @torch.inference_mode()
     def decode_steps(self, n: int) -> torch.Tensor:
-        """``n`` more tokens ``[batch, n]`` after what the cache holds (after ``prefill``): one host read of the
-        counter first, then replays with no sync. Refuses steps past ``max_cache_len``: their keys and values would
-        go to the trash slot and the tokens be garbage."""
+        """``n`` more tokens ``[batch, n]`` after what the cache holds (after ``prefill``): one host
+        read of the counter first, then replays with no sync. Refuses steps past ``max_cache_len``:
+        their keys and values would go to the trash slot and the tokens be garbage."""
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"n must be a positive int, got {n!r}")
         used = int(self.cache.cache_position)
@@ -357,7 +377,8 @@ class GraphSafeDecoder:
         return out
 
     def step(self) -> torch.Tensor:
-        """One decode step by hand, after ``prefill``: returns the new token ``[batch, 1]`` (``decode_steps(1)``)."""
+        """One decode step by hand, after ``prefill``: returns the new token ``[batch, 1]``
+        (``decode_steps(1)``)."""
         return self.decode_steps(1)
 
     def describe(self) -> str:
@@ -378,8 +399,8 @@ def function_name(fn) -> str:
 
 def cache_length(input_ids: torch.Tensor, max_new_tokens: int, max_cache_len: int | None = None,
                  cache: GraphSafeStaticCache | None = None) -> int | GraphSafeStaticCache:
-    """The cache of a decoder built for one call, as ``GraphSafeDecoder`` takes it: a given ``cache``, else
-    ``max_cache_len``, else prompt + new tokens."""
+    """The cache of a decoder built for one call, as ``GraphSafeDecoder`` takes it: a given
+    ``cache``, else ``max_cache_len``, else prompt + new tokens."""
     if cache is not None:
         if not isinstance(cache, GraphSafeStaticCache):
             raise TypeError(f"cache must be a kvlab GraphSafeStaticCache, got {type(cache).__name__}: a vanilla "
@@ -389,8 +410,9 @@ def cache_length(input_ids: torch.Tensor, max_new_tokens: int, max_cache_len: in
 
 
 def prompt_bucket(prompt_len: int, max_cache_len: int) -> int:
-    """The padded prefill length for a prompt of ``prompt_len`` tokens: the next power of two, at most the
-    cache. Prompts of lengths in (T/2, T] share the bucket T, so a few captured prefills serve every length."""
+    """The padded prefill length for a prompt of ``prompt_len`` tokens: the next power of two, at
+    most the cache. Prompts of lengths in (T/2, T] share the bucket T, so a few captured prefills
+    serve every length."""
     return min(1 << (prompt_len - 1).bit_length(), max_cache_len)
 
 
@@ -398,17 +420,20 @@ def graph_safe_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, m
                        cache: GraphSafeStaticCache | None = None, graph: bool | str = True,
                        prefill_bucket: int | None = None) -> GraphSafeDecoder:
     """The decoder ``decode_graph_safe`` builds for one call: batch and cache from the call
-    (``cache_length``), lesson 05's step. Pass it back as ``decoder=`` to replay its graphs in later calls."""
+    (``cache_length``), lesson 05's step. Pass it back as ``decoder=`` to replay its graphs in later
+    calls."""
     length = cache_length(input_ids, max_new_tokens, max_cache_len, cache)
     return GraphSafeDecoder(model, length, input_ids.shape[0], graph=graph, prefill_bucket=prefill_bucket)
 
 
 def decode_graph_safe(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None,
                       decoder: GraphSafeDecoder | None = None, **settings) -> torch.Tensor:
-    """The ``"graph-safe"`` strategy: eager prefill, the decode step captured once (one step per graph), replayed.
+    """The ``"graph-safe"`` strategy: eager prefill, the decode step captured once (one step per
+    graph), replayed.
 
-    ``decoder``: replay this GraphSafeDecoder's graphs (its own settings). Otherwise one is built for this call
-    (``graph_safe_decoder(model, ..., **settings)``: ``max_cache_len``, ``cache``, ``graph``, ``prefill_bucket``).
+    ``decoder``: replay this GraphSafeDecoder's graphs (its own settings). Otherwise one is built
+    for this call (``graph_safe_decoder(model, ..., **settings)``: ``max_cache_len``, ``cache``,
+    ``graph``, ``prefill_bucket``).
     """
     if decoder is None:
         decoder = graph_safe_decoder(model, input_ids, max_new_tokens, **settings)
@@ -416,7 +441,8 @@ def decode_graph_safe(model, input_ids: torch.Tensor, max_new_tokens: int, *, on
 
 
 def held(decoder: GraphSafeDecoder, model) -> GraphSafeDecoder:
-    """``decoder``, refused when it was built for another model (its graphs would decode with that one's weights)."""
+    """``decoder``, refused when it was built for another model (its graphs would decode with that
+    one's weights)."""
     if decoder.source is not model:
         raise GraphSafeError("this decoder was built for another model: its graphs would decode with that model's "
                              "weights. Pass the decoder built for this model, or none (one is built for the call)")

@@ -1,11 +1,13 @@
-"""The one table of decoding strategies, and ``kvlab.decode``, the entry point that runs any of them.
+"""The one table of decoding strategies, and ``kvlab.decode``, the entry point that runs any of
+them.
 
-Each strategy is declared once below: its name, a one-line description, where the function that decodes lives
-(``"module:function"``, imported at its first use, so ``import kvlab`` loads no strategy's module, and no
-Triton; a reader or a tool follows a decode from the name), the keyword options that function gets, the lesson
-that builds it, what it builds for each call unless handed it (``builds``: a decoder with its graphs, or a
-cache and a compiled step), and the flags the benchmark and its plots read. Adding a strategy means one
-``Strategy(...)`` line here and a test that it is token-exact against ``"naive"``.
+Each strategy is declared once below: its name, a one-line description, where the function that
+decodes lives (``"module:function"``, imported at its first use, so ``import kvlab`` loads no
+strategy's module, and no Triton; a reader or a tool follows a decode from the name), the keyword
+options that function gets, the lesson that builds it, what it builds for each call unless handed it
+(``builds``: a decoder with its graphs, or a cache and a compiled step), and the flags the benchmark
+and its plots read. Adding a strategy means one ``Strategy(...)`` line here and a test that it is
+token-exact against ``"naive"``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ KINDS = ("eager", "compiled", "graph")  # Python launches every kernel / torch.c
 
 
 def resolved(where: str | Callable) -> Callable:
-    """The function at ``where`` (``"module:function"``, imported now), or ``where`` itself if a function."""
+    """The function at ``where`` (``"module:function"``, imported now), or ``where`` itself if a
+    function."""
     if callable(where):
         return where
     module, name = where.split(":")
@@ -59,12 +62,14 @@ class Strategy:
         return None if self.builds is None else resolved(self.builds)
 
     def __call__(self, model, input_ids: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
-        """Decode with this strategy's function and options (no input checks: ``kvlab.decode`` makes them)."""
+        """Decode with this strategy's function and options (no input checks: ``kvlab.decode`` makes
+        them)."""
         return self.function(model, input_ids, max_new_tokens, **self.options, **kwargs)
 
     def state(self, model, input_ids: torch.Tensor, max_new_tokens: int, **kwargs) -> dict:
-        """What ``function`` would build for one call (``build``), as the keywords that hand it over: decode
-        many times with ``strategy(model, ids, n, **state)`` and it is built once (empty if it builds none)."""
+        """What ``function`` would build for one call (``build``), as the keywords that hand it
+        over: decode many times with ``strategy(model, ids, n, **state)`` and it is built once
+        (empty if it builds none)."""
         if self.builds is None:
             return {}
         made = self.build(model, input_ids, max_new_tokens, **self.options, **kwargs)
@@ -156,8 +161,9 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
 ]}
 assert all(s.kind in KINDS for s in STRATEGIES.values())
 
-# What ``python -m kvlab.lab.bench`` runs by default: every exact path of lessons 01-06 but the ablations, in
-# the course's order. Lesson 07's (drafts verified in bursts, a batch of requests) run when named, and in 07.
+# What ``python -m kvlab.lab.bench`` runs by default: every exact path of lessons 01-06 but the
+# ablations, in the course's order. Lesson 07's (drafts verified in bursts, a batch of requests) run
+# when named, and in 07.
 DEFAULT_STRATEGIES = [name for name, s in STRATEGIES.items() if s.exact and not s.ablation and s.lesson <= 6]
 BENCHMARKED = [name for name, s in STRATEGIES.items() if s.exact]  # what the benchmark accepts
 GRAPH_SAFE = [name for name in DEFAULT_STRATEGIES if STRATEGIES[name].lesson >= 5]
@@ -172,11 +178,13 @@ def strategy_named(name: str) -> Strategy:
 
 def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str = "naive", attention_mask=None,
            **kwargs) -> torch.Tensor:
-    """Greedy-decode ``max_new_tokens`` tokens after ``input_ids`` with the named strategy (``kvlab.STRATEGIES``).
+    """Greedy-decode ``max_new_tokens`` tokens after ``input_ids`` with the named strategy
+    (``kvlab.STRATEGIES``).
 
-    ``input_ids``: ``[batch, prompt_len]``, or a tokenizer's output; a batch with padding (an ``attention_mask``
-    with zeros) is refused. Returns a LongTensor ``[batch, max_new_tokens]`` of new token ids. Every strategy but
-    ``"static-graph"`` returns the same tokens as ``"naive"`` (in fp32); the course's checks assert it.
+    ``input_ids``: ``[batch, prompt_len]``, or a tokenizer's output; a batch with padding (an
+    ``attention_mask`` with zeros) is refused. Returns a LongTensor ``[batch, max_new_tokens]`` of
+    new token ids. Every strategy but ``"static-graph"`` returns the same tokens as ``"naive"`` (in
+    fp32); the course's checks assert it.
     """
     chosen = strategy_named(strategy)
     input_ids = unpadded_ids(input_ids, attention_mask)
@@ -185,14 +193,15 @@ def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str
     return chosen(model, input_ids, max_new_tokens, **kwargs)
 
 
-# Fixed at build: a held decoder keeps them (kvlab.kernels.decoder.KERNEL_OPTIONS are the last four).
+# Fixed at build: a held decoder keeps them (kvlab.kernels.decoder.KERNEL_OPTIONS are the last
+# four).
 DECODER_SETTINGS = ("graph", "compile_mode", "prefill_bucket", "captured_prefill", "steps", "fuse", "gemv",
                     "attention", "dot_attention", "tiles", "fill_splits", "fused_mlp")
 
 
 def check_options(options: dict) -> None:
-    """Refuse options of which a strategy would silently use only one: a ``decoder`` brings its own cache, cache
-    length and settings, and a ``cache`` its own length."""
+    """Refuse options of which a strategy would silently use only one: a ``decoder`` brings its own
+    cache, cache length and settings, and a ``cache`` its own length."""
     given = [name for name in ("decoder", "cache", "max_cache_len") if options.get(name) is not None]
     settings = [name for name in DECODER_SETTINGS if name in options]
     if "decoder" in given and settings:

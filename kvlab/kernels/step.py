@@ -1,24 +1,28 @@
-"""The decode step as kvlab's own kernels, a plain function (gpt-fast style): no torch.compile, five kernels a layer.
+"""The decode step as kvlab's own kernels, a plain function (gpt-fast style): no torch.compile, five
+kernels a layer.
 
-What compiling leaves (``graph-safe-compiled``, kernel counts in ``data/h200_batch1.json``): inductor fuses only
-what its rules allow; a norm is a reduction and so is the matmul after it, so they are two kernels; RoPE, the cache
-write and the attention are more. At batch 1 every kernel is too short to fill the GPU, so a step costs about its
-number of kernels. ``kernel_step`` runs, per layer:
+What compiling leaves (``graph-safe-compiled``, kernel counts in ``data/h200_batch1.json``):
+inductor fuses only what its rules allow; a norm is a reduction and so is the matmul after it, so
+they are two kernels; RoPE, the cache write and the attention are more. At batch 1 every kernel is
+too short to fill the GPU, so a step costs about its number of kernels. ``kernel_step`` runs, per
+layer:
 
-1. ``gemv(x, W_qkv, norm=w)``: RMSNorm fused into the q/k/v matmul (``kvlab.kernels.gemv``; from 2 rows a
-   ``tl.dot`` tile of rows where the H200 sweep found it fastest, ``gemv.TILE_DISPATCH``).
-2. ``rope_cache_attention``: RoPE, the cache write at the counter and split-K attention in one kernel, its scores
-   and P.V as ``tl.dot`` (``kvlab.kernels.attention``).
+1. ``gemv(x, W_qkv, norm=w)``: RMSNorm fused into the q/k/v matmul (``kvlab.kernels.gemv``; from 2
+   rows a ``tl.dot`` tile of rows where the H200 sweep found it fastest, ``gemv.TILE_DISPATCH``).
+2. ``rope_cache_attention``: RoPE, the cache write at the counter and split-K attention in one
+   kernel, its scores and P.V as ``tl.dot`` (``kvlab.kernels.attention``).
 3. ``gemv(attn, W_o, residual=x)``: o_proj and the residual add.
 4. ``gemv(x, W_gate_up, norm=w)``: RMSNorm fused into the gate/up matmul.
-5. ``gemv(gate_up, W_down, silu_mul=True, residual=x)``: SiLU(gate) * up fused into down_proj, and the residual.
+5. ``gemv(gate_up, W_down, silu_mul=True, residual=x)``: SiLU(gate) * up fused into down_proj, and
+   the residual.
 
-and after the last layer ``greedy_head``: the final norm, the LM head, the greedy token and the counter's advance.
-``kernel_prefill`` runs a prompt through the same five kernels a layer (its T rows as the matmuls' rows; the
-attention ``rope_cache_prefill_attention``, causal over the prompt), then the LM head on each row's last token.
-Each function runs its PyTorch form where the kernels do not (``kvlab.kernels.common.available``) and the matmuls
-also where the dispatch picks cuBLAS, so the same step runs on a CPU (the reference the kernels are tested
-against) and at large batch (cuBLAS).
+and after the last layer ``greedy_head``: the final norm, the LM head, the greedy token and the
+counter's advance. ``kernel_prefill`` runs a prompt through the same five kernels a layer (its T
+rows as the matmuls' rows; the attention ``rope_cache_prefill_attention``, causal over the prompt),
+then the LM head on each row's last token. Each function runs its PyTorch form where the kernels do
+not (``kvlab.kernels.common.available``) and the matmuls also where the dispatch picks cuBLAS, so
+the same step runs on a CPU (the reference the kernels are tested against) and at large batch
+(cuBLAS).
 
 The step has no host sync: a decoder captures it in a CUDA graph and replays it.
 """
@@ -75,19 +79,20 @@ def check_supported(model) -> None:
 
 
 def arrival_counters(model, batch: int, device: torch.device | str) -> torch.Tensor:
-    """The ``done`` tensor of ``kernel_step``: int32 zeros, the arrival counters of the attention kernel (one per
-    batch row and kv head), of the matmuls split along K (one per tile of at least 16 rows and block of at least
-    16 outputs of the hidden size) and of the fused MLP (``kvlab.kernels.mlp.counters_per_row``). The kernels run
-    one after the other and each leaves them at zero."""
+    """The ``done`` tensor of ``kernel_step``: int32 zeros, the arrival counters of the attention
+    kernel (one per batch row and kv head), of the matmuls split along K (one per tile of at least
+    16 rows and block of at least 16 outputs of the hidden size) and of the fused MLP
+    (``kvlab.kernels.mlp.counters_per_row``). The kernels run one after the other and each leaves
+    them at zero."""
     config = model.config
     per_row = max(config.num_key_value_heads, -(-config.hidden_size // 16), counters_per_row(config.intermediate_size))
     return torch.zeros(batch * per_row, dtype=torch.int32, device=device)
 
 
 def stacked_projections(layer) -> tuple:
-    """(q/k/v weight, its bias, gate/up weight, its bias) of a layer: a fused copy's ``qkv_proj`` and
-    ``gate_up_proj``, or an unfused model's q, k, v and gate, up as tuples of parts, which the kernels read where
-    they are (``gemv``'s stacked weight)."""
+    """(q/k/v weight, its bias, gate/up weight, its bias) of a layer: a fused copy's ``qkv_proj``
+    and ``gate_up_proj``, or an unfused model's q, k, v and gate, up as tuples of parts, which the
+    kernels read where they are (``gemv``'s stacked weight)."""
     attn, mlp = layer.self_attn, layer.mlp
     if hasattr(attn, "qkv_proj"):
         return attn.qkv_proj.weight, attn.qkv_proj.bias, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias
@@ -100,22 +105,25 @@ def stacked_projections(layer) -> tuple:
 
 def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_attention: bool = True,
                 tiles: bool = True, fill_splits: bool = True, fused_mlp: bool = False) -> torch.Tensor:
-    """One decode step: reads ``token`` ``[batch, 1]`` (long), writes the next token into it (in place), returns it.
+    """One decode step: reads ``token`` ``[batch, 1]`` (long), writes the next token into it (in
+    place), returns it.
 
-    ``model``: a supported model (``check_supported``), or its fused copy ``kvlab.fusion.fused_copy(model,
-    attention=False)`` (one ``qkv_proj`` and one ``gate_up_proj`` per layer; ``stacked_projections``).
-    ``cache``: a ``kvlab.graph_safe_cache.GraphSafeStaticCache`` after a prefill; the step writes this token's
+    ``model``: a supported model (``check_supported``), or its fused copy
+    ``kvlab.fusion.fused_copy(model, attention=False)`` (one ``qkv_proj`` and one ``gate_up_proj``
+    per layer; ``stacked_projections``). ``cache``: a
+    ``kvlab.graph_safe_cache.GraphSafeStaticCache`` after a prefill; the step writes this token's
     key and value at its counter and advances the counter once (the step's last write). ``done``:
-    ``arrival_counters(model, batch, device)``, the counters of the attention and of the matmuls split along K.
-    ``dot_attention``: attention's scores and P.V as ``tl.dot`` (``rope_cache_attention(dot=True)``; False: as
-    broadcast multiply-and-sum). ``tiles``: the matmuls of 2 rows or more through ``gemv.TILE_DISPATCH``'s
-    choice of tile kernel, GEMV kernel or cuBLAS (``gemv(tiles=True)``; False: the GEMV kernel up to
-    ``gemv.GEMV_MAX_ROWS`` rows, cuBLAS above). ``fill_splits``: attention split over only as many programs per
-    (row, kv head) as fill the GPU once (``rope_cache_attention(fill_splits=True)``; False: up to
-    ``common.MAX_SPLITS`` at every batch). ``fused_mlp``: where the MLP's matmuls run the GEMV kernel (batch 1),
-    the MLP as one kernel instead of two (``kvlab.kernels.mlp.fused_mlp``).
-    ``kvlab.kernels.decoder.kernels_decoder`` binds ``done`` and the options (``functools.partial``) and hands
-    the step to a ``GraphSafeDecoder``. Call it in ``torch.inference_mode()``.
+    ``arrival_counters(model, batch, device)``, the counters of the attention and of the matmuls
+    split along K. ``dot_attention``: attention's scores and P.V as ``tl.dot``
+    (``rope_cache_attention(dot=True)``; False: as broadcast multiply-and-sum). ``tiles``: the
+    matmuls of 2 rows or more through ``gemv.TILE_DISPATCH``'s choice of tile kernel, GEMV kernel or
+    cuBLAS (``gemv(tiles=True)``; False: the GEMV kernel up to ``gemv.GEMV_MAX_ROWS`` rows, cuBLAS
+    above). ``fill_splits``: attention split over only as many programs per (row, kv head) as fill
+    the GPU once (``rope_cache_attention(fill_splits=True)``; False: up to ``common.MAX_SPLITS`` at
+    every batch). ``fused_mlp``: where the MLP's matmuls run the GEMV kernel (batch 1), the MLP as
+    one kernel instead of two (``kvlab.kernels.mlp.fused_mlp``).
+    ``kvlab.kernels.decoder.kernels_decoder`` binds ``done`` and the options (``functools.partial``)
+    and hands the step to a ``GraphSafeDecoder``. Call it in ``torch.inference_mode()``.
     """
     decoder, b = model.model, token.shape[0]
     heads = model.config.num_attention_heads
@@ -137,10 +145,11 @@ def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_at
 
 def layer_kernels(x: torch.Tensor, layer, cached, attention, *, tiles: bool = True,
                   counters: torch.Tensor | None = None, fused_mlp: bool = False) -> torch.Tensor:
-    """One decoder layer over the rows ``x`` ``[rows, hidden]`` -> ``[rows, hidden]``: its five kernels, the
-    second ``attention(qkv, layer.self_attn, cached)`` (``kernel_step``'s over the cache, ``prompt_rows``' over
-    the prompt; ``cached``: the layer's cache). ``tiles``, ``fused_mlp``: as ``kernel_step``'s; ``counters``:
-    the matmuls' arrival counters (``gemv``'s)."""
+    """One decoder layer over the rows ``x`` ``[rows, hidden]`` -> ``[rows, hidden]``: its five
+    kernels, the second ``attention(qkv, layer.self_attn, cached)`` (``kernel_step``'s over the
+    cache, ``prompt_rows``' over the prompt; ``cached``: the layer's cache). ``tiles``,
+    ``fused_mlp``: as ``kernel_step``'s; ``counters``: the matmuls' arrival counters
+    (``gemv``'s)."""
     attn, mlp = layer.self_attn, layer.mlp
     norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
     launch = {"tiles": tiles, "counters": counters}
@@ -161,10 +170,11 @@ def layer_kernels(x: torch.Tensor, layer, cached, attention, *, tiles: bool = Tr
 
 
 def prompt_rows(model, cache, prompt: torch.Tensor, valid: torch.Tensor, tiles: bool) -> torch.Tensor:
-    """The layers over a prompt's rows: ``prompt`` [batch, T] at the cache's counter, of which the first
-    ``valid`` (a 0-dim long tensor) count; writes their keys and values into ``cache`` (the rest to the trash
-    slot), returns the last layer's output ``[batch T, hidden]``. The counter is left where it was. Allocates
-    the cache's buffers first if no forward has yet (``cache.early_initialization``)."""
+    """The layers over a prompt's rows: ``prompt`` [batch, T] at the cache's counter, of which the
+    first ``valid`` (a 0-dim long tensor) count; writes their keys and values into ``cache`` (the
+    rest to the trash slot), returns the last layer's output ``[batch T, hidden]``. The counter is
+    left where it was. Allocates the cache's buffers first if no forward has yet
+    (``cache.early_initialization``)."""
     decoder, (b, t) = model.model, prompt.shape
     heads = model.config.num_attention_heads
     rope = decoder.rotary_emb
@@ -186,13 +196,14 @@ def prompt_rows(model, cache, prompt: torch.Tensor, valid: torch.Tensor, tiles: 
 
 def kernel_prefill(model, cache, prompt: torch.Tensor, valid: torch.Tensor, token: torch.Tensor, *,
                    tiles: bool = True) -> torch.Tensor:
-    """The prefill through the step's kernels: writes the first new token into ``token`` ``[batch, 1]``.
+    """The prefill through the step's kernels: writes the first new token into ``token`` ``[batch,
+    1]``.
 
-    ``prompt`` ``[batch, T]`` (long): a prompt padded to T tokens, of which the first ``valid`` (a 0-dim long
-    tensor) count; their keys and values are written into ``cache`` from its counter on, and the counter
-    advances by ``valid`` (one graph captured at T serves every length up to T). ``model``, ``cache``, ``tiles``:
-    as ``kernel_step``'s; the attention runs on ``tl.dot`` tiles (``rope_cache_prefill_attention``). Call it in
-    ``torch.inference_mode()``.
+    ``prompt`` ``[batch, T]`` (long): a prompt padded to T tokens, of which the first ``valid`` (a
+    0-dim long tensor) count; their keys and values are written into ``cache`` from its counter on,
+    and the counter advances by ``valid`` (one graph captured at T serves every length up to T).
+    ``model``, ``cache``, ``tiles``: as ``kernel_step``'s; the attention runs on ``tl.dot`` tiles
+    (``rope_cache_prefill_attention``). Call it in ``torch.inference_mode()``.
     """
     decoder, (b, t) = model.model, prompt.shape
     x = prompt_rows(model, cache, prompt, valid, tiles)  # [b T, hidden]
@@ -204,10 +215,11 @@ def kernel_prefill(model, cache, prompt: torch.Tensor, valid: torch.Tensor, toke
 
 
 def kernel_verify(model, cache, rows: torch.Tensor, verified: torch.Tensor, *, tiles: bool = True) -> torch.Tensor:
-    """Speculation's verify through the step's kernels: ``rows`` [batch, k + 1] (the last token, then k drafts)
-    at the counter's positions, causal; writes the greedy token after each row into ``verified``
-    [batch, k + 1] and advances the counter by k + 1 (``kvlab.speculative`` rolls back the rejected drafts).
-    Rows past the cache's end go to the trash slot. ``model``, ``cache``, ``tiles``: as ``kernel_step``'s."""
+    """Speculation's verify through the step's kernels: ``rows`` [batch, k + 1] (the last token,
+    then k drafts) at the counter's positions, causal; writes the greedy token after each row into
+    ``verified`` [batch, k + 1] and advances the counter by k + 1 (``kvlab.speculative`` rolls back
+    the rejected drafts). Rows past the cache's end go to the trash slot. ``model``, ``cache``,
+    ``tiles``: as ``kernel_step``'s."""
     decoder, width = model.model, rows.shape[1]
     valid = torch.full((), width, dtype=torch.long, device=rows.device)  # every row counts
     x = prompt_rows(model, cache, rows, valid, tiles)  # [b (k + 1), hidden]
