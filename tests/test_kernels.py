@@ -226,15 +226,20 @@ def split_k(check, *args) -> None:
         gemv_module.tile_choice = chosen
 
 
-def many_units(check, *args) -> None:
-    """``check`` as on a GPU of more multiprocessors than any launch here has programs (``common.units``): what
-    ``fill_splits`` and ``fill_prefill`` plan for a small batch on an H100 or H200."""
+def many_units(check, *args, count: int = 10_000) -> None:
+    """``check`` as on a GPU of ``count`` multiprocessors (``common.units``); by default more than any launch here
+    has programs: what ``fill_splits`` and the prefill attention plan for a small batch on an H100 or H200."""
     units = common.units
-    common.units = lambda device: 10_000
+    common.units = lambda device: count
     try:
         check(*args)
     finally:
         common.units = units
+
+
+def one_unit(check, *args) -> None:
+    """``check`` as on a GPU of one multiprocessor: the prefill attention keeps ``PREFILL_TILE``'s widest tiles."""
+    many_units(check, *args, count=1)
 
 
 def check_split_counters(case: str) -> None:
@@ -304,11 +309,11 @@ PREFILLS = {  # batch, heads, kv_heads, slots, head_dim, prompt rows T, valid ro
 }
 
 
-def check_prefill_attention(case: str, fill: bool = False) -> None:
+def check_prefill_attention(case: str) -> None:
     """``rope_cache_prefill_attention`` equals its PyTorch form on the prompt's rows and writes the same keys and
     values; padded rows stay finite; nothing past the prompt is written. The cache's buffers are views into larger
     ones of NaN, so a read past their slots (the counter or the prompt past the cache's end) would show in the
-    output. ``fill``: ``fill_prefill=True`` (run it under ``many_units``: its tiles then shrink to the fewest rows)."""
+    output. Run it under ``one_unit`` (the widest tiles) and ``many_units`` (the fewest rows a tile takes)."""
     b, heads, kv_heads, slots, d, t, valid, start, dtype = PREFILLS[case]
     gen = torch.Generator().manual_seed(slots + t)
     rand = lambda *shape: torch.randn(*shape, generator=gen).to(DEVICE, dtype)  # noqa: E731
@@ -319,8 +324,7 @@ def check_prefill_attention(case: str, fill: bool = False) -> None:
     k2, v2 = keys.clone(), values.clone()
     pos, n = torch.tensor(start, device=DEVICE), torch.tensor(valid, device=DEVICE)
     assert common.available(qkv), "the kernel does not run here: the check would test the PyTorch form against itself"
-    got = attention.rope_cache_prefill_attention(qkv, inv_freq, 1.0, keys, values, pos, n, heads, d**-0.5,
-                                                 fill_prefill=fill)
+    got = attention.rope_cache_prefill_attention(qkv, inv_freq, 1.0, keys, values, pos, n, heads, d**-0.5)
     expected = attention._reference(qkv, inv_freq, 1.0, k2, v2, pos, n, heads, d**-0.5)
     prompt = (torch.arange(t, device=DEVICE) < valid).repeat(b)  # [b T] the rows that count
     tol = 1e-5 if dtype == torch.float32 else 3e-2
@@ -461,7 +465,7 @@ def kernel_step_decode(model, ids: torch.Tensor, n: int, **options) -> torch.Ten
     return out
 
 
-def check_kernel_step(name: str, dot_attention: bool = False, tiles: bool = False, early_launch: bool = False,
+def check_kernel_step(name: str, dot_attention: bool = False, tiles: bool = False,
                       fused_mlp: bool = False) -> None:
     """The whole step through the kernels (the plain function), token-exact against naive."""
     model = tiny_model(name).to(DEVICE)
@@ -471,9 +475,8 @@ def check_kernel_step(name: str, dot_attention: bool = False, tiles: bool = Fals
     try:
         ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(6)).to(DEVICE)
         n = tokens(6, 4)
-        out = kernel_step_decode(model, ids, n, dot_attention=dot_attention, tiles=tiles, early_launch=early_launch,
-                                 fused_mlp=fused_mlp)
-        assert torch.equal(out, decode_naive(model, ids, n)), (name, dot_attention, tiles, early_launch, fused_mlp)
+        out = kernel_step_decode(model, ids, n, dot_attention=dot_attention, tiles=tiles, fused_mlp=fused_mlp)
+        assert torch.equal(out, decode_naive(model, ids, n)), (name, dot_attention, tiles, fused_mlp)
     finally:
         restore()
         restore_mlp()
@@ -535,18 +538,16 @@ def run_checks() -> dict[str, str]:
     checks |= {f"rope-cache-attention-{case}-fill": (check_rope_cache_attention, case, False, True)
                for case in FILL_CASES}
     checks |= {f"greedy-head-{case}": (check_greedy_head, case) for case in HEADS}
-    checks |= {f"prefill-attention-{case}": (check_prefill_attention, case) for case in PREFILLS
+    checks |= {f"prefill-attention-{case}": (one_unit, check_prefill_attention, case) for case in PREFILLS
                if PREFILLS[case][-1] in DOT_DTYPES}
-    checks |= {f"prefill-attention-{case}-fill": (many_units, check_prefill_attention, case, True) for case in PREFILLS
+    checks |= {f"prefill-attention-{case}-fill": (many_units, check_prefill_attention, case) for case in PREFILLS
                if PREFILLS[case][-1] in DOT_DTYPES}
     checks |= {f"kernel-prefill-{name}": (check_kernel_prefill_decode, name) for name in ATTENTION_DECODES}
     checks |= {f"kernel-step-{name}": (check_kernel_step, name) for name in KERNEL_STEP_DECODES}
     checks |= {f"kernel-step-{name}-dot": (check_kernel_step, name, True) for name in KERNEL_STEP_DECODES}
     checks |= {f"kernel-step-{name}-tiles": (check_kernel_step, name, False, True) for name in KERNEL_STEP_DECODES}
-    checks |= {f"kernel-step-{name}-early": (check_kernel_step, name, False, False, True)
-               for name in KERNEL_STEP_DECODES}
     checks |= {f"fused-mlp-{case}": (check_fused_mlp, case) for case in MLPS}
-    checks |= {f"kernel-step-{name}-fused-mlp": (check_kernel_step, name, False, False, False, True)
+    checks |= {f"kernel-step-{name}-fused-mlp": (check_kernel_step, name, False, False, True)
                for name in KERNEL_STEP_DECODES}
     checks |= {f"decode-{name}-graph{g}": (check_decode, name, g) for name, g in DECODES}
     checks["compiled-decode"] = (check_compiled_decode,)
@@ -659,13 +660,6 @@ def test_kernel_step_with_tiled_matmuls_is_token_exact(interpreted, name):
     outcome(interpreted, f"kernel-step-{name}-tiles", check_kernel_step, name, False, True)
 
 
-@pytest.mark.parametrize("name", KERNEL_STEP_DECODES)
-def test_kernel_step_with_early_launch_is_token_exact(interpreted, name):
-    """On a GPU with PDL each kernel lets the next start at its entry, and attention reads the counter after its
-    wait; in the interpreter (no PDL) the same code path computes the same tokens."""
-    outcome(interpreted, f"kernel-step-{name}-early", check_kernel_step, name, False, False, True)
-
-
 @pytest.mark.parametrize("case", list(MLPS))
 def test_fused_mlp_kernel_matches_reference(interpreted, case):
     outcome(interpreted, f"fused-mlp-{case}", check_fused_mlp, case)
@@ -675,7 +669,7 @@ def test_fused_mlp_kernel_matches_reference(interpreted, case):
 def test_kernel_step_with_the_mlp_in_one_kernel_is_token_exact(interpreted, name):
     """``fused_mlp=True``: at the GEMV's rows the MLP runs as one kernel (the check counts its calls), sharing the
     step's arrival counters (``kernel_step_decode`` asserts they are left at zero)."""
-    outcome(interpreted, f"kernel-step-{name}-fused-mlp", check_kernel_step, name, False, False, False, True)
+    outcome(interpreted, f"kernel-step-{name}-fused-mlp", check_kernel_step, name, False, False, True)
 
 
 @pytest.mark.parametrize("case", [on_tensor_cores(case, dtype_of(GEMVS[case])) for case in GEMVS])
@@ -758,14 +752,14 @@ def test_a_weight_in_stacked_parts_gives_the_concatenated_weights_outputs_in_til
 
 @pytest.mark.parametrize("case", [on_tensor_cores(case, PREFILLS[case][-1]) for case in PREFILLS])
 def test_prefill_attention_kernel_matches_reference(interpreted, case):
-    outcome(interpreted, f"prefill-attention-{case}", check_prefill_attention, case)
+    outcome(interpreted, f"prefill-attention-{case}", one_unit, check_prefill_attention, case)
 
 
 @pytest.mark.parametrize("case", [on_tensor_cores(case, PREFILLS[case][-1]) for case in PREFILLS])
 def test_prefill_attention_in_tiles_that_fill_the_gpu_matches_reference(interpreted, case):
-    """``fill_prefill=True`` where the GPU has more multiprocessors than the prompt has tiles: 16 query rows a
-    program (the fewest a ``tl.dot`` tile takes), several programs over one prompt's positions."""
-    outcome(interpreted, f"prefill-attention-{case}-fill", many_units, check_prefill_attention, case, True)
+    """Where the GPU has more multiprocessors than the prompt has tiles: 16 query rows a program (the fewest a
+    ``tl.dot`` tile takes), several programs over one prompt's positions."""
+    outcome(interpreted, f"prefill-attention-{case}-fill", many_units, check_prefill_attention, case)
 
 
 def test_prefill_rows_shrink_until_the_programs_fill_the_gpu(monkeypatch):

@@ -99,18 +99,17 @@ def launch_everything(model, fused, batches, options, prefill_rows: int) -> None
                     token = torch.zeros(b, 1, dtype=torch.long)
                     step.kernel_step(weights, new_cache(weights, b), token, step.arrival_counters(weights, b, "cpu"),
                                      **option)
-            prompt, valid = torch.zeros(1, prefill_rows, dtype=torch.long), torch.tensor(prefill_rows - 3)
-            for fill in (True, False):  # the attention's tiles: fewer rows where they would not fill the GPU, or all
-                step.kernel_prefill(weights, new_cache(weights, 1), prompt, valid, torch.zeros(1, 1, dtype=torch.long),
-                                    fill_prefill=fill)
+            valid = torch.tensor(prefill_rows - 3)
+            for b in (1, 16):  # the attention's tiles: fewer rows where they would not fill the GPU (batch 1), or all
+                prompt = torch.zeros(b, prefill_rows, dtype=torch.long)
+                step.kernel_prefill(weights, new_cache(weights, b), prompt, valid, torch.zeros(b, 1, dtype=torch.long))
 
 
 def compile_all(capability: int) -> list[dict]:
     """Compile the kernels path's launches (see the module docstring) -> one row per distinct compiled kernel."""
     from kvlab.fusion import fused_copy
 
-    steps = [{}, {"dot_attention": False}, {"tiles": False}, {"early_launch": True}, {"fill_splits": False},
-             {"fused_mlp": True}]
+    steps = [{}, {"dot_attention": False}, {"tiles": False}, {"fill_splits": False}, {"fused_mlp": True}]
     with compile_only(capability) as compiled:
         for dtype in (torch.bfloat16, torch.float32):  # float32: the token check's
             model = random_smollm2(device="cpu", dtype=dtype, layers=1)

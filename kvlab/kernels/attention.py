@@ -43,7 +43,7 @@ PREFILL_TILE = {2: (64, 64), 4: (32, 32)}
 
 
 def prefill_rows(pairs: int, t: int, block_g: int, most: int, device: torch.device) -> int:
-    """Query rows per program of the prefill attention (``fill_prefill=True``): ``most`` (``PREFILL_TILE``'s), halved
+    """Query rows per program of the prefill attention: ``most`` (``PREFILL_TILE``'s), halved
     while the launch would give fewer programs than one wave fills (``common.units``) and a tile keeps at least
     ``common.DOT_ROWS`` rows. A 64-token prompt at batch 1 (SmolLM2: 3 kv heads, groups of 3 padded to 4) then runs
     48 programs of 16 rows instead of 12 of 64; from batch 16 the 64-row tiles already fill an H100 or H200."""
@@ -83,7 +83,6 @@ if triton is not None:
     from .common import (
         attend,
         combine_splits,
-        launch_next_kernel,
         softmax_start,
         store_partial,
         wait_for_previous_kernel,
@@ -146,26 +145,20 @@ if triton is not None:
             QKV, INV_FREQ, KC, VC, POS, OUT, PO, PM, PL, DONE, stride_qkv, stride_kb, stride_kh, stride_kl,
             stride_ob, kv_heads, slots, scale, rope_scale,
             HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_L: tl.constexpr,
-            ITERS: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr, DOT: tl.constexpr,
-            EARLY: tl.constexpr):
-        launch_next_kernel(PDL, EARLY)
+            ITERS: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr, DOT: tl.constexpr):
         bh, split = tl.program_id(0), tl.program_id(1)  # (batch row, kv head), which share of the cache
         b, kvh = bh // kv_heads, bh % kv_heads
         dt = KC.dtype.element_ty
         g, d = tl.arange(0, BLOCK_G), tl.arange(0, D)
         cache = b * stride_kb + kvh * stride_kh
         # Before waiting for the q/k/v projection: the first block of the cache (slots written by earlier steps; the
-        # slot being written now is replaced from registers below) and, unless launched EARLY (the kernel that
-        # advances it may then still be running), this token's position.
+        # slot being written now is replaced from registers below) and this token's position.
         slot = split * ITERS * BLOCK_L + tl.arange(0, BLOCK_L)  # [L]
         offs = cache + slot[:, None] * stride_kl + d[None, :]  # [L, D]
         k = tl.load(KC + offs, mask=(slot < slots)[:, None], other=0.0).to(tl.float32)
         v = tl.load(VC + offs, mask=(slot < slots)[:, None], other=0.0).to(tl.float32)
-        if not EARLY:
-            pos = tl.load(POS)  # the cache's counter: this token's position
-        wait_for_previous_kernel(PDL, EARLY)
-        if EARLY:
-            pos = tl.load(POS)
+        pos = tl.load(POS)  # the cache's counter: this token's position
+        wait_for_previous_kernel(PDL)
         cos, sin = _rope_cos_sin(pos, tl.load(INV_FREQ + d % (D // 2)), rope_scale, dt)  # [D]
         d_rot = (d + D // 2) % D  # rotate_half(x) = cat(-x[D/2:], x[:D/2])
         sign = tl.where(d < D // 2, -1.0, 1.0)
@@ -213,12 +206,11 @@ if triton is not None:
     def _prefill_attention_kernel(
             QKV, INV_FREQ, KC, VC, POS, VALID, OUT, stride_qkv, stride_kb, stride_kh, stride_kl, stride_out, kv_heads,
             slots, T, scale, rope_scale, HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-            BLOCK_T: tl.constexpr, D: tl.constexpr, BLOCK_L: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
-        launch_next_kernel(PDL, EARLY)
+            BLOCK_T: tl.constexpr, D: tl.constexpr, BLOCK_L: tl.constexpr, PDL: tl.constexpr):
         bh, tile = tl.program_id(0), tl.program_id(1)  # (batch row, kv head), which tile of the prompt's positions
         b, kvh = bh // kv_heads, bh % kv_heads
         dt = KC.dtype.element_ty
-        wait_for_previous_kernel(PDL, EARLY)
+        wait_for_previous_kernel(PDL)
         start, valid = tl.load(POS), tl.load(VALID)  # the prompt's first position; how many of its T rows count
         d = tl.arange(0, D)[None, :]  # [1, D]
         d_rot = (d + D // 2) % D  # rotate_half(x) = cat(-x[D/2:], x[:D/2])
@@ -306,7 +298,7 @@ def _(query, key, value, mask, scale):
 
 def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: float, keys: torch.Tensor,
                          values: torch.Tensor, position: torch.Tensor, heads: int, scale: float,
-                         done: torch.Tensor | None = None, dot: bool = False, early_launch: bool = False,
+                         done: torch.Tensor | None = None, dot: bool = False,
                          fill_splits: bool = False) -> torch.Tensor:
     """One decode token's attention, with RoPE and the cache write -> ``[batch, heads * head_dim]``.
 
@@ -317,8 +309,6 @@ def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: 
     ``done``: int32 zeros ``[batch * kv_heads]``, the kernel's arrival counters (it leaves them at zero).
     ``dot``: scores and P.V as ``tl.dot`` over the group padded to ``common.DOT_ROWS`` rows (``common.attend``), in
     blocks of ``common.DOT_BLOCK_L`` slots (half that in float32).
-    ``early_launch``: with PDL the next kernel may start once every program of this one has started; the counter is
-    then read after the wait (``kvlab.kernels.gemv.gemv``'s option).
     ``fill_splits``: each (row, kv head) split over at most ``common.fill_splits`` programs, enough for one wave to
     fill the GPU, instead of ``common.MAX_SPLITS``: from as many pairs as multiprocessors, one program walks the
     whole cache and no shares are combined.
@@ -343,7 +333,7 @@ def rope_cache_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: 
         qkv, inv_freq, keys, values, position, out, partial_o, partial_m, partial_l, done, qkv.stride(0),
         keys.stride(0), keys.stride(1), keys.stride(2), out.stride(0), kv_heads, slots, scale, rope_scale,
         HEADS=heads, GROUP=group, BLOCK_G=block_g, D=d, BLOCK_L=block_l, ITERS=iters, SPLITS=splits,
-        BLOCK_S=triton.next_power_of_2(splits), PDL=common.pdl(keys.device), DOT=dot, EARLY=early_launch,
+        BLOCK_S=triton.next_power_of_2(splits), PDL=common.pdl(keys.device), DOT=dot,
         num_warps=ATTENTION_WARPS,
         **common.launch_options(keys.device))
     return out
@@ -388,7 +378,7 @@ def _reference(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: float, key
 
 def rope_cache_prefill_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope_scale: float, keys: torch.Tensor,
                                  values: torch.Tensor, position: torch.Tensor, valid: torch.Tensor, heads: int,
-                                 scale: float, early_launch: bool = False, fill_prefill: bool = False) -> torch.Tensor:
+                                 scale: float) -> torch.Tensor:
     """A prompt's attention, with RoPE and the cache writes -> ``[batch * T, heads * head_dim]``.
 
     qkv ``[batch * T, (heads + 2 kv_heads) * d]``: the projection of a prompt padded to T tokens, row ``b * T + t``
@@ -397,9 +387,8 @@ def rope_cache_prefill_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope
     ``keys``/``values`` (a graph-safe layer's buffers ``[batch, kv_heads, slots + 1, d]``), and every row attends to
     the slots up to its own position (a padded row to the last valid one; its output is never used). Rows past the
     cache's end (a counter not reset before a replay) go to the trash slot and are not attended; nothing past it is
-    read. ``early_launch``: as ``rope_cache_attention``'s. ``fill_prefill``: fewer query rows per program where
-    ``PREFILL_TILE``'s would leave multiprocessors idle (``prefill_rows``). Where ``common.available`` is False: the
-    same math in PyTorch.
+    read. Fewer query rows per program than ``PREFILL_TILE``'s where those would leave multiprocessors idle
+    (``prefill_rows``). Where ``common.available`` is False: the same math in PyTorch.
     """
     b, kv_heads, slots, d = keys.shape[0], keys.shape[1], keys.shape[2] - 1, keys.shape[3]
     if not common.available(qkv):
@@ -408,13 +397,12 @@ def rope_cache_prefill_attention(qkv: torch.Tensor, inv_freq: torch.Tensor, rope
     group, t = heads // kv_heads, qkv.shape[0] // b
     block_g = triton.next_power_of_2(group)
     rows, block_l = PREFILL_TILE[keys.element_size()]
-    if fill_prefill:
-        rows = prefill_rows(b * kv_heads, t, block_g, rows, keys.device)
+    rows = prefill_rows(b * kv_heads, t, block_g, rows, keys.device)
     block_t = max(1, rows // block_g)
     out = torch.empty(b * t, heads * d, dtype=keys.dtype, device=keys.device)
     _prefill_attention_kernel[(b * kv_heads, triton.cdiv(t, block_t))](
         qkv, inv_freq, keys, values, position, valid, out, qkv.stride(0), keys.stride(0), keys.stride(1),
         keys.stride(2), out.stride(0), kv_heads, slots, t, scale, rope_scale, HEADS=heads, GROUP=group,
         BLOCK_G=block_g, BLOCK_T=block_t, D=d, BLOCK_L=block_l, PDL=common.pdl(keys.device),
-        EARLY=early_launch, num_warps=ATTENTION_WARPS, **common.launch_options(keys.device))
+        num_warps=ATTENTION_WARPS, **common.launch_options(keys.device))
     return out

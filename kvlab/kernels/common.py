@@ -7,7 +7,7 @@
 - ``BLOCK_L``, ``MAX_SPLITS``: the split-K layout of both attention kernels (``kvlab.kernels.attention``);
   ``DOT_ROWS``, ``DOT_BLOCK_L``: the query rows and cache slots of a ``tl.dot`` tile, for attention as matrix
   products.
-- The jit helpers: ``launch_next_kernel`` and ``wait_for_previous_kernel`` (PDL), the online softmax
+- The jit helpers: ``wait_for_previous_kernel`` (PDL), the online softmax
   (``softmax_start``, ``attend``), and the split partial results (``store_partial``, ``combine_splits``), written once for both attention kernels.
 
 Split-K attention: the cache slots of one (batch row, kv head) are shared among ``splits`` programs, each taking
@@ -97,20 +97,12 @@ def require_dense_rows(**tensors: torch.Tensor | None) -> None:
 if triton is not None:
 
     @triton.jit
-    def launch_next_kernel(PDL: tl.constexpr, EARLY: tl.constexpr):
-        """With ``EARLY``, at a kernel's entry: the next kernel may start (and load its weights) as soon as every
-        program of this one has started, one kernel deeper than ``wait_for_previous_kernel`` lets it."""
-        if PDL and EARLY:
-            tl.extra.cuda.gdc_launch_dependents()
-
-    @triton.jit
-    def wait_for_previous_kernel(PDL: tl.constexpr, EARLY: tl.constexpr):
-        """Wait until the previous kernel has finished and its writes are visible; without ``EARLY`` only then may
-        the next kernel start its own loads. Read nothing a kernel before this one wrote until after this call."""
+    def wait_for_previous_kernel(PDL: tl.constexpr):
+        """Wait until the previous kernel has finished and its writes are visible; only then may the next kernel
+        start its own loads. Read nothing a kernel before this one wrote until after this call."""
         if PDL:
             tl.extra.cuda.gdc_wait()
-            if not EARLY:
-                tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_launch_dependents()
 
     @triton.jit
     def softmax_start(BLOCK_G: tl.constexpr, D: tl.constexpr):

@@ -54,7 +54,7 @@ def gemv_config(n: int, k: int) -> tuple[int, int, int]:
 
 
 if triton is not None:
-    from .common import launch_next_kernel, wait_for_previous_kernel
+    from .common import wait_for_previous_kernel
 
     @triton.jit
     def _stacked_rows(W, W1, W2, n, first, N0, N01, K, PARTS: tl.constexpr, BY_BLOCK: tl.constexpr):
@@ -104,8 +104,7 @@ if triton is not None:
     @triton.jit
     def gemv_kernel(X, W, W1, W2, BIAS, BIAS1, BIAS2, NORM, RES, OUT, IDX, N, N0, N01, K, stride_x, stride_res,
                     stride_out, eps, PROLOGUE: tl.constexpr, PARTS: tl.constexpr, BY_BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
-        launch_next_kernel(PDL, EARLY)
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
         row, block = tl.program_id(0), tl.program_id(1)
         dt = W.dtype.element_ty  # the model's dtype: results are rounded to it where transformers rounds
         n = block * BLOCK_N + tl.arange(0, BLOCK_N)  # [N_b] this program's outputs
@@ -114,7 +113,7 @@ if triton is not None:
         x_row = X + row * stride_x
         w_rows = _stacked_rows(W, W1, W2, n, block * BLOCK_N, N0, N01, K, PARTS, BY_BLOCK)[:, None]  # [N_b, 1]
         w = tl.load(w_rows + kk[None, :], mask=n_in[:, None] & (kk < K)[None, :], other=0.0)  # [N_b, K_b]
-        wait_for_previous_kernel(PDL, EARLY)  # the weights do not depend on it: their first tile is already on its way
+        wait_for_previous_kernel(PDL)  # the weights do not depend on it: their first tile is already on its way
         rstd = 0.0
         if PROLOGUE == 1:  # RMSNorm needs the row's mean square before any normed value
             squares = tl.zeros([BLOCK_K], tl.float32)
@@ -164,14 +163,13 @@ if triton is not None:
     def tile_kernel(X, W, W1, W2, BIAS, BIAS1, BIAS2, NORM, RES, OUT, IDX, PART, DONE, M, N, N0, N01, K, stride_x,
                     stride_res, stride_out, eps, PROLOGUE: tl.constexpr, PARTS: tl.constexpr, BY_BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
-                    PDL: tl.constexpr, EARLY: tl.constexpr):
+                    PDL: tl.constexpr):
         """``gemv_kernel`` for a tile of ``BLOCK_M`` rows: each weight tile is read once for all of them and
         multiplied with ``tl.dot`` (tensor cores in bf16; float32 operands exactly, ``input_precision="ieee"``).
         The same prologue (``_x_tile``) and the same epilogue, on [rows, outputs] tiles. ``SPLITS`` > 1 (split-K):
         K is shared among ``SPLITS`` programs (grid axis 2), which publish their sums in PART; the last of them to
         arrive (an arrival counter in DONE, as the attention kernel's) adds them in split order and runs the
         epilogue, so the result does not depend on which program finishes first."""
-        launch_next_kernel(PDL, EARLY)
         tile, block, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         dt = W.dtype.element_ty
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # [M_b] this program's rows
@@ -185,7 +183,7 @@ if triton is not None:
         x_rows = X + rows[:, None] * stride_x  # [M_b, 1]
         w_rows = _stacked_rows(W, W1, W2, n, block * BLOCK_N, N0, N01, K, PARTS, BY_BLOCK)[:, None]  # [N_b, 1]
         w = tl.load(w_rows + kk[None, :], mask=n_in[:, None] & (kk < k_end)[None, :], other=0.0)  # [N_b, K_b]
-        wait_for_previous_kernel(PDL, EARLY)
+        wait_for_previous_kernel(PDL)
         rstd = 0.0
         if PROLOGUE == 1:  # the norm needs the whole row, whatever share of K this program multiplies
             squares = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
@@ -220,13 +218,12 @@ if triton is not None:
 
     @triton.jit
     def _argmax_kernel(VAL, IDX, TOKEN, POS, blocks, stride_val, stride_token,
-                       BLOCK: tl.constexpr, ADVANCE: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+                       BLOCK: tl.constexpr, ADVANCE: tl.constexpr, PDL: tl.constexpr):
         """The token: the index of the largest of the LM head's per-program maxima (the first, on ties); then
         program 0 advances the cache's counter (``ADVANCE``): the step's last write."""
-        launch_next_kernel(PDL, EARLY)
         row = tl.program_id(0)
         i = tl.arange(0, BLOCK)
-        wait_for_previous_kernel(PDL, EARLY)
+        wait_for_previous_kernel(PDL)
         val = tl.load(VAL + row * stride_val + i, mask=i < blocks, other=float("-inf"))
         best = tl.argmax(val, 0, tie_break_left=True)  # the first block holding the maximum has its first index
         token = tl.load(IDX + row * stride_val + best)
@@ -316,14 +313,13 @@ def stacked_shape(weight: Stacked) -> tuple[int, int]:
 
 def gemv(x: torch.Tensor, weight: Stacked, *, bias: Stacked | None = None, norm: torch.Tensor | None = None,
          eps: float = 1e-6, silu_mul: bool = False, residual: torch.Tensor | None = None,
-         tiles: bool = False, early_launch: bool = False, counters: torch.Tensor | None = None) -> torch.Tensor:
+         tiles: bool = False, counters: torch.Tensor | None = None) -> torch.Tensor:
     """``prologue(x) @ weight.T (+ bias) (+ residual)`` -> ``[rows, N]``.
 
     x ``[rows, K]`` (``[rows, 2K]`` = [gate | up] with ``silu_mul``); weight ``[N, K]``, or a tuple of up to three
     parts ``[N_i, K]`` stacked along N (``bias`` then in the same parts), read where they are; ``norm``: an RMSNorm weight
     ``[K]`` applied to x first; ``residual [rows, N]`` added last. ``tiles``: 2 rows or more run ``tile_kernel``
-    (``kernel_path``). ``early_launch``: with PDL, the next kernel may start when every program of this one has
-    started (``common.launch_next_kernel``), not only after its wait. ``counters``: int32 zeros that a tile launch
+    (``kernel_path``). ``counters``: int32 zeros that a tile launch
     split along K counts its programs' arrivals in (``kvlab.kernels.step.arrival_counters``; the kernel leaves them
     at zero); None, or fewer than the launch needs: zeros made for the call, a memset in a captured graph.
     Otherwise more than ``GEMV_MAX_ROWS`` rows, or no kernels here: the PyTorch form (``F.linear``).
@@ -342,7 +338,7 @@ def gemv(x: torch.Tensor, weight: Stacked, *, bias: Stacked | None = None, norm:
             y = F.linear(x, weight, bias)
         return y if residual is None else residual + y
     out = torch.empty(x.shape[0], stacked_shape(weight)[0], dtype=parts(weight)[0].dtype, device=x.device)
-    _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, None, tile, early_launch, counters)
+    _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, None, tile, counters)
     return out
 
 
@@ -352,7 +348,7 @@ def output_blocks(weight: Stacked, tile: tuple | None) -> int:
     return triton.cdiv(n, tile[1] if tile is not None else gemv_config(n, k)[0])
 
 
-def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index, tile=None, early=False,
+def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index, tile=None,
                  counters=None) -> None:
     """Launch ``gemv_kernel``, or ``tile_kernel`` with ``tile`` (a ``tile_choice`` configuration); with ``index``, the argmax form
     (per-program maxima into out/index, ``output_blocks`` of them per row)."""
@@ -376,7 +372,7 @@ def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index, til
     flags = dict(PROLOGUE=SILU_MUL if silu_mul else RMS_NORM if norm is not None else NO_NORM, PARTS=len(weights),
                  BY_BLOCK=by_block,
                  HAS_BIAS=bias is not None,
-                 HAS_RES=residual is not None, ARGMAX=index is not None, PDL=common.pdl(x.device), EARLY=early,
+                 HAS_RES=residual is not None, ARGMAX=index is not None, PDL=common.pdl(x.device),
                  **common.launch_options(x.device))
     if tile is None:
         block_n, block_k, warps = gemv_config(n, k)
@@ -395,10 +391,10 @@ def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index, til
 
 
 def greedy_head(x: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor, eps: float, token: torch.Tensor,
-                position: torch.Tensor | None = None, tiles: bool = False, early_launch: bool = False) -> torch.Tensor:
+                position: torch.Tensor | None = None, tiles: bool = False) -> torch.Tensor:
     """The LM head and greedy choice: ``argmax(rms_norm(x) @ weight.T)`` written into ``token [rows, 1]`` (in place;
     the kernels never store the logits), and ``position += 1`` when given (the cache's counter, the step's last
-    write). x ``[rows, hidden]``, weight ``[vocab, hidden]``, norm ``[hidden]``. ``tiles``, ``early_launch``: as
+    write). x ``[rows, hidden]``, weight ``[vocab, hidden]``, norm ``[hidden]``. ``tiles``: as
     ``gemv``'s. Otherwise
     more than ``GEMV_MAX_ROWS`` rows, or no kernels here: the PyTorch form (``F.linear`` and ``argmax``)."""
     path, tile = _dispatch(x, tiles, weight.shape)
@@ -411,9 +407,9 @@ def greedy_head(x: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor, eps: 
     blocks = output_blocks(weight, tile)
     maxima = torch.empty(rows, blocks, dtype=torch.float32, device=x.device)  # [rows, blocks] per-program maxima
     where = torch.empty(rows, blocks, dtype=torch.int32, device=x.device)  # [rows, blocks] and their indices
-    _launch_gemv(x, weight, None, norm, eps, False, None, maxima, where, tile, early_launch)
+    _launch_gemv(x, weight, None, norm, eps, False, None, maxima, where, tile)
     _argmax_kernel[(rows,)](maxima, where, token, position if position is not None else token, blocks,
                             maxima.stride(0), token.stride(0), BLOCK=triton.next_power_of_2(blocks),
-                            ADVANCE=position is not None, PDL=common.pdl(x.device), EARLY=early_launch,
+                            ADVANCE=position is not None, PDL=common.pdl(x.device),
                             **common.launch_options(x.device))
     return token

@@ -38,7 +38,7 @@ def counters_per_row(intermediate: int) -> int:
 
 
 if triton is not None:
-    from .common import launch_next_kernel, wait_for_previous_kernel
+    from .common import wait_for_previous_kernel
     from .gemv import rms_normed, silu_times
 
     @triton.jit
@@ -52,9 +52,7 @@ if triton is not None:
 
     @triton.jit
     def mlp_kernel(X, WG, WU, WD, NORM, RES, OUT, PART, GPART, DONE, INTER, H, stride_x, stride_res, stride_out, eps,
-                   BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, GROUP: tl.constexpr, PDL: tl.constexpr,
-                   EARLY: tl.constexpr):
-        launch_next_kernel(PDL, EARLY)
+                   BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, GROUP: tl.constexpr, PDL: tl.constexpr):
         row, p = tl.program_id(0), tl.program_id(1)
         programs = tl.num_programs(1)
         groups = tl.cdiv(programs, GROUP)
@@ -65,7 +63,7 @@ if triton is not None:
         inside = i_in[:, None] & h_in[None, :]
         w_gate = tl.load(WG + i[:, None] * H + h[None, :], mask=inside, other=0.0)  # [I_b, H_b]
         w_up = tl.load(WU + i[:, None] * H + h[None, :], mask=inside, other=0.0)
-        wait_for_previous_kernel(PDL, EARLY)  # the weights do not depend on it: they are already on their way
+        wait_for_previous_kernel(PDL)  # the weights do not depend on it: they are already on their way
         x = tl.load(X + row * stride_x + h, mask=h_in, other=0.0).to(tl.float32)  # [H_b]
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / H + eps)
         w_norm = tl.load(NORM + h, mask=h_in, other=0.0).to(tl.float32)
@@ -103,14 +101,13 @@ def mlp_reference(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_d
 
 
 def fused_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, norm: torch.Tensor,
-              eps: float, residual: torch.Tensor, counters: torch.Tensor | None = None,
-              early_launch: bool = False) -> torch.Tensor:
+              eps: float, residual: torch.Tensor, counters: torch.Tensor | None = None) -> torch.Tensor:
     """``residual + down(SiLU(gate(n)) * up(n))`` with ``n = rms_norm(x)`` -> ``[rows, hidden]``, in one kernel.
 
     x, residual ``[rows, hidden]``; w_gate, w_up ``[intermediate, hidden]`` (views of a fused ``gate_up_proj``'s
     halves will do); w_down ``[hidden, intermediate]``; norm ``[hidden]``. ``counters``: int32 zeros, at least
     ``rows * counters_per_row(intermediate)`` (``kvlab.kernels.step.arrival_counters``'), which the kernel leaves
-    at zero; None: zeros made for the call. ``early_launch``: as ``gemv``'s. Each row reads the weights again: for
+    at zero; None: zeros made for the call. Each row reads the weights again: for
     the few rows of a GEMV. Where ``common.available`` is False: ``mlp_reference``.
     """
     if not common.available(x):
@@ -132,6 +129,6 @@ def fused_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down:
     out = torch.empty(rows, hidden, dtype=w_gate.dtype, device=x.device)
     mlp_kernel[(rows, programs)](x, w_gate, w_up, w_down, norm, residual, out, part, group_part, counters, inter,
                                  hidden, x.stride(0), residual.stride(0), out.stride(0), eps, BLOCK_I=MLP_BLOCK_I,
-                                 BLOCK_H=block_h, GROUP=MLP_GROUP, PDL=common.pdl(x.device), EARLY=early_launch,
+                                 BLOCK_H=block_h, GROUP=MLP_GROUP, PDL=common.pdl(x.device),
                                  num_warps=MLP_WARPS, **common.launch_options(x.device))
     return out
