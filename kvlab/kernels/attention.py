@@ -2,8 +2,7 @@
 
 Why by hand: at batch 1 a decode step gives attention 1 query row per head. A flash-attention kernel (cuDNN,
 the SDPA default on an H200) is built for tiles of many query rows; inductor, given the same math as reductions,
-fused the softmax into the score reduction and was slower still (``data/h200_batch1.json``,
-``data/attempts/``). These kernels instead split the *keys* among many programs, the idea of flash-decoding
+fused the softmax into the score reduction and was slower still (data/README.md: "Retired variants"). These kernels instead split the *keys* among many programs, the idea of flash-decoding
 (https://crfm.stanford.edu/2023/10/12/flashdecoding.html); the online softmax and the combine of the shares are
 ``kvlab.kernels.common``'s, shared by both:
 
@@ -35,7 +34,7 @@ import torch.nn.functional as F
 from . import common
 from .common import tl, triton
 
-ATTENTION_WARPS = 4  # warps per program of every attention kernel (Triton's default; the fused kernel's sweep chose it)
+ATTENTION_WARPS = common.TUNING["attention_warps"]  # per program of every attention kernel: the sweep's
 # The prefill kernel's (query rows: prompt positions x the query heads of a kv head, padded; key slots per inner
 # step) by the cache's element size. Float32 (the token check's) takes half of each: at 64 x 64 its kernel needs
 # 144 KiB of shared memory, more than an sm_86/sm_89 GPU (an RTX 30xx, an L4) has (python tools/compile_kernels.py).

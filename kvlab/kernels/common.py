@@ -19,7 +19,9 @@ Split-K attention: the cache slots of one (batch row, kv head) are shared among 
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
@@ -33,19 +35,20 @@ except ImportError:  # the CPU wheel of torch comes without Triton
     triton = tl = None
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton reads it once, at import
-BLOCK_L = 32  # cache slots per inner step of an attention program
-# Attention programs per (batch row, kv head); a longer cache gives each program several blocks (ITERS). 16: the
-# value the H200 sweep of the fused attention kernel chose (data/attempts/h200_kernel_step_sweep_pdl.json, which
-# tried 1 to 16); the split-K kernel's former 32 was never swept. One value keeps the partial-result layout alike.
-MAX_SPLITS = 16
-# Query rows of one ``tl.dot`` tile (its least M on NVIDIA GPUs): with ``dot=True`` the GQA group of a kv head is
-# padded up to it, as vLLM's and SGLang's Triton decode attention pad theirs, and scores and P.V run as matrix
-# products (tensor cores in bf16/fp16) instead of broadcast multiply-and-sum.
+# The sizes a sweep chose (the tile dispatch, blocks, splits, warps): one table, read once here; its
+# provenance, entry by entry, is in data/README.md ("Kernel tuning").
+TUNING = json.loads((Path(__file__).parent / "tuning.json").read_text())
+BLOCK_L = 32  # cache slots per inner step of a broadcast attention program
+# Attention programs per (batch row, kv head), at most: the sweep's fastest; a longer cache gives each
+# program several blocks (ITERS). One value for both attention kernels keeps their partial results alike.
+MAX_SPLITS = TUNING["attention_max_splits"]
+# Query rows of one ``tl.dot`` tile (its least M on NVIDIA GPUs): with ``dot=True`` the GQA group of a kv
+# head is padded up to it, as vLLM's and SGLang's Triton decode attention pad theirs, and scores and P.V run
+# as matrix products (tensor cores in bf16/fp16) instead of broadcast multiply-and-sum.
 DOT_ROWS = 16
-# Cache slots per inner step of the tl.dot attention: 128, the fastest block of the H200 sweep at 1 row and 320 slots
-# (6.95-6.99 µs at 4-16 splits against 7.98-8.43 µs at 32 slots, and 7.71 µs for the broadcasts' best;
-# data/attempts/h200_dot_attention_958930d.json, python tools/time_kernels.py --parts dot-attention).
-DOT_BLOCK_L = 128
+# Cache slots per inner step of the tl.dot attention: the block the sweep measured fastest
+# (python tools/time_kernels.py --parts dot-attention).
+DOT_BLOCK_L = TUNING["dot_attention_block_slots"]
 HAS_GDC = hasattr(getattr(getattr(tl, "extra", None), "cuda", None), "gdc_wait")  # this Triton can wait (PDL)
 
 

@@ -19,7 +19,7 @@ wins. Above ``GEMV_MAX_ROWS`` rows ``gemv`` and ``greedy_head`` run their PyTorc
 GPU, with the norm, SiLU and residual as kernels of their own), which is also what they run where
 ``common.available`` is False (no CUDA outside Triton's interpreter, a GPU older than Ampere such as a T4): the
 reference the kernels are tested against. With ``tiles=True`` (``kernel_path``) 2 rows or more run ``tile_kernel``
-where the H200 sweep measured it fastest (``TILE_DISPATCH``): the same prologue and epilogue around a ``tl.dot`` over
+where the sweep measured it fastest (``TILE_DISPATCH``): the same prologue and epilogue around a ``tl.dot`` over
 tiles of rows, so the weights are read once per tile of rows instead of once per row.
 
 A weight may come in parts stacked along its outputs (``gemv(x, (W_q, W_k, W_v))``): the kernels read each part where
@@ -34,23 +34,24 @@ import torch.nn.functional as F
 from . import common
 from .common import tl, triton
 
-# Above this many rows a GEMM (cuBLAS, via the PyTorch form) wins over the GEMV kernels; at 16 rows they tie on the
-# H200 (data/README.md: the probe, and h200_batch_sweep.json). Read at each call: tests and the benchmark may set it.
-GEMV_MAX_ROWS = 16
+# Above this many rows a GEMM (cuBLAS, via the PyTorch form) wins over the GEMV kernels: the most rows a
+# probe measured the kernels no slower at (common.TUNING). Read at each call: tests and the benchmark set it.
+GEMV_MAX_ROWS = common.TUNING["gemv_max_rows"]
 GEMV_CONFIGS: dict[tuple[int, int], tuple[int, int, int]] = {}  # (N, K) -> (BLOCK_N, BLOCK_K, warps), overrides
 NO_NORM, RMS_NORM, SILU_MUL = 0, 1, 2  # the GEMV's prologue: what is done to x before the matmul
 
 
 def gemv_config(n: int, k: int) -> tuple[int, int, int]:
-    """(outputs per program, K per inner step, warps) for an ``[N, K]`` weight at batch 1, from a sweep on the H200
-    (``python tools/time_kernels.py --parts gemv``; ``data/attempts/h200_kernel_step_sweep_pdl.json``): 8 outputs per
-    program and the whole K in one step for SmolLM2's projections; the vocabulary-sized LM head wants 64 outputs
-    and short K steps. ``GEMV_CONFIGS`` overrides it per shape."""
+    """(outputs per program, K per inner step, warps) for an ``[N, K]`` weight at batch 1: the sweep's
+    fastest (``python tools/time_kernels.py --parts gemv``; ``common.TUNING``): few outputs per program and
+    the whole K in one step for a projection, more outputs and short K steps for a vocabulary-sized LM head
+    (``gemv_block_wide``). ``GEMV_CONFIGS`` overrides it per shape."""
     if (n, k) in GEMV_CONFIGS:
         return GEMV_CONFIGS[n, k]
-    if n > 16384:
-        return 64, 128, 4
-    return 8, min(1024, triton.next_power_of_2(k)), 4
+    wide, block = common.TUNING["gemv_block_wide"], common.TUNING["gemv_block"]
+    if n > wide["above_outputs"]:
+        return wide["outputs"], wide["k"], wide["warps"]
+    return block["outputs"], min(block["most_k"], triton.next_power_of_2(k)), block["warps"]
 
 
 if triton is not None:
@@ -237,23 +238,21 @@ def uses_gemv_kernel(x: torch.Tensor) -> bool:
     return x.shape[0] <= GEMV_MAX_ROWS and common.available(x)
 
 
-# The tile path's dispatch per weight shape [N, K] (SmolLM2-135M's projections) and batch: the fastest of
-# tile_kernel (its best (rows per program, outputs per program, K per step, warps[, K splits])), the GEMV kernel ("gemv") and the
-# PyTorch form ("torch") in the H200 sweeps of 4, 16 and 64 rows (data/h200_tile_sweep.json; tests check the table
-# against it). A batch takes the entry of the largest swept row count not above it (4's below 4).
+# The tile path's dispatch per weight shape (N, K) and swept row count: the fastest of ``tile_kernel`` (a
+# configuration: rows per program, outputs per program, K per step, warps[, K splits]), the GEMV kernel
+# ("gemv") and the PyTorch form ("torch") in the sweep (common.TUNING; tests check it against the record). A
+# batch takes the entry of the largest swept row count not above it (the smallest's below it).
 TILE_DISPATCH: dict[tuple[int, int], dict[int, tuple[int, ...] | str]] = {
-    (960, 576): {4: "gemv", 16: (16, 16, 256, 4), 64: (16, 32, 64, 4)},  # qkv (norm)
-    (576, 576): {4: "gemv", 16: (16, 32, 128, 4), 64: (16, 32, 128, 4)},  # o_proj (+residual)
-    (3072, 576): {4: (16, 32, 128, 8), 16: (16, 32, 128, 8), 64: (16, 128, 64, 4)},  # gate_up (norm)
-    (576, 1536): {4: "gemv", 16: (16, 32, 64, 4, 12), 64: (16, 64, 64, 4, 6)},  # down (silu*up, +residual): K split
-    (49152, 576): {4: (16, 128, 64, 4), 16: (16, 128, 64, 4), 64: (64, 128, 64, 4)},  # lm_head (norm)
+    tuple(int(size) for size in shape.split("x")): {
+        int(rows): choice if isinstance(choice, str) else tuple(choice) for rows, choice in by_rows.items()}
+    for shape, by_rows in common.TUNING["tile_dispatch"].items()
 }
 
 
-# The sweep chose its tiles in bfloat16. A float32 tile holds twice the bytes: the LM head's 64-row tile would need
-# 113 KiB of shared memory, more than an sm_86/sm_89 GPU (an RTX 30xx/40xx, an L4) gives one program
-# (python tools/compile_kernels.py --capability 89). Fewer rows per tile change no sum: each output adds the same
-# products in the same order.
+# The sweep chose its tiles in bfloat16. A float32 tile holds twice the bytes: a 64-row tile of the LM head
+# would need more shared memory than an sm_86/sm_89 GPU (an RTX 30xx/40xx, an L4) gives one program
+# (python tools/compile_kernels.py --capability 89). Fewer rows per tile change no sum: each output adds
+# the same products in the same order.
 FLOAT32_TILE_ROWS = 16
 
 
