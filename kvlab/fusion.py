@@ -10,11 +10,6 @@ without changing what is computed:
 - ``"kvlab-decode"`` attention: for one query token, the query heads that share a key/value head are
   packed as rows of one attention call (what transformers does in eager mode, but not under
   ``torch.compile``, where it copies the whole cache with ``repeat_kv`` in every layer at every step).
-- ``"kvlab-decode-reduction"`` attention (``attention="reduction"``): under ``torch.compile``, one query
-  token's attention written as two broadcast-multiply-sums and a softmax, in float32, for inductor to fuse.
-  Kept as an ablation that did not pay: on the H200 inductor fused the softmax statistics into the score
-  reduction, and the step got slower than with cuDNN's flash attention
-  (``data/attempts/h200_batch1_reduction_attention_be83364.json``). Outside compile it is ``"kvlab-decode"``.
 - ``"kvlab-decode-triton"`` attention (``attention="triton"``): one query token's attention as a hand-written
   split-K Triton kernel (``kvlab.kernels.attention``): many programs share the cache slots, two short kernels;
   ``graph-safe-compiled``'s attention on GPUs of compute capability 8.0 and newer (``"kvlab-decode"`` on older ones).
@@ -39,9 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 
 ATTENTION_NAME = "kvlab-decode"
-REDUCTION_ATTENTION_NAME = "kvlab-decode-reduction"
 TRITON_ATTENTION_NAME = "kvlab-decode-triton"
-ATTENTIONS = {True: ATTENTION_NAME, "reduction": REDUCTION_ATTENTION_NAME, "triton": TRITON_ATTENTION_NAME}
+ATTENTIONS = {True: ATTENTION_NAME, "triton": TRITON_ATTENTION_NAME}
 
 
 def packed_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -60,27 +54,6 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0
     return out.reshape(b, heads, 1, d).transpose(1, 2), None  # [b, 1, heads, d]
 
 
-def reduction_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """Compiled, one query token: softmax(q.k * scale + mask) . v as broadcast multiply-sums, in float32.
-
-    query [b, heads, 1, d], key/value [b, kv_heads, L, d], bool mask [b, 1, 1, L] (True: attend) -> [b, 1, heads, d].
-    Eager, or several query tokens (the prefill): ``packed_sdpa_attention``.
-    """
-    b, heads, q_len, d = query.shape
-    kv_heads, length = key.shape[1], key.shape[2]
-    if q_len != 1 or not torch.compiler.is_compiling():
-        return packed_sdpa_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    group = heads // kv_heads
-    q = query.reshape(b, kv_heads, group, 1, d).float()  # [b, kv_heads, group, 1, d]
-    scores = (q * key.unsqueeze(2).float()).sum(-1) * scaling  # [b, kv_heads, group, L]: reduction over d
-    if attention_mask is not None:
-        mask = attention_mask.reshape(b, 1, 1, length)  # the same mask for every head
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    probs = scores.softmax(dim=-1)  # [b, kv_heads, group, L]
-    out = (probs.unsqueeze(-1) * value.unsqueeze(2).float()).sum(-2)  # [b, kv_heads, group, d]: reduction over L
-    return out.to(query.dtype).reshape(b, heads, 1, d).transpose(1, 2), None  # [b, 1, heads, d]
-
-
 def triton_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """One query token: ``kvlab.kernels.attention``'s split-K Triton kernel, reading the cache in place.
 
@@ -95,13 +68,12 @@ def triton_attention(module, query, key, value, attention_mask, dropout=0.0, sca
 
 
 def register_decode_attention() -> None:
-    """Make ``"kvlab-decode"``, ``"kvlab-decode-reduction"`` and ``"kvlab-decode-triton"`` transformers attention
-    implementations (their masks are built as for ``"sdpa"``)."""
+    """Make ``"kvlab-decode"`` and ``"kvlab-decode-triton"`` transformers attention implementations (their
+    masks are built as for ``"sdpa"``)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    functions = {ATTENTION_NAME: packed_sdpa_attention, REDUCTION_ATTENTION_NAME: reduction_attention,
-                 TRITON_ATTENTION_NAME: triton_attention}
+    functions = {ATTENTION_NAME: packed_sdpa_attention, TRITON_ATTENTION_NAME: triton_attention}
     for name, fn in functions.items():
         AttentionInterface.register(name, fn)
         AttentionMaskInterface.register(name, sdpa_mask)
@@ -190,8 +162,7 @@ def fuse_projections(model):
 
 def fused_copy(model, *, fuse: bool = True, attention: bool | str = True, gemv: bool = False):
     """A new copy of ``model`` with fused projections, a decode attention (``True``: ``"kvlab-decode"``,
-    ``"reduction"``: ``"kvlab-decode-reduction"``, ``"triton"``: ``"kvlab-decode-triton"``) and/or GEMV
-    reductions. A copy: it holds the weights as they are now (as much memory again)."""
+    ``"triton"``: ``"kvlab-decode-triton"``) and/or GEMV reductions. A copy: it holds the weights as they are now (as much memory again)."""
     if attention is not False and attention not in ATTENTIONS:
         raise ValueError(f"attention must be False or one of {list(ATTENTIONS)}, got {attention!r}")
     fast = copy.deepcopy(model)
