@@ -227,14 +227,14 @@ def split_k(check, *args) -> None:
 
 
 def many_units(check, *args, count: int = 10_000) -> None:
-    """``check`` as on a GPU of ``count`` multiprocessors (``common.units``); by default more than any launch here
+    """``check`` as on a GPU of ``count`` multiprocessors (``common.multiprocessors``); by default more than any launch here
     has programs: what ``fill_splits`` and the prefill attention plan for a small batch on an H100 or H200."""
-    units = common.units
-    common.units = lambda device: count
+    saved = common.multiprocessors
+    common.multiprocessors = lambda device: count
     try:
         check(*args)
     finally:
-        common.units = units
+        common.multiprocessors = saved
 
 
 def one_unit(check, *args) -> None:
@@ -765,14 +765,14 @@ def test_prefill_attention_in_tiles_that_fill_the_gpu_matches_reference(interpre
 def test_prefill_rows_shrink_until_the_programs_fill_the_gpu(monkeypatch):
     """``prefill_rows``: PREFILL_TILE's rows where the launch fills the multiprocessors, halved (not below
     ``common.DOT_ROWS``) while it would not; SmolLM2's 64-token prompt on 132 multiprocessors."""
-    monkeypatch.setattr(common, "units", lambda device: 132)
+    monkeypatch.setattr(common, "multiprocessors", lambda device: 132)
     cpu = torch.device("cpu")
     # pairs (batch x kv heads), prompt rows T, query heads per kv head padded, most rows -> rows per program
     assert attention.prefill_rows(3, 64, 4, 64, cpu) == 16  # batch 1: 3 x 16 tiles of 4 positions = 48 programs
     assert attention.prefill_rows(48, 64, 4, 64, cpu) == 64  # batch 16: 48 x 4 tiles = 192 programs, enough
     assert attention.prefill_rows(24, 64, 4, 64, cpu) == 32  # 24 x 4 = 96 too few; 24 x 8 = 192
     assert attention.prefill_rows(1, 8, 16, 64, cpu) == 16  # never below a tl.dot tile, however few programs
-    monkeypatch.setattr(common, "units", lambda device: 1)
+    monkeypatch.setattr(common, "multiprocessors", lambda device: 1)
     assert attention.prefill_rows(1, 64, 4, 64, cpu) == 64  # one program fills one unit: the widest tile
 
 
