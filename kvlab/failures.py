@@ -351,14 +351,10 @@ def warmup_advance(
     return _result("warmup-advance", ref, rec, label, error)
 
 
-@torch.inference_mode()
-def control_rewound(model, prompt_ids, max_new_tokens, *, runner="graph", ref=None, warmup=WARMUP,
-                    fix=None) -> FailureResult:
-    """Not a failure: the same capture, with every counter rewound in place after it. Proves the
-    machinery right.
-
-    ``fix(cache)``: run instead of ``rewind(cache, warmup)`` between the capture and the first
-    replay (lesson 04's exercise passes the student's own)."""
+def _captured_decode(model, prompt_ids, max_new_tokens, ref, runner, warmup):
+    """An eager prefill, then the decode step captured (its warm-up advancing every counter) ->
+    (reference, cache, first token, static input ids, graph); the room guard runs before every
+    replay."""
     ref = _reference_for(
         model, prompt_ids, max_new_tokens, ref, prompt_ids.shape[1] + max_new_tokens + warmup
     )
@@ -368,6 +364,20 @@ def control_rewound(model, prompt_ids, max_new_tokens, *, runner="graph", ref=No
     graph = step_runner(
         runner, decode_step_fn(model, cache), static_ids, warmup=warmup,
         before_replay=room_guard(cache)
+    )
+    return ref, cache, first, static_ids, graph
+
+
+@torch.inference_mode()
+def control_rewound(model, prompt_ids, max_new_tokens, *, runner="graph", ref=None, warmup=WARMUP,
+                    fix=None) -> FailureResult:
+    """Not a failure: the same capture, with every counter rewound in place after it. Proves the
+    machinery right.
+
+    ``fix(cache)``: run instead of ``rewind(cache, warmup)`` between the capture and the first
+    replay (lesson 04's exercise passes the student's own)."""
+    ref, cache, first, static_ids, graph = _captured_decode(
+        model, prompt_ids, max_new_tokens, ref, runner, warmup
     )
     if fix is None:
         rewind(cache, warmup)
@@ -398,15 +408,8 @@ def _first_prompt_through_graph(model, prompt_ids, steps, runner, state, warmup)
 
 @torch.inference_mode()
 def cache_recreated(
-    model,
-    prompt_ids,
-    max_new_tokens,
-    *,
-    next_ids,
-    runner="graph",
-    ref=None,
-    warmup=WARMUP,
-    first_steps: int | None = None,
+    model, prompt_ids, max_new_tokens, *, next_ids, runner="graph", ref=None, warmup=WARMUP,
+    first_steps: int | None = None
 ) -> FailureResult:
     """A new ``StaticCache`` for the next prompt: the graph still reads and writes the first cache's
     buffers."""
@@ -447,15 +450,8 @@ def old_recipe_reset(cache) -> None:
 
 @torch.inference_mode()
 def reset_out_of_range(
-    model,
-    prompt_ids,
-    max_new_tokens,
-    *,
-    next_ids,
-    runner="graph",
-    ref=None,
-    warmup=WARMUP,
-    guard: bool = True,
+    model, prompt_ids, max_new_tokens, *, next_ids, runner="graph", ref=None, warmup=WARMUP, guard:
+    bool = True
 ) -> FailureResult:
     """The old recipe's reset (counters = ``max_cache_len``): the next write lands past the end of
     every buffer.
@@ -502,15 +498,8 @@ def reset_out_of_range(
 
 @torch.inference_mode()
 def reset_rebinds_counter(
-    model,
-    prompt_ids,
-    max_new_tokens,
-    *,
-    next_ids,
-    runner="graph",
-    ref=None,
-    warmup=WARMUP,
-    first_steps: int | None = None,
+    model, prompt_ids, max_new_tokens, *, next_ids, runner="graph", ref=None, warmup=WARMUP,
+    first_steps: int | None = None
 ) -> FailureResult:
     """A hand-written reset that *rebinds* the counters (``layer.cumulative_length =
     torch.zeros(...)``): eager code uses the new tensors, the graph still advances the old ones, so
@@ -613,15 +602,8 @@ def layer0_only_rewind(
     """The warm-up's drift "fixed" on ``cache.get_seq_length()`` only, i.e. layer 0's counter:
     positions are right, but every other layer keeps its own ``cumulative_length`` and writes
     ``warmup`` slots ahead."""
-    ref = _reference_for(
-        model, prompt_ids, max_new_tokens, ref, prompt_ids.shape[1] + max_new_tokens + warmup
-    )
-    cache = make_static_cache(model, ref.slots)
-    first = _prefill(model, prompt_ids, cache)
-    static_ids = first.clone()
-    graph = step_runner(
-        runner, decode_step_fn(model, cache), static_ids, warmup=warmup,
-        before_replay=room_guard(cache)
+    ref, cache, first, static_ids, graph = _captured_decode(
+        model, prompt_ids, max_new_tokens, ref, runner, warmup
     )
     cache.layers[0].cumulative_length.sub_(warmup)  # what get_seq_length() reads: looks fixed
     rec = CacheRecorder(cache, LAYERS)
@@ -720,73 +702,42 @@ def watch_drift(
 # fails); "needs_next": the scenario takes a second prompt (next_ids=).
 SCENARIOS: dict[str, dict] = {
     "padding-pollution": dict(
-        fn=padding_pollution,
-        group=1,
-        frozen=False,
-        needs_next=False,
+        fn=padding_pollution, group=1, frozen=False, needs_next=False,
         title="prefill captured at a padded bucket size",
-        cause="every row of the padded input is written and counted: the pad tokens become context",
-    ),
+        cause="every row of the padded input is written and counted: the pad tokens become "
+        "context"),
     "warmup-advance": dict(
-        fn=warmup_advance,
-        group=2,
-        frozen=False,
-        needs_next=False,
+        fn=warmup_advance, group=2, frozen=False, needs_next=False,
         title="warm-up calls before capture advance the counters",
         cause="3 warm-up calls wrote 3 extra copies of the first token and moved every counter "
-        "3 ahead",
-    ),
+        "3 ahead"),
     "cache-recreated": dict(
-        fn=cache_recreated,
-        group=2,
-        frozen=True,
-        needs_next=True,
+        fn=cache_recreated, group=2, frozen=True, needs_next=True,
         title="a new StaticCache for the next prompt",
         cause="the graph holds the old cache's addresses: it reads and writes the previous "
-        "prompt's buffers",
-    ),
+        "prompt's buffers"),
     "reset-out-of-range": dict(
-        fn=reset_out_of_range,
-        group=2,
-        frozen=False,
-        needs_next=True,
+        fn=reset_out_of_range, group=2, frozen=False, needs_next=True,
         title="the old recipe's reset: counters set to max_cache_len",
-        cause="the next write targets slots max_cache_len.. which do not exist",
-    ),
+        cause="the next write targets slots max_cache_len.. which do not exist"),
     "reset-rebinds-counter": dict(
-        fn=reset_rebinds_counter,
-        group=2,
-        frozen=True,
-        needs_next=True,
+        fn=reset_rebinds_counter, group=2, frozen=True, needs_next=True,
         title="a reset that rebinds cumulative_length to a new tensor",
-        cause="eager prefill uses the new counters, the graph still advances the old ones",
-    ),
+        cause="eager prefill uses the new counters, the graph still advances the old ones"),
     "frozen-position": dict(
-        fn=frozen_position,
-        group=3,
-        frozen=True,
-        needs_next=False,
+        fn=frozen_position, group=3, frozen=True, needs_next=False,
         title="positions from a Python int",
-        cause="the int was read once, at capture: every replay uses that position",
-    ),
+        cause="the int was read once, at capture: every replay uses that position"),
     "host-counter-drift": dict(
-        fn=host_counter_drift,
-        group=3,
-        frozen=False,
-        needs_next=False,
+        fn=host_counter_drift, group=3, frozen=False, needs_next=False,
         title="positions from a host counter, cache counters from the warm-up",
         cause="RoPE positions are right and the new key is visible (the mask follows layer 0's "
         "counter), but the 3 warm-up writes of the first token stay inside the mask: every query "
-        "reads them",
-    ),
+        "reads them"),
     "layer0-only-rewind": dict(
-        fn=layer0_only_rewind,
-        group=3,
-        frozen=False,
-        needs_next=False,
+        fn=layer0_only_rewind, group=3, frozen=False, needs_next=False,
         title="only layer 0's counter rewound",
-        cause="positions follow layer 0; layers 1.. keep their own counters, 3 ahead",
-    ),
+        cause="positions follow layer 0; layers 1.. keep their own counters, 3 ahead"),
 }
 CONTROL = "control-rewound"
 CONTROL_SPEC = dict(fn=control_rewound, group=0, frozen=False, needs_next=False,
