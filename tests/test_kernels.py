@@ -227,15 +227,20 @@ def split_k(check, *args) -> None:
         gemv_module.tile_choice = chosen
 
 
-def many_units(check, *args) -> None:
-    """``check`` as on a GPU of more multiprocessors than any launch here has programs (``common.units``): what
-    ``fill_splits`` and ``fill_prefill`` plan for a small batch on an H100 or H200."""
-    units = common.units
-    common.units = lambda device: 10_000
+def many_units(check, *args, count: int = 10_000) -> None:
+    """``check`` as on a GPU of ``count`` multiprocessors (``common.multiprocessors``); by default more than any launch here
+    has programs: what ``fill_splits`` and the prefill attention plan for a small batch on an H100 or H200."""
+    saved = common.multiprocessors
+    common.multiprocessors = lambda device: count
     try:
         check(*args)
     finally:
-        common.units = units
+        common.multiprocessors = saved
+
+
+def one_unit(check, *args) -> None:
+    """``check`` as on a GPU of one multiprocessor: the prefill attention keeps ``PREFILL_TILE``'s widest tiles."""
+    many_units(check, *args, count=1)
 
 
 def check_split_counters(case: str) -> None:
@@ -305,11 +310,11 @@ PREFILLS = {  # batch, heads, kv_heads, slots, head_dim, prompt rows T, valid ro
 }
 
 
-def check_prefill_attention(case: str, fill: bool = False) -> None:
+def check_prefill_attention(case: str) -> None:
     """``rope_cache_prefill_attention`` equals its PyTorch form on the prompt's rows and writes the same keys and
     values; padded rows stay finite; nothing past the prompt is written. The cache's buffers are views into larger
     ones of NaN, so a read past their slots (the counter or the prompt past the cache's end) would show in the
-    output. ``fill``: ``fill_prefill=True`` (run it under ``many_units``: its tiles then shrink to the fewest rows)."""
+    output. Run it under ``one_unit`` (the widest tiles) and ``many_units`` (the fewest rows a tile takes)."""
     b, heads, kv_heads, slots, d, t, valid, start, dtype = PREFILLS[case]
     gen = torch.Generator().manual_seed(slots + t)
     rand = lambda *shape: torch.randn(*shape, generator=gen).to(DEVICE, dtype)  # noqa: E731
@@ -320,8 +325,7 @@ def check_prefill_attention(case: str, fill: bool = False) -> None:
     k2, v2 = keys.clone(), values.clone()
     pos, n = torch.tensor(start, device=DEVICE), torch.tensor(valid, device=DEVICE)
     assert common.available(qkv), "the kernel does not run here: the check would test the PyTorch form against itself"
-    got = attention.rope_cache_prefill_attention(qkv, inv_freq, 1.0, keys, values, pos, n, heads, d**-0.5,
-                                                 fill_prefill=fill)
+    got = attention.rope_cache_prefill_attention(qkv, inv_freq, 1.0, keys, values, pos, n, heads, d**-0.5)
     expected = attention._reference(qkv, inv_freq, 1.0, k2, v2, pos, n, heads, d**-0.5)
     prompt = (torch.arange(t, device=DEVICE) < valid).repeat(b)  # [b T] the rows that count
     tol = 1e-5 if dtype == torch.float32 else 3e-2
@@ -463,7 +467,8 @@ def kernel_step_decode(model, ids: torch.Tensor, n: int, **options) -> torch.Ten
     return out
 
 
-def check_kernel_step(name: str, dot_attention: bool = False, tiles: bool = False, fused_mlp: bool = False) -> None:
+def check_kernel_step(name: str, dot_attention: bool = False, tiles: bool = False,
+                      fused_mlp: bool = False) -> None:
     """The whole step through the kernels (the plain function), token-exact against naive."""
     model = tiny_model(name).to(DEVICE)
     calls, mlp_calls = [], []
@@ -564,9 +569,9 @@ def run_checks() -> dict[str, str]:
     checks |= {f"rope-cache-attention-{case}-fill": (check_rope_cache_attention, case, False, True)
                for case in FILL_CASES}
     checks |= {f"greedy-head-{case}": (check_greedy_head, case) for case in HEADS}
-    checks |= {f"prefill-attention-{case}": (check_prefill_attention, case) for case in PREFILLS
+    checks |= {f"prefill-attention-{case}": (one_unit, check_prefill_attention, case) for case in PREFILLS
                if PREFILLS[case][-1] in DOT_DTYPES}
-    checks |= {f"prefill-attention-{case}-fill": (many_units, check_prefill_attention, case, True) for case in PREFILLS
+    checks |= {f"prefill-attention-{case}-fill": (many_units, check_prefill_attention, case) for case in PREFILLS
                if PREFILLS[case][-1] in DOT_DTYPES}
     checks |= {f"kernel-prefill-{name}": (check_kernel_prefill_decode, name) for name in ATTENTION_DECODES}
     checks |= {f"kernel-step-{name}": (check_kernel_step, name) for name in KERNEL_STEP_DECODES}
@@ -779,27 +784,27 @@ def test_a_weight_in_stacked_parts_gives_the_concatenated_weights_outputs_in_til
 
 @pytest.mark.parametrize("case", [on_tensor_cores(case, PREFILLS[case][-1]) for case in PREFILLS])
 def test_prefill_attention_kernel_matches_reference(interpreted, case):
-    outcome(interpreted, f"prefill-attention-{case}", check_prefill_attention, case)
+    outcome(interpreted, f"prefill-attention-{case}", one_unit, check_prefill_attention, case)
 
 
 @pytest.mark.parametrize("case", [on_tensor_cores(case, PREFILLS[case][-1]) for case in PREFILLS])
 def test_prefill_attention_in_tiles_that_fill_the_gpu_matches_reference(interpreted, case):
-    """``fill_prefill=True`` where the GPU has more multiprocessors than the prompt has tiles: 16 query rows a
-    program (the fewest a ``tl.dot`` tile takes), several programs over one prompt's positions."""
-    outcome(interpreted, f"prefill-attention-{case}-fill", many_units, check_prefill_attention, case, True)
+    """Where the GPU has more multiprocessors than the prompt has tiles: 16 query rows a program (the fewest a
+    ``tl.dot`` tile takes), several programs over one prompt's positions."""
+    outcome(interpreted, f"prefill-attention-{case}-fill", many_units, check_prefill_attention, case)
 
 
 def test_prefill_rows_shrink_until_the_programs_fill_the_gpu(monkeypatch):
     """``prefill_rows``: PREFILL_TILE's rows where the launch fills the multiprocessors, halved (not below
     ``common.DOT_ROWS``) while it would not; SmolLM2's 64-token prompt on 132 multiprocessors."""
-    monkeypatch.setattr(common, "units", lambda device: 132)
+    monkeypatch.setattr(common, "multiprocessors", lambda device: 132)
     cpu = torch.device("cpu")
     # pairs (batch x kv heads), prompt rows T, query heads per kv head padded, most rows -> rows per program
     assert attention.prefill_rows(3, 64, 4, 64, cpu) == 16  # batch 1: 3 x 16 tiles of 4 positions = 48 programs
     assert attention.prefill_rows(48, 64, 4, 64, cpu) == 64  # batch 16: 48 x 4 tiles = 192 programs, enough
     assert attention.prefill_rows(24, 64, 4, 64, cpu) == 32  # 24 x 4 = 96 too few; 24 x 8 = 192
     assert attention.prefill_rows(1, 8, 16, 64, cpu) == 16  # never below a tl.dot tile, however few programs
-    monkeypatch.setattr(common, "units", lambda device: 1)
+    monkeypatch.setattr(common, "multiprocessors", lambda device: 1)
     assert attention.prefill_rows(1, 64, 4, 64, cpu) == 64  # one program fills one unit: the widest tile
 
 
