@@ -91,12 +91,10 @@ def test_largest_survives_a_folder_deleted_while_it_walks(tmp_path, monkeypatch)
         (tmp_path / f"tmp{i}" / "sub" / "w.whl").write_bytes(b"x" * 5)
     real_scandir = os.scandir
 
-    def deleting_scandir(path):  # the first listing sees every temporary folder; they are gone right after
-        listing = real_scandir(path)
-        monkeypatch.setattr(models.os, "scandir", real_scandir)
-        for i in range(20):
-            shutil.rmtree(tmp_path / f"tmp{i}")
-        return listing
+    def deleting_scandir(path):  # the temporary folders vanish between their parent's listing and their own
+        if not isinstance(path, int) and os.path.basename(os.fspath(path)).startswith("tmp"):
+            shutil.rmtree(path)
+        return real_scandir(path)
 
     monkeypatch.setattr(models.os, "scandir", deleting_scandir)
     assert models._largest(tmp_path, "w.whl") == 10
