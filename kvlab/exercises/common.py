@@ -147,15 +147,61 @@ def code_checker(solution):
     return wrap
 
 
+def choice_of(prediction, choices):
+    """The key of ``choices`` that ``prediction`` names, else None. Any reasonable spelling of a key names it: a
+    list or tuple of one element, text in any case with spaces or quotes around (``" b "``, ``"'B'"``), a number
+    key as text (``"1000"``, ``"1,000"``, ``"1e3"``), a NumPy scalar or a one-element tensor. Never hashes
+    ``prediction`` (a list is not an error)."""
+    if isinstance(prediction, list | tuple) and len(prediction) == 1:
+        prediction = prediction[0]
+    numeric = [k for k in choices if isinstance(k, numbers.Real) and not isinstance(k, bool)]
+    if isinstance(prediction, str):
+        text = prediction.strip().strip("'\"").strip()
+        spelled = {"".join(str(k).split()).casefold(): k for k in choices if isinstance(k, str)}
+        if "".join(text.split()).casefold() in spelled:
+            return spelled["".join(text.split()).casefold()]
+        if not numeric:
+            return None
+        try:
+            prediction = float(text.replace(",", "").replace("_", ""))
+        except ValueError:
+            return None
+    try:
+        value = real_number(prediction)
+    except NotANumber:
+        return None
+    return next((k for k in numeric if k == value), None)
+
+
+RUN_AGAIN = "run the cell that measures it again, then this check"
+
+
+def bad_measurement(measured: dict, fix: str = RUN_AGAIN) -> str | None:
+    """The verdict for a measurement of ``measured`` (name -> value) that cannot decide a prediction (NaN,
+    infinity, zero or below, not a number), else None: a checker never calls a prediction right against such a
+    number. ``fix``: what to do about it."""
+    for name, value in measured.items():
+        try:
+            number = real_number(value)
+        except NotANumber as e:
+            return f"not checked: the measurement {name} is {e}; {fix}"
+        if number <= 0:
+            return (f"not checked: the measurement {name} = {number} is not a positive number, so it cannot decide "
+                    f"the question; {fix}")
+    return None
+
+
 def check_prediction(prediction, *, measured, choices: dict, what: str) -> str:
-    """A "predict, then run" question: ``prediction`` is one key of ``choices`` (key -> what it would mean),
-    ``measured`` the key the run just showed. Under ``KVLAB_SOLUTIONS=1`` a missing prediction is filled in."""
+    """A "predict, then run" question: ``prediction`` names one key of ``choices`` (key -> what it would mean;
+    any spelling :func:`choice_of` reads), ``measured`` the key the run just showed. Under ``KVLAB_SOLUTIONS=1`` a
+    missing prediction is filled in."""
     if prediction is None:
         if not solutions_filled_in():
             return "not predicted: write your prediction (one of " + ", ".join(map(repr, choices)) + ") before running"
         prediction = measured
-    if prediction not in choices:
-        return f"not quite: {what} is one of {', '.join(map(repr, choices))}, got {prediction!r}"
+    given, prediction = prediction, choice_of(prediction, choices)
+    if prediction is None:
+        return f"not quite: {what} is one of {', '.join(map(repr, choices))}, got {given!r:.80}"
     if prediction == measured:
         return f"correct: {what} is {measured!r}: {choices[measured]}"
     return (f"not quite: you predicted {prediction!r} ({choices[prediction]}), but the run shows {measured!r}: "

@@ -16,7 +16,16 @@ import torch
 from ..decoding import decode_naive, first_mismatch
 from ..handwritten import HandwrittenCache, HandwrittenLayer, decode_handwritten
 from ..sizes import kv_cache_bytes, model_sizes
-from .common import as_number, call_student, check_number, check_prediction, checker, code_checker
+from .common import (
+    as_number,
+    bad_measurement,
+    call_student,
+    check_number,
+    check_prediction,
+    checker,
+    code_checker,
+    real_number,
+)
 from .mistakes import first_match, show_sources
 
 # ---- exercise 1: attention over a cache, one head ----------------------------------------------------------------
@@ -291,6 +300,10 @@ CACHE_VS_WEIGHTS_CHOICES = {
 def check_cache_vs_weights_prediction(prediction, *, weight_bytes: int, cache_bytes_per_token: float) -> str:
     """Predict, then run: at about how many cached tokens of one sequence does the KV cache hold as many bytes as
     the model's weights? The measured bytes (weights' tensors, a filled cache) decide, to the nearest power of 10."""
+    bad = bad_measurement({"weight_bytes": weight_bytes, "cache_bytes_per_token": cache_bytes_per_token})
+    if bad:
+        return bad
+    weight_bytes, cache_bytes_per_token = real_number(weight_bytes), real_number(cache_bytes_per_token)
     tokens = weight_bytes / cache_bytes_per_token
     nearest = min(CACHE_VS_WEIGHTS_CHOICES, key=lambda k: abs(math.log10(tokens / k)))
     verdict = check_prediction(prediction, measured=nearest, choices=CACHE_VS_WEIGHTS_CHOICES,

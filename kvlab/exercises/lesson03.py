@@ -21,6 +21,7 @@ from .common import (
     check_number,
     check_prediction,
     checker,
+    choice_of,
     code_checker,
     solutions_filled_in,
 )
@@ -343,7 +344,8 @@ def check_crop_prediction(prediction, *, model=None, prompt_ids=None, extra: int
     """"Predict, then run": what does ``StaticCache.crop(-k)`` do to the buffers? ``prediction`` is a key of
     :data:`CROP_CHOICES`; the experiment runs only once a prediction is given. The verdict, then what it measured."""
     what = f"what crop(-{k}) does"
-    if (prediction is None and not solutions_filled_in()) or (prediction is not None and prediction not in CROP_CHOICES):
+    if (prediction is None and not solutions_filled_in()) or (
+            prediction is not None and choice_of(prediction, CROP_CHOICES) is None):
         return check_prediction(prediction, measured=None, choices=CROP_CHOICES, what=what)
     seen = crop_experiment(model, prompt_ids, extra=extra, k=k)
     verdict = check_prediction(prediction, measured=seen["outcome"], choices=CROP_CHOICES, what=what)
