@@ -24,6 +24,7 @@ from .common import (
     check_prediction,
     checker,
     code_checker,
+    kept,
     real_number,
 )
 from .mistakes import first_match, show_sources
@@ -210,6 +211,12 @@ def check_cache_update(student, *, model=None, new_tokens: int = 5) -> str:
     loop; names the mistake, the call and the first token that differs."""
     from ..lab.models import tiny_model
 
+    model = tiny_model("tiny-llama") if model is None else model
+    return kept(model, lambda: cache_update_verdict(student, model, new_tokens))
+
+
+def cache_update_verdict(student, model, new_tokens: int) -> str:
+    """``check_cache_update``'s calls and decode, with ``model``."""
     cache, reference = call_student(student), HandwrittenCache()
     gen = torch.Generator().manual_seed(0)
     fed = []  # every key fed, all layers, in call order
@@ -223,7 +230,6 @@ def check_cache_update(student, *, model=None, new_tokens: int = 5) -> str:
         if problem:
             return (f"not quite: at update call {i + 1} (layer {layer}, {new} new token(s), {right_k.shape[-2]} in the "
                     f"layer after it): {problem}")
-    model = tiny_model("tiny-llama") if model is None else model
     prompt = torch.arange(1, 6, device=next(model.parameters()).device)[None]  # [1, 5]
     right = decode_naive(model, prompt, new_tokens)
     tokens = decode_handwritten(model, prompt, new_tokens, cache=PluggedCache(call_student(student)))

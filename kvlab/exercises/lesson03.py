@@ -23,6 +23,7 @@ from .common import (
     checker,
     choice_of,
     code_checker,
+    kept,
     solutions_filled_in,
 )
 
@@ -235,6 +236,11 @@ def host_read_in(step) -> str | None:
 def check_decode_step(step, *, prompt_len: int = 9, new_tokens: int = 10) -> str:
     """Feed ids with position_ids=position.reshape(1, 1), advance it with position.add_(1), return greedy(logits)."""
     model = check_model()
+    return kept(model, lambda: decode_step_verdict(step, model, prompt_len, new_tokens))
+
+
+def decode_step_verdict(step, model, prompt_len: int, new_tokens: int) -> str:
+    """``check_decode_step``'s run on ``model``."""
     prompt = check_prompt(prompt_len)
     expected = decode_static(model, prompt, new_tokens)  # kvlab's own cached loop, positions from the cache
     cache = make_static_cache(model, prompt_len + new_tokens)

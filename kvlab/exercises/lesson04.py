@@ -19,7 +19,15 @@ from ..decoding import first_mismatch, greedy
 from ..failures import control_rewound, decode_static_graph
 from ..graphs import CapturedStep, capture
 from ..hf_caches import decode_static, make_static_cache
-from .common import NotAttempted, call_student, check_prediction, choice_of, code_checker, solutions_filled_in
+from .common import (
+    NotAttempted,
+    call_student,
+    check_prediction,
+    choice_of,
+    code_checker,
+    kept,
+    solutions_filled_in,
+)
 from .lesson03 import check_model, check_prompt, first_token_note
 
 # ---------------------------------------------------------------------- predict, then run: no warm-up calls
@@ -142,6 +150,11 @@ def refill_problem(seen, first_ids, prompt_len: int, note: str) -> str | None:
 def check_graph_decode(student, *, prompt_len: int = 9, n: int = 12) -> str:
     """Capture once (capture(step, static_ids, static_pos, warmup=0)); before each replay write the token and position INTO the buffers."""
     model = check_model()
+    return kept(model, lambda: graph_decode_verdict(student, model, prompt_len, n))
+
+
+def graph_decode_verdict(student, model, prompt_len: int, n: int) -> str:
+    """``check_graph_decode``'s run on ``model``."""
     prompt = check_prompt(prompt_len)
     expected = decode_static(model, prompt, n)  # kvlab's eager StaticCache loop
     cache = make_static_cache(model, prompt_len + n + 8)  # room for a few warm-up writes: diagnosed, not a crash
