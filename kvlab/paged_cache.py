@@ -65,6 +65,8 @@ class BlockAllocator:
         return len(self._used)
 
     def allocate(self, n: int = 1) -> list[int]:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"allocate takes a number of blocks, an int >= 0, got {n!r:.80}")
         if n > len(self._free):
             raise OutOfBlocksError(
                 f"asked for {n} block(s) but only {len(self._free)} of {self.num_blocks} are free: free the blocks of "
@@ -105,6 +107,10 @@ def memory_accounting(lengths, block_size: int, token_bytes: int, batch: int | N
     request. Returns ``per_request`` (list of bytes), ``paged``, ``static`` and ``paged_fraction`` (paged / static).
     """
     lengths = [int(n) for n in lengths]
+    if any(n < 0 for n in lengths):
+        raise ValueError(f"lengths are tokens in the cache, >= 0; got {lengths}")
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r:.80}")
     batch = len(lengths) if batch is None else batch
     per_request = [blocks_for(n, block_size) * block_size * token_bytes for n in lengths]
     static = batch * max(lengths, default=0) * token_bytes

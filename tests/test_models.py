@@ -120,6 +120,14 @@ def test_largest_survives_a_folder_deleted_while_it_walks(tmp_path, monkeypatch)
     assert sizes == [10] * 300
 
 
+def test_tiny_model_takes_a_numpy_seed():
+    import numpy as np
+
+    assert same_weights(models.tiny_model("tiny-llama", seed=np.int64(3)), models.tiny_model("tiny-llama", seed=3))
+    with pytest.raises(ValueError, match="seed must be an int"):
+        models.tiny_model("tiny-llama", seed=3.0)
+
+
 def test_tiny_model_dtype_and_unknown_name():
     assert models.tiny_model("tiny-llama", dtype=torch.bfloat16).dtype == torch.bfloat16
     with pytest.raises(ValueError, match="tiny-llama"):

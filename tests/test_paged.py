@@ -280,3 +280,15 @@ def test_reading_refuses_block_and_slot_ids_out_of_range():
     ]:
         with pytest.raises(PagedCacheError, match=message), cache.reading(table, slots):
             pass
+
+
+def test_allocator_and_accounting_refuse_nonsense_counts():
+    pool = BlockAllocator(4)
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="allocate takes a number of blocks"):
+            pool.allocate(bad)
+    assert pool.num_free == 4 and pool.allocate(0) == []
+    with pytest.raises(ValueError, match="block_size must be a positive int, got 0"):
+        memory_accounting([3, 5], 0, 8)
+    with pytest.raises(ValueError, match="lengths are tokens in the cache"):
+        memory_accounting([3, -5], 4, 8)

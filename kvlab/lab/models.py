@@ -7,6 +7,7 @@ import contextlib
 import hashlib
 import importlib.util
 import json
+import numbers
 import os
 import shutil
 import subprocess
@@ -108,8 +109,9 @@ def tiny_model(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32):
 
     if name not in TINY_CONFIGS:
         raise ValueError(f"unknown tiny model {name!r}; choose one of {sorted(TINY_CONFIGS)}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise ValueError(f"seed must be an int, got {seed!r}")
+    seed = int(seed)
     cls_name, extra = TINY_CONFIGS[name]
     config = getattr(transformers, cls_name)(**{**TINY_COMMON, **extra})
     with _TINY_LOCK, torch.random.fork_rng(devices=[]):  # one build at a time; the caller's generator restored
@@ -376,8 +378,9 @@ def load_model(name: str = DEFAULT_MODEL, *, device=None, dtype=None, seed: int 
 
     if not isinstance(name, str | Path) or not str(name).strip():
         raise ValueError(f"name must be a model name, a hub id or a folder, got {name!r} (default: {DEFAULT_MODEL!r})")
-    if not isinstance(seed, int) or isinstance(seed, bool):
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise ValueError(f"seed must be an int, got {seed!r}")
+    seed = int(seed)
     name = str(name).strip()  # a pathlib.Path works too
     device = pick_device(device)
     dtype = pick_dtype(device, dtype)
