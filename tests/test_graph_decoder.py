@@ -149,13 +149,10 @@ def test_the_compiled_builder_makes_the_fused_copy_and_the_decoder_checks_its_so
         decoder.generate(ids, 6)
 
 
-IMPORT_CHECK = ("import kvlab, sys; assert 'triton' not in sys.modules and "
-                "not any(m.startswith('kvlab.kernels') for m in sys.modules)")
+IMPORT_CHECK = ("import kvlab, sys; assert 'triton' not in sys.modules and 'torch._dynamo' not in sys.modules "
+                "and not any(m.startswith('kvlab.kernels') for m in sys.modules)")
 
 
-@pytest.mark.xfail(strict=True, reason="kvlab/runtime.py decorates _at_least with "
-                   "torch.compiler.assume_constant_result at import, which imports torch._dynamo and Triton: "
-                   "remove this mark once runtime.py applies it lazily")
 def test_import_kvlab_loads_no_triton_and_no_kernels():
     """Lesson 00's first ``import kvlab`` does not pay for Triton: a strategy imports its module when it runs."""
     done = subprocess.run([sys.executable, "-c", IMPORT_CHECK], capture_output=True, text=True)
