@@ -9,14 +9,9 @@ import pytest
 import torch
 
 import kvlab
-from kvlab.graph_decoder import (
-    GraphSafeDecoder,
-    GraphSafeError,
-    decode_graph_safe,
-    decode_graph_safe_compiled,
-    decode_graph_safe_kernels,
-    read_addresses,
-)
+from kvlab.compiled_step import compiled_decoder, decode_graph_safe_compiled
+from kvlab.graph_decoder import GraphSafeDecoder, GraphSafeError, decode_graph_safe, read_addresses
+from kvlab.kernels.decoder import decode_graph_safe_kernels, kernels_decoder
 
 IDS = torch.tensor([[1, 2, 3, 4, 5]])
 STRATEGIES = {
@@ -106,10 +101,10 @@ def test_a_held_decoder_refuses_weights_that_moved():
         decoder.generate(IDS, 4)
 
 
-def test_a_held_kernels_decoder_decodes_its_own_copy():
+def test_a_held_compiled_decoder_decodes_its_own_copy():
     """Its step reads a fused copy made when it was built: an edit of the original after that does not reach it."""
     model = kvlab.tiny_model("tiny-llama")
-    decoder = GraphSafeDecoder(model, 32, steps=4, step="kernels")
+    decoder = compiled_decoder(model, IDS, 4, max_cache_len=32, steps=4, graph=True)  # CPU: emulated, not compiled
     before = decoder.generate(IDS, 4)
     with torch.no_grad():
         model.lm_head.weight.mul_(-1.0)
@@ -118,7 +113,7 @@ def test_a_held_kernels_decoder_decodes_its_own_copy():
 
 
 @pytest.mark.parametrize("option", [{"graph": False}, {"prefill_bucket": 8}, {"steps": 2}, {"compile_mode": "default"},
-                                    {"fill_splits": False}, {"fused_mlp": True}, {"fill_prefill": False}])
+                                    {"fill_splits": False}, {"fused_mlp": True}, {"tiles": False}])
 def test_a_decoder_with_settings_of_its_own_is_refused_at_the_door(option):
     model = kvlab.tiny_model("tiny-llama")
     decoder = GraphSafeDecoder(model, 32)
@@ -201,10 +196,10 @@ def test_following_one_decode_enters_no_module_twice(name):
 
 
 def test_a_kernels_decoder_without_a_copy_decodes_the_model_as_it_is_at_each_replay():
-    """``copy_weights=False``: the step reads the model's own weights (q/k/v and gate/up as stacked parts), so the
-    decoder holds no second copy; an in-place edit reaches its next decode, a replaced weight is refused."""
+    """The kernels read the model's own weights (q/k/v and gate/up as stacked parts), so the decoder holds no
+    second copy; an in-place edit reaches its next decode, a replaced weight is refused."""
     model = kvlab.tiny_model("tiny-llama")
-    decoder = GraphSafeDecoder(model, 32, steps=4, step="kernels", copy_weights=False)
+    decoder = kernels_decoder(model, IDS, 4, max_cache_len=32, steps=4)
     own = {p.data_ptr() for p in model.parameters()}
     assert {p.data_ptr() for p in decoder.model.parameters()} <= own  # nothing copied
     assert torch.equal(decoder.generate(IDS, 4), kvlab.decode(model, IDS, 4))
@@ -217,14 +212,14 @@ def test_a_kernels_decoder_without_a_copy_decodes_the_model_as_it_is_at_each_rep
         decoder.generate(IDS, 4)
 
 
-@pytest.mark.parametrize("option", [{"copy_weights": False}, {"kernel_prefill": True}])
+@pytest.mark.parametrize("option", [{"tiles": False}, {"captured_prefill": False}])
 def test_the_kernels_steps_own_options_are_refused_for_the_model_step(option):
-    with pytest.raises(ValueError, match="step='kernels'"):
-        GraphSafeDecoder(kvlab.tiny_model("tiny-llama"), 32, **option)
+    with pytest.raises((TypeError, ValueError), match=next(iter(option))):
+        kvlab.decode(kvlab.tiny_model("tiny-llama"), IDS, 4, strategy="graph-safe", **option)
 
 
-@pytest.mark.parametrize("options", [{"kernel_prefill": True}, {"copy_weights": False},
-                                     {"kernel_prefill": True, "copy_weights": False}])
+@pytest.mark.parametrize("options", [{"tiles": False}, {"fill_splits": False},
+                                     {"dot_attention": False, "captured_prefill": False}])
 def test_kvlab_decode_takes_the_kernels_options_and_stays_token_exact(options):
     model = kvlab.tiny_model("tiny-qwen2")  # q/k/v biases: stacked too
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2]])

@@ -15,7 +15,15 @@ import torch
 
 from ..decoding import decode_naive, first_mismatch
 from ..sizes import flops_breakdown, forward_flops, model_sizes
-from .common import NotANumber, call_student, check_prediction, code_checker, real_number
+from .common import (
+    NotANumber,
+    bad_measurement,
+    call_student,
+    check_prediction,
+    code_checker,
+    kept,
+    real_number,
+)
 from .lesson00 import describe, small_gqa_config
 from .mistakes import first_match, show_sources
 
@@ -97,6 +105,11 @@ def check_naive_decode(student, *, model=None, new_tokens: int = 6) -> str:
     from ..lab.models import tiny_model
 
     model = tiny_model("tiny-llama") if model is None else model
+    return kept(model, lambda: naive_decode_verdict(student, model, new_tokens))
+
+
+def naive_decode_verdict(student, model, new_tokens: int) -> str:
+    """``check_naive_decode``'s cases on ``model``."""
     for batch, length, seed in DECODE_CASES:
         prompt = case_prompt(model, batch, length, seed)
         right = decode_naive(model, prompt, new_tokens)
@@ -191,6 +204,10 @@ def doubling_choice(ratio: float) -> str:
 
 def check_doubling_prediction(prediction, *, seconds: float, doubled_seconds: float) -> str:
     """Predict, then run: the naive decode's total time for 2n tokens over its time for n, measured."""
+    bad = bad_measurement({"seconds": seconds, "doubled_seconds": doubled_seconds})
+    if bad:
+        return bad
+    seconds, doubled_seconds = real_number(seconds), real_number(doubled_seconds)
     ratio = doubled_seconds / seconds
     verdict = check_prediction(prediction, measured=doubling_choice(ratio), choices=DOUBLING_CHOICES,
                                what="T(2n) / T(n) of the naive loop")
