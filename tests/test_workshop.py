@@ -670,3 +670,18 @@ def test_the_verdict_names_a_core_lesson_without_an_in_room_exercise():
     assert workshop.verdict(workshop.schedule(short, [])).startswith(
         "**The plan fits: the core path"
     )
+
+
+def test_an_alias_of_a_package_name_is_followed():
+    from kvlab import handwritten
+
+    nb = {
+        "cells": [
+            code("from kvlab import handwritten\nfrom kvlab.lab.notebook import show_source"),
+            code(
+                "cache_class = handwritten.HandwrittenCache\nshow_source(cache_class.get_seq_length)"
+            ),
+        ]
+    }
+    lines = nonblank(inspect.getsource(handwritten.HandwrittenCache.get_seq_length))
+    assert workshop.printed_source(nb) == {1: lines}

@@ -23,6 +23,7 @@ Per lesson (a notebook of notebooks/, named by its two-digit prefix):
   ``show_diff``'s signature gives; the ``---``/``+++``/``@@`` lines included), not both sources whole. To know what a
   call displays, each notebook's code cells are parsed with ``ast`` and walked in order: every top-level ``import``
   and ``from ... import`` is executed in a fresh namespace of that notebook (so kvlab and transformers are imported),
+  and a top-level alias (``name = module.Attribute``, a dotted name) is evaluated there,
   and each argument expression (``ast.unparse``) is evaluated there when its cell is reached. An argument that is not
   found so, a name the notebook defines itself, is looked up among the notebook's own top-level ``def``/``class``
   nodes (``Name`` or ``Name.attribute``), and the lines of that node counted. A call inside a function the notebook
@@ -437,6 +438,13 @@ def printed_source(notebook: dict, name: str = "the notebook") -> dict[int, int]
                 and isinstance(node.targets[0], ast.Name)
             ):
                 nb.assigned[node.targets[0].id] = node.value
+                if _dotted(node.value):  # an alias, ``cache_class = handwritten.HandwrittenCache``
+                    try:
+                        nb.namespace[node.targets[0].id] = eval(
+                            ast.unparse(node.value), nb.namespace
+                        )  # noqa: S307
+                    except Exception:  # noqa: BLE001, S110 - only an error if a display needs the name
+                        pass
     if nb.problems:
         raise UnresolvedSource(nb.problems)
     return shown
