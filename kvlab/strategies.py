@@ -215,9 +215,9 @@ def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str
 
 
 # Fixed at build: a held decoder keeps them (kvlab.kernels.decoder.KERNEL_OPTIONS are the last
-# four).
-DECODER_SETTINGS = ("graph", "compile_mode", "prefill_bucket", "captured_prefill", "steps", "fuse", "gemv",
-                    "attention", "dot_attention", "tiles", "fill_splits", "fused_mlp")
+# three).
+DECODER_SETTINGS = ("graph", "compile_mode", "prefill_bucket", "captured_prefill", "steps", "fuse",
+                    "gemv", "attention", "dot_attention", "tiles", "fill_splits")
 
 
 def check_options(options: dict) -> None:

@@ -8,9 +8,7 @@
   write and attention in one kernel, for ``step``).
 - ``gemv``: ``gemv`` (a matmul of a few rows with RMSNorm or SiLU*up before it and the residual after),
   ``greedy_head`` (LM head and argmax), ``rms_norm``; above ``GEMV_MAX_ROWS`` rows, cuBLAS through ``F.linear``.
-- ``mlp``: ``fused_mlp``, a layer's MLP (norm, gate/up, SiLU * up, down, residual) as one kernel for the GEMV's
-  few rows (``kernel_step(fused_mlp=True)``).
-- ``step``: ``kernel_step(model, cache, token, done)``, the whole decode step from these kernels, with
+- ``step``: ``kernel_step(model, cache, token, counters)``, the whole decode step from these kernels, with
   ``check_supported`` and ``arrival_counters``; ``kernel_prefill`` and ``kernel_verify`` (speculation's
   k + 1 rows) through the same kernels.
 - ``decoder``: ``kernels_decoder`` binds the step's state (``functools.partial``) and hands it to a

@@ -2,10 +2,10 @@
 ``GraphSafeDecoder``.
 
 The decoder takes a step as a plain function; what the kernels' step needs beyond the model, the
-cache and the token (its arrival counters ``done``, its options) is bound here with
+cache and the token (its arrival counters, its options) is bound here with
 ``functools.partial``, once per decoder:
 
-    step = partial(kernel_step, done=arrival_counters(model, batch, device), tiles=True, ...)
+    step = partial(kernel_step, counters=arrival_counters(model, batch, device), tiles=True, ...)
     GraphSafeDecoder(model, max_cache_len, batch, step=step, steps=16, prefill=..., prefill_bucket=...)
 
 The kernels read the model's own weights (q/k/v and gate/up as stacked parts), so the decoder holds
@@ -27,7 +27,7 @@ from ..graph_decoder import GraphSafeDecoder, cache_length, held, prompt_bucket
 from ..speculative import SpeculativeDecoder, decode_speculative, speculative_decoder
 from .step import arrival_counters, check_supported, kernel_prefill, kernel_step, kernel_verify
 
-KERNEL_OPTIONS = ("dot_attention", "tiles", "fill_splits", "fused_mlp")  # kernel_step's variants
+KERNEL_OPTIONS = ("dot_attention", "tiles", "fill_splits")  # kernel_step's variants
 # The most prompt rows (batch x padded prompt length) sent through kernel_prefill; above, the
 # model's forward. Rule: the kernels' tiles are chosen for decode-sized row counts; data/README.md
 # names the record that set it.
@@ -36,8 +36,8 @@ KERNEL_PREFILL_MAX_ROWS = 1024
 
 def kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, steps: int = 16,
                     max_cache_len: int | None = None, graph: bool | str = True, captured_prefill: bool = True,
-                    dot_attention: bool = True, tiles: bool = True, fill_splits: bool = True,
-                    fused_mlp: bool = False) -> GraphSafeDecoder:
+                    dot_attention: bool = True, tiles: bool = True,
+                    fill_splits: bool = True) -> GraphSafeDecoder:
     """The decoder ``decode_graph_safe_kernels`` builds for one call: ``kernel_step`` with its
     options (``KERNEL_OPTIONS``, ``kernel_step``'s docstring), ``steps`` steps per captured graph.
     ``captured_prefill``: the prefill is captured too (``prefill_bucket``: ``prompt_bucket`` of this
@@ -48,8 +48,8 @@ def kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, step
     batch = input_ids.shape[0]
     length = cache_length(input_ids, max_new_tokens, max_cache_len)
     bucket = prompt_bucket(input_ids.shape[1], length) if captured_prefill else None
-    step = partial(kernel_step, done=arrival_counters(model, batch, input_ids.device),
-                   dot_attention=dot_attention, tiles=tiles, fill_splits=fill_splits, fused_mlp=fused_mlp)
+    step = partial(kernel_step, counters=arrival_counters(model, batch, input_ids.device),
+                   dot_attention=dot_attention, tiles=tiles, fill_splits=fill_splits)
     through_kernels = batch * (bucket or input_ids.shape[1]) <= KERNEL_PREFILL_MAX_ROWS
     prefill = partial(kernel_prefill, tiles=tiles) if through_kernels else None
     return GraphSafeDecoder(model, length, batch, step=step, steps=steps, prefill=prefill,
@@ -76,8 +76,9 @@ def speculative_kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: 
     ``kernel_prefill``, its verify ``kernel_verify`` (the prefill's kernels over k + 1 rows), its
     plain steps ``kernel_step``."""
     check_supported(model)
-    done = arrival_counters(model, input_ids.shape[0], input_ids.device)
-    return speculative_decoder(model, input_ids, max_new_tokens, step=partial(kernel_step, done=done),
+    counters = arrival_counters(model, input_ids.shape[0], input_ids.device)
+    step = partial(kernel_step, counters=counters)
+    return speculative_decoder(model, input_ids, max_new_tokens, step=step,
                                prefill=kernel_prefill, verify=kernel_verify, k=k, max_ngram=max_ngram,
                                min_ngram=min_ngram, max_cache_len=max_cache_len, graph=graph,
                                prefill_bucket=prefill_bucket)

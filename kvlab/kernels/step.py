@@ -32,9 +32,7 @@ from __future__ import annotations
 import torch
 
 from .attention import rope_cache_attention, rope_cache_prefill_attention
-from .gemv import gemv, greedy_head, kernel_path, stacked_shape
-from .mlp import counters_per_row
-from .mlp import fused_mlp as mlp_in_one_kernel
+from .gemv import gemv, greedy_head
 
 SUPPORTED = ("llama", "mistral", "qwen2")  # RMSNorm, rotate-half RoPE, SiLU-gated MLP, no per-head norms
 
@@ -79,13 +77,12 @@ def check_supported(model) -> None:
 
 
 def arrival_counters(model, batch: int, device: torch.device | str) -> torch.Tensor:
-    """The ``done`` tensor of ``kernel_step``: int32 zeros, the arrival counters of the attention
-    kernel (one per batch row and kv head), of the matmuls split along K (one per tile of at least
-    16 rows and block of at least 16 outputs of the hidden size) and of the fused MLP
-    (``kvlab.kernels.mlp.counters_per_row``). The kernels run one after the other and each leaves
-    them at zero."""
+    """The ``counters`` tensor of ``kernel_step``: int32 zeros, the arrival counters of the
+    attention kernel (one per batch row and kv head) and of the matmuls split along K (one per tile
+    of at least 16 rows and block of at least 16 outputs of the hidden size). The kernels run one
+    after the other and each leaves them at zero."""
     config = model.config
-    per_row = max(config.num_key_value_heads, -(-config.hidden_size // 16), counters_per_row(config.intermediate_size))
+    per_row = max(config.num_key_value_heads, -(-config.hidden_size // 16))
     return torch.zeros(batch * per_row, dtype=torch.int32, device=device)
 
 
@@ -103,8 +100,9 @@ def stacked_projections(layer) -> tuple:
     return tuple(p.weight for p in qkv), qkv_bias, tuple(p.weight for p in gate_up), gate_up_bias
 
 
-def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_attention: bool = True,
-                tiles: bool = True, fill_splits: bool = True, fused_mlp: bool = False) -> torch.Tensor:
+def kernel_step(model, cache, token: torch.Tensor, counters: torch.Tensor, *,
+                dot_attention: bool = True, tiles: bool = True,
+                fill_splits: bool = True) -> torch.Tensor:
     """One decode step: reads ``token`` ``[batch, 1]`` (long), writes the next token into it (in
     place), returns it.
 
@@ -112,7 +110,7 @@ def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_at
     ``kvlab.fusion.fused_copy(model, attention=False)`` (one ``qkv_proj`` and one ``gate_up_proj``
     per layer; ``stacked_projections``). ``cache``: a
     ``kvlab.graph_safe_cache.GraphSafeStaticCache`` after a prefill; the step writes this token's
-    key and value at its counter and advances the counter once (the step's last write). ``done``:
+    key and value at its counter and advances the counter once (the step's last write). ``counters``:
     ``arrival_counters(model, batch, device)``, the counters of the attention and of the matmuls
     split along K. ``dot_attention``: attention's scores and P.V as ``tl.dot``
     (``rope_cache_attention(dot=True)``; False: as broadcast multiply-and-sum). ``tiles``: the
@@ -120,9 +118,8 @@ def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_at
     cuBLAS (``gemv(tiles=True)``; False: the GEMV kernel up to ``gemv.GEMV_MAX_ROWS`` rows, cuBLAS
     above). ``fill_splits``: attention split over only as many programs per (row, kv head) as fill
     the GPU once (``rope_cache_attention(fill_splits=True)``; False: up to ``common.MAX_SPLITS`` at
-    every batch). ``fused_mlp``: where the MLP's matmuls run the GEMV kernel (batch 1), the MLP as
-    one kernel instead of two (``kvlab.kernels.mlp.fused_mlp``).
-    ``kvlab.kernels.decoder.kernels_decoder`` binds ``done`` and the options (``functools.partial``)
+    every batch).
+    ``kvlab.kernels.decoder.kernels_decoder`` binds ``counters`` and the options (``functools.partial``)
     and hands the step to a ``GraphSafeDecoder``. Call it in ``torch.inference_mode()``.
     """
     decoder, b = model.model, token.shape[0]
@@ -132,23 +129,22 @@ def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_at
 
     def attention(qkv, attn, cached):  # RoPE, the cache write at the counter, split-K attention: [b, heads * d]
         return rope_cache_attention(qkv, rope.inv_freq, rope.attention_scaling, cached.keys, cached.values,
-                                    position, heads, attn.scaling, done, dot=dot_attention,
+                                    position, heads, attn.scaling, counters, dot=dot_attention,
                                     fill_splits=fill_splits)
 
     x = decoder.embed_tokens(token).view(b, -1)  # [b, hidden]
     for layer, cached in zip(decoder.layers, cache.layers, strict=True):
-        x = layer_kernels(x, layer, cached, attention, tiles=tiles, counters=done,
-                          fused_mlp=fused_mlp)  # [b, hidden]
+        x = layer_kernels(x, layer, cached, attention, tiles=tiles, counters=counters)  # [b, hidden]
     return greedy_head(x, model.lm_head.weight, decoder.norm.weight, decoder.norm.variance_epsilon, token,
                        position, tiles=tiles)  # [b, 1] the next token, in place; the counter advanced
 
 
 def layer_kernels(x: torch.Tensor, layer, cached, attention, *, tiles: bool = True,
-                  counters: torch.Tensor | None = None, fused_mlp: bool = False) -> torch.Tensor:
+                  counters: torch.Tensor | None = None) -> torch.Tensor:
     """One decoder layer over the rows ``x`` ``[rows, hidden]`` -> ``[rows, hidden]``: its five
     kernels, the second ``attention(qkv, layer.self_attn, cached)`` (``kernel_step``'s over the
-    cache, ``prompt_rows``' over the prompt; ``cached``: the layer's cache). ``tiles``,
-    ``fused_mlp``: as ``kernel_step``'s; ``counters``: the matmuls' arrival counters
+    cache, ``prompt_rows``' over the prompt; ``cached``: the layer's cache). ``tiles``: as
+    ``kernel_step``'s; ``counters``: the matmuls' arrival counters
     (``gemv``'s)."""
     attn, mlp = layer.self_attn, layer.mlp
     norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
@@ -158,11 +154,6 @@ def layer_kernels(x: torch.Tensor, layer, cached, attention, *, tiles: bool = Tr
                **launch)  # [rows, (heads + 2 kv_heads) * d]
     out = attention(qkv, attn, cached)  # [rows, heads * d]
     x = gemv(out, attn.o_proj.weight, bias=attn.o_proj.bias, residual=x, **launch)  # [rows, hidden]
-    if fused_mlp and b_gate_up is None and mlp.down_proj.bias is None and \
-            kernel_path(x, tiles, stacked_shape(w_gate_up)) == "gemv":  # one kernel instead of the two below
-        w_gate, w_up = w_gate_up if isinstance(w_gate_up, tuple) else w_gate_up.chunk(2)  # [inter, hidden]
-        return mlp_in_one_kernel(x, w_gate, w_up, mlp.down_proj.weight, norm2.weight, norm2.variance_epsilon,
-                                 x, counters)  # [rows, hidden]
     gate_up = gemv(x, w_gate_up, bias=b_gate_up, norm=norm2.weight, eps=norm2.variance_epsilon,
                    **launch)  # [rows, 2 * intermediate]
     return gemv(gate_up, mlp.down_proj.weight, bias=mlp.down_proj.bias, silu_mul=True, residual=x,
