@@ -38,8 +38,8 @@ import torch.nn.functional as F
 from . import common
 from .common import tl, triton
 
-# Above this many rows a GEMM (cuBLAS, via the PyTorch form) wins over the GEMV kernels: the most
-# rows a probe measured the kernels no slower at (common.TUNING). Read at each call: tests and the
+# Above this many rows a GEMM (cuBLAS, via the PyTorch form) wins over the GEMV kernels
+# (common.TUNING; data/README.md names the probe that set it). Read at each call: tests and the
 # benchmark set it.
 GEMV_MAX_ROWS = common.TUNING["gemv_max_rows"]
 # (N, K) -> (BLOCK_N, BLOCK_K, warps), overrides

@@ -1,14 +1,14 @@
 """The decode step as kvlab's own kernels, a plain function (gpt-fast style): no torch.compile, five
 kernels a layer.
 
-What compiling leaves (``graph-safe-compiled``, kernel counts in ``data/h200_batch1.json``):
+What compiling leaves (``graph-safe-compiled``):
 inductor fuses only what its rules allow; a norm is a reduction and so is the matmul after it, so
 they are two kernels; RoPE, the cache write and the attention are more. At batch 1 every kernel is
 too short to fill the GPU, so a step costs about its number of kernels. ``kernel_step`` runs, per
 layer:
 
 1. ``gemv(x, W_qkv, norm=w)``: RMSNorm fused into the q/k/v matmul (``kvlab.kernels.gemv``; from 2
-   rows a ``tl.dot`` tile of rows where the H200 sweep found it fastest, ``gemv.TILE_DISPATCH``).
+   rows a ``tl.dot`` tile of rows where ``gemv.TILE_DISPATCH`` picks one).
 2. ``rope_cache_attention``: RoPE, the cache write at the counter and split-K attention in one
    kernel, its scores and P.V as ``tl.dot`` (``kvlab.kernels.attention``).
 3. ``gemv(attn, W_o, residual=x)``: o_proj and the residual add.
