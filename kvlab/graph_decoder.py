@@ -439,10 +439,10 @@ def decode_graph_safe(model, input_ids: torch.Tensor, max_new_tokens: int, *, on
     """
     if decoder is None:
         decoder = graph_safe_decoder(model, input_ids, max_new_tokens, **settings)
-    return held(decoder, model).generate(input_ids, max_new_tokens, on_token=on_token)
+    return decoder_for(decoder, model).generate(input_ids, max_new_tokens, on_token=on_token)
 
 
-def held(decoder: GraphSafeDecoder, model) -> GraphSafeDecoder:
+def decoder_for(decoder: GraphSafeDecoder, model) -> GraphSafeDecoder:
     """``decoder``, refused when it was built for another model (its graphs would decode with that
     one's weights)."""
     if decoder.source is not model:

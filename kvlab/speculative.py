@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from .decoding import OnToken
-from .graph_decoder import GraphSafeDecoder, cache_length, forward_mask, held, model_step
+from .graph_decoder import GraphSafeDecoder, cache_length, decoder_for, forward_mask, model_step
 from .graph_safe_cache import GraphSafeError, GraphSafeStaticCache
 
 
@@ -275,7 +275,7 @@ def decode_speculative(model, input_ids: torch.Tensor, max_new_tokens: int, *, o
                                                       *(["max_cache_len"] if max_cache_len is not None else [])])
             raise GraphSafeError(f"pass decoder= or {given}, not both: a SpeculativeDecoder keeps the settings and "
                                  "cache it was built with. Drop them to reuse the decoder, or drop decoder= to build one")
-        return held(decoder, model).generate(input_ids, max_new_tokens, on_token=on_token)
+        return decoder_for(decoder, model).generate(input_ids, max_new_tokens, on_token=on_token)
     decoder = speculative_decoder(model, input_ids, max_new_tokens, max_cache_len=max_cache_len, cache=cache,
                                   **settings)
     return decoder.generate(input_ids, max_new_tokens, on_token=on_token)

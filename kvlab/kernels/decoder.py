@@ -23,7 +23,7 @@ from functools import partial
 import torch
 
 from ..decoding import OnToken
-from ..graph_decoder import GraphSafeDecoder, cache_length, held, prompt_bucket
+from ..graph_decoder import GraphSafeDecoder, cache_length, decoder_for, prompt_bucket
 from ..speculative import SpeculativeDecoder, decode_speculative, speculative_decoder
 from .step import arrival_counters, check_supported, kernel_prefill, kernel_step, kernel_verify
 
@@ -63,7 +63,7 @@ def decode_graph_safe_kernels(model, input_ids: torch.Tensor, max_new_tokens: in
     **settings)``) generates."""
     if decoder is None:
         decoder = kernels_decoder(model, input_ids, max_new_tokens, **settings)
-    return held(decoder, model).generate(input_ids, max_new_tokens, on_token=on_token)
+    return decoder_for(decoder, model).generate(input_ids, max_new_tokens, on_token=on_token)
 
 
 def speculative_kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, k: int = 4,
