@@ -6,7 +6,8 @@ cache and the token (its arrival counters, its options) is bound here with
 ``functools.partial``, once per decoder:
 
     step = partial(kernel_step, counters=arrival_counters(model, batch, device), tiles=True, ...)
-    GraphSafeDecoder(model, max_cache_len, batch, step=step, steps=16, prefill=..., prefill_bucket=...)
+    GraphSafeDecoder(model, max_cache_len, batch, step=step, steps=16, prefill=...,
+                     prefill_bucket=...)
 
 The kernels read the model's own weights (q/k/v and gate/up as stacked parts), so the decoder holds
 no second copy: an in-place edit of a weight reaches the next replay, a weight replaced or moved is
@@ -35,7 +36,8 @@ KERNEL_PREFILL_MAX_ROWS = 1024
 
 
 def kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, steps: int = 16,
-                    max_cache_len: int | None = None, graph: bool | str = True, captured_prefill: bool = True,
+                    max_cache_len: int | None = None, graph: bool | str = True,
+                    captured_prefill: bool = True,
                     dot_attention: bool = True, tiles: bool = True,
                     fill_splits: bool = True) -> GraphSafeDecoder:
     """The decoder ``decode_graph_safe_kernels`` builds for one call: ``kernel_step`` with its
@@ -67,7 +69,8 @@ def decode_graph_safe_kernels(model, input_ids: torch.Tensor, max_new_tokens: in
 
 
 def speculative_kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, k: int = 4,
-                                max_ngram: int = 3, min_ngram: int = 1, max_cache_len: int | None = None,
+                                max_ngram: int = 3, min_ngram: int = 1,
+                                max_cache_len: int | None = None,
                                 graph: bool | str = True,
                                 prefill_bucket: int | None = None) -> SpeculativeDecoder:
     """The decoder ``decode_speculative_kernels`` builds for one call:
@@ -79,8 +82,8 @@ def speculative_kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: 
     counters = arrival_counters(model, input_ids.shape[0], input_ids.device)
     step = partial(kernel_step, counters=counters)
     return speculative_decoder(model, input_ids, max_new_tokens, step=step,
-                               prefill=kernel_prefill, verify=kernel_verify, k=k, max_ngram=max_ngram,
-                               min_ngram=min_ngram, max_cache_len=max_cache_len, graph=graph,
+                               prefill=kernel_prefill, verify=kernel_verify, k=k,
+                               max_ngram=max_ngram, min_ngram=min_ngram, max_cache_len=max_cache_len, graph=graph,
                                prefill_bucket=prefill_bucket)
 
 
@@ -91,7 +94,7 @@ def decode_speculative_kernels(model, input_ids: torch.Tensor, max_new_tokens: i
     ``speculative_kernels_decoder(model, ..., **settings)``) generates; ``decode_speculative``
     refuses a decoder given with settings."""
     if decoder is not None:
-        return decode_speculative(model, input_ids, max_new_tokens, on_token=on_token, decoder=decoder,
-                                  **settings)
+        return decode_speculative(model, input_ids, max_new_tokens, on_token=on_token,
+                                  decoder=decoder, **settings)
     decoder = speculative_kernels_decoder(model, input_ids, max_new_tokens, **settings)
     return decoder.generate(input_ids, max_new_tokens, on_token=on_token)

@@ -34,7 +34,8 @@ import torch
 from .attention import rope_cache_attention, rope_cache_prefill_attention
 from .gemv import gemv, greedy_head
 
-SUPPORTED = ("llama", "mistral", "qwen2")  # RMSNorm, rotate-half RoPE, SiLU-gated MLP, no per-head norms
+# RMSNorm, rotate-half RoPE, SiLU-gated MLP, no per-head norms
+SUPPORTED = ("llama", "mistral", "qwen2")
 
 
 def check_supported(model) -> None:
@@ -42,18 +43,22 @@ def check_supported(model) -> None:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     config = model.config
-    layers = len(model.model.layers) if hasattr(model, "model") and hasattr(model.model, "layers") else None
+    has_layers = hasattr(model, "model") and hasattr(model.model, "layers")
+    layers = len(model.model.layers) if has_layers else None
     if layers is not None and layers != config.num_hidden_layers:
-        raise ValueError(f"model.config.num_hidden_layers is {config.num_hidden_layers} but the model has {layers} decoder "
-                         "layers (model.model.layers): the config was changed after the model was built, and the "
-                         f"kernels run every layer. Set it back (model.config.num_hidden_layers = {layers}), or build a "
-                         "model of the layers you want from its config")
+        raise ValueError(f"model.config.num_hidden_layers is {config.num_hidden_layers} but the model "
+                         f"has {layers} decoder layers (model.model.layers): the config was changed "
+                         "after the model was built, and the kernels run every layer. Set it back "
+                         f"(model.config.num_hidden_layers = {layers}), or build a model of the layers "
+                         "you want from its config")
     attention = config._attn_implementation
     if attention not in ALL_ATTENTION_FUNCTIONS:
-        raise ValueError(f"the model's attention implementation is {attention!r}; 'graph-safe-kernels' runs its prefill "
-                         "through transformers' registered attentions (supported: "
-                         f"{', '.join(sorted(n for n in ALL_ATTENTION_FUNCTIONS if '|' not in n))}). Call model.set_attn_implementation('sdpa') "
-                         "first (the course's default), or use the 'graph-safe' strategy, which runs any attention")
+        registered = ", ".join(sorted(n for n in ALL_ATTENTION_FUNCTIONS if "|" not in n))
+        raise ValueError(f"the model's attention implementation is {attention!r}; 'graph-safe-kernels' "
+                         "runs its prefill through transformers' registered attentions (supported: "
+                         f"{registered}). Call model.set_attn_implementation('sdpa') first (the "
+                         "course's default), or use the 'graph-safe' strategy, which runs any "
+                         "attention")
     why = None
     if config.model_type not in SUPPORTED:
         why = f"model_type {config.model_type!r} (supported: {', '.join(SUPPORTED)})"
@@ -70,10 +75,10 @@ def check_supported(model) -> None:
         if attn.head_dim & (attn.head_dim - 1):
             why = f"head_dim {attn.head_dim} (must be a power of two)"
     if why:
-        raise ValueError(f"kvlab's decode kernels compute a Llama-style layer; this model has {why}. Use the "
-                         "'graph-safe' strategy for it (any full-attention model); 'graph-safe-compiled' fuses "
-                         "Llama-style projections too, so for this model call "
-                         "kvlab.compiled_step.decode_graph_safe_compiled(..., fuse=False).")
+        raise ValueError(f"kvlab's decode kernels compute a Llama-style layer; this model has {why}. "
+                         "Use the 'graph-safe' strategy for it (any full-attention model); "
+                         "'graph-safe-compiled' fuses Llama-style projections too, so for this model "
+                         "call kvlab.compiled_step.decode_graph_safe_compiled(..., fuse=False).")
 
 
 def arrival_counters(model, batch: int, device: torch.device | str) -> torch.Tensor:
@@ -92,7 +97,8 @@ def stacked_projections(layer) -> tuple:
     kernels read where they are (``gemv``'s stacked weight)."""
     attn, mlp = layer.self_attn, layer.mlp
     if hasattr(attn, "qkv_proj"):
-        return attn.qkv_proj.weight, attn.qkv_proj.bias, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias
+        qkv, gate_up = attn.qkv_proj, mlp.gate_up_proj
+        return qkv.weight, qkv.bias, gate_up.weight, gate_up.bias
     qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
     qkv_bias = tuple(p.bias for p in qkv) if attn.q_proj.bias is not None else None
     gate_up = (mlp.gate_proj, mlp.up_proj)
@@ -110,8 +116,8 @@ def kernel_step(model, cache, token: torch.Tensor, counters: torch.Tensor, *,
     ``kvlab.fusion.fused_copy(model, attention=False)`` (one ``qkv_proj`` and one ``gate_up_proj``
     per layer; ``stacked_projections``). ``cache``: a
     ``kvlab.graph_safe_cache.GraphSafeStaticCache`` after a prefill; the step writes this token's
-    key and value at its counter and advances the counter once (the step's last write). ``counters``:
-    ``arrival_counters(model, batch, device)``, the counters of the attention and of the matmuls
+    key and value at its counter and advances the counter once (the step's last write).
+    ``counters``: ``arrival_counters(model, batch, device)``, the counters of the attention and of the matmuls
     split along K. ``dot_attention``: attention's scores and P.V as ``tl.dot``
     (``rope_cache_attention(dot=True)``; False: as broadcast multiply-and-sum). ``tiles``: the
     matmuls of 2 rows or more through ``gemv.TILE_DISPATCH``'s choice of tile kernel, GEMV kernel or
@@ -119,24 +125,26 @@ def kernel_step(model, cache, token: torch.Tensor, counters: torch.Tensor, *,
     above). ``fill_splits``: attention split over only as many programs per (row, kv head) as fill
     the GPU once (``rope_cache_attention(fill_splits=True)``; False: up to ``common.MAX_SPLITS`` at
     every batch).
-    ``kvlab.kernels.decoder.kernels_decoder`` binds ``counters`` and the options (``functools.partial``)
-    and hands the step to a ``GraphSafeDecoder``. Call it in ``torch.inference_mode()``.
+    ``kvlab.kernels.decoder.kernels_decoder`` binds ``counters`` and the options
+    (``functools.partial``) and hands the step to a ``GraphSafeDecoder``. Call it in ``torch.inference_mode()``.
     """
     decoder, b = model.model, token.shape[0]
     heads = model.config.num_attention_heads
     rope = decoder.rotary_emb
     position = cache.cache_position  # [] the one counter: this token's position
 
-    def attention(qkv, attn, cached):  # RoPE, the cache write at the counter, split-K attention: [b, heads * d]
-        return rope_cache_attention(qkv, rope.inv_freq, rope.attention_scaling, cached.keys, cached.values,
-                                    position, heads, attn.scaling, counters, dot=dot_attention,
+    # RoPE, the cache write at the counter, split-K attention: [b, heads * d]
+    def attention(qkv, attn, cached):
+        return rope_cache_attention(qkv, rope.inv_freq, rope.attention_scaling, cached.keys,
+                                    cached.values, position, heads, attn.scaling, counters, dot=dot_attention,
                                     fill_splits=fill_splits)
 
     x = decoder.embed_tokens(token).view(b, -1)  # [b, hidden]
     for layer, cached in zip(decoder.layers, cache.layers, strict=True):
         x = layer_kernels(x, layer, cached, attention, tiles=tiles, counters=counters)  # [b, hidden]
-    return greedy_head(x, model.lm_head.weight, decoder.norm.weight, decoder.norm.variance_epsilon, token,
-                       position, tiles=tiles)  # [b, 1] the next token, in place; the counter advanced
+    # [b, 1] the next token, in place; the counter advanced
+    return greedy_head(x, model.lm_head.weight, decoder.norm.weight, decoder.norm.variance_epsilon,
+                       token, position, tiles=tiles)
 
 
 def layer_kernels(x: torch.Tensor, layer, cached, attention, *, tiles: bool = True,
@@ -160,7 +168,8 @@ def layer_kernels(x: torch.Tensor, layer, cached, attention, *, tiles: bool = Tr
                 **launch)  # [rows, hidden]
 
 
-def prompt_rows(model, cache, prompt: torch.Tensor, valid: torch.Tensor, tiles: bool) -> torch.Tensor:
+def prompt_rows(model, cache, prompt: torch.Tensor, valid: torch.Tensor,
+                tiles: bool) -> torch.Tensor:
     """The layers over a prompt's rows: ``prompt`` [batch, T] at the cache's counter, of which the
     first ``valid`` (a 0-dim long tensor) count; writes their keys and values into ``cache`` (the
     rest to the trash slot), returns the last layer's output ``[batch T, hidden]``. The counter is
@@ -169,17 +178,20 @@ def prompt_rows(model, cache, prompt: torch.Tensor, valid: torch.Tensor, tiles: 
     decoder, (b, t) = model.model, prompt.shape
     heads = model.config.num_attention_heads
     rope = decoder.rotary_emb
-    if not cache.is_initialized:  # the kernels write into the buffers: allocate them (eagerly, before capture)
+    # the kernels write into the buffers: allocate them (eagerly, before capture)
+    if not cache.is_initialized:
         head_dim = decoder.layers[0].self_attn.head_dim
         cache.early_initialization(b, model.config.num_key_value_heads, head_dim,
                                    decoder.embed_tokens.weight.dtype, prompt.device)
     position = cache.cache_position  # [] the prompt's first position
 
-    def attention(qkv, attn, cached):  # RoPE, the prompt's cache writes, causal attention: [b T, heads * d]
+    # RoPE, the prompt's cache writes, causal attention: [b T, heads * d]
+    def attention(qkv, attn, cached):
         return rope_cache_prefill_attention(qkv, rope.inv_freq, rope.attention_scaling, cached.keys,
                                             cached.values, position, valid, heads, attn.scaling)
 
-    x = decoder.embed_tokens(prompt).view(b * t, -1)  # [b T, hidden]: the prompt's rows are the matmuls' rows
+    # [b T, hidden]: the prompt's rows are the matmuls' rows
+    x = decoder.embed_tokens(prompt).view(b * t, -1)
     for layer, cached in zip(decoder.layers, cache.layers, strict=True):
         x = layer_kernels(x, layer, cached, attention, tiles=tiles)  # [b T, hidden]
     return x
@@ -198,14 +210,16 @@ def kernel_prefill(model, cache, prompt: torch.Tensor, valid: torch.Tensor, toke
     """
     decoder, (b, t) = model.model, prompt.shape
     x = prompt_rows(model, cache, prompt, valid, tiles)  # [b T, hidden]
-    last = x.view(b, t, -1).index_select(1, (valid - 1).reshape(1)).view(b, -1)  # [b, hidden] each row's last
-    greedy_head(last, model.lm_head.weight, decoder.norm.weight, decoder.norm.variance_epsilon, token,
-                tiles=tiles)  # [b, 1] the first new token, in place
+    # [b, hidden] each row's last
+    last = x.view(b, t, -1).index_select(1, (valid - 1).reshape(1)).view(b, -1)
+    greedy_head(last, model.lm_head.weight, decoder.norm.weight, decoder.norm.variance_epsilon,
+                token, tiles=tiles)  # [b, 1] the first new token, in place
     cache.cache_position.add_(valid)  # the counter: past the prompt
     return token
 
 
-def kernel_verify(model, cache, rows: torch.Tensor, verified: torch.Tensor, *, tiles: bool = True) -> torch.Tensor:
+def kernel_verify(model, cache, rows: torch.Tensor, verified: torch.Tensor, *,
+                  tiles: bool = True) -> torch.Tensor:
     """Speculation's verify through the step's kernels: ``rows`` [batch, k + 1] (the last token,
     then k drafts) at the counter's positions, causal; writes the greedy token after each row into
     ``verified`` [batch, k + 1] and advances the counter by k + 1 (``kvlab.speculative`` rolls back
