@@ -91,7 +91,7 @@ def arrival_counters(model, batch: int, device: torch.device | str) -> torch.Ten
     return torch.zeros(batch * per_row, dtype=torch.int32, device=device)
 
 
-def stacked_projections(layer) -> tuple:
+def _stacked_projections(layer) -> tuple:
     """(q/k/v weight, its bias, gate/up weight, its bias) of a layer: a fused copy's ``qkv_proj``
     and ``gate_up_proj``, or an unfused model's q, k, v and gate, up as tuples of parts, which the
     kernels read where they are (``gemv``'s stacked weight)."""
@@ -114,7 +114,7 @@ def kernel_step(model, cache, token: torch.Tensor, counters: torch.Tensor, *,
 
     ``model``: a supported model (``check_supported``), or its fused copy
     ``kvlab.fusion.fused_copy(model, attention=False)`` (one ``qkv_proj`` and one ``gate_up_proj``
-    per layer; ``stacked_projections``). ``cache``: a
+    per layer; ``_stacked_projections``). ``cache``: a
     ``kvlab.graph_safe_cache.GraphSafeStaticCache`` after a prefill; the step writes this token's
     key and value at its counter and advances the counter once (the step's last write).
     ``counters``: ``arrival_counters(model, batch, device)``, the counters of the attention and of the matmuls
@@ -151,13 +151,13 @@ def layer_kernels(x: torch.Tensor, layer, cached, attention, *, tiles: bool = Tr
                   counters: torch.Tensor | None = None) -> torch.Tensor:
     """One decoder layer over the rows ``x`` ``[rows, hidden]`` -> ``[rows, hidden]``: its five
     kernels, the second ``attention(qkv, layer.self_attn, cached)`` (``kernel_step``'s over the
-    cache, ``prompt_rows``' over the prompt; ``cached``: the layer's cache). ``tiles``: as
+    cache, ``_prompt_rows``' over the prompt; ``cached``: the layer's cache). ``tiles``: as
     ``kernel_step``'s; ``counters``: the matmuls' arrival counters
     (``gemv``'s)."""
     attn, mlp = layer.self_attn, layer.mlp
     norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
     launch = {"tiles": tiles, "counters": counters}
-    w_qkv, b_qkv, w_gate_up, b_gate_up = stacked_projections(layer)
+    w_qkv, b_qkv, w_gate_up, b_gate_up = _stacked_projections(layer)
     qkv = gemv(x, w_qkv, bias=b_qkv, norm=norm1.weight, eps=norm1.variance_epsilon,
                **launch)  # [rows, (heads + 2 kv_heads) * d]
     out = attention(qkv, attn, cached)  # [rows, heads * d]
@@ -168,7 +168,7 @@ def layer_kernels(x: torch.Tensor, layer, cached, attention, *, tiles: bool = Tr
                 **launch)  # [rows, hidden]
 
 
-def prompt_rows(model, cache, prompt: torch.Tensor, valid: torch.Tensor,
+def _prompt_rows(model, cache, prompt: torch.Tensor, valid: torch.Tensor,
                 tiles: bool) -> torch.Tensor:
     """The layers over a prompt's rows: ``prompt`` [batch, T] at the cache's counter, of which the
     first ``valid`` (a 0-dim long tensor) count; writes their keys and values into ``cache`` (the
@@ -209,7 +209,7 @@ def kernel_prefill(model, cache, prompt: torch.Tensor, valid: torch.Tensor, toke
     (``rope_cache_prefill_attention``). Call it in ``torch.inference_mode()``.
     """
     decoder, (b, t) = model.model, prompt.shape
-    x = prompt_rows(model, cache, prompt, valid, tiles)  # [b T, hidden]
+    x = _prompt_rows(model, cache, prompt, valid, tiles)  # [b T, hidden]
     # [b, hidden] each row's last
     last = x.view(b, t, -1).index_select(1, (valid - 1).reshape(1)).view(b, -1)
     greedy_head(last, model.lm_head.weight, decoder.norm.weight, decoder.norm.variance_epsilon,
@@ -227,7 +227,7 @@ def kernel_verify(model, cache, rows: torch.Tensor, verified: torch.Tensor, *,
     ``tiles``: as ``kernel_step``'s."""
     decoder, width = model.model, rows.shape[1]
     valid = torch.full((), width, dtype=torch.long, device=rows.device)  # every row counts
-    x = prompt_rows(model, cache, rows, valid, tiles)  # [b (k + 1), hidden]
+    x = _prompt_rows(model, cache, rows, valid, tiles)  # [b (k + 1), hidden]
     greedy_head(x, model.lm_head.weight, decoder.norm.weight, decoder.norm.variance_epsilon,
                 verified.view(-1, 1), tiles=tiles)  # [b (k + 1), 1] in place
     cache.cache_position.add_(width)
