@@ -83,7 +83,8 @@ def speculative_kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: 
     step = partial(kernel_step, counters=counters)
     return speculative_decoder(model, input_ids, max_new_tokens, step=step,
                                prefill=kernel_prefill, verify=kernel_verify, k=k,
-                               max_ngram=max_ngram, min_ngram=min_ngram, max_cache_len=max_cache_len, graph=graph,
+                               max_ngram=max_ngram, min_ngram=min_ngram,
+                               max_cache_len=max_cache_len, graph=graph,
                                prefill_bucket=prefill_bucket)
 
 

@@ -46,19 +46,21 @@ def check_supported(model) -> None:
     has_layers = hasattr(model, "model") and hasattr(model.model, "layers")
     layers = len(model.model.layers) if has_layers else None
     if layers is not None and layers != config.num_hidden_layers:
-        raise ValueError(f"model.config.num_hidden_layers is {config.num_hidden_layers} but the model "
-                         f"has {layers} decoder layers (model.model.layers): the config was changed "
-                         "after the model was built, and the kernels run every layer. Set it back "
-                         f"(model.config.num_hidden_layers = {layers}), or build a model of the layers "
-                         "you want from its config")
+        raise ValueError(
+            f"model.config.num_hidden_layers is {config.num_hidden_layers} but the model "
+            f"has {layers} decoder layers (model.model.layers): the config was changed "
+            "after the model was built, and the kernels run every layer. Set it back "
+            f"(model.config.num_hidden_layers = {layers}), or build a model of the layers "
+            "you want from its config")
     attention = config._attn_implementation
     if attention not in ALL_ATTENTION_FUNCTIONS:
         registered = ", ".join(sorted(n for n in ALL_ATTENTION_FUNCTIONS if "|" not in n))
-        raise ValueError(f"the model's attention implementation is {attention!r}; 'graph-safe-kernels' "
-                         "runs its prefill through transformers' registered attentions (supported: "
-                         f"{registered}). Call model.set_attn_implementation('sdpa') first (the "
-                         "course's default), or use the 'graph-safe' strategy, which runs any "
-                         "attention")
+        raise ValueError(
+            f"the model's attention implementation is {attention!r}; 'graph-safe-kernels' "
+            "runs its prefill through transformers' registered attentions (supported: "
+            f"{registered}). Call model.set_attn_implementation('sdpa') first (the "
+            "course's default), or use the 'graph-safe' strategy, which runs any "
+            "attention")
     why = None
     if config.model_type not in SUPPORTED:
         why = f"model_type {config.model_type!r} (supported: {', '.join(SUPPORTED)})"
@@ -75,10 +77,11 @@ def check_supported(model) -> None:
         if attn.head_dim & (attn.head_dim - 1):
             why = f"head_dim {attn.head_dim} (must be a power of two)"
     if why:
-        raise ValueError(f"kvlab's decode kernels compute a Llama-style layer; this model has {why}. "
-                         "Use the 'graph-safe' strategy for it (any full-attention model); "
-                         "'graph-safe-compiled' fuses Llama-style projections too, so for this model "
-                         "call kvlab.compiled_step.decode_graph_safe_compiled(..., fuse=False).")
+        raise ValueError(
+            f"kvlab's decode kernels compute a Llama-style layer; this model has {why}. "
+            "Use the 'graph-safe' strategy for it (any full-attention model); "
+            "'graph-safe-compiled' fuses Llama-style projections too, so for this model "
+            "call kvlab.compiled_step.decode_graph_safe_compiled(..., fuse=False).")
 
 
 def arrival_counters(model, batch: int, device: torch.device | str) -> torch.Tensor:
@@ -117,8 +120,8 @@ def kernel_step(model, cache, token: torch.Tensor, counters: torch.Tensor, *,
     per layer; ``_stacked_projections``). ``cache``: a
     ``kvlab.graph_safe_cache.GraphSafeStaticCache`` after a prefill; the step writes this token's
     key and value at its counter and advances the counter once (the step's last write).
-    ``counters``: ``arrival_counters(model, batch, device)``, the counters of the attention and of the matmuls
-    split along K. ``dot_attention``: attention's scores and P.V as ``tl.dot``
+    ``counters``: ``arrival_counters(model, batch, device)``, the counters of the attention and of
+    the matmuls split along K. ``dot_attention``: attention's scores and P.V as ``tl.dot``
     (``rope_cache_attention(dot=True)``; False: as broadcast multiply-and-sum). ``tiles``: the
     matmuls of 2 rows or more through ``gemv.TILE_DISPATCH``'s choice of tile kernel, GEMV kernel or
     cuBLAS (``gemv(tiles=True)``; False: the GEMV kernel up to ``gemv.GEMV_MAX_ROWS`` rows, cuBLAS
@@ -126,7 +129,8 @@ def kernel_step(model, cache, token: torch.Tensor, counters: torch.Tensor, *,
     the GPU once (``rope_cache_attention(fill_splits=True)``; False: up to ``common.MAX_SPLITS`` at
     every batch).
     ``kvlab.kernels.decoder.kernels_decoder`` binds ``counters`` and the options
-    (``functools.partial``) and hands the step to a ``GraphSafeDecoder``. Call it in ``torch.inference_mode()``.
+    (``functools.partial``) and hands the step to a ``GraphSafeDecoder``. Call it in
+    ``torch.inference_mode()``.
     """
     decoder, b = model.model, token.shape[0]
     heads = model.config.num_attention_heads
@@ -136,12 +140,13 @@ def kernel_step(model, cache, token: torch.Tensor, counters: torch.Tensor, *,
     # RoPE, the cache write at the counter, split-K attention: [b, heads * d]
     def attention(qkv, attn, cached):
         return rope_cache_attention(qkv, rope.inv_freq, rope.attention_scaling, cached.keys,
-                                    cached.values, position, heads, attn.scaling, counters, dot=dot_attention,
-                                    fill_splits=fill_splits)
+                                    cached.values, position, heads, attn.scaling, counters,
+                                    dot=dot_attention, fill_splits=fill_splits)
 
     x = decoder.embed_tokens(token).view(b, -1)  # [b, hidden]
     for layer, cached in zip(decoder.layers, cache.layers, strict=True):
-        x = layer_kernels(x, layer, cached, attention, tiles=tiles, counters=counters)  # [b, hidden]
+        # [b, hidden]
+        x = layer_kernels(x, layer, cached, attention, tiles=tiles, counters=counters)
     # [b, 1] the next token, in place; the counter advanced
     return greedy_head(x, model.lm_head.weight, decoder.norm.weight, decoder.norm.variance_epsilon,
                        token, position, tiles=tiles)
