@@ -13,7 +13,7 @@ import pytest
 
 from kvlab import decoding, failures, graphs, handwritten
 from kvlab.continuous_batching import ContinuousBatcher
-from kvlab.graph_decoder import GraphSafeDecoder, model_step, prefill_mask
+from kvlab.graph_decoder import GraphSafeDecoder, model_step
 from kvlab.graph_safe_cache import GraphSafeStaticCache
 from kvlab.kernels import gemv
 from kvlab.kernels.step import kernel_step, layer_kernels
@@ -31,11 +31,9 @@ SHOWN = {  # function: what the lesson's show_source call names
     GraphSafeStaticCache.write_positions: "GraphSafeStaticCache.write_positions",
     GraphSafeStaticCache.update: "GraphSafeStaticCache.update",
     GraphSafeStaticCache.reset: "GraphSafeStaticCache.reset",
-    prefill_mask: "prefill_mask)",
     model_step: "show_source(model_step",
     GraphSafeDecoder.one_step: "GraphSafeDecoder.one_step",
     GraphSafeDecoder.multi_step: "GraphSafeDecoder.multi_step",
-    GraphSafeDecoder.next_tokens: "GraphSafeDecoder.next_tokens",
     kernel_step: "kernel_step, layer_kernels)",
     layer_kernels: "layer_kernels)",
     gemv.tile_choice: "show_source(gemv.tile_choice)",
