@@ -1,4 +1,5 @@
-"""Looking inside a cache while it works: a StaticLayer's state, which slots hold what, and heatmaps over steps."""
+"""Looking inside a cache while it works: a StaticLayer's state, which slots hold what, and heatmaps
+over steps."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from .runtime import pick_device
 
 
 def describe_layer(layer) -> dict:
-    """The live state of one cache layer (StaticLayer or DynamicLayer): shapes, counter, slots written, address."""
+    """The live state of one cache layer (StaticLayer or DynamicLayer): shapes, counter, slots
+    written, address."""
     if not getattr(layer, "is_initialized", False) or getattr(layer, "keys", None) is None:
         return {"type": type(layer).__name__, "initialized": False,
                 "note": "buffers are allocated lazily, on the first update (the prefill)"}
@@ -31,72 +33,97 @@ def describe_layer(layer) -> dict:
 
 
 def slot_norms(layer, batch: int = 0) -> torch.Tensor:
-    """L2 norm of the stored keys of each cache slot, over heads and head_dim: ``[slots]`` (0 = never written)."""
+    """L2 norm of the stored keys of each cache slot, over heads and head_dim: ``[slots]`` (0 =
+    never written)."""
     keys = layer.keys[batch]  # [kv_heads, slots, head_dim]
     return keys.detach().float().norm(dim=(0, 2)).cpu()
 
 
 def head_norms(layer, batch: int = 0) -> torch.Tensor:
-    """L2 norm of the stored key of each kv head in each cache slot, over head_dim: ``[kv_heads, slots]`` (0 = empty)."""
+    """L2 norm of the stored key of each kv head in each cache slot, over head_dim: ``[kv_heads,
+    slots]`` (0 = empty)."""
     keys = layer.keys[batch]  # [kv_heads, slots, head_dim]
     return keys.detach().float().norm(dim=-1).cpu()
 
 
 def buffer_lengths(cache) -> list[int]:
-    """Every layer's buffer length in slots (0 before allocation): ``max_cache_len`` for a StaticCache (plus the trash
-    slot for a graph-safe one), the tokens held for a cache grown by ``torch.cat``."""
-    return [0 if getattr(layer, "keys", None) is None else int(layer.keys.shape[-2]) for layer in cache.layers]
+    """Every layer's buffer length in slots (0 before allocation): ``max_cache_len`` for a
+    StaticCache (plus the trash slot for a graph-safe one), the tokens held for a cache grown by
+    ``torch.cat``."""
+    return [
+        0 if getattr(layer, "keys", None) is None else int(layer.keys.shape[-2])
+        for layer in cache.layers
+    ]
 
 
 def counters(cache) -> list[int]:
-    """Every layer's ``cumulative_length`` (one sync): they should all agree, and lesson 04 shows when they do not."""
+    """Every layer's ``cumulative_length`` (one sync): they should all agree, and lesson 04 shows
+    when they do not."""
     values = [layer.cumulative_length.reshape(()) for layer in cache.layers
               if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)]
     return torch.stack(values).tolist() if values else []
 
 
 class CacheRecorder:
-    """An ``on_token`` callback that snapshots, after every step, the per-slot key norms of some layers (also per kv
-    head), every layer's counter and buffer length, the token, and the wall time since the previous token.
-    Layers are looked up in ``cache.layers`` at each call (what the model sees now).
+    """An ``on_token`` callback that snapshots, after every step, the per-slot key norms of some
+    layers (also per kv head), every layer's counter and buffer length, the token, and the wall time
+    since the previous token. Layers are looked up in ``cache.layers`` at each call (what the model
+    sees now).
 
-    The time is read with ``kvlab.decoding.StepClock`` (the device synchronized) from the end of the previous
-    recording to this token, so the recording itself is not counted; the first one counts from the recorder's
-    creation, and any work between two tokens (a capture, a prefill) is part of the later one's time.
+    The time is read with ``kvlab.decoding.StepClock`` (the device synchronized) from the end of the
+    previous recording to this token, so the recording itself is not counted; the first one counts
+    from the recorder's creation, and any work between two tokens (a capture, a prefill) is part of
+    the later one's time.
     """
 
     def __init__(self, cache, layers=(0,), then=None):
         self.cache, self.layers, self.then = cache, tuple(layers), then
         if any(not isinstance(i, int) or isinstance(i, bool) for i in self.layers):
-            raise ValueError(f"layers must be layer indices (ints), e.g. layers=(0, 1); got {layers!r}")
-        if cache.layers:  # a cache made from a config has its layers now (a hand-written one makes them on first use)
+            raise ValueError(
+                f"layers must be layer indices (ints), e.g. layers=(0, 1); got {layers!r}"
+            )
+        # a cache made from a config has its layers now (a hand-written one makes them on first use)
+        if cache.layers:
             self._check_layers(allocated=False)
-        self.rows: dict[int, list[torch.Tensor]] = {i: [] for i in self.layers}  # per layer, per step: [slots]
-        self.heads: dict[int, list[torch.Tensor]] = {i: [] for i in self.layers}  # per layer, per step: [kv_heads, slots]
-        self.counters: list[list[int]] = []  # per step: one int per layer ([] for a cache without counter tensors)
+        # per layer, per step: [slots]
+        self.rows: dict[int, list[torch.Tensor]] = {i: [] for i in self.layers}
+        # per layer, per step: [kv_heads, slots]
+        self.heads: dict[int, list[torch.Tensor]] = {i: [] for i in self.layers}
+        # per step: one int per layer ([] for a cache without counter tensors)
+        self.counters: list[list[int]] = []
         self.lengths: list[list[int]] = []  # per step: every layer's buffer length in slots
         self.tokens: list[torch.Tensor] = []  # per token: [batch, 1]
-        self.token_counts: list[int] = []  # per step: tokens seen up to it (a bare snapshot adds none)
-        self.seconds: list[float | None] = []  # per step: wall time since the previous token (None: a bare snapshot)
+        # per step: tokens seen up to it (a bare snapshot adds none)
+        self.token_counts: list[int] = []
+        # per step: wall time since the previous token (None: a bare snapshot)
+        self.seconds: list[float | None] = []
         self._clock = StepClock(pick_device())
 
     def _check_layers(self, allocated: bool = True) -> None:
-        """Refuse recorded layers the cache does not have (or, with ``allocated``, whose buffers it has not made)."""
+        """Refuse recorded layers the cache does not have (or, with ``allocated``, whose buffers it
+        has not made)."""
         n = len(self.cache.layers)
         if not self.layers:
             return
         if n == 0:
-            raise ValueError("the cache has no layers yet: a HandwrittenCache makes them on its first update (the "
-                             "prefill). Pass the recorder as on_token= to a decode, or take a snapshot after one")
+            raise ValueError(
+                "the cache has no layers yet: a HandwrittenCache makes them on its first update "
+                "(the prefill). Pass the recorder as on_token= to a decode, or take a snapshot "
+                "after one"
+            )
         missing = [i for i in self.layers if not -n <= i < n]
         if missing:
-            raise ValueError(f"layers {missing} are not in this cache: it has {n} layers (0..{n - 1}). Record some of "
-                             f"them, e.g. CacheRecorder(cache, layers=(0, {n - 1}))")
+            raise ValueError(
+                f"layers {missing} are not in this cache: it has {n} layers (0..{n - 1}). Record "
+                f"some of them, e.g. CacheRecorder(cache, layers=(0, {n - 1}))"
+            )
         empty = [i for i in self.layers if getattr(self.cache.layers[i], "keys", None) is None]
         if allocated and empty:
-            raise ValueError(f"layers {empty} of the cache hold no buffers yet: a cache allocates them on its first "
-                             "update (the prefill). Pass the recorder as on_token= to a decode, or take a snapshot after "
-                             "one")
+            raise ValueError(
+                f"layers {empty} of the cache hold no buffers yet: a cache allocates them on its "
+                "first update (the prefill). Pass the recorder as on_token= to a decode, or take "
+                "a snapshot after one"
+            )
 
     def snapshot(self) -> None:
         """Record the cache as it is now, without a token (e.g. right after a reset)."""
@@ -116,10 +143,12 @@ class CacheRecorder:
         self.seconds[-1] = self._clock.times[-1]
         if self.then is not None:
             self.then(step, token_ids)
-        self._clock = StepClock(token_ids.device)  # the next token's time starts after this recording
+        # the next token's time starts after this recording
+        self._clock = StepClock(token_ids.device)
 
     def matrix_of(self, layer: int) -> torch.Tensor:
-        """``[steps, slots]`` for one recorded layer: row ``i`` is what it held after new token ``i``."""
+        """``[steps, slots]`` for one recorded layer: row ``i`` is what it held after new token
+        ``i``."""
         rows = self.rows[layer]
         return torch.stack(rows) if rows else torch.zeros(0, 0)
 

@@ -19,25 +19,29 @@ slot (``slot_mapping``) and block-table row; ``tokens [max_batch, 1]`` is the st
 next input is already in its row (a new request's first token is copied in). The mask is computed inside the graph
 from ``seq_lens`` (``paged_mask``), so it needs no copy. Nothing here reads a token on the host between steps.
 
-Admission is conservative: a request joins only when the pool can hold its worst case (prompt + new tokens), so a
-running request never finds the pool empty; its blocks are still handed out one at a time as it grows, which is what
+Admission is conservative: a request joins only when the pool's FREE blocks hold its worst case (prompt + new
+tokens) beside what the running requests may still take, so a running request never finds the pool empty; its blocks are still handed out one at a time as it grows, which is what
 the memory accounting shows. vLLM admits optimistically and preempts (recomputes or swaps out) a request when the
-pool runs dry. Greedy decoding only; the caller owns the batcher (its cache, buffers and graphs): nothing is stored
+pool runs dry. ``serve`` frees its requests' blocks on every exit (an exception in ``on_token``, a
+``KeyboardInterrupt``), so the batcher serves again afterwards. Arrival steps count on the caller's clock: a
+stretch with nothing running and nobody arrived is skipped, not stepped through. Greedy decoding only; the caller owns the batcher (its cache, buffers and graphs): nothing is stored
 on the model.
 """
 
 from __future__ import annotations
 
+import numbers
 from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
 from .decoding import OnToken, check_inputs, check_model
-from .graph_decoder import read_addresses
+from .frozen_state import check_unchanged, frozen_state
 from .graphs import EagerStep, capture
 from .paged_cache import (
     BlockAllocator,
+    OutOfBlocksError,
     PagedCacheError,
     PagedKVCache,
     blocks_for,
@@ -80,6 +84,32 @@ class Served:
     static_bytes: int = 0  # a static cache of max_batch rows, each sized for the longest request
 
 
+def positive_int(name: str, value) -> int:
+    """``value`` as a Python int where it is a positive integer (a NumPy or 0-d tensor one too), else a ValueError
+    naming ``name``."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        value = value.item()
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r:.80}")
+    return int(value)
+
+
+def refuse_settings(settings: dict, accepted, where: str, fixed: dict | None = None) -> None:
+    """Refuse keywords ``where`` does not take, by the caller's names: a TypeError listing what it takes; a
+    keyword of ``fixed`` (name -> why it is set for the caller) says how to set it instead."""
+    for name in settings:
+        if fixed and name in fixed:
+            raise TypeError(f"{where} sets {name}= itself ({fixed[name]}); drop {name}=")
+    unknown = [name for name in settings if name not in accepted]
+    if unknown:
+        raise TypeError(f"{where} got unknown keyword{'s' if len(unknown) > 1 else ''} "
+                        f"{', '.join(f'{n}=' for n in unknown)}; it takes {', '.join(f'{n}=' for n in accepted)}")
+
+
+BATCHER_SETTINGS = ("num_blocks", "block_size", "max_batch", "max_blocks_per_request", "buckets", "graph", "warmup",
+                    "emulate")
+
+
 def default_buckets(max_batch: int) -> list[int]:
     """Batch sizes that get a captured graph: powers of two below ``max_batch``, and ``max_batch``."""
     return sorted({1 << k for k in range(max_batch.bit_length()) if 1 << k < max_batch} | {max_batch})
@@ -98,11 +128,19 @@ class ContinuousBatcher:
                  max_blocks_per_request: int | None = None, buckets=None, graph: bool = True, warmup: int = 2,
                  emulate: bool | None = None):
         check_model(model)
-        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
-            raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
+        max_batch = positive_int("max_batch", max_batch)
+        if buckets is not None:
+            if isinstance(buckets, str | bytes) or not hasattr(buckets, "__iter__"):
+                raise ValueError(f"buckets must be a list of batch sizes, got {buckets!r:.80}")
+            buckets = [positive_int("each of buckets", b) for b in buckets]
         buckets = default_buckets(max_batch) if buckets is None else sorted(set(buckets))
-        if not buckets or buckets[0] < 1 or buckets[-1] != max_batch:
+        if not buckets or buckets[-1] != max_batch:
             raise ValueError(f"buckets must be positive batch sizes whose largest is max_batch={max_batch}, got {buckets}")
+        if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
+            raise ValueError(f"warmup must be an int >= 0 (eager calls before capture), got {warmup!r}")
+        num_blocks, block_size = positive_int("num_blocks", num_blocks), positive_int("block_size", block_size)
+        if max_blocks_per_request is not None:
+            max_blocks_per_request = positive_int("max_blocks_per_request", max_blocks_per_request)
         param = next(model.parameters())
         self.model, self.device, self.dtype = model, param.device, param.dtype
         self.max_batch, self.buckets, self.use_graph, self.warmup, self.emulate = max_batch, buckets, graph, warmup, emulate
@@ -116,7 +154,8 @@ class ContinuousBatcher:
             # [max_batch, 3 + width]: position | seq_len after the write | write slot | block-table row
             self.step_inputs = torch.zeros(max_batch, 3 + width, dtype=torch.long, device=self.device)
         self.graphs: dict[int, object] = {}  # bucket -> captured step
-        self._addresses = None  # (pools, weights) a captured graph reads
+        self._pools = None  # the cache pools' addresses a captured graph reads
+        self._frozen = None  # frozen_state of the model, at capture (the graphs read its weights by address)
 
     def __reduce_ex__(self, protocol):
         raise TypeError("a ContinuousBatcher cannot be pickled or copied: its captured graphs read its cache and "
@@ -146,7 +185,7 @@ class ContinuousBatcher:
 
         def step(tokens: torch.Tensor) -> torch.Tensor:
             mask = model_mask(paged_mask(seq_lens, 1, cache.max_len), model)  # [bucket, 1, 1, max_len]
-            with cache.reading(block_table, slot_mapping):
+            with cache.reading(block_table, slot_mapping, check_ids=False):  # its own allocator's ids
                 logits = model(input_ids=tokens, position_ids=positions, attention_mask=mask, cache=cache,
                                use_cache=True).logits  # [bucket, 1, vocab]
             tokens.copy_(logits[:, -1, :].argmax(dim=-1, keepdim=True))
@@ -168,7 +207,8 @@ class ContinuousBatcher:
             graph = EagerStep(fn, self.tokens[:bucket], warmup=0)
         self.tokens.copy_(saved)
         self.graphs[bucket] = graph
-        self._addresses = (self.cache.pool_addresses(), read_addresses(self.model))
+        self._pools = self.cache.pool_addresses()
+        self._frozen = frozen_state(self.model, versions=False)
         return graph
 
     def prefill(self, run: _Running, prompt: torch.Tensor) -> torch.Tensor:
@@ -179,7 +219,7 @@ class ContinuousBatcher:
         slots = torch.tensor([slots_of(run.blocks, 0, length, self.block_size)], device=self.device)  # [1, P]
         mask = model_mask(paged_mask(torch.tensor([length], device=self.device), length, self.cache.max_len), self.model)
         positions = torch.arange(length, device=self.device)[None]  # [1, P]
-        with self.cache.reading(table, slots):
+        with self.cache.reading(table, slots, check_ids=False):
             logits = self.model(input_ids=prompt[None], position_ids=positions, attention_mask=mask, cache=self.cache,
                                 use_cache=True, logits_to_keep=1).logits  # [1, 1, vocab]
         return logits[0, -1:].argmax(dim=-1)
@@ -189,14 +229,14 @@ class ContinuousBatcher:
     def serve(self, requests: list[Request], *, on_token=None) -> Served:
         """Greedy-decode every request (see the module docstring); ``on_token(request_index, k, token [1])`` is called
         for each new token (a device tensor: reading it on the host syncs). Returns ``Served``."""
-        self.check(requests)
-        waiting = deque(sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i)))
+        arrivals = self.check(requests)
+        waiting = deque(sorted(range(len(requests)), key=lambda i: (arrivals[i], i)))
         running: list[_Running] = []
         made: list[list[torch.Tensor]] = [[] for _ in requests]
         token_bytes = bytes_per_token(self.model.config, self.dtype)
         longest = max(r.prompt.shape[-1] + r.max_new_tokens - 1 for r in requests)
         served = Served(tokens=[], static_bytes=self.max_batch * longest * token_bytes)
-        reserved, step = 0, 0
+        step = 0
 
         def emit(run: _Running, token: torch.Tensor) -> None:
             made[run.index].append(token)
@@ -204,82 +244,97 @@ class ContinuousBatcher:
                 on_token(run.index, run.made, token)
             run.made += 1
 
-        while waiting or running:
-            joined, left = [], []
-            while waiting and requests[waiting[0]].arrival <= step and len(running) < self.max_batch:
-                req = requests[waiting[0]]
-                length = req.prompt.shape[-1]
-                need = blocks_for(length + req.max_new_tokens - 1, self.block_size)
-                if need > self.allocator.num_blocks - reserved:
-                    break  # FIFO: it waits for running requests to leave (no request overtakes it)
-                index = waiting.popleft()
-                run = _Running(index, self.allocator.allocate(blocks_for(length, self.block_size)), length, 0,
-                               req.max_new_tokens, need)
-                reserved += need
-                first = self.prefill(run, req.prompt.reshape(-1))  # [1]
-                self.tokens[len(running)].copy_(first)  # its row's next input
-                running.append(run)
-                joined.append(index)
-                emit(run, first)
-            reserved -= self.leave(running, left)
-            bucket = None
-            if running:
-                for run in running:  # the token written this step goes at position run.length: a new block?
-                    if run.length + 1 > len(run.blocks) * self.block_size:
-                        run.blocks += self.allocator.allocate(1)
-                bucket = next(b for b in self.buckets if b >= len(running))
-                graph = self.graph_for(bucket)
-                self.fill(running, bucket)
-                graph.replay()  # one token for every row, no host sync
-                new = self.tokens[: len(running), 0].clone()  # [rows]
-                for row, run in enumerate(running):
-                    run.length += 1
-                    emit(run, new[row : row + 1])
-                rows = len(running)
-                reserved -= self.leave(running, left)
-            else:
-                rows = 0
-            served.timeline.append({
-                "step": step, "joined": joined, "left": left, "rows": rows, "bucket": bucket,
-                "blocks_used": self.allocator.num_used, "paged_bytes": self.allocator.num_used * self.cache.block_bytes,
-                "lengths": [r.length for r in running]})
-            step += 1
+        try:
+            while waiting or running:
+                if not running and arrivals[waiting[0]] > step:
+                    step = arrivals[waiting[0]]  # nothing runs until the next arrival: skip to it
+                joined, left = [], []
+                while waiting and arrivals[waiting[0]] <= step and len(running) < self.max_batch:
+                    req = requests[waiting[0]]
+                    length = req.prompt.shape[-1]
+                    need = blocks_for(length + req.max_new_tokens - 1, self.block_size)
+                    promised = sum(r.reserved - len(r.blocks) for r in running)  # blocks running requests may take
+                    if need > self.allocator.num_free - promised:
+                        if not running:  # nobody will free a block: waiting would never end
+                            raise OutOfBlocksError(
+                                f"request {waiting[0]} needs {need} blocks but only {self.allocator.num_free} of the "
+                                f"pool's {self.allocator.num_blocks} are free and no request of this serve holds "
+                                "any: blocks were taken from batcher.allocator outside serve. Free them, or build "
+                                "a new ContinuousBatcher")
+                        break  # FIFO: it waits for running requests to leave (no request overtakes it)
+                    index = waiting.popleft()
+                    run = _Running(index, [], length, 0, req.max_new_tokens, need)
+                    running.append(run)  # from here its blocks are freed on every exit
+                    run.blocks = self.allocator.allocate(blocks_for(length, self.block_size))
+                    first = self.prefill(run, req.prompt.reshape(-1))  # [1]
+                    self.tokens[len(running) - 1].copy_(first)  # its row's next input
+                    joined.append(index)
+                    emit(run, first)
+                self.leave(running, left)
+                bucket = None
+                if running:
+                    for run in running:  # the token written this step goes at position run.length: a new block?
+                        if run.length + 1 > len(run.blocks) * self.block_size:
+                            run.blocks += self.allocator.allocate(1)
+                    bucket = next(b for b in self.buckets if b >= len(running))
+                    graph = self.graph_for(bucket)
+                    self.fill(running, bucket)
+                    graph.replay()  # one token for every row, no host sync
+                    new = self.tokens[: len(running), 0].clone()  # [rows]
+                    for row, run in enumerate(running):
+                        run.length += 1
+                        emit(run, new[row : row + 1])
+                    rows = len(running)
+                    self.leave(running, left)
+                else:
+                    rows = 0
+                served.timeline.append({
+                    "step": step, "joined": joined, "left": left, "rows": rows, "bucket": bucket,
+                    "blocks_used": self.allocator.num_used,
+                    "paged_bytes": self.allocator.num_used * self.cache.block_bytes,
+                    "lengths": [r.length for r in running]})
+                step += 1
+        finally:  # an exception or an interrupt: the unfinished requests give their blocks back
+            for run in running:
+                self.allocator.free(run.blocks)
         served.tokens = [torch.cat(pieces) for pieces in made]
         return served
 
-    def leave(self, running: list[_Running], left: list[int]) -> int:
-        """Drop the finished requests: free their blocks, move the rows behind them up (their next tokens too).
-        Returns the blocks they had reserved."""
+    def leave(self, running: list[_Running], left: list[int]) -> None:
+        """Drop the finished requests: free their blocks, move the rows behind them up (their next tokens too)."""
         keep = [row for row, run in enumerate(running) if run.made < run.wants]
         if len(keep) == len(running):
-            return 0
-        freed = 0
-        for run in running:
-            if run.made >= run.wants:
-                self.allocator.free(run.blocks)
-                freed += run.reserved
-                left.append(run.index)
+            return
         if keep:
             self.tokens[: len(keep)] = self.tokens[torch.tensor(keep, device=self.device)]  # condense: one gather
+        done = [run for run in running if run.made >= run.wants]
         running[:] = [running[row] for row in keep]
-        return freed
+        for run in done:
+            self.allocator.free(run.blocks)
+            left.append(run.index)
 
     # ---- the door ----------------------------------------------------------------------------------
-    def check(self, requests: list[Request]) -> None:
+    def check(self, requests: list[Request]) -> list[int]:
         """Refuse, before anything runs: requests that are not ``Request``s, prompts that are not 1-D token ids
         of the model's vocabulary on its device, a request longer than a block-table row or the whole pool, a pool
-        that was reallocated or weights that moved since the graphs were captured."""
-        if not requests or not all(isinstance(r, Request) for r in requests):
+        that was reallocated or weights that moved since the graphs were captured. Returns each request's arrival
+        step as a Python int."""
+        if (not isinstance(requests, list | tuple) or not requests
+                or not all(isinstance(r, Request) for r in requests)):
             raise TypeError("serve takes a non-empty list of kvlab.continuous_batching.Request(prompt, max_new_tokens, "
-                            "arrival)")
+                            f"arrival), got {requests!r:.80}")
+        arrivals = []
         for i, r in enumerate(requests):
             prompt = r.prompt
             if not isinstance(prompt, torch.Tensor) or prompt.dim() != 1:
                 raise ValueError(f"request {i}: prompt must be a 1-D LongTensor [prompt_len], got "
                                  f"{tuple(getattr(prompt, 'shape', ())) or type(prompt).__name__}")
             check_inputs(self.model, prompt[None], r.max_new_tokens)
-            if not isinstance(r.arrival, int) or isinstance(r.arrival, bool) or r.arrival < 0:
-                raise ValueError(f"request {i}: arrival must be a step number >= 0, got {r.arrival!r}")
+            arrival = r.arrival.item() if isinstance(r.arrival, torch.Tensor) and r.arrival.numel() == 1 else r.arrival
+            if not isinstance(arrival, numbers.Integral) or isinstance(arrival, bool) or arrival < 0:
+                raise ValueError(f"request {i}: arrival must be a scheduler step number >= 0 (an int), got "
+                                 f"{r.arrival!r:.80}")
+            arrivals.append(int(arrival))
             length = prompt.shape[0] + r.max_new_tokens - 1  # the last token is never written to the cache
             need = blocks_for(length, self.block_size)
             if length > self.cache.max_len or need > self.allocator.num_blocks:
@@ -288,14 +343,17 @@ class ContinuousBatcher:
                     f"{self.cache.max_len} slots ({self.width} blocks) and the pool has {self.allocator.num_blocks} "
                     "blocks: build the batcher with more blocks (num_blocks=, max_blocks_per_request=) or ask for "
                     "fewer tokens")
-        if self._addresses is not None and self._addresses != (self.cache.pool_addresses(), read_addresses(self.model)):
-            raise PagedCacheError("the model's weights or the cache's pools moved since the graphs were captured (a "
-                                  "parameter replaced, .to(), .double()): a replay would read the old memory. Build a "
-                                  "new ContinuousBatcher")
+        if self._pools is not None and self._pools != self.cache.pool_addresses():
+            raise PagedCacheError("the cache's pools moved since the graphs were captured: a replay would read the "
+                                  "old memory. Build a new ContinuousBatcher")
+        if self._frozen is not None:
+            check_unchanged(self._frozen, self.model, "this ContinuousBatcher")
+        return arrivals
 
 
 def serve(model, requests: list[Request], *, on_token=None, **settings) -> Served:
     """Build a ``ContinuousBatcher(model, **settings)`` and serve ``requests`` with it (see its docstring)."""
+    refuse_settings(settings, BATCHER_SETTINGS, "serve")
     return ContinuousBatcher(model, **settings).serve(requests, on_token=on_token)
 
 
@@ -304,8 +362,24 @@ def serve(model, requests: list[Request], *, on_token=None, **settings) -> Serve
 def paged_batcher(model, input_ids: torch.Tensor, max_new_tokens: int, *, max_cache_len: int | None = None,
                   block_size: int = 16, **settings) -> dict:
     """What ``decode_paged`` builds for one call, as the keywords that hand it over (``{"batcher": ...}``): a
-    batcher of ``batch`` rows whose pool holds every row at ``max_cache_len`` (default prompt + new tokens)."""
-    length = input_ids.shape[1] + max_new_tokens if max_cache_len is None else max_cache_len
+    batcher of ``batch`` rows whose pool holds every row at ``max_cache_len`` (default prompt + new tokens).
+    ``settings``: ``graph``, ``warmup``, ``emulate``, ``buckets`` of ``ContinuousBatcher`` (its pool and rows are
+    sized here, from the batch and ``max_cache_len``)."""
+    refuse_settings(settings, ("max_cache_len", "block_size", "graph", "warmup", "emulate", "buckets"),
+                    "the paged strategy", fixed={
+                        "num_blocks": "batch x blocks of max_cache_len: pass max_cache_len=",
+                        "max_batch": "the batch of input_ids", "max_blocks_per_request": "from max_cache_len=",
+                        "max_batch_size": "the batch of input_ids"})
+    block_size = positive_int("block_size", block_size)
+    written = input_ids.shape[1] + max_new_tokens - 1  # slots a row writes (the last token is never written)
+    if max_cache_len is None:
+        length = input_ids.shape[1] + max_new_tokens
+    else:
+        length = positive_int("max_cache_len", max_cache_len)
+        if length < written:
+            raise ValueError(f"max_cache_len={max_cache_len} is too short for a prompt of {input_ids.shape[1]} tokens "
+                             f"and {max_new_tokens} new tokens: the cache holds {written} of them (prompt + "
+                             f"max_new_tokens - 1). Pass max_cache_len >= {written}, or none")
     width = blocks_for(length, block_size)
     batch = input_ids.shape[0]
     return {"batcher": ContinuousBatcher(model, num_blocks=batch * width, block_size=block_size, max_batch=batch,
@@ -319,6 +393,9 @@ def decode_paged(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_toke
     is called once every row has its token ``k``."""
     if batcher is None:
         batcher = paged_batcher(model, input_ids, max_new_tokens, **settings)["batcher"]
+    elif not isinstance(batcher, ContinuousBatcher):
+        raise TypeError(f"batcher= takes a kvlab ContinuousBatcher (from kvlab.STRATEGIES['paged'].state(...)), "
+                        f"got a {type(batcher).__name__}")
     elif settings:
         raise ValueError(f"pass batcher= or {', '.join(f'{s}=' for s in settings)}, not both: a ContinuousBatcher keeps "
                          "the cache and settings it was built with")

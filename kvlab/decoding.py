@@ -7,11 +7,13 @@ new token. ``kvlab.strategies`` holds the table of them and ``kvlab.decode``.
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Callable, Mapping
 
 import torch
 
+from .frozen_state import layer_problem
 from .runtime import synchronize
 
 OnToken = Callable[[int, torch.Tensor], None] | None
@@ -39,14 +41,45 @@ def check_model(model) -> None:
         kinds = ", ".join(type(x).__name__ for x in model)
         raise TypeError(f"model is a tuple ({kinds}), not a model: kvlab.load_model returns (model, tokenizer). "
                         "Unpack it first: model, tokenizer = kvlab.load_model(...)")
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a transformers model (a torch.nn.Module), got {type(model).__name__}: "
-                        "load one with model, tokenizer = kvlab.load_model(...)")
+    if not isinstance(model, torch.nn.Module) or not hasattr(getattr(model, "config", None), "get_text_config"):
+        raise TypeError(f"model must be a transformers model (a torch.nn.Module with a .config), got "
+                        f"{type(model).__name__}: load one with model, tokenizer = kvlab.load_model(...)")
+    if getattr(model, "get_output_embeddings", lambda: None)() is None:
+        raise TypeError(f"{type(model).__name__} has no language-model head (lm_head), so it gives no next-token "
+                        "logits: load the causal-LM model (transformers.AutoModelForCausalLM, or "
+                        "kvlab.load_model(...))")
 
 
-def check_inputs(model, input_ids: torch.Tensor, max_new_tokens: int) -> None:
-    """Reject what would otherwise fail deep inside the model, or silently decode the wrong thing."""
-    check_model(model)
+def random_in_training(model) -> str | None:
+    """A dropout that would change tokens at random, in a model left in train mode, else None."""
+    if not model.training:
+        return None
+    for name, module in model.named_modules():
+        p = module.p if isinstance(module, torch.nn.Dropout) else getattr(module, "attention_dropout", 0.0)
+        if module.training and isinstance(p, float) and p > 0:
+            return (f"the model is in train mode and {name or 'model'} drops activations at random (p={p}): decoded "
+                    "tokens would be random and differ between strategies. Call model.eval() first")
+    return None
+
+
+def count(value, name: str, *, minimum: int = 1) -> int:
+    """``value`` as a Python int of at least ``minimum``: an int, a numpy integer or a 0-dim integer tensor
+    (``operator.index``); a bool, a float or a wider tensor is refused, naming ``name``."""
+    wrong = isinstance(value, bool) or type(value).__name__ in ("bool", "bool_") or (
+        isinstance(value, torch.Tensor) and (value.dim() != 0 or value.dtype == torch.bool))
+    try:
+        number = None if wrong else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or number < minimum:
+        hint = (": pass int(x)" if isinstance(value, float | str) else
+                ": a bool is not a count" if wrong and "bool" in str(getattr(value, "dtype", type(value))) else "")
+        kind = {0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
+        raise ValueError(f"{name} must be {kind}, got {value!r}{hint}")
+    return number
+
+
+def _check_ids(input_ids) -> None:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dtype != torch.long or input_ids.dim() != 2:
         cast = (" (token ids held as another dtype: convert them with input_ids.long())"
                 if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 else "")
@@ -55,28 +88,57 @@ def check_inputs(model, input_ids: torch.Tensor, max_new_tokens: int) -> None:
             f"{type(input_ids).__name__} {getattr(input_ids, 'dtype', '')} {tuple(getattr(input_ids, 'shape', ()))}"
             f"{cast}. Use tokenizer(text, return_tensors='pt').input_ids."
         )
+
+
+def vocabulary(model) -> int:
+    """How many token ids the model can read: its input embedding's rows (``config.vocab_size`` can be edited
+    without resizing it)."""
+    embedding = getattr(model, "get_input_embeddings", lambda: None)()
+    rows = getattr(embedding, "num_embeddings", None)
+    return rows if rows is not None else model.config.get_text_config().vocab_size
+
+
+def check_inputs(model, input_ids: torch.Tensor, max_new_tokens: int) -> int:
+    """Reject what would otherwise fail deep inside the model, or silently decode the wrong thing. Returns
+    ``max_new_tokens`` as an int (a numpy or 0-dim tensor integer is accepted)."""
+    check_model(model)
+    _check_ids(input_ids)
     if input_ids.shape[0] == 0:
         raise ValueError("the batch is empty (input_ids has 0 rows): give at least one prompt")
     if input_ids.shape[1] == 0:
         raise ValueError("the prompt is empty: give at least one token")
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    max_new_tokens = count(max_new_tokens, "max_new_tokens")
     device = next(model.parameters()).device
     if device.type == "meta":
         raise ValueError("the model's weights are on the 'meta' device (shapes only, no values): load real weights, "
                          "e.g. kvlab.load_model(...) or model.to_empty(device=...) followed by loading a state dict")
     if input_ids.device != device:
         raise ValueError(f"input_ids are on {input_ids.device} but the model is on {device}: call input_ids.to({str(device)!r})")
-    vocab = model.config.get_text_config().vocab_size
+    dropout = random_in_training(model)
+    if dropout is not None:
+        raise ValueError(dropout)
+    layers = layer_problem(model)  # a forward runs layers[:num_hidden_layers]; a cache has num_hidden_layers
+    if layers is not None:
+        raise ValueError(layers)
+    config = model.config.get_text_config()
+    vocab = vocabulary(model)
+    head = getattr(model.get_output_embeddings(), "out_features", vocab)
+    if head > vocab:
+        raise ValueError(f"the model's lm_head scores {head} token ids but its embedding reads {vocab}: a predicted id "
+                         f">= {vocab} could not be fed back. Resize both with model.resize_token_embeddings({head})")
     low, high = torch.stack(torch.aminmax(input_ids)).tolist()  # one host read, not two (on a GPU: a sync each)
     if high >= vocab or low < 0:
-        raise ValueError(f"input_ids hold ids outside the model's vocabulary [0, {vocab}): was the prompt tokenized for another model?")
-    limit = getattr(model.config, "max_position_embeddings", None)
+        edited = (f" (model.config.vocab_size says {config.vocab_size}; the embedding has {vocab} rows: resize it "
+                  f"with model.resize_token_embeddings(n))" if config.vocab_size != vocab else "")
+        raise ValueError(f"input_ids hold ids outside the model's vocabulary [0, {vocab}){edited}: was the prompt "
+                         "tokenized for another model?")
+    limit = getattr(config, "max_position_embeddings", None)
     if limit is not None and input_ids.shape[1] + max_new_tokens > limit:
         raise ValueError(
             f"prompt ({input_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) exceeds the model's "
             f"max_position_embeddings ({limit}): shorten one of them"
         )
+    return max_new_tokens
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
@@ -97,21 +159,37 @@ def decode_naive(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_toke
     return seq[:, input_ids.shape[1]:]
 
 
+READ_KEYS = ("input_ids", "attention_mask", "token_type_ids")  # a tokenizer's output; token types: unread
+
+
 def unpadded_ids(input_ids, attention_mask=None) -> torch.Tensor:
     """The prompt ids of ``input_ids`` (a tensor, or a tokenizer's output with its mask), refusing padded rows.
 
     Every strategy feeds each row's tokens at positions 0, 1, ...: a padded row would be decoded as if its padding
-    were prompt text, so a batch must hold prompts of one length, and a mask with any 0 is refused.
+    were prompt text, so a batch must hold prompts of one length, and a mask with any 0 is refused. A mask given
+    twice (in the tokenizer's output and as ``attention_mask=``) must be the same mask.
     """
     if isinstance(input_ids, Mapping):  # BatchEncoding or dict from a tokenizer
         if "input_ids" not in input_ids:
             raise ValueError(f"a mapping of inputs needs 'input_ids' (a tokenizer's output has it); got keys {list(input_ids)}")
+        unread = [k for k in input_ids if k not in READ_KEYS]
+        if unread:
+            raise ValueError(f"the inputs hold {unread}, which kvlab's strategies would not read: they decode from "
+                             "input_ids (and check attention_mask) only. Pass just those")
+        inner = input_ids.get("attention_mask")
         if attention_mask is None:
-            attention_mask = input_ids.get("attention_mask")
+            attention_mask = inner
+        elif inner is not None and inner is not attention_mask and not (
+                isinstance(inner, torch.Tensor) and isinstance(attention_mask, torch.Tensor)
+                and inner.shape == attention_mask.shape and bool((inner == attention_mask.to(inner.device)).all())):
+            raise ValueError("two different attention masks: the tokenizer's output holds one and attention_mask= "
+                             "gives another. Pass one of them: decode(model, inputs, n) or "
+                             "decode(model, inputs['input_ids'], n, attention_mask=mask)")
         input_ids = input_ids["input_ids"]
     if attention_mask is not None:
-        if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != tuple(getattr(input_ids, "shape", ())):
-            raise ValueError(f"attention_mask must be a tensor of the ids' shape {tuple(getattr(input_ids, 'shape', ()))}, "
+        _check_ids(input_ids)
+        if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != tuple(input_ids.shape):
+            raise ValueError(f"attention_mask must be a tensor of the ids' shape {tuple(input_ids.shape)}, "
                              f"got {tuple(getattr(attention_mask, 'shape', ())) or type(attention_mask).__name__}")
         if attention_mask.is_floating_point() or bool(((attention_mask != 0) & (attention_mask != 1)).any()):
             raise ValueError("attention_mask must hold only 0 (padding) and 1 (a token), as a tokenizer makes it; "

@@ -4,28 +4,26 @@ At batch 1 a decode step of a small model is a chain of tiny kernels, each too s
 launch; what costs time is how many there are, not the FLOPs. Two model-level changes remove kernels
 without changing what is computed:
 
-- ``fuse_projections(model)``: q/k/v become one matmul against the concatenated weight, gate/up another.
-  Each output element is still one dot product of the same row and column, so the tokens stay the same
-  (checked token-exact against ``"naive"`` by ``kvlab.lab.bench``).
+- ``fuse_projections(model)``: q/k/v become one matmul against the concatenated weight, gate/up
+  another. Each output element is still one dot product of the same row and column, so the tokens
+  stay the same (checked token-exact against ``"naive"`` by ``kvlab.lab.bench``).
 - ``"kvlab-decode"`` attention: for one query token, the query heads that share a key/value head are
   packed as rows of one attention call (what transformers does in eager mode, but not under
-  ``torch.compile``, where it copies the whole cache with ``repeat_kv`` in every layer at every step).
-- ``"kvlab-decode-reduction"`` attention (``attention="reduction"``): under ``torch.compile``, one query
-  token's attention written as two broadcast-multiply-sums and a softmax, in float32, for inductor to fuse.
-  Kept as an ablation that did not pay: on the H200 inductor fused the softmax statistics into the score
-  reduction, and the step got slower than with cuDNN's flash attention
-  (``data/attempts/h200_batch1_reduction_attention_be83364.json``). Outside compile it is ``"kvlab-decode"``.
-- ``"kvlab-decode-triton"`` attention (``attention="triton"``): one query token's attention as a hand-written
-  split-K Triton kernel (``kvlab.kernels.attention``): many programs share the cache slots, two short kernels;
-  ``graph-safe-compiled``'s attention on GPUs of compute capability 8.0 and newer (``"kvlab-decode"`` on older ones).
-- GEMV as a reduction (``gemv=True``): under ``torch.compile``, a linear layer applied to a handful of rows
-  is written ``(x * W).sum(-1)``. Inductor turns that into one reduction kernel over all output rows at
-  once (hundreds of thread blocks streaming the weight), with the producer of ``x`` (SiLU*up) and the
-  consumer (residual add) fused in; a matmul template at M=1 keeps most of the GPU idle. Eager code
-  (and more rows than ``REDUCTION_MAX_ROWS``) keeps ``F.linear``.
+  ``torch.compile``, where it copies the whole cache with ``repeat_kv`` in every layer at every
+  step).
+- ``"kvlab-decode-triton"`` attention (``attention="triton"``): one query token's attention as a
+  hand-written split-K Triton kernel (``kvlab.kernels.attention``): many programs share the cache
+  slots, two short kernels; ``graph-safe-compiled``'s attention on GPUs of compute capability 8.0
+  and newer (``"kvlab-decode"`` on older ones).
+- GEMV as a reduction (``gemv=True``): under ``torch.compile``, a linear layer applied to a handful
+  of rows is written ``(x * W).sum(-1)``. Inductor turns that into one reduction kernel over all
+  output rows at once (hundreds of thread blocks streaming the weight), with the producer of ``x``
+  (SiLU*up) and the consumer (residual add) fused in; a matmul template at M=1 keeps most of the GPU
+  idle. Eager code (and more rows than ``REDUCTION_MAX_ROWS``) keeps ``F.linear``.
 
-``fused_copy(model)`` applies them to a copy, so the original stays untouched; the copy is the caller's (a
-GraphSafeDecoder holds the one it decodes), and later edits to the original do not reach it.
+``fused_copy(model)`` applies them to a copy, so the original stays untouched; the copy is the
+caller's (a GraphSafeDecoder holds the one it decodes), and later edits to the original do not reach
+it.
 """
 
 from __future__ import annotations
@@ -39,89 +37,85 @@ import torch.nn.functional as F
 from torch import nn
 
 ATTENTION_NAME = "kvlab-decode"
-REDUCTION_ATTENTION_NAME = "kvlab-decode-reduction"
 TRITON_ATTENTION_NAME = "kvlab-decode-triton"
-ATTENTIONS = {True: ATTENTION_NAME, "reduction": REDUCTION_ATTENTION_NAME, "triton": TRITON_ATTENTION_NAME}
+ATTENTIONS = {True: ATTENTION_NAME, "triton": TRITON_ATTENTION_NAME}
 
 
-def packed_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """SDPA where one query token's heads sharing a kv head become rows: no ``repeat_kv`` copy of the cache.
+def packed_sdpa_attention(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs
+):
+    """SDPA where one query token's heads sharing a kv head become rows: no ``repeat_kv`` copy of
+    the cache.
 
-    query [b, heads, 1, d], key/value [b, kv_heads, L, d], mask [b, 1, 1, L] -> output [b, 1, heads, d].
+    query [b, heads, 1, d], key/value [b, kv_heads, L, d], mask [b, 1, 1, L] -> output [b, 1, heads,
+    d].
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     b, heads, q_len, d = query.shape
     kv_heads = key.shape[1]
     if q_len != 1 or heads == kv_heads:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    packed = query.reshape(b, kv_heads, heads // kv_heads, d)  # [b, kv_heads, group, d]: a group's heads as rows
-    out = F.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask, scale=scaling)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    # [b, kv_heads, group, d]: a group's heads as rows
+    packed = query.reshape(b, kv_heads, heads // kv_heads, d)
+    out = F.scaled_dot_product_attention(
+        packed, key, value, attn_mask=attention_mask, scale=scaling
+    )
     return out.reshape(b, heads, 1, d).transpose(1, 2), None  # [b, 1, heads, d]
 
 
-def reduction_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """Compiled, one query token: softmax(q.k * scale + mask) . v as broadcast multiply-sums, in float32.
+def triton_attention(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs
+):
+    """One query token: ``kvlab.kernels.attention``'s split-K Triton kernel, reading the cache in
+    place.
 
-    query [b, heads, 1, d], key/value [b, kv_heads, L, d], bool mask [b, 1, 1, L] (True: attend) -> [b, 1, heads, d].
-    Eager, or several query tokens (the prefill): ``packed_sdpa_attention``.
-    """
-    b, heads, q_len, d = query.shape
-    kv_heads, length = key.shape[1], key.shape[2]
-    if q_len != 1 or not torch.compiler.is_compiling():
-        return packed_sdpa_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    group = heads // kv_heads
-    q = query.reshape(b, kv_heads, group, 1, d).float()  # [b, kv_heads, group, 1, d]
-    scores = (q * key.unsqueeze(2).float()).sum(-1) * scaling  # [b, kv_heads, group, L]: reduction over d
-    if attention_mask is not None:
-        mask = attention_mask.reshape(b, 1, 1, length)  # the same mask for every head
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    probs = scores.softmax(dim=-1)  # [b, kv_heads, group, L]
-    out = (probs.unsqueeze(-1) * value.unsqueeze(2).float()).sum(-2)  # [b, kv_heads, group, d]: reduction over L
-    return out.to(query.dtype).reshape(b, heads, 1, d).transpose(1, 2), None  # [b, 1, heads, d]
-
-
-def triton_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """One query token: ``kvlab.kernels.attention``'s split-K Triton kernel, reading the cache in place.
-
-    Where it cannot run (no Triton, no CUDA, a GPU older than Ampere such as a T4, the prefill, other shapes):
-    ``packed_sdpa_attention``.
+    Where it cannot run (no Triton, no CUDA, a GPU older than Ampere such as a T4, the prefill,
+    other shapes): ``packed_sdpa_attention``.
     """
     from .kernels import attention, common
 
     if not (common.available(query) and attention.supports(query, key, value, attention_mask)):
-        return packed_sdpa_attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return packed_sdpa_attention(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     return attention.decode_attention(query, key, value, attention_mask, scaling), None
 
 
 def register_decode_attention() -> None:
-    """Make ``"kvlab-decode"``, ``"kvlab-decode-reduction"`` and ``"kvlab-decode-triton"`` transformers attention
-    implementations (their masks are built as for ``"sdpa"``)."""
+    """Make ``"kvlab-decode"`` and ``"kvlab-decode-triton"`` transformers attention implementations
+    (their masks are built as for ``"sdpa"``)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    functions = {ATTENTION_NAME: packed_sdpa_attention, REDUCTION_ATTENTION_NAME: reduction_attention,
-                 TRITON_ATTENTION_NAME: triton_attention}
+    functions = {ATTENTION_NAME: packed_sdpa_attention, TRITON_ATTENTION_NAME: triton_attention}
     for name, fn in functions.items():
         AttentionInterface.register(name, fn)
         AttentionMaskInterface.register(name, sdpa_mask)
 
 
-def _fused_attention_forward(self, hidden_states, position_embeddings=None, attention_mask=None, cache=None, **kwargs):
+def _fused_attention_forward(
+    self, hidden_states, position_embeddings=None, attention_mask=None, cache=None, **kwargs
+):
     """transformers' Llama attention forward, with one ``qkv_proj`` matmul instead of three."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     rotary = sys.modules[type(self).__module__].apply_rotary_pos_emb
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, self.head_dim)
-    q, k, v = self.qkv_proj(hidden_states).split(self.qkv_sizes, dim=-1)  # one matmul: [b, t, (h + 2 kv_h) d]
+    # one matmul: [b, t, (h + 2 kv_h) d]
+    q, k, v = self.qkv_proj(hidden_states).split(self.qkv_sizes, dim=-1)
     q, k, v = (x.view(hidden_shape).transpose(1, 2) for x in (q, k, v))  # [b, heads, t, d]
     cos, sin = position_embeddings
     q, k = rotary(q, k, cos, sin)
     if cache is not None:
         k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
     attention = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
-    out, weights = attention(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, **kwargs)
+    out, weights = attention(
+        self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, **kwargs
+    )
     out = self.o_proj(out.reshape(*input_shape, -1).contiguous())
     return out, weights
 
@@ -132,19 +126,23 @@ def _fused_mlp_forward(self, x):
     return self.down_proj(self.act_fn(gate) * up)
 
 
-REDUCTION_MAX_ROWS = 8  # up to this many rows (batch x tokens), a compiled linear is written as a reduction
+# up to this many rows (batch x tokens), a compiled linear is written as a reduction
+REDUCTION_MAX_ROWS = 8
 
 
 def _gemv_linear_forward(self, x):
-    """``F.linear``, except under torch.compile for few rows: ``(x * W).sum(-1)``, one fused reduction kernel."""
+    """``F.linear``, except under torch.compile for few rows: ``(x * W).sum(-1)``, one fused
+    reduction kernel."""
     if torch.compiler.is_compiling() and x.numel() // x.shape[-1] <= REDUCTION_MAX_ROWS:
-        y = (x.unsqueeze(-2) * self.weight).sum(-1)  # [..., 1, in] * [out, in] -> sum over in -> [..., out]
+        # [..., 1, in] * [out, in] -> sum over in -> [..., out]
+        y = (x.unsqueeze(-2) * self.weight).sum(-1)
         return y if self.bias is None else y + self.bias
     return F.linear(x, self.weight, self.bias)
 
 
 def use_gemv(model) -> None:
-    """In place: every ``nn.Linear`` of the model (lm_head included) takes the reduction path when compiled."""
+    """In place: every ``nn.Linear`` of the model (lm_head included) takes the reduction path when
+    compiled."""
     for module in model.modules():
         if isinstance(module, nn.Linear):
             module.forward = types.MethodType(_gemv_linear_forward, module)
@@ -152,7 +150,9 @@ def use_gemv(model) -> None:
 
 def _concat_linear(layers: list[nn.Linear]) -> nn.Linear:
     first = layers[0]
-    fused = nn.Linear(first.in_features, sum(x.out_features for x in layers), bias=first.bias is not None)
+    fused = nn.Linear(
+        first.in_features, sum(x.out_features for x in layers), bias=first.bias is not None
+    )
     fused = fused.to(device=first.weight.device, dtype=first.weight.dtype)
     with torch.no_grad():
         fused.weight.copy_(torch.cat([x.weight for x in layers], dim=0))  # [sum(out), in]
@@ -162,21 +162,28 @@ def _concat_linear(layers: list[nn.Linear]) -> nn.Linear:
 
 
 def fuse_projections(model):
-    """In place: every attention gets ``qkv_proj``, every MLP ``gate_up_proj``; the separate ones are dropped.
+    """In place: every attention gets ``qkv_proj``, every MLP ``gate_up_proj``; the separate ones
+    are dropped.
 
-    Supports the Llama-style layout (``q_proj``/``k_proj``/``v_proj``/``o_proj``, ``gate_proj``/``up_proj``/``down_proj``),
-    i.e. Llama, Mistral, Qwen2; architectures with extra per-head norms (Qwen3) are refused.
+    Supports the Llama-style layout (``q_proj``/``k_proj``/``v_proj``/``o_proj``,
+    ``gate_proj``/``up_proj``/``down_proj``), i.e. Llama, Mistral, Qwen2; architectures with extra
+    per-head norms (Qwen3) are refused.
     """
     decoder = model.model if hasattr(model, "model") else model
     for layer in decoder.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        if not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")) or hasattr(attn, "q_norm"):
+        if not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")) or hasattr(
+            attn, "q_norm"
+        ):
             raise ValueError(
-                f"fuse_projections supports Llama-style attention (Llama, Mistral, Qwen2); {type(attn).__name__} "
-                "differs. Run the strategy with fuse=False."
+                "fuse_projections supports Llama-style attention (Llama, Mistral, Qwen2); "
+                f"{type(attn).__name__} differs. Run the strategy with fuse=False."
             )
         if not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
-            raise ValueError(f"fuse_projections needs a gate/up/down MLP; {type(mlp).__name__} has none. Use fuse=False.")
+            raise ValueError(
+                f"fuse_projections needs a gate/up/down MLP; {type(mlp).__name__} has none. Use "
+                "fuse=False."
+            )
         parts = [attn.q_proj, attn.k_proj, attn.v_proj]
         attn.qkv_sizes = [p.out_features for p in parts]
         attn.qkv_proj = _concat_linear(parts)
@@ -189,9 +196,9 @@ def fuse_projections(model):
 
 
 def fused_copy(model, *, fuse: bool = True, attention: bool | str = True, gemv: bool = False):
-    """A new copy of ``model`` with fused projections, a decode attention (``True``: ``"kvlab-decode"``,
-    ``"reduction"``: ``"kvlab-decode-reduction"``, ``"triton"``: ``"kvlab-decode-triton"``) and/or GEMV
-    reductions. A copy: it holds the weights as they are now (as much memory again)."""
+    """A new copy of ``model`` with fused projections, a decode attention (``True``:
+    ``"kvlab-decode"``, ``"triton"``: ``"kvlab-decode-triton"``) and/or GEMV reductions. A copy: it
+    holds the weights as they are now (as much memory again)."""
     if attention is not False and attention not in ATTENTIONS:
         raise ValueError(f"attention must be False or one of {list(ATTENTIONS)}, got {attention!r}")
     fast = copy.deepcopy(model)

@@ -1,8 +1,10 @@
-"""HuggingFace's own caches in the course's decode loop (lesson 03): DynamicCache (grows), StaticCache
-(preallocated), ``model.generate``, and a StaticCache step compiled by ``torch.compile(mode="reduce-overhead")``.
+"""HuggingFace's own caches in the course's decode loop (lesson 03): DynamicCache (grows),
+StaticCache (preallocated), ``model.generate``, and a StaticCache step compiled by
+``torch.compile(mode="reduce-overhead")``.
 
-Every loop here is token-exact against ``"naive"``. Lesson 04's first attempt at replaying a StaticCache step
-as a captured graph, which is not, lives beside lesson 04's other failures in ``kvlab.failures``.
+Every loop here is token-exact against ``"naive"``. Lesson 04's first attempt at replaying a
+StaticCache step as a captured graph, which is not, lives beside lesson 04's other failures in
+``kvlab.failures``.
 """
 
 from __future__ import annotations
@@ -16,20 +18,23 @@ from .sizes import model_sizes
 
 
 def make_static_cache(model, max_cache_len: int) -> StaticCache:
-    """A vanilla ``StaticCache`` for ``model``; its layers allocate ``[batch, kv_heads, max_cache_len, head_dim]`` on first use."""
+    """A vanilla ``StaticCache`` for ``model``; its layers allocate ``[batch, kv_heads,
+    max_cache_len, head_dim]`` on first use."""
     if not isinstance(max_cache_len, int) or isinstance(max_cache_len, bool) or max_cache_len < 1:
         raise ValueError(f"max_cache_len must be a positive int, got {max_cache_len!r}")
     return StaticCache(config=model.config, max_cache_len=max_cache_len)
 
 
 def check_room(cache, prompt_len: int, max_new_tokens: int, *, config=None) -> None:
-    """Refuse, before any write, a decode that would not fit in a static cache (a device-side assert on a GPU).
+    """Refuse, before any write, a decode that would not fit in a static cache (a device-side assert
+    on a GPU).
 
-    A full-attention layer must hold every token but the last one. A sliding-window layer (``is_sliding``) holds
-    ``min(max_cache_len, sliding_window)`` slots and rolls once full (transformers 5.24's ``StaticSlidingWindowLayer``),
-    so it serves any length when it holds the whole window: it needs ``min(need, sliding_window)`` slots. The
-    windows are read from ``config`` (the model's); without it a sliding layer's slots are taken as its window only
-    where they are known to be (``max_cache_len`` was above the window).
+    A full-attention layer must hold every token but the last one. A sliding-window layer
+    (``is_sliding``) holds ``min(max_cache_len, sliding_window)`` slots and rolls once full
+    (transformers 5.24's ``StaticSlidingWindowLayer``), so it serves any length when it holds the
+    whole window: it needs ``min(need, sliding_window)`` slots. The windows are read from ``config``
+    (the model's); without it a sliding layer's slots are taken as its window only where they are
+    known to be (``max_cache_len`` was above the window).
     """
     need = prompt_len + max_new_tokens - 1  # the last token is returned, never written
     windows = _sliding_windows(config, len(cache.layers))
@@ -39,7 +44,11 @@ def check_room(cache, prompt_len: int, max_new_tokens: int, *, config=None) -> N
         if slots is None or slots <= 0:
             continue  # a layer that grows (a DynamicCache's)
         window = windows[i] if getattr(layer, "is_sliding", False) else None
-        if window is None and getattr(layer, "is_sliding", False) and not getattr(layer, "is_croppable", True):
+        if (
+            window is None
+            and getattr(layer, "is_sliding", False)
+            and not getattr(layer, "is_croppable", True)
+        ):
             window = slots  # max_cache_len was above the window: the layer holds exactly the window
         wanted.append((slots, need if window is None else min(need, window), window))
     short = [(slots, needs, window) for slots, needs, window in wanted if slots < needs]
@@ -49,19 +58,21 @@ def check_room(cache, prompt_len: int, max_new_tokens: int, *, config=None) -> N
     asked = max(needs for _, needs, _ in wanted)
     if window is None:
         raise ValueError(
-            f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) needs {need} cache slots but the cache holds "
-            f"max_cache_len={slots}: make a cache with max_cache_len >= {asked}"
+            f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) needs {need} cache slots "
+            f"but the cache holds max_cache_len={slots}: make a cache with max_cache_len >= {asked}"
         )
     raise ValueError(
-        f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) needs {need} positions; this model's sliding-window "
-        f"layers (window {window}) keep the last min(max_cache_len, {window}) tokens and roll, so they need "
-        f"max_cache_len >= min({need}, {window}) = {needs}, and this cache's sliding layers hold only {slots}: make a cache with "
+        f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) needs {need} positions; this "
+        f"model's sliding-window layers (window {window}) keep the last min(max_cache_len, "
+        f"{window}) tokens and roll, so they need max_cache_len >= min({need}, {window}) = "
+        f"{needs}, and this cache's sliding layers hold only {slots}: make a cache with "
         f"max_cache_len >= {asked}"
     )
 
 
 def _sliding_windows(config, layers: int) -> list[int | None]:
-    """Each layer's sliding window from the model's config (transformers' own reading of it), None where none."""
+    """Each layer's sliding window from the model's config (transformers' own reading of it), None
+    where none."""
     if config is None:
         return [None] * layers
     from transformers.cache_utils import get_layer_types_and_kwargs
@@ -72,8 +83,9 @@ def _sliding_windows(config, layers: int) -> list[int | None]:
 
 
 def check_cache_for(model, cache, kind=None, *, batch: int | None = None) -> None:
-    """Refuse a cache that cannot belong to ``model`` before anything is written: another class than ``kind``, other
-    layer counts, or (layers already allocated) other kv heads, head_dim, dtype or device."""
+    """Refuse a cache that cannot belong to ``model`` before anything is written: another class than
+    ``kind``, other layer counts, or (layers already allocated) other kv heads, head_dim, dtype or
+    device."""
     from transformers.cache_utils import Cache
 
     kind = kind or Cache
@@ -81,50 +93,67 @@ def check_cache_for(model, cache, kind=None, *, batch: int | None = None) -> Non
         raise TypeError(f"cache must be a transformers {kind.__name__}, got {type(cache).__name__}")
     sizes = model_sizes(model.config)
     if cache.layers and len(cache.layers) != sizes.layers:
-        raise ValueError(f"the cache has {len(cache.layers)} layers but the model has {sizes.layers}: build it from "
-                         "this model's config, e.g. DynamicCache(config=model.config)")
+        raise ValueError(
+            f"the cache has {len(cache.layers)} layers but the model has {sizes.layers}: build it "
+            "from this model's config, e.g. DynamicCache(config=model.config)"
+        )
     param = next(model.parameters())
     for layer in cache.layers:
         keys = getattr(layer, "keys", None)
-        if not isinstance(keys, torch.Tensor) or keys.dim() != 4 or not getattr(layer, "is_initialized", True):
+        if (
+            not isinstance(keys, torch.Tensor)
+            or keys.dim() != 4
+            or not getattr(layer, "is_initialized", True)
+        ):
             continue
         if batch is not None and keys.shape[0] != batch:
-            raise ValueError(f"the cache's buffers were made for batch {keys.shape[0]}, this decode has batch {batch}: "
-                             "pass a fresh cache (a StaticCache allocates its buffers for the first batch it sees)")
+            raise ValueError(
+                f"the cache's buffers were made for batch {keys.shape[0]}, this decode has batch "
+                f"{batch}: pass a fresh cache (a StaticCache allocates its buffers for the first "
+                "batch it sees)"
+            )
         got = (keys.shape[1], keys.shape[-1], keys.dtype, keys.device)
         want = (sizes.kv_heads, sizes.head_dim, param.dtype, param.device)
         if got != want:
-            raise ValueError(f"the cache holds buffers of {got[0]} kv heads, head_dim {got[1]}, {got[2]} on {got[3]}; "
-                             f"this model needs {want[0]}, {want[1]}, {want[2]} on {want[3]}: pass a fresh cache made "
-                             "for this model (and dtype)")
+            raise ValueError(
+                f"the cache holds buffers of {got[0]} kv heads, head_dim {got[1]}, {got[2]} on "
+                f"{got[3]}; this model needs {want[0]}, {want[1]}, {want[2]} on {want[3]}: pass a "
+                "fresh cache made for this model (and dtype)"
+            )
 
 
 def require_empty(cache) -> None:
-    """Refuse a cache that already holds tokens: decoding into it would silently continue its earlier sequence."""
-    held = int(cache.get_seq_length())
-    if held:
+    """Refuse a cache that already holds tokens: decoding into it would silently continue its
+    earlier sequence."""
+    cached_tokens = int(cache.get_seq_length())
+    if cached_tokens:
         raise ValueError(
-            f"this cache already holds {held} tokens of an earlier decode: decoding into it would continue that "
-            "sequence, not start yours (re-running a notebook cell that reuses a cache does exactly this). Pass a "
-            "fresh cache, or empty this one first: `with torch.inference_mode(): cache.reset()` (kvlab's loops made "
-            "its tensors in inference mode, and only there can they be written in place)."
+            f"this cache already holds {cached_tokens} tokens of an earlier decode: decoding into "
+            "it would continue that sequence, not start yours (re-running a notebook cell that "
+            "reuses a cache does exactly this). Pass a fresh cache, or empty this one first: `with "
+            "torch.inference_mode(): cache.reset()` (kvlab's loops made its tensors in inference "
+            "mode, and only there can they be written in place)."
         )
 
 
-def cached_loop(model, input_ids, max_new_tokens, cache, *, step=None, on_token: OnToken = None) -> torch.Tensor:
+def cached_loop(
+    model, input_ids, max_new_tokens, cache, *, step=None, on_token: OnToken = None
+) -> torch.Tensor:
     """Prefill once, then feed one token per step; the cache keeps everything else.
 
-    ``step(ids [batch, 1]) -> next ids [batch, 1]``: the decode step (default: the model's forward over ``cache``
-    and argmax, eagerly; ``compile_step`` gives a compiled one).
+    ``step(ids [batch, 1]) -> next ids [batch, 1]``: the decode step (default: the model's forward
+    over ``cache`` and argmax, eagerly; ``compile_step`` gives a compiled one).
     """
     step = step or decode_step_fn(model, cache)
-    logits = model(input_ids, cache=cache).logits  # [batch, prompt_len, vocab]: the prefill, eagerly
+    # [batch, prompt_len, vocab]: the prefill, eagerly
+    logits = model(input_ids, cache=cache).logits
     next_ids = greedy(logits)  # [batch, 1]
     out = [next_ids]
     if on_token is not None:
         on_token(0, next_ids)
     for i in range(1, max_new_tokens):
-        next_ids = step(next_ids).clone()  # [batch, 1]: only the new token is computed (clone: a cudagraph output
+        # [batch, 1]: only the new token is computed (clone: a cudagraph output
+        next_ids = step(next_ids).clone()
         out.append(next_ids)  # is overwritten by the next call)
         if on_token is not None:
             on_token(i, next_ids)
@@ -132,8 +161,11 @@ def cached_loop(model, input_ids, max_new_tokens, cache, *, step=None, on_token:
 
 
 @torch.inference_mode()
-def decode_dynamic(model, input_ids, max_new_tokens, *, on_token: OnToken = None, cache=None) -> torch.Tensor:
-    """Own loop over ``transformers.DynamicCache``: each layer's keys/values grow by one token per step (torch.cat)."""
+def decode_dynamic(
+    model, input_ids, max_new_tokens, *, on_token: OnToken = None, cache=None
+) -> torch.Tensor:
+    """Own loop over ``transformers.DynamicCache``: each layer's keys/values grow by one token per
+    step (torch.cat)."""
     cache = DynamicCache(config=model.config) if cache is None else cache
     check_cache_for(model, cache, DynamicCache, batch=input_ids.shape[0])
     require_empty(cache)
@@ -143,19 +175,25 @@ def decode_dynamic(model, input_ids, max_new_tokens, *, on_token: OnToken = None
 @torch.inference_mode()
 def decode_static(model, input_ids, max_new_tokens, *, on_token: OnToken = None, cache=None,
                   max_cache_len: int | None = None) -> torch.Tensor:
-    """Own loop over ``transformers.StaticCache``: buffers of ``max_cache_len`` slots, written in place by ``index_copy_``.
+    """Own loop over ``transformers.StaticCache``: buffers of ``max_cache_len`` slots, written in
+    place by ``index_copy_``.
 
     Pass ``cache`` to inspect it afterwards (it must be empty, e.g. fresh or ``cache.reset()``).
     """
     if cache is None:
-        cache = make_static_cache(model, input_ids.shape[1] + max_new_tokens if max_cache_len is None else max_cache_len)
+        cache = make_static_cache(
+            model, input_ids.shape[1] + max_new_tokens if max_cache_len is None else max_cache_len
+        )
     check_cache_for(model, cache, StaticCache, batch=input_ids.shape[0])
     require_empty(cache)
     check_room(cache, input_ids.shape[1], max_new_tokens, config=model.config)
-    if not cache.is_initialized:  # allocate the buffers outside inference mode: then cache.reset() works anywhere
+    # allocate the buffers outside inference mode: then cache.reset() works anywhere
+    if not cache.is_initialized:
         sizes, param = model_sizes(model.config), next(model.parameters())
         with torch.inference_mode(False):
-            cache.early_initialization(input_ids.shape[0], sizes.kv_heads, sizes.head_dim, param.dtype, param.device)
+            cache.early_initialization(
+                input_ids.shape[0], sizes.kv_heads, sizes.head_dim, param.dtype, param.device
+            )
     return cached_loop(model, input_ids, max_new_tokens, cache, on_token=on_token)
 
 
@@ -172,8 +210,9 @@ def decode_step_fn(model, cache):
 
 
 class _OnTokenStreamer:
-    """A ``generate`` streamer (``transformers.generation.streamers.BaseStreamer``'s two methods) that hands each new
-    token to ``on_token``. generate calls ``put`` with the prompt first, then with each step's tokens ``[batch]``."""
+    """A ``generate`` streamer (``transformers.generation.streamers.BaseStreamer``'s two methods)
+    that hands each new token to ``on_token``. generate calls ``put`` with the prompt first, then
+    with each step's tokens ``[batch]``."""
 
     def __init__(self, on_token):
         self.on_token, self.step = on_token, -1
@@ -190,25 +229,38 @@ class _OnTokenStreamer:
 @torch.inference_mode()
 def decode_generate(model, input_ids, max_new_tokens, *, on_token: OnToken = None,
                     cache_implementation: str = "static") -> torch.Tensor:
-    """``model.generate``, greedy, exactly ``max_new_tokens`` tokens (no stop at the end-of-sequence token, like the
-    course's loops). With ``"static"`` on a GPU it compiles the step itself. ``on_token`` is fed through a streamer,
-    which copies each step's tokens to the host (one sync per token)."""
+    """``model.generate``, greedy, exactly ``max_new_tokens`` tokens (no stop at the end-of-sequence
+    token, like the course's loops). With ``"static"`` on a GPU it compiles the step itself.
+    ``on_token`` is fed through a streamer, which copies each step's tokens to the host (one sync
+    per token)."""
     pad = model.generation_config.pad_token_id
-    out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
-                         min_new_tokens=None, do_sample=False, cache_implementation=cache_implementation,
-                         eos_token_id=None, pad_token_id=pad if pad is not None else 0,
-                         streamer=_OnTokenStreamer(on_token) if on_token is not None else None)
+    out = model.generate(
+        input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+        min_new_tokens=None, do_sample=False, cache_implementation=cache_implementation,
+        eos_token_id=None, pad_token_id=pad if pad is not None else 0,
+        streamer=_OnTokenStreamer(on_token) if on_token is not None else None
+    )
     return out[:, input_ids.shape[1]:]
 
 
 @torch.inference_mode()
-def decode_compiled(model, input_ids, max_new_tokens, *, on_token: OnToken = None, mode: str = "reduce-overhead",
-                    compiled_step=None, cache=None) -> torch.Tensor:
-    """Own loop over a StaticCache whose decode step runs through ``torch.compile(mode=..., fullgraph=True)``.
+def decode_compiled(
+    model,
+    input_ids,
+    max_new_tokens,
+    *,
+    on_token: OnToken = None,
+    mode: str = "reduce-overhead",
+    compiled_step=None,
+    cache=None,
+) -> torch.Tensor:
+    """Own loop over a StaticCache whose decode step runs through ``torch.compile(mode=...,
+    fullgraph=True)``.
 
-    ``compiled_step``: a ``compile_step(model, cache)`` result to reuse (compilation then happens once), with the
-    ``cache`` it was compiled over (emptied in place first). On a GPU, ``"reduce-overhead"`` also captures CUDA
-    graphs (torch's own, with the bookkeeping lesson 05 does by hand).
+    ``compiled_step``: a ``compile_step(model, cache)`` result to reuse (compilation then happens
+    once), with the ``cache`` it was compiled over (emptied in place first). On a GPU,
+    ``"reduce-overhead"`` also captures CUDA graphs (torch's own, with the bookkeeping lesson 05
+    does by hand).
     """
     if cache is None:
         if compiled_step is not None:
@@ -223,46 +275,59 @@ def decode_compiled(model, input_ids, max_new_tokens, *, on_token: OnToken = Non
 
 def reduce_overhead_state(model, input_ids, max_new_tokens, *, max_cache_len: int | None = None,
                           dynamic: bool | None = None) -> dict:
-    """What ``decode_reduce_overhead`` builds for one call: a StaticCache (``max_cache_len``, else prompt + new
-    tokens) and the step compiled over it (``dynamic``: passed to ``torch.compile``; True: one compile for every
-    batch size). Pass them back (``**state``) to reuse the compiled graphs in later calls."""
+    """What ``decode_reduce_overhead`` builds for one call: a StaticCache (``max_cache_len``, else
+    prompt + new tokens) and the step compiled over it (``dynamic``: passed to ``torch.compile``;
+    True: one compile for every batch size). Pass them back (``**state``) to reuse the compiled
+    graphs in later calls."""
     length = input_ids.shape[1] + max_new_tokens if max_cache_len is None else max_cache_len
     cache = make_static_cache(model, length)
     return {"cache": cache, "compiled_step": compile_step(model, cache, dynamic=dynamic)}
 
 
-def decode_reduce_overhead(model, input_ids, max_new_tokens, *, on_token: OnToken = None, cache=None,
-                           compiled_step=None, **settings) -> torch.Tensor:
-    """The ``"reduce-overhead"`` strategy: ``decode_compiled`` over ``cache`` with ``compiled_step`` (else those of
-    ``reduce_overhead_state(model, ..., **settings)``, built for this call)."""
+def decode_reduce_overhead(
+    model, input_ids, max_new_tokens, *, on_token: OnToken = None, cache=None, compiled_step=None,
+    **settings
+) -> torch.Tensor:
+    """The ``"reduce-overhead"`` strategy: ``decode_compiled`` over ``cache`` with ``compiled_step``
+    (else those of ``reduce_overhead_state(model, ..., **settings)``, built for this call)."""
     if compiled_step is None:
         if cache is not None:
-            raise ValueError("pass the cache that compiled_step was compiled over with it (reduce_overhead_state)")
-        cache, compiled_step = reduce_overhead_state(model, input_ids, max_new_tokens, **settings).values()
-    return decode_compiled(model, input_ids, max_new_tokens, on_token=on_token, compiled_step=compiled_step,
-                           cache=cache)
+            raise ValueError(
+                "pass the cache that compiled_step was compiled over with it "
+                "(reduce_overhead_state)"
+            )
+        cache, compiled_step = reduce_overhead_state(
+            model, input_ids, max_new_tokens, **settings
+        ).values()
+    return decode_compiled(
+        model, input_ids, max_new_tokens, on_token=on_token, compiled_step=compiled_step,
+        cache=cache
+    )
 
 
 def compile_step(model, cache, *, mode: str = "reduce-overhead", dynamic: bool | None = None):
-    """``torch.compile`` of the decode step over ``cache`` (one graph, no break allowed: ``fullgraph=True``)."""
+    """``torch.compile`` of the decode step over ``cache`` (one graph, no break allowed:
+    ``fullgraph=True``)."""
     param = next(model.parameters())
     check_dtype(param.device, param.dtype)  # bf16 on a GPU without it (a T4): say to use float16
     return torch.compile(decode_step_fn(model, cache), mode=mode, fullgraph=True, dynamic=dynamic)
 
 
 def graph_breaks(fn, *args):
-    """What ``torch._dynamo.explain`` finds when it traces ``fn(*args)``: ``.graph_count``, ``.graph_break_count``,
-    ``.break_reasons``. A graph break is what ``fullgraph=True`` forbids and a CUDA graph cannot span."""
+    """What ``torch._dynamo.explain`` finds when it traces ``fn(*args)``: ``.graph_count``,
+    ``.graph_break_count``, ``.break_reasons``. A graph break is what ``fullgraph=True`` forbids and
+    a CUDA graph cannot span."""
     torch.compiler.reset()
     return torch._dynamo.explain(fn)(*args)
 
 
 class CountedCompile:
-    """``torch.compile(fn, **options)`` that counts the graphs Dynamo compiles *for its own calls*: the first
-    compile and every recompile (a guard that failed: a changed shape, a changed Python value). Call it like ``fn``;
-    read ``compiles``. torch has no public counter for this (``torch._dynamo.utils.counters`` is private), so kvlab
-    keeps the bookkeeping here. ``backend="eager"`` runs Dynamo alone (its guards, no inductor): cheap, and the
-    guards, hence the recompiles, are the same whatever the backend.
+    """``torch.compile(fn, **options)`` that counts the graphs Dynamo compiles *for its own calls*:
+    the first compile and every recompile (a guard that failed: a changed shape, a changed Python
+    value). Call it like ``fn``; read ``compiles``. torch has no public counter for this
+    (``torch._dynamo.utils.counters`` is private), so kvlab keeps the bookkeeping here.
+    ``backend="eager"`` runs Dynamo alone (its guards, no inductor): cheap, and the guards, hence
+    the recompiles, are the same whatever the backend.
     """
 
     def __init__(self, fn, **options):
@@ -272,7 +337,8 @@ class CountedCompile:
         self.calls = 0
 
     def __call__(self, *args, **kwargs):
-        from torch._dynamo.utils import counters  # private: read only here, behind this public class
+        # private: read only here, behind this public class
+        from torch._dynamo.utils import counters
 
         before = counters["stats"]["unique_graphs"]
         try:
@@ -283,6 +349,7 @@ class CountedCompile:
 
 
 def counted_compile(fn, **options) -> CountedCompile:
-    """``torch.compile(fn, **options)`` whose ``.compiles`` says how many graphs were compiled for it (see
-    :class:`CountedCompile`). Example: ``step = counted_compile(f, backend="eager", fullgraph=True)``."""
+    """``torch.compile(fn, **options)`` whose ``.compiles`` says how many graphs were compiled for
+    it (see :class:`CountedCompile`). Example: ``step = counted_compile(f, backend="eager",
+    fullgraph=True)``."""
     return CountedCompile(fn, **options)

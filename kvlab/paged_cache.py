@@ -65,6 +65,8 @@ class BlockAllocator:
         return len(self._used)
 
     def allocate(self, n: int = 1) -> list[int]:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"allocate takes a number of blocks, an int >= 0, got {n!r:.80}")
         if n > len(self._free):
             raise OutOfBlocksError(
                 f"asked for {n} block(s) but only {len(self._free)} of {self.num_blocks} are free: free the blocks of "
@@ -105,6 +107,10 @@ def memory_accounting(lengths, block_size: int, token_bytes: int, batch: int | N
     request. Returns ``per_request`` (list of bytes), ``paged``, ``static`` and ``paged_fraction`` (paged / static).
     """
     lengths = [int(n) for n in lengths]
+    if any(n < 0 for n in lengths):
+        raise ValueError(f"lengths are tokens in the cache, >= 0; got {lengths}")
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r:.80}")
     batch = len(lengths) if batch is None else batch
     per_request = [blocks_for(n, block_size) * block_size * token_bytes for n in lengths]
     static = batch * max(lengths, default=0) * token_bytes
@@ -220,16 +226,34 @@ class PagedKVCache(Cache):
         return 2 * len(self.layers) * self.block_size * self.kv_heads * self.head_dim * layer.keys.element_size()
 
     @contextmanager
-    def reading(self, block_table: torch.Tensor, slot_mapping: torch.Tensor):
+    def reading(self, block_table: torch.Tensor, slot_mapping: torch.Tensor, *, check_ids: bool = True):
         """Inside: ``update`` writes incoming token ``t`` of row ``b`` to pool slot ``slot_mapping[b, t]`` and returns
         row ``b``'s blocks ``block_table[b]``, gathered. Enter it inside a captured step, so that the gather's index
-        is computed from the static buffers at every replay."""
+        is computed from the static buffers at every replay.
+
+        ``check_ids``: block ids must lie in ``0 .. num_blocks - 1`` and slots in ``0 .. trash_slot``, checked here
+        with one host read of both tables' min and max (an id out of range would be a device-side assert on a GPU).
+        A caller whose tables come from its own ``BlockAllocator`` (``ContinuousBatcher``) passes False: no host
+        sync inside its captured step."""
+        pool_device = self.layers[0].keys.device
         for name, t, width in (("block_table", block_table, self.max_blocks_per_request), ("slot_mapping", slot_mapping, None)):
             if (not isinstance(t, torch.Tensor) or t.dim() != 2 or t.dtype != torch.long
                     or (width is not None and t.shape[1] != width)):
                 raise PagedCacheError(f"{name} must be a long tensor [batch, {width or 'T'}], got {t!r:.80}")
+            if t.device != pool_device:
+                raise PagedCacheError(f"{name} is on {t.device} but the pools are on {pool_device}: move it there")
         if block_table.shape[0] != slot_mapping.shape[0]:
             raise PagedCacheError(f"block_table has {block_table.shape[0]} rows but slot_mapping {slot_mapping.shape[0]}")
+        if check_ids and block_table.numel() and slot_mapping.numel():
+            blocks, slots = block_table.aminmax(), slot_mapping.aminmax()
+            ranges = torch.stack([blocks.min, blocks.max, slots.min, slots.max]).tolist()  # one host read
+            for name, (low, high), top in (("block_table", ranges[:2], self.num_blocks - 1),
+                                           ("slot_mapping", ranges[2:], self.trash_slot)):
+                if low < 0 or high > top:
+                    raise PagedCacheError(
+                        f"{name} holds ids {low} .. {high}, but this cache's {name.split('_')[0]} ids run 0 .. {top} "
+                        f"({self.num_blocks} blocks of {self.block_size} slots, trash slot {self.trash_slot}): "
+                        "use ids from its BlockAllocator and kvlab.paged_cache.slots_of")
         self._table, self._slots = block_table, slot_mapping
         try:
             yield self

@@ -153,10 +153,13 @@ def gpu_supports(device: torch.device | str, capability: tuple[int, int]) -> boo
     return device.type == "cuda" and _at_least(device.index, *capability)
 
 
-@torch.compiler.assume_constant_result
 def _at_least(index: int | None, major: int, minor: int) -> bool:
     found = gpu_capability(index)
     return found is not None and found >= (major, minor)
+
+
+# What torch.compiler.assume_constant_result sets, without importing torch._dynamo (and Triton) with kvlab.
+_at_least._dynamo_marked_constant = True
 
 
 def gpu_capability(index: int | None = None) -> tuple[int, int] | None:

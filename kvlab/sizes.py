@@ -1,12 +1,13 @@
-"""Size arithmetic from a model's config: FLOPs of a forward pass, bytes of a KV cache, the bandwidth floor of a step.
+"""Size arithmetic from a model's config: FLOPs of a forward pass, bytes of a KV cache, the
+bandwidth floor of a step.
 
-``model_sizes`` is the one reader of a config; everything else here is arithmetic on what it returns.
+``model_sizes`` is the one reader of a config; everything else here is arithmetic on what it
+returns.
 
-**FLOPs** (lesson 01).
-A multiply-add is 2 FLOPs. A pass feeds ``q`` new tokens (the queries) to a model that already holds
-``past`` tokens, so each query attends to the keys before it: ``ctx = past + q`` keys in all.
-With ``h`` = hidden size, ``H`` = query heads, ``K`` = kv heads, ``d`` = head dim, ``I`` = MLP width,
-``V`` = vocabulary, ``N`` = layers, ``B`` = batch:
+**FLOPs** (lesson 01). A multiply-add is 2 FLOPs. A pass feeds ``q`` new tokens (the queries) to a
+model that already holds ``past`` tokens, so each query attends to the keys before it: ``ctx = past
++ q`` keys in all. With ``h`` = hidden size, ``H`` = query heads, ``K`` = kv heads, ``d`` = head
+dim, ``I`` = MLP width, ``V`` = vocabulary, ``N`` = layers, ``B`` = batch:
 
     projections  = N * B * q * 2*h*(H*d + 2*K*d + H*d)      # W_q, W_k, W_v in; W_o out
     attention    = N * B * 2 * 2*H*d * pairs                 # Q·K^T scores, then weights · V
@@ -14,25 +15,26 @@ With ``h`` = hidden size, ``H`` = query heads, ``K`` = kv heads, ``d`` = head di
     lm_head      = B * logits * 2*h*V                         # logits = q (HF default) or 1
 
 ``pairs`` counts the (query, key) pairs that attention computes. With ``causal=True`` only the pairs
-the causal mask keeps: query ``j`` of the ``q`` sees ``past + j + 1`` keys, so
-``pairs = q*past + q*(q+1)/2``. With ``causal=False`` the full rectangle ``q * ctx``, which is what a
-kernel that ignores the mask computes and what ``torch.utils.flop_counter`` reports for eager attention.
+the causal mask keeps: query ``j`` of the ``q`` sees ``past + j + 1`` keys, so ``pairs = q*past +
+q*(q+1)/2``. With ``causal=False`` the full rectangle ``q * ctx``, which is what a kernel that
+ignores the mask computes and what ``torch.utils.flop_counter`` reports for eager attention.
 
 Left out, because they are O(h) per token, not O(h^2): norms, rotary embeddings, softmax, the SiLU,
 residual adds, biases. The embedding lookup costs no FLOPs.
 
-The naive loop's step ``i`` (prompt ``p``) is a pass with ``q = p + i`` and ``past = 0``: it redoes all
-the work of the previous step. A cached step is a pass with ``q = 1`` and ``past = p + i - 1``.
+The naive loop's step ``i`` (prompt ``p``) is a pass with ``q = p + i`` and ``past = 0``: it redoes
+all the work of the previous step. A cached step is a pass with ``q = 1`` and ``past = p + i - 1``.
 
-**Cache bytes** (lesson 02). Every layer keeps one key and one value vector per kv head for every token:
+**Cache bytes** (lesson 02). Every layer keeps one key and one value vector per kv head for every
+token:
 
     bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes per element
 
-Grouped-query attention (GQA) shares each kv head among several query heads, so ``kv_heads`` (not the number
-of query heads) is what the cache pays for.
+Grouped-query attention (GQA) shares each kv head among several query heads, so ``kv_heads`` (not
+the number of query heads) is what the cache pays for.
 
-**The floor** (lesson 06): a decode step reads every weight once and each sequence's cache once, so it cannot
-take less than those bytes over the memory bandwidth.
+**The floor** (lesson 06): a decode step reads every weight once and each sequence's cache once, so
+it cannot take less than those bytes over the memory bandwidth.
 """
 
 from __future__ import annotations
@@ -58,29 +60,35 @@ class ModelSizes:
 
 
 def model_sizes(config) -> ModelSizes:
-    """The sizes of a (text) model config; ``head_dim`` and ``kv_heads`` get transformers' defaults when absent."""
+    """The sizes of a (text) model config; ``head_dim`` and ``kv_heads`` get transformers' defaults
+    when absent."""
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = cfg.num_attention_heads
-    for name in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"):
+    for name in (
+        "num_hidden_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "intermediate_size",
+        "vocab_size",
+    ):
         value = getattr(cfg, name, None)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"the config's {name} must be a positive int, got {value!r}")
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     if not getattr(cfg, "head_dim", None) and cfg.hidden_size % heads:
-        raise ValueError(f"hidden_size {cfg.hidden_size} is not a multiple of {heads} heads and the config gives no "
-                         "head_dim: the head size is undefined")
+        raise ValueError(
+            f"hidden_size {cfg.hidden_size} is not a multiple of {heads} heads and the config "
+            "gives no head_dim: the head size is undefined"
+        )
     if kv_heads < 1 or heads % kv_heads or head_dim < 1:
-        raise ValueError(f"{heads} query heads cannot share {kv_heads} kv heads of head_dim {head_dim}: kv heads must be "
-                         "a positive divisor of the query heads")
+        raise ValueError(
+            f"{heads} query heads cannot share {kv_heads} kv heads of head_dim {head_dim}: kv "
+            "heads must be a positive divisor of the query heads"
+        )
     return ModelSizes(
-        layers=cfg.num_hidden_layers,
-        hidden=cfg.hidden_size,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate=cfg.intermediate_size,
-        vocab=cfg.vocab_size,
+        layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, heads=heads, kv_heads=kv_heads,
+        head_dim=head_dim, intermediate=cfg.intermediate_size, vocab=cfg.vocab_size
     )
 
 
@@ -91,10 +99,12 @@ def _check_int(name: str, value, least: int) -> None:
 
 def flops_breakdown(config, new_tokens: int, past: int = 0, *, batch: int = 1, logits: str = "all",
                     causal: bool = True) -> dict[str, int]:
-    """FLOPs of one forward pass, by part: ``projections``, ``attention``, ``mlp``, ``lm_head`` (see module doc).
+    """FLOPs of one forward pass, by part: ``projections``, ``attention``, ``mlp``, ``lm_head`` (see
+    module doc).
 
-    ``new_tokens``: tokens fed in this pass (queries). ``past``: tokens already in the KV cache (0 without one).
-    ``logits``: ``"all"`` (HF computes logits at every fed position, the default) or ``"last"``.
+    ``new_tokens``: tokens fed in this pass (queries). ``past``: tokens already in the KV cache (0
+    without one). ``logits``: ``"all"`` (HF computes logits at every fed position, the default) or
+    ``"last"``.
     """
     _check_int("new_tokens", new_tokens, 1)
     _check_int("past", past, 0)
@@ -115,15 +125,20 @@ def flops_breakdown(config, new_tokens: int, past: int = 0, *, batch: int = 1, l
 
 
 def forward_flops(config, new_tokens: int, past: int = 0, **kw) -> int:
-    """Total FLOPs of one forward pass feeding ``new_tokens`` after ``past`` cached tokens (see module doc)."""
+    """Total FLOPs of one forward pass feeding ``new_tokens`` after ``past`` cached tokens (see
+    module doc)."""
     return sum(flops_breakdown(config, new_tokens, past, **kw).values())
 
 
-def decode_step_flops(config, prompt_len: int, new_tokens: int, *, cached: bool, batch: int = 1) -> list[int]:
-    """FLOPs of each of the ``new_tokens`` forward passes of a greedy decode (step 0 reads the prompt).
+def decode_step_flops(
+    config, prompt_len: int, new_tokens: int, *, cached: bool, batch: int = 1
+) -> list[int]:
+    """FLOPs of each of the ``new_tokens`` forward passes of a greedy decode (step 0 reads the
+    prompt).
 
     ``cached=False``: the naive loop, step ``i`` recomputes all ``prompt_len + i`` positions.
-    ``cached=True``: step 0 is the prefill, then one token per step after ``prompt_len + i - 1`` cached ones.
+    ``cached=True``: step 0 is the prefill, then one token per step after ``prompt_len + i - 1``
+    cached ones.
     """
     _check_int("prompt_len", prompt_len, 1)
     _check_int("new_tokens", new_tokens, 1)
@@ -135,11 +150,13 @@ def decode_step_flops(config, prompt_len: int, new_tokens: int, *, cached: bool,
 
 
 def llama_parameter_count(config) -> int:
-    """Parameters of a Llama-style decoder, from its config alone (no weights needed, e.g. a 7B model's).
+    """Parameters of a Llama-style decoder, from its config alone (no weights needed, e.g. a 7B
+    model's).
 
-    Per layer: W_q and W_o ``h x H*d`` each, W_k and W_v ``h x K*d`` each, the MLP's three ``h x I`` matrices
-    and two norm vectors of ``h``; then the embedding ``V x h``, a final norm, and an lm_head ``V x h`` unless
-    ``tie_word_embeddings`` shares the embedding. Biases count where ``attention_bias``/``mlp_bias`` ask for them.
+    Per layer: W_q and W_o ``h x H*d`` each, W_k and W_v ``h x K*d`` each, the MLP's three ``h x I``
+    matrices and two norm vectors of ``h``; then the embedding ``V x h``, a final norm, and an
+    lm_head ``V x h`` unless ``tie_word_embeddings`` shares the embedding. Biases count where
+    ``attention_bias``/``mlp_bias`` ask for them.
     """
     s = model_sizes(config)
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -147,26 +164,36 @@ def llama_parameter_count(config) -> int:
     attention = 2 * h * q_width + 2 * h * kv_width
     if getattr(cfg, "attention_bias", False):
         attention += q_width + 2 * kv_width + h
-    mlp = 3 * h * s.intermediate + (2 * s.intermediate + h if getattr(cfg, "mlp_bias", False) else 0)
+    mlp = 3 * h * s.intermediate + (
+        2 * s.intermediate + h if getattr(cfg, "mlp_bias", False) else 0
+    )
     embedding = s.vocab * h
     lm_head = 0 if getattr(cfg, "tie_word_embeddings", False) else s.vocab * h
     return embedding + s.layers * (attention + mlp + 2 * h) + h + lm_head
 
 
-PACKED = {name for name in ("float4_e2m1fn_x2", "quint4x2", "quint2x4") if hasattr(torch, name)}  # < 1 byte each
+# < 1 byte each
+PACKED = {name for name in ("float4_e2m1fn_x2", "quint4x2", "quint2x4") if hasattr(torch, name)}
 
 
 def _element_bytes(dtype) -> int:
     if not isinstance(dtype, torch.dtype | str):
-        raise ValueError(f"dtype must be a torch.dtype (e.g. torch.float16, or model.dtype) or a name, got {dtype!r}")
+        raise ValueError(
+            "dtype must be a torch.dtype (e.g. torch.float16, or model.dtype) or a name, got "
+            f"{dtype!r}"
+        )
     dtype = as_dtype(dtype)
     if str(dtype).removeprefix("torch.") in PACKED:
-        raise ValueError(f"{dtype} packs several elements into one byte: these formulas count whole bytes per element")
+        raise ValueError(
+            f"{dtype} packs several elements into one byte: these formulas count whole bytes per "
+            "element"
+        )
     return dtype.itemsize
 
 
 def kv_bytes_per_token(config, dtype) -> int:
-    """``2 x layers x kv_heads x head_dim x element size``: the cache's growth per token of one sequence."""
+    """``2 x layers x kv_heads x head_dim x element size``: the cache's growth per token of one
+    sequence."""
     s = model_sizes(config)
     return 2 * s.layers * s.kv_heads * s.head_dim * _element_bytes(dtype)
 
@@ -185,24 +212,40 @@ def tensor_bytes(tensors) -> int:
         if t is None or not isinstance(t, torch.Tensor):
             continue
         storage = t.untyped_storage()
-        key = (t.device, storage.data_ptr()) if storage.data_ptr() else id(storage)  # meta / empty: no address
+        # meta / empty: no address
+        key = (t.device, storage.data_ptr()) if storage.data_ptr() else id(storage)
         if key not in seen:
             seen.add(key)
             total += storage.nbytes() if t.device.type != "meta" else t.numel() * t.element_size()
     return total
 
 
-def floor_ms(weight_bytes: int, kv_per_token: int, batch: int, context: float, gbps: float) -> float:
-    """The bandwidth floor of one decode step: every weight read once, plus each sequence's cache read once."""
+def floor_ms(
+    weight_bytes: int, kv_per_token: int, batch: int, context: float, gbps: float
+) -> float:
+    """The bandwidth floor of one decode step: every weight read once, plus each sequence's cache
+    read once."""
     if not (gbps > 0 and batch >= 1 and weight_bytes >= 0 and kv_per_token >= 0 and context >= 0):
-        raise ValueError(f"floor_ms needs gbps > 0, batch >= 1 and non-negative bytes and context; got gbps={gbps}, "
-                         f"batch={batch}, weight_bytes={weight_bytes}, kv_per_token={kv_per_token}, context={context}")
+        raise ValueError(
+            "floor_ms needs gbps > 0, batch >= 1 and non-negative bytes and context; got "
+            f"gbps={gbps}, batch={batch}, weight_bytes={weight_bytes}, "
+            f"kv_per_token={kv_per_token}, context={context}"
+        )
     return 1e3 * (weight_bytes + batch * context * kv_per_token) / (gbps * 1e9)
 
 
 def model_facts(model, dtype) -> dict:
-    """A model's sizes, parameter count, weight bytes and cache bytes per token in ``dtype`` (JSON-ready)."""
+    """A model's sizes, parameter count, weight bytes and cache bytes per token in ``dtype``
+    (JSON-ready)."""
     s = model_sizes(model.config)
-    return {"architecture": type(model).__name__, "layers": s.layers, "hidden": s.hidden, "heads": s.heads,
-            "kv_heads": s.kv_heads, "vocab": s.vocab, "parameters": sum(p.numel() for p in model.parameters()),
-            "weight_bytes": tensor_bytes(model.parameters()), "kv_bytes_per_token": kv_bytes_per_token(model.config, dtype)}
+    return {
+        "architecture": type(model).__name__,
+        "layers": s.layers,
+        "hidden": s.hidden,
+        "heads": s.heads,
+        "kv_heads": s.kv_heads,
+        "vocab": s.vocab,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "weight_bytes": tensor_bytes(model.parameters()),
+        "kv_bytes_per_token": kv_bytes_per_token(model.config, dtype),
+    }

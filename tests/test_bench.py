@@ -294,3 +294,81 @@ def test_each_strategy_is_freed_before_the_next_is_built(monkeypatch):
     assert [r["strategy"] for r in rec["results"]] == names and all(r["exact"] for r in rec["results"]), rec["skipped"]
     assert len(built) == 2 * len(names)  # each built twice: the float32 check, then the timed run
     assert all(not others for _, others in alive_at_build), alive_at_build
+
+
+# ---- the record survives its output going wrong (issue 48) ----
+
+SMALL = ["--model", "tiny-llama", "--quick", "--strategies", "naive,static", "--prompt-len", "4", "--new-tokens", "3",
+         "--check-tokens", "2", "--repeats", "1", "--profile-steps", "0"]
+
+
+def strategies_of(rec) -> list[str]:
+    """Every strategy with a row: a result, or (a busy machine's TimingError, say) a skipped entry saying why."""
+    return sorted(r["strategy"] for r in rec["results"] + rec["skipped"])
+
+
+def after_first_strategy(monkeypatch, action):
+    """Run ``action`` once, when the second strategy starts timing (the first one's row is written by then)."""
+    real, calls = bench.time_decode, []
+
+    def timed(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            action()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "time_decode", timed)
+
+
+def test_a_dangling_symlink_at_out_is_replaced_by_the_record(tmp_path, capsys):
+    out = tmp_path / "r"
+    (tmp_path / "r.json").symlink_to(tmp_path / "gone" / "x.json")
+    bench.main([*SMALL, "--out", str(out)])
+    rec = json.loads((tmp_path / "r.json").read_text())
+    assert strategies_of(rec) == ["naive", "static"] and rec["finished"]
+    assert not (tmp_path / "r.json").is_symlink() and "wrote" in capsys.readouterr().out
+
+
+def test_an_out_folder_removed_mid_run_is_made_again_and_keeps_every_row(tmp_path, monkeypatch):
+    import shutil
+
+    folder = tmp_path / "results"
+    after_first_strategy(monkeypatch, lambda: shutil.rmtree(folder))
+    bench.main([*SMALL, "--out", str(folder / "run")])
+    rec = json.loads((folder / "run.json").read_text())
+    assert strategies_of(rec) == ["naive", "static"]
+    with open(folder / "run.csv") as f:
+        assert sorted(row["strategy"] for row in csv.DictReader(f)) == ["naive", "static"]
+    assert [p.name for p in folder.iterdir()] in (["run.json", "run.csv"], ["run.csv", "run.json"])  # no temp left
+
+
+def test_an_out_that_breaks_mid_run_runs_every_strategy_and_exits_1_with_the_record_kept(
+        tmp_path, monkeypatch, capsys):
+    import shutil
+    import tempfile
+
+    folder, fallback = tmp_path / "results", tmp_path / "tmp"
+    fallback.mkdir()
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(fallback))
+
+    def break_folder():  # a file where the folder was: nothing can be written under it any more
+        shutil.rmtree(folder)
+        folder.write_text("")
+
+    after_first_strategy(monkeypatch, break_folder)
+    with pytest.raises(SystemExit) as exit_:
+        bench.main([*SMALL, "--out", str(folder / "run")])
+    captured = capsys.readouterr()
+    assert exit_.value.code == 1
+    assert f"the results could not be written to {str(folder / 'run')!r}" in captured.err
+    (kept,) = fallback.glob("kvlab-bench-*.json")
+    assert f"written to {kept}" in captured.err and "static" in captured.out  # the table, printed anyway
+    assert strategies_of(json.loads(kept.read_text())) == ["naive", "static"]
+
+
+def test_an_unknown_model_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--model", "tiny-nope", "--strategies", "naive"])
+    assert exit_.value.code == 2 and "'tiny-nope': no tiny model of that name" in capsys.readouterr().err
+    with pytest.raises(bench.BenchArgumentError, match="--model 'tiny-nope'"):  # run_bench, past the parser
+        bench.run_bench("tiny-nope", prompt_len=4, new_tokens=3, progress=False)

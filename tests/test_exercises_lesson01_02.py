@@ -225,6 +225,33 @@ def test_attend_right_and_wrong():
     assert "row 0" in off
 
 
+def in_dtype(fn, dtype, back=False):
+    """``fn`` computed in ``dtype`` (the inputs cast), returned in it or (``back``) cast back to the inputs' dtype."""
+    def attend(q, keys, values):
+        out = fn(q.to(dtype), keys.to(dtype), values.to(dtype))
+        return out.to(q.dtype) if back else out
+    return attend
+
+
+def test_attend_accepts_a_right_answer_in_float32_or_lower_and_still_names_mistakes():
+    def sdpa(q, keys, values):
+        T, S = q.shape[0], keys.shape[0]
+        mask = torch.ones(T, S, dtype=torch.bool).tril(S - T)
+        return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask)[0]
+
+    for right in (in_dtype(lesson02.attend, torch.float32), in_dtype(lesson02.attend, torch.float32, back=True),
+                  in_dtype(sdpa, torch.float32), in_dtype(lesson02.attend, torch.bfloat16),
+                  in_dtype(lesson02.attend, torch.float16)):
+        verdict = lesson02.check_attend(right)
+        assert verdict.startswith("correct"), verdict
+    for wrong, words in ATTEND_MISTAKES:
+        for dtype in (torch.float32, torch.bfloat16):
+            verdict = lesson02.check_attend(in_dtype(wrong, dtype))
+            assert verdict.startswith("not quite") and words in verdict, (dtype, verdict)
+    off = lesson02.check_attend(in_dtype(lambda q, k, v: lesson02.attend(q, k, v) + 1e-3, torch.float32))
+    assert off.startswith("not quite") and "row 0" in off
+
+
 # ---- lesson 02: a cache's update ---------------------------------------------------------------------------------
 
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kvlab import graph_decoder, runtime
+from kvlab import compiled_step, runtime
 from kvlab.kernels import common, gemv
 
 T4, A100, H200, BLACKWELL = (7, 5), (8, 0), (9, 0), (10, 0)
@@ -56,7 +56,7 @@ def test_a_t4_gets_float16_and_refuses_bf16_saying_what_to_use(gpu):
         with pytest.raises(ValueError, match=r"no native bfloat16.*dtype=torch\.float16"):
             runtime.pick_dtype(CUDA, asked)
     with pytest.raises(ValueError, match="float16"):
-        runtime.check_dtype("cuda:0", torch.bfloat16)  # what compile_step and GraphSafeDecoder(compile_mode=...) ask
+        runtime.check_dtype("cuda:0", torch.bfloat16)  # what compile_step and compiled_decoder(compile_mode=...) ask
     runtime.check_dtype("cuda", torch.float16)
     assert runtime.pick_dtype("cpu", "bf16") == torch.bfloat16  # a CPU computes bf16 (slowly); not refused
 
@@ -138,7 +138,7 @@ def test_inductor_pdl_only_from_hopper(gpu, capability, expected):
         pytest.skip("this torch's inductor has no enable_pdl")
     gpu(capability)
     before = config.triton.enable_pdl
-    with graph_decoder.inductor_options(True, CUDA):
+    with compiled_step.inductor_options(True, CUDA):
         assert config.coordinate_descent_tuning
         assert config.triton.enable_pdl is (expected or before)
     assert config.triton.enable_pdl == before

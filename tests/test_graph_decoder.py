@@ -1,4 +1,9 @@
-"""kvlab.fusion and kvlab.graph_decoder's multi-step graphs: fewer kernels, several steps per graph, the same tokens as naive."""
+"""kvlab.fusion and kvlab.graph_decoder's multi-step graphs: fewer kernels, several steps per graph, the same tokens as
+naive; the decoder's constructor stays small, and ``import kvlab`` loads no Triton."""
+
+import inspect
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -6,7 +11,8 @@ import torch.nn.functional as F
 
 import kvlab
 from kvlab import fusion
-from kvlab.graph_decoder import GraphSafeDecoder, decode_graph_safe_compiled
+from kvlab.compiled_step import compiled_decoder, decode_graph_safe_compiled
+from kvlab.graph_decoder import GraphSafeDecoder, GraphSafeError, model_step
 from kvlab.lab.models import tiny_model
 
 
@@ -107,3 +113,54 @@ def test_prefill_mask_is_causal_from_the_counter():
     assert mask.shape == (2, 1, 4, 10) and mask.dtype == torch.bool
     for i in range(4):  # row i sits at position 3 + i and sees slots 0..3 + i
         assert mask[1, 0, i].tolist() == [s <= 3 + i for s in range(10)]
+
+
+def test_the_decoder_takes_at_most_eight_parameters_and_its_step_as_a_function():
+    """gpt-fast's shape: the step is a function handed to the decoder, which owns only what every step shares."""
+    params = inspect.signature(GraphSafeDecoder).parameters
+    assert len(params) <= 8, list(params)
+    assert params["step"].default is model_step and params["graph"].default is True
+    model = tiny_model("tiny-llama")
+    ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(6))
+    calls = []
+
+    def counted_step(model, cache, token):  # any function of (model, cache, token) that writes the next token
+        calls.append(1)
+        return model_step(model, cache, token)
+
+    decoder = GraphSafeDecoder(model, 16, step=counted_step, steps=3, graph=False)
+    assert torch.equal(decoder.generate(ids, 7), kvlab.decode(model, ids, 7)) and len(calls) == 6
+    assert "counted_step" in decoder.describe()
+    with pytest.raises(TypeError, match="step must be a function"):
+        GraphSafeDecoder(model, 16, step="kernels")
+    with pytest.raises(ValueError, match="graph must be True, False or 'emulate'"):
+        GraphSafeDecoder(model, 16, graph="yes")
+
+
+def test_the_compiled_builder_makes_the_fused_copy_and_the_decoder_checks_its_source():
+    model = tiny_model("tiny-llama")
+    ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(7))
+    decoder = compiled_decoder(model, ids, 6, steps=2, max_cache_len=16, graph=True)  # CPU: not compiled
+    assert decoder.model is not model and decoder.source is model  # a copy, made by the builder
+    assert hasattr(decoder.model.model.layers[0].self_attn, "qkv_proj")
+    assert torch.equal(decode_graph_safe_compiled(model, ids, 6, decoder=decoder), kvlab.decode(model, ids, 6))
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())  # the SOURCE moved
+    with pytest.raises(GraphSafeError, match="weights moved"):
+        decoder.generate(ids, 6)
+
+
+IMPORT_CHECK = ("import kvlab, sys; assert 'triton' not in sys.modules and 'torch._dynamo' not in sys.modules "
+                "and not any(m.startswith('kvlab.kernels') for m in sys.modules)")
+
+
+def test_import_kvlab_loads_no_triton_and_no_kernels():
+    """Lesson 00's first ``import kvlab`` does not pay for Triton: a strategy imports its module when it runs."""
+    done = subprocess.run([sys.executable, "-c", IMPORT_CHECK], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_kernels_strategy_loads_the_kernels_when_it_runs():
+    code = ("import kvlab, sys, torch; m = kvlab.tiny_model('tiny-llama'); ids = torch.tensor([[1, 2, 3]]); "
+            "kvlab.decode(m, ids, 2, strategy='graph-safe-kernels'); assert 'kvlab.kernels.step' in sys.modules")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

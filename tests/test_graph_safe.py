@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, StaticCache
 
 import kvlab
-from kvlab.graph_decoder import GraphSafeDecoder, decode_graph_safe
+from kvlab.graph_decoder import GraphSafeDecoder, decode_graph_safe, model_step
 from kvlab.graph_safe_cache import GraphSafeError, GraphSafeStaticCache, capturing
 from kvlab.graphs import capture
 from kvlab.lab.measure import eager_vs_replay, step_op_counts
@@ -126,19 +126,26 @@ def test_a_held_decoder_serves_several_prompts_and_calls_on_token(device, prompt
 # ------------------------------------------------------------------------------ graphs freed at the right moment
 
 
-DECODER_SETTINGS = {"one-step": {}, "bucketed-16-step": {"prefill_bucket": 16, "steps": 16},
-                    "kernels": {"step": "kernels", "steps": 4}}
+def kernels_decoder(model):
+    from kvlab.kernels.decoder import kernels_decoder
+
+    return kernels_decoder(model, torch.ones(1, 9, dtype=torch.long), 20, max_cache_len=40, steps=4)
+
+
+DECODER_BUILDS = {"one-step": lambda model: GraphSafeDecoder(model, 40),
+                  "bucketed-16-step": lambda model: GraphSafeDecoder(model, 40, prefill_bucket=16, steps=16),
+                  "kernels": kernels_decoder}
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("settings", DECODER_SETTINGS.values(), ids=DECODER_SETTINGS.keys())
-def test_a_dropped_decoder_is_freed_at_once_with_its_graphs(device, settings, prompt):
+@pytest.mark.parametrize("build", DECODER_BUILDS.values(), ids=DECODER_BUILDS.keys())
+def test_a_dropped_decoder_is_freed_at_once_with_its_graphs(device, build, prompt):
     """No reference cycle holds a decoder's graphs: `del` frees them, whenever the garbage collector would run."""
     model = model_on("tiny-llama", device)
     gc.collect()
     gc.disable()
     try:
-        decoder = GraphSafeDecoder(model, 40, **settings)
+        decoder = build(model)
         decoder.generate(prompt(9, device=device), 20)
         graphs = [*decoder.graphs.values()] + ([decoder.prefill_graph] if decoder.prefill_graph else [])
         refs = [weakref.ref(x) for x in (decoder, decoder.cache, *graphs)]
@@ -178,7 +185,7 @@ def test_real_graph_and_emulation_give_the_same_tokens(prompt):
     model = model_on("tiny-llama", "cuda")
     ids = prompt(10, device="cuda")
     real = GraphSafeDecoder(model, 40, prefill_bucket=16)
-    emulated = GraphSafeDecoder(model, 40, prefill_bucket=16, emulate=True)
+    emulated = GraphSafeDecoder(model, 40, prefill_bucket=16, graph="emulate")
     assert torch.equal(real.generate(ids, NEW), emulated.generate(ids, NEW))
     assert not real.step_graph.emulated and emulated.step_graph.emulated
 
@@ -186,7 +193,7 @@ def test_real_graph_and_emulation_give_the_same_tokens(prompt):
 @needs_cuda
 def test_compiled_step_captured_by_kvlab_matches_naive(prompt):
     model = model_on("tiny-llama", "cuda")
-    decoder = GraphSafeDecoder(model, 40, compile_mode="default")
+    decoder = GraphSafeDecoder(model, 40, step=torch.compile(model_step, mode="default", fullgraph=True))
     for length in (7, 3):
         ids = prompt(length, device="cuda")
         assert torch.equal(decoder.generate(ids, NEW), kvlab.decode(model, ids, NEW))
@@ -368,9 +375,13 @@ def test_other_bad_arguments(prompt):
         GraphSafeDecoder(model, 16, batch=0)
     with pytest.raises(ValueError, match="prefill_bucket must be in"):
         GraphSafeDecoder(model, 16, prefill_bucket=17)
-    if not CUDA:
-        with pytest.raises(ValueError, match="needs CUDA"):
-            GraphSafeDecoder(model, 16, compile_mode="max-autotune-no-cudagraphs")
+    if CUDA:
+        from kvlab.compiled_step import compiled_decoder
+
+        with pytest.raises(ValueError, match="cannot trace a compiled step"):
+            compiled_decoder(model_on("tiny-llama", "cuda"), prompt(3, device="cuda"), 2, graph="emulate")
+    with pytest.raises(ValueError, match="graph must be True, False or 'emulate'"):
+        GraphSafeDecoder(model, 16, graph="emulated")
     with pytest.raises(TypeError, match="GraphSafeStaticCache"):
         decode_graph_safe(model, prompt(3), 2, cache=StaticCache(config=model.config, max_cache_len=8))
     with pytest.raises(GraphSafeError, match="offloaded"):
@@ -428,9 +439,9 @@ def test_eager_vs_replay_runs_outside_inference_mode(prompt):
 def test_decoder_buffers_and_caches_cannot_be_shared_or_rebound(prompt):
     model = model_on("tiny-llama", "cpu")
     cache = GraphSafeStaticCache(config=model.config, max_cache_len=24)
-    owner = GraphSafeDecoder(model, 24, cache=cache)  # alive while it is referenced (no cycle keeps it longer)
+    owner = GraphSafeDecoder(model, cache)  # alive while it is referenced (no cycle keeps it longer)
     with pytest.raises(GraphSafeError, match="already belongs to another GraphSafeDecoder"):
-        GraphSafeDecoder(model, 24, cache=cache)
+        GraphSafeDecoder(model, cache)
     del owner
     decoder = GraphSafeDecoder(model, 24)
     with pytest.raises(GraphSafeError, match="read decoder.token by address"):

@@ -110,7 +110,7 @@ def check_attention_decode(name: str) -> None:
 
 
 def check_decode(name: str, graph: bool) -> None:
-    from kvlab.graph_decoder import decode_graph_safe_compiled
+    from kvlab.compiled_step import decode_graph_safe_compiled
 
     model = tiny_model(name).to(DEVICE)
     calls = []
@@ -130,12 +130,13 @@ def check_decode(name: str, graph: bool) -> None:
 
 def check_compiled_decode() -> None:
     """The kernel inside a torch.compile'd step (a custom op: inductor calls it as it is), several steps per call."""
-    from kvlab.graph_decoder import GraphSafeDecoder
+    from kvlab.graph_decoder import GraphSafeDecoder, model_step
 
     model = tiny_model("tiny-llama").to(DEVICE)
     ids = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(1)).to(DEVICE)
     fast = fusion.fused_copy(model, attention="triton", gemv=True)
-    decoder = GraphSafeDecoder(fast, 32, 1, steps=4, graph=DEVICE == "cuda", compile_mode="default")
+    compiled = torch.compile(model_step, mode="default", fullgraph=True)
+    decoder = GraphSafeDecoder(fast, 32, 1, step=compiled, steps=4, graph=DEVICE == "cuda")
     with torch.inference_mode():
         n = tokens(20, 12)
         assert torch.equal(decoder.generate(ids, n), decode_naive(model, ids, n))
@@ -226,15 +227,20 @@ def split_k(check, *args) -> None:
         gemv_module.tile_choice = chosen
 
 
-def many_units(check, *args) -> None:
-    """``check`` as on a GPU of more multiprocessors than any launch here has programs (``common.units``): what
-    ``fill_splits`` and ``fill_prefill`` plan for a small batch on an H100 or H200."""
-    units = common.units
-    common.units = lambda device: 10_000
+def many_units(check, *args, count: int = 10_000) -> None:
+    """``check`` as on a GPU of ``count`` multiprocessors (``common.multiprocessors``); by default more than any launch here
+    has programs: what ``fill_splits`` and the prefill attention plan for a small batch on an H100 or H200."""
+    saved = common.multiprocessors
+    common.multiprocessors = lambda device: count
     try:
         check(*args)
     finally:
-        common.units = units
+        common.multiprocessors = saved
+
+
+def one_unit(check, *args) -> None:
+    """``check`` as on a GPU of one multiprocessor: the prefill attention keeps ``PREFILL_TILE``'s widest tiles."""
+    many_units(check, *args, count=1)
 
 
 def check_split_counters(case: str) -> None:
@@ -304,11 +310,11 @@ PREFILLS = {  # batch, heads, kv_heads, slots, head_dim, prompt rows T, valid ro
 }
 
 
-def check_prefill_attention(case: str, fill: bool = False) -> None:
+def check_prefill_attention(case: str) -> None:
     """``rope_cache_prefill_attention`` equals its PyTorch form on the prompt's rows and writes the same keys and
     values; padded rows stay finite; nothing past the prompt is written. The cache's buffers are views into larger
     ones of NaN, so a read past their slots (the counter or the prompt past the cache's end) would show in the
-    output. ``fill``: ``fill_prefill=True`` (run it under ``many_units``: its tiles then shrink to the fewest rows)."""
+    output. Run it under ``one_unit`` (the widest tiles) and ``many_units`` (the fewest rows a tile takes)."""
     b, heads, kv_heads, slots, d, t, valid, start, dtype = PREFILLS[case]
     gen = torch.Generator().manual_seed(slots + t)
     rand = lambda *shape: torch.randn(*shape, generator=gen).to(DEVICE, dtype)  # noqa: E731
@@ -319,8 +325,7 @@ def check_prefill_attention(case: str, fill: bool = False) -> None:
     k2, v2 = keys.clone(), values.clone()
     pos, n = torch.tensor(start, device=DEVICE), torch.tensor(valid, device=DEVICE)
     assert common.available(qkv), "the kernel does not run here: the check would test the PyTorch form against itself"
-    got = attention.rope_cache_prefill_attention(qkv, inv_freq, 1.0, keys, values, pos, n, heads, d**-0.5,
-                                                 fill_prefill=fill)
+    got = attention.rope_cache_prefill_attention(qkv, inv_freq, 1.0, keys, values, pos, n, heads, d**-0.5)
     expected = attention._reference(qkv, inv_freq, 1.0, k2, v2, pos, n, heads, d**-0.5)
     prompt = (torch.arange(t, device=DEVICE) < valid).repeat(b)  # [b T] the rows that count
     tol = 1e-5 if dtype == torch.float32 else 3e-2
@@ -332,10 +337,11 @@ def check_prefill_attention(case: str, fill: bool = False) -> None:
 
 
 def check_kernel_prefill_decode(name: str) -> None:
-    """Decodes whose prefill runs through the kernels (``kernel_prefill=True``), token-exact against naive: three
-    prompts through one decoder, padded to one bucket (through its graphs on CUDA, eagerly in the CPU interpreter,
-    as ``check_kernel_step_decode`` says why), and one unpadded prompt without a captured prefill."""
-    from kvlab.graph_decoder import decode_graph_safe_kernels, kernels_decoder
+    """Decodes whose prefill runs through the kernels (``kernel_prefill``, the default at these few rows),
+    token-exact against naive: three prompts through one decoder, padded to one bucket (through its graphs on CUDA,
+    eagerly in the CPU interpreter, as ``check_kernel_step_decode`` says why), and one unpadded prompt without a
+    captured prefill."""
+    from kvlab.kernels.decoder import decode_graph_safe_kernels, kernels_decoder
 
     model = tiny_model(name).to(DEVICE)
     calls = []
@@ -344,14 +350,14 @@ def check_kernel_prefill_decode(name: str) -> None:
         gen = torch.Generator().manual_seed(7)
         n, graph = tokens(7, 4), DEVICE == "cuda"
         ids = torch.randint(0, 256, (2, 16), generator=gen).to(DEVICE)
-        decoder = kernels_decoder(model, ids, n, steps=3, max_cache_len=48, graph=graph, kernel_prefill=True)
+        decoder = kernels_decoder(model, ids, n, steps=3, max_cache_len=48, graph=graph)
+        assert decoder.prefill_fn is not None, "the prefill runs through the kernels"
         for prompt_len in (16, 9, 13):  # the bucket's longest, then shorter: padded rows in every layer
             ids = torch.randint(0, 256, (2, prompt_len), generator=gen).to(DEVICE)
             out = decode_graph_safe_kernels(model, ids, n, decoder=decoder)
             assert torch.equal(out, decode_naive(model, ids, n)), (name, prompt_len)
         ids = torch.randint(0, 256, (1, 11), generator=gen).to(DEVICE)
-        out = decode_graph_safe_kernels(model, ids, n, max_cache_len=48, graph=graph, kernel_prefill=True,
-                                        captured_prefill=False, copy_weights=False)
+        out = decode_graph_safe_kernels(model, ids, n, max_cache_len=48, graph=graph, captured_prefill=False)
         assert torch.equal(out, decode_naive(model, ids, n)), (name, "unpadded, the model's own weights")
     finally:
         restore()
@@ -461,7 +467,7 @@ def kernel_step_decode(model, ids: torch.Tensor, n: int, **options) -> torch.Ten
     return out
 
 
-def check_kernel_step(name: str, dot_attention: bool = False, tiles: bool = False, early_launch: bool = False,
+def check_kernel_step(name: str, dot_attention: bool = False, tiles: bool = False,
                       fused_mlp: bool = False) -> None:
     """The whole step through the kernels (the plain function), token-exact against naive."""
     model = tiny_model(name).to(DEVICE)
@@ -471,9 +477,8 @@ def check_kernel_step(name: str, dot_attention: bool = False, tiles: bool = Fals
     try:
         ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(6)).to(DEVICE)
         n = tokens(6, 4)
-        out = kernel_step_decode(model, ids, n, dot_attention=dot_attention, tiles=tiles, early_launch=early_launch,
-                                 fused_mlp=fused_mlp)
-        assert torch.equal(out, decode_naive(model, ids, n)), (name, dot_attention, tiles, early_launch, fused_mlp)
+        out = kernel_step_decode(model, ids, n, dot_attention=dot_attention, tiles=tiles, fused_mlp=fused_mlp)
+        assert torch.equal(out, decode_naive(model, ids, n)), (name, dot_attention, tiles, fused_mlp)
     finally:
         restore()
         restore_mlp()
@@ -486,7 +491,7 @@ def check_kernel_step_decode(name: str) -> None:
     graphs on CUDA, eagerly in the CPU interpreter. There the emulated capture records the kernels' PyTorch form (it
     cannot see a Triton launch), so the interpreted kernels would run only in the warm-ups, whose results the decoder
     throws away, and the tokens compared would be the PyTorch form's (which tests/test_strategies.py checks)."""
-    from kvlab.graph_decoder import decode_graph_safe_kernels
+    from kvlab.kernels.decoder import decode_graph_safe_kernels
 
     model = tiny_model(name).to(DEVICE)
     calls = []
@@ -503,11 +508,40 @@ def check_kernel_step_decode(name: str) -> None:
     assert any(calls), "the kernels never ran: the check would only have tested the PyTorch reference"
 
 
+def check_speculative_kernels(name: str) -> None:
+    """Speculation over the kernels (``graph-safe-speculative/kernels``): the prefill, the verify of k + 1 rows
+    (the prefill's causal attention kernel) and the rollback, token-exact against naive on a prompt that repeats
+    itself (drafts found and some kept) and on one of random tokens; eagerly in the CPU interpreter (as
+    ``check_kernel_step_decode`` says why), through its graphs on CUDA."""
+    from kvlab.kernels.decoder import decode_speculative_kernels, speculative_kernels_decoder
+
+    model = tiny_model(name).to(DEVICE)
+    calls = []
+    restore = counting(step, "rope_cache_prefill_attention", calls, record=lambda *a: common.available(a[0]))
+    try:
+        n, graph = tokens(12, 5), DEVICE == "cuda"
+        gen = torch.Generator().manual_seed(8)
+        phrase = torch.randint(0, 256, (1, 5), generator=gen)
+        repeating = torch.cat([phrase, phrase, phrase[:, :3]], 1).to(DEVICE)  # [1, 13]: its suffix drafts
+        decoder = speculative_kernels_decoder(model, repeating, n, k=3, graph=graph)
+        out = decode_speculative_kernels(model, repeating, n, decoder=decoder)
+        assert torch.equal(out, decode_naive(model, repeating, n)), (name, "repeating")
+        assert decoder.last_stats.drafted > 0, "the lookup found no draft: the verify checked only padding"
+        if DEVICE == "cuda":  # the interpreter's seconds per step: tests/test_speculative.py covers batch 2 there
+            ids = torch.randint(0, 256, (2, 7), generator=gen).to(DEVICE)
+            out = decode_speculative_kernels(model, ids, n, k=2, graph=graph)
+            assert torch.equal(out, decode_naive(model, ids, n)), (name, "random, batch 2")
+    finally:
+        restore()
+    assert len(calls) > 2 and all(calls), "the verify never ran through the kernels"
+
+
 ATTENTION_DECODES = ["tiny-llama", "tiny-qwen2"]  # Qwen2 has q/k/v biases
 # Triton's CPU interpreter takes about 4.5 s per decode step, so there each architecture runs one of the two
 # kernel-step checks: Llama the plain function, Qwen2 the decoder (several prompts, eagerly: 35 s)
 KERNEL_STEP_DECODES = ATTENTION_DECODES if DEVICE == "cuda" else ["tiny-llama"]
 DECODER_KERNEL_STEPS = ATTENTION_DECODES if DEVICE == "cuda" else ["tiny-qwen2"]
+SPECULATIVE_DECODES = ATTENTION_DECODES if DEVICE == "cuda" else ["tiny-llama"]
 
 
 def run_checks() -> dict[str, str]:
@@ -535,22 +569,21 @@ def run_checks() -> dict[str, str]:
     checks |= {f"rope-cache-attention-{case}-fill": (check_rope_cache_attention, case, False, True)
                for case in FILL_CASES}
     checks |= {f"greedy-head-{case}": (check_greedy_head, case) for case in HEADS}
-    checks |= {f"prefill-attention-{case}": (check_prefill_attention, case) for case in PREFILLS
+    checks |= {f"prefill-attention-{case}": (one_unit, check_prefill_attention, case) for case in PREFILLS
                if PREFILLS[case][-1] in DOT_DTYPES}
-    checks |= {f"prefill-attention-{case}-fill": (many_units, check_prefill_attention, case, True) for case in PREFILLS
+    checks |= {f"prefill-attention-{case}-fill": (many_units, check_prefill_attention, case) for case in PREFILLS
                if PREFILLS[case][-1] in DOT_DTYPES}
     checks |= {f"kernel-prefill-{name}": (check_kernel_prefill_decode, name) for name in ATTENTION_DECODES}
     checks |= {f"kernel-step-{name}": (check_kernel_step, name) for name in KERNEL_STEP_DECODES}
     checks |= {f"kernel-step-{name}-dot": (check_kernel_step, name, True) for name in KERNEL_STEP_DECODES}
     checks |= {f"kernel-step-{name}-tiles": (check_kernel_step, name, False, True) for name in KERNEL_STEP_DECODES}
-    checks |= {f"kernel-step-{name}-early": (check_kernel_step, name, False, False, True)
-               for name in KERNEL_STEP_DECODES}
     checks |= {f"fused-mlp-{case}": (check_fused_mlp, case) for case in MLPS}
-    checks |= {f"kernel-step-{name}-fused-mlp": (check_kernel_step, name, False, False, False, True)
+    checks |= {f"kernel-step-{name}-fused-mlp": (check_kernel_step, name, False, False, True)
                for name in KERNEL_STEP_DECODES}
     checks |= {f"decode-{name}-graph{g}": (check_decode, name, g) for name, g in DECODES}
     checks["compiled-decode"] = (check_compiled_decode,)
     checks |= {f"kernel-step-decode-{name}": (check_kernel_step_decode, name) for name in DECODER_KERNEL_STEPS}
+    checks |= {f"speculative-kernels-{name}": (check_speculative_kernels, name) for name in SPECULATIVE_DECODES}
     results = {}
     for key, (fn, *args) in checks.items():
         try:
@@ -659,13 +692,6 @@ def test_kernel_step_with_tiled_matmuls_is_token_exact(interpreted, name):
     outcome(interpreted, f"kernel-step-{name}-tiles", check_kernel_step, name, False, True)
 
 
-@pytest.mark.parametrize("name", KERNEL_STEP_DECODES)
-def test_kernel_step_with_early_launch_is_token_exact(interpreted, name):
-    """On a GPU with PDL each kernel lets the next start at its entry, and attention reads the counter after its
-    wait; in the interpreter (no PDL) the same code path computes the same tokens."""
-    outcome(interpreted, f"kernel-step-{name}-early", check_kernel_step, name, False, False, True)
-
-
 @pytest.mark.parametrize("case", list(MLPS))
 def test_fused_mlp_kernel_matches_reference(interpreted, case):
     outcome(interpreted, f"fused-mlp-{case}", check_fused_mlp, case)
@@ -675,7 +701,7 @@ def test_fused_mlp_kernel_matches_reference(interpreted, case):
 def test_kernel_step_with_the_mlp_in_one_kernel_is_token_exact(interpreted, name):
     """``fused_mlp=True``: at the GEMV's rows the MLP runs as one kernel (the check counts its calls), sharing the
     step's arrival counters (``kernel_step_decode`` asserts they are left at zero)."""
-    outcome(interpreted, f"kernel-step-{name}-fused-mlp", check_kernel_step, name, False, False, False, True)
+    outcome(interpreted, f"kernel-step-{name}-fused-mlp", check_kernel_step, name, False, False, True)
 
 
 @pytest.mark.parametrize("case", [on_tensor_cores(case, dtype_of(GEMVS[case])) for case in GEMVS])
@@ -758,27 +784,27 @@ def test_a_weight_in_stacked_parts_gives_the_concatenated_weights_outputs_in_til
 
 @pytest.mark.parametrize("case", [on_tensor_cores(case, PREFILLS[case][-1]) for case in PREFILLS])
 def test_prefill_attention_kernel_matches_reference(interpreted, case):
-    outcome(interpreted, f"prefill-attention-{case}", check_prefill_attention, case)
+    outcome(interpreted, f"prefill-attention-{case}", one_unit, check_prefill_attention, case)
 
 
 @pytest.mark.parametrize("case", [on_tensor_cores(case, PREFILLS[case][-1]) for case in PREFILLS])
 def test_prefill_attention_in_tiles_that_fill_the_gpu_matches_reference(interpreted, case):
-    """``fill_prefill=True`` where the GPU has more multiprocessors than the prompt has tiles: 16 query rows a
-    program (the fewest a ``tl.dot`` tile takes), several programs over one prompt's positions."""
-    outcome(interpreted, f"prefill-attention-{case}-fill", many_units, check_prefill_attention, case, True)
+    """Where the GPU has more multiprocessors than the prompt has tiles: 16 query rows a program (the fewest a
+    ``tl.dot`` tile takes), several programs over one prompt's positions."""
+    outcome(interpreted, f"prefill-attention-{case}-fill", many_units, check_prefill_attention, case)
 
 
 def test_prefill_rows_shrink_until_the_programs_fill_the_gpu(monkeypatch):
     """``prefill_rows``: PREFILL_TILE's rows where the launch fills the multiprocessors, halved (not below
     ``common.DOT_ROWS``) while it would not; SmolLM2's 64-token prompt on 132 multiprocessors."""
-    monkeypatch.setattr(common, "units", lambda device: 132)
+    monkeypatch.setattr(common, "multiprocessors", lambda device: 132)
     cpu = torch.device("cpu")
     # pairs (batch x kv heads), prompt rows T, query heads per kv head padded, most rows -> rows per program
     assert attention.prefill_rows(3, 64, 4, 64, cpu) == 16  # batch 1: 3 x 16 tiles of 4 positions = 48 programs
     assert attention.prefill_rows(48, 64, 4, 64, cpu) == 64  # batch 16: 48 x 4 tiles = 192 programs, enough
     assert attention.prefill_rows(24, 64, 4, 64, cpu) == 32  # 24 x 4 = 96 too few; 24 x 8 = 192
     assert attention.prefill_rows(1, 8, 16, 64, cpu) == 16  # never below a tl.dot tile, however few programs
-    monkeypatch.setattr(common, "units", lambda device: 1)
+    monkeypatch.setattr(common, "multiprocessors", lambda device: 1)
     assert attention.prefill_rows(1, 64, 4, 64, cpu) == 64  # one program fills one unit: the widest tile
 
 
@@ -790,6 +816,11 @@ def test_prefill_through_the_kernels_is_token_exact(interpreted, name):
 @pytest.mark.parametrize("name", DECODER_KERNEL_STEPS)
 def test_kernel_step_decode_is_token_exact(interpreted, name):
     outcome(interpreted, f"kernel-step-decode-{name}", check_kernel_step_decode, name)
+
+
+@pytest.mark.parametrize("name", SPECULATIVE_DECODES)
+def test_speculation_over_the_kernels_is_token_exact(interpreted, name):
+    outcome(interpreted, f"speculative-kernels-{name}", check_speculative_kernels, name)
 
 
 def test_both_attention_kernels_share_one_online_softmax_and_combine():
@@ -858,7 +889,7 @@ def test_arrival_counters_hold_the_attentions_and_the_split_matmuls_of_every_bat
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-mistral"])
 @pytest.mark.parametrize("graph", [False, True])
 def test_kernel_step_is_token_exact(pytorch_form, name, graph):
-    from kvlab.graph_decoder import decode_graph_safe_kernels
+    from kvlab.kernels.decoder import decode_graph_safe_kernels
 
     model = tiny_model(name)
     gen = torch.Generator().manual_seed(3)
@@ -869,17 +900,18 @@ def test_kernel_step_is_token_exact(pytorch_form, name, graph):
 
 
 def test_the_step_advances_the_cache_counter_once(pytorch_form):
-    from kvlab.graph_decoder import GraphSafeDecoder
+    from kvlab.kernels.decoder import kernels_decoder
 
     model = tiny_model("tiny-llama")
     ids = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(4))
-    decoder = GraphSafeDecoder(model, 32, 1, steps=2, step="kernels", graph=False)
+    decoder = kernels_decoder(model, ids, 5, max_cache_len=32, steps=2, graph=False)
     decoder.generate(ids, 5)  # prefill (6 tokens) + 4 decode steps
     assert int(decoder.cache.cache_position) == 6 + 4
 
 
 def test_the_captured_prefill_serves_every_prompt_of_its_bucket_and_refuses_a_longer_one(pytorch_form):
-    from kvlab.graph_decoder import GraphSafeError, decode_graph_safe_kernels, kernels_decoder, prompt_bucket
+    from kvlab.graph_decoder import GraphSafeError, prompt_bucket
+    from kvlab.kernels.decoder import decode_graph_safe_kernels, kernels_decoder
 
     assert [prompt_bucket(n, 64) for n in (1, 2, 3, 5, 8, 9, 33, 64)] == [1, 2, 4, 8, 8, 16, 64, 64]
     assert prompt_bucket(40, 48) == 48  # capped at the cache
@@ -901,23 +933,22 @@ def test_kernels_decoder_reads_the_models_weights_and_prefills_through_the_kerne
         pytorch_form, monkeypatch):
     """The strategy's defaults: no fused copy (the decoder runs the caller's model), and the prefill through the
     kernels while batch x bucket is at most KERNEL_PREFILL_MAX_ROWS, the model's forward above; either way exact."""
-    from kvlab.graph_decoder import kernels_decoder
+    from kvlab.kernels import decoder as kernels
 
     model = tiny_model("tiny-llama")
     gen = torch.Generator().manual_seed(9)
-    monkeypatch.setattr(step, "KERNEL_PREFILL_MAX_ROWS", 16)
+    monkeypatch.setattr(kernels, "KERNEL_PREFILL_MAX_ROWS", 16)
     for batch, prompt_len, captured, through_kernels in ((2, 5, True, True), (3, 5, True, False),  # buckets of 8
                                                          (3, 5, False, True), (4, 5, False, False)):  # unpadded
         ids = torch.randint(0, 256, (batch, prompt_len), generator=gen)
-        decoder = kernels_decoder(model, ids, 6, steps=2, max_cache_len=16, captured_prefill=captured)
-        assert decoder.model is model and decoder.kernel_prefill is through_kernels, (batch, captured)
+        decoder = kernels.kernels_decoder(model, ids, 6, steps=2, max_cache_len=16, captured_prefill=captured)
+        assert decoder.model is model and (decoder.prefill_fn is not None) is through_kernels, (batch, captured)
         assert torch.equal(decoder.generate(ids, 6), decode_naive(model, ids, 6)), (batch, captured)
-    assert kernels_decoder(model, ids, 6, max_cache_len=16, copy_weights=True).model is not model  # the fused copy
-    assert kernels_decoder(model, ids, 6, max_cache_len=16, kernel_prefill=True).kernel_prefill is True  # as asked
 
 
 def test_the_kernel_options_reach_the_attention_and_others_are_refused(pytorch_form, monkeypatch):
-    from kvlab.graph_decoder import GraphSafeDecoder, kernels_decoder
+    from kvlab.kernels.decoder import KERNEL_OPTIONS, kernels_decoder
+    from kvlab.strategies import DECODER_SETTINGS
 
     model = tiny_model("tiny-llama")
     ids = torch.randint(0, 256, (1, 4), generator=torch.Generator().manual_seed(8))
@@ -928,10 +959,9 @@ def test_the_kernel_options_reach_the_attention_and_others_are_refused(pytorch_f
     decoder = kernels_decoder(model, ids, 3, steps=1, max_cache_len=16, graph=False, dot_attention=True)
     assert torch.equal(decoder.generate(ids, 3), decode_naive(model, ids, 3))
     assert seen and all(seen) and len(seen) == 2 * model.config.num_hidden_layers  # two steps, every layer
-    with pytest.raises(ValueError, match="unknown kernel_options \\['blocks'\\].*dot_attention, tiles"):
-        GraphSafeDecoder(model, 16, step="kernels", kernel_options={"blocks": 4})
-    with pytest.raises(ValueError, match="pass step='kernels'"):
-        GraphSafeDecoder(model, 16, kernel_options={"dot_attention": True})
+    with pytest.raises(TypeError, match="blocks"):
+        kernels_decoder(model, ids, 3, blocks=4)
+    assert set(KERNEL_OPTIONS) <= set(DECODER_SETTINGS)  # a held decoder refuses them at kvlab.decode's door
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-gemma", "tiny-phi3"])
@@ -942,19 +972,20 @@ def test_other_layers_are_refused_with_what_to_do(name):
 
 @pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-gemma", "tiny-phi3"])
 def test_the_decoder_refuses_other_layers_with_what_to_do(name):
-    from kvlab.graph_decoder import GraphSafeDecoder
+    from kvlab.kernels.decoder import kernels_decoder, speculative_kernels_decoder
 
-    with pytest.raises(ValueError, match="Use the 'graph-safe' strategy"):
-        GraphSafeDecoder(tiny_model(name), 32, step="kernels")
+    for build in (kernels_decoder, speculative_kernels_decoder):
+        with pytest.raises(ValueError, match="Use the 'graph-safe' strategy"):
+            build(tiny_model(name), torch.tensor([[1, 2, 3]]), 4)
 
 
 def test_an_unregistered_attention_is_refused_with_what_is_supported():
-    from kvlab.graph_decoder import GraphSafeDecoder
+    from kvlab.kernels.decoder import kernels_decoder
 
     model = tiny_model("tiny-llama")
     model.set_attn_implementation("eager")
     with pytest.raises(ValueError, match=r"attention implementation is 'eager'.*supported: .*sdpa.*set_attn_implementation"):
-        GraphSafeDecoder(model, 32, step="kernels")
+        kernels_decoder(model, torch.tensor([[1, 2, 3]]), 4)
 
 
 def test_a_config_that_disagrees_with_the_modules_is_refused():

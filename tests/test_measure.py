@@ -61,11 +61,30 @@ def test_time_decode_subtracts_the_prefill_and_keeps_the_warmup_apart():
     assert record["total_ms_runs"] == pytest.approx([1e3 * t for t in timing.total_runs])
 
 
+def test_numpy_counts_are_counts():
+    import numpy as np
+
+    def run(n, on_token):  # a step of 20 ms: T(3) - T(1) stands above any clock
+        time.sleep(0.02 * n)
+        return torch.zeros(1, n, dtype=torch.long)
+
+    timing = measure.time_decode(run, np.int64(3), "cpu", repeats=np.int64(1))
+    assert timing.new_tokens == 3 and isinstance(timing.new_tokens, int)
+    assert set(measure.time_interleaved({"a": lambda: None}, rounds=np.int32(2))) == {"a"}
+
+
 def test_time_decode_refuses_what_it_cannot_time(model):
     with pytest.raises(ValueError, match="new_tokens must be an int >= 2"):
         measure.time_decode(lambda n, t: torch.zeros(1, n), 1, "cpu")
-    with pytest.raises(ValueError, match="repeats must be a positive int"):
+    with pytest.raises(ValueError, match="repeats must be an int >= 1, got 0"):
         measure.time_decode(lambda n, t: torch.zeros(1, n), 3, "cpu", repeats=0)
+    for bad in (2.5, "3", True):
+        with pytest.raises(ValueError, match="new_tokens must be an int >= 2"):
+            measure.time_decode(lambda n, t: torch.zeros(1, n), bad, "cpu")
+    with pytest.raises(ValueError, match="rounds must be an int >= 1, got 2.5"):
+        measure.time_interleaved({"a": lambda: None}, rounds=2.5)
+    with pytest.raises(ValueError, match="fns must be a non-empty dict"):
+        measure.time_interleaved([lambda: None])
     with pytest.raises(ValueError, match="on_token"):  # a run that never calls the clock has no per-step times
         measure.time_decode(lambda n, t: torch.zeros(1, n), 3, "cpu", per_step=True)
     with pytest.raises(ValueError, match="unknown strategy"):

@@ -5,6 +5,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import threading
 import time
 import zipfile
@@ -63,6 +64,68 @@ def test_tiny_model_leaves_the_global_rng_alone():
     torch.manual_seed(123)
     models.tiny_model("tiny-llama", seed=7)
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_tiny_model_built_in_threads_at_once_matches_a_build_alone():
+    alone = {seed: models.tiny_model("tiny-llama", seed=seed) for seed in (1, 2)}
+    built, start = {}, threading.Barrier(4)
+
+    def build(i):
+        start.wait()
+        built[i] = models.tiny_model("tiny-llama", seed=1 + i % 2)
+
+    threads = [threading.Thread(target=build, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(same_weights(built[i], alone[1 + i % 2]) for i in range(4))
+
+
+def test_largest_survives_a_folder_deleted_while_it_walks(tmp_path, monkeypatch):
+    """pip deletes its temporary folders while the progress bar walks them: the walk skips what vanished."""
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "w.whl").write_bytes(b"x" * 10)
+    for i in range(20):
+        (tmp_path / f"tmp{i}" / "sub").mkdir(parents=True)
+        (tmp_path / f"tmp{i}" / "sub" / "w.whl").write_bytes(b"x" * 5)
+    real_scandir = os.scandir
+
+    def deleting_scandir(path):  # the temporary folders vanish between their parent's listing and their own
+        if not isinstance(path, int) and os.path.basename(os.fspath(path)).startswith("tmp"):
+            shutil.rmtree(path)
+        return real_scandir(path)
+
+    monkeypatch.setattr(models.os, "scandir", deleting_scandir)
+    assert models._largest(tmp_path, "w.whl") == 10
+    stop, sizes = threading.Event(), []
+
+    def churn():  # a real race too: folders made and removed while the walk runs
+        i = 0
+        while not stop.is_set():
+            d = tmp_path / f"race{i % 7}" / "a" / "b"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "w.whl").write_bytes(b"x")
+            shutil.rmtree(tmp_path / f"race{i % 7}", ignore_errors=True)
+            i += 1
+
+    monkeypatch.undo()
+    t = threading.Thread(target=churn)
+    t.start()
+    try:
+        sizes = [models._largest(tmp_path, "w.whl") for _ in range(300)]
+    finally:
+        stop.set()
+        t.join()
+    assert sizes == [10] * 300
+
+
+def test_tiny_model_takes_a_numpy_seed():
+    import numpy as np
+
+    assert same_weights(models.tiny_model("tiny-llama", seed=np.int64(3)), models.tiny_model("tiny-llama", seed=3))
+    with pytest.raises(ValueError, match="seed must be an int"):
+        models.tiny_model("tiny-llama", seed=3.0)
 
 
 def test_tiny_model_dtype_and_unknown_name():

@@ -173,3 +173,122 @@ def test_memory_accounting_counts_blocks_against_a_static_cache():
     assert [s["paged_bytes"] for s in served.timeline] == [s["blocks_used"] * block for s in served.timeline]
     assert served.timeline[0]["blocks_used"] == 2 + 4  # ceil(6 / 4) + ceil(15 / 4): blocks as the rows grew
     assert served.static_bytes == 2 * 16 * bytes_per_token(model.config)  # 2 rows of the longest (14 + 3 - 1)
+
+
+# ---- bad input and interrupted serves (issue 48) ----
+
+class Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, Stop])
+def test_an_interrupted_serve_frees_its_blocks_and_the_next_serve_runs(interrupt):
+    model = kvlab.tiny_model("tiny-llama")
+    batcher = ContinuousBatcher(model, num_blocks=6, block_size=4, max_batch=2)  # room for two requests at a time
+    reqs = requests([(6, 6, 0), (7, 5, 0), (5, 6, 1)], seed=5)
+
+    def on_token(index, k, token):
+        if k == 2:
+            raise interrupt
+
+    with pytest.raises(interrupt):
+        batcher.serve(reqs, on_token=on_token)
+    assert batcher.allocator.num_used == 0 and batcher.allocator.num_free == 6
+    assert_each_request_exact(model, reqs, batcher.serve(reqs))
+
+
+def test_admission_counts_free_blocks_not_the_pool():
+    model = kvlab.tiny_model("tiny-llama")
+    batcher = ContinuousBatcher(model, num_blocks=6, block_size=4, max_batch=2)
+    taken = batcher.allocator.allocate(4)  # held outside serve: 2 free
+    with pytest.raises(OutOfBlocksError, match="needs 3 blocks but only 2 of the pool's 6 are free"):
+        batcher.serve(requests([(6, 6, 0)], seed=6))
+    batcher.allocator.free(taken)
+    reqs = requests([(6, 6, 0), (7, 5, 0)], seed=6)
+    assert_each_request_exact(model, reqs, batcher.serve(reqs))
+
+
+def test_a_far_arrival_is_skipped_to_not_stepped_through():
+    import time
+
+    model = kvlab.tiny_model("tiny-llama")
+    batcher = ContinuousBatcher(model, num_blocks=8, block_size=4, max_batch=2)
+    now = int(time.time())
+    gen = torch.Generator().manual_seed(7)
+    reqs = [Request(torch.randint(1, 256, (5,), generator=gen), 3, arrival=now),
+            Request(torch.randint(1, 256, (4,), generator=gen), 2, arrival=now + 10**6)]
+    start = time.perf_counter()
+    served = batcher.serve(reqs)
+    assert time.perf_counter() - start < 30
+    assert_each_request_exact(model, reqs, served)
+    assert len(served.timeline) <= 6 and served.timeline[0]["step"] == now
+    assert served.timeline[-1]["step"] >= now + 10**6
+    with pytest.raises(ValueError, match="arrival must be a scheduler step number"):
+        batcher.serve([Request(reqs[0].prompt, 2, arrival=1.5)])
+    import numpy as np
+    served = batcher.serve([Request(reqs[0].prompt, 2, arrival=np.int64(3))])  # NumPy ints are step numbers too
+    assert served.timeline[0]["step"] == 3
+
+
+def test_batcher_keywords_are_refused_by_the_callers_names():
+    model = kvlab.tiny_model("tiny-llama")
+    ids = torch.randint(1, 256, (2, 5), generator=torch.Generator().manual_seed(8))
+    with pytest.raises(TypeError, match=r"sets max_batch= itself"):
+        kvlab.STRATEGIES["paged"].state(model, ids, 4, max_batch=4)
+    with pytest.raises(TypeError, match=r"unknown keyword blok_size=; it takes max_cache_len=, block_size="):
+        kvlab.STRATEGIES["paged"].state(model, ids, 4, blok_size=4)
+    with pytest.raises(TypeError, match=r"serve got unknown keyword max_bach="):
+        serve(model, requests([(5, 3, 0)]), num_blocks=4, max_bach=2)
+    with pytest.raises(TypeError, match="batcher= takes a kvlab ContinuousBatcher"):
+        decode_paged(model, ids, 4, batcher="mine")
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"block_size": 0}, r"block_size must be a positive int, got 0"),
+    ({"block_size": 2.5}, r"block_size must be a positive int, got 2.5"),
+    ({"max_cache_len": 0}, r"max_cache_len must be a positive int, got 0"),
+    ({"max_cache_len": 5}, r"max_cache_len=5 is too short .* Pass max_cache_len >= 8"),
+])
+def test_the_paged_strategy_names_the_setting_the_caller_passed(settings, message):
+    model = kvlab.tiny_model("tiny-llama")
+    ids = torch.randint(1, 256, (2, 5), generator=torch.Generator().manual_seed(9))
+    with pytest.raises(ValueError, match=message):
+        kvlab.decode(model, ids, 4, strategy="paged", **settings)
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"num_blocks": 0}, "num_blocks must be a positive int, got 0"),
+    ({"num_blocks": 4, "block_size": 0}, "block_size must be a positive int, got 0"),
+    ({"num_blocks": 4, "max_blocks_per_request": -1}, "max_blocks_per_request must be a positive int"),
+    ({"num_blocks": 4, "buckets": [0, 8]}, "each of buckets must be a positive int, got 0"),
+    ({"num_blocks": 4, "warmup": -1}, "warmup must be an int >= 0"),
+])
+def test_batcher_settings_are_checked_at_the_door(settings, message):
+    with pytest.raises(ValueError, match=message):
+        ContinuousBatcher(kvlab.tiny_model("tiny-llama"), **settings)
+
+
+def test_reading_refuses_block_and_slot_ids_out_of_range():
+    cache = PagedKVCache(kvlab.tiny_model("tiny-llama").config, num_blocks=4, block_size=2, max_blocks_per_request=2)
+    good_table, good_slots = torch.tensor([[0, 3]]), torch.tensor([[cache.trash_slot]])
+    with cache.reading(good_table, good_slots):
+        pass
+    for table, slots, message in [
+        (torch.tensor([[0, 4]]), good_slots, r"block_table holds ids 0 .. 4, but this cache's block ids run 0 .. 3"),
+        (torch.tensor([[-1, 0]]), good_slots, r"block_table holds ids -1 .. 0"),
+        (good_table, torch.tensor([[cache.trash_slot + 1]]), r"slot_mapping holds ids 9 .. 9, .* run 0 .. 8"),
+    ]:
+        with pytest.raises(PagedCacheError, match=message), cache.reading(table, slots):
+            pass
+
+
+def test_allocator_and_accounting_refuse_nonsense_counts():
+    pool = BlockAllocator(4)
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="allocate takes a number of blocks"):
+            pool.allocate(bad)
+    assert pool.num_free == 4 and pool.allocate(0) == []
+    with pytest.raises(ValueError, match="block_size must be a positive int, got 0"):
+        memory_accounting([3, 5], 0, 8)
+    with pytest.raises(ValueError, match="lengths are tokens in the cache"):
+        memory_accounting([3, -5], 4, 8)

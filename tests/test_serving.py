@@ -40,3 +40,24 @@ def test_paged_runs_serve_every_request_exactly_and_hold_less_than_a_static_cach
     assert max(step["rows"] for step in record["timeline"]) <= 3 and record["buckets_captured"]
     assert all(step["paged_bytes"] <= record["static_bytes"] for step in record["timeline"])
     assert record["per_request"]["paged"] <= record["per_request"]["static"]
+
+
+def test_arriving_requests_and_paged_runs_check_their_settings_at_the_door():
+    import numpy as np
+    import pytest
+
+    for kwargs, says in [({"count": 0}, "count must be an int >= 1, got 0"),
+                         ({"every": -1}, "every must be an int >= 0, got -1"),
+                         ({"vocab_size": 2.5}, "vocab_size must be an int >= 1"),
+                         ({"prompt_lens": (9, 3)}, r"prompt_lens must be an inclusive range \(low, high\)"),
+                         ({"new_tokens": (0, 4)}, "new_tokens must be an inclusive range"),
+                         ({"new_tokens": 4}, "new_tokens must be an inclusive range")]:
+        with pytest.raises(ValueError, match=says):
+            serving.arriving_requests(**{"count": 2, "vocab_size": 50, **kwargs})
+    made = serving.arriving_requests(np.int64(2), np.int64(50), prompt_lens=(3, 4), new_tokens=(2, 3), every=1)
+    assert [r.arrival for r in made] == [0, 1]
+    model = tiny_model("tiny-llama")
+    with pytest.raises(TypeError, match="paged_runs takes a non-empty list of Requests"):
+        serving.paged_runs(model, [], device="cpu")
+    with pytest.raises(ValueError, match="block_size must be an int >= 1, got 0"):
+        serving.paged_runs(model, made, block_size=0, device="cpu")

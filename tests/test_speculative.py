@@ -104,6 +104,30 @@ def test_token_exact_with_naive_and_stats_as_simulated(models, name, batch, k):
     assert decoder.verify_graph is not None  # one graph, captured at the first call, replayed for the second
 
 
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_speculation_over_the_kernels_step_is_token_exact_with_the_same_stats(models, name, batch):
+    """The decoder takes a verify like any step: over kvlab's kernels (their PyTorch form here; tests/test_kernels.py
+    runs the Triton kernels in the interpreter) the tokens and the drafts kept are those of the model's forward."""
+    from kvlab.kernels.decoder import speculative_kernels_decoder
+    from kvlab.kernels.step import kernel_verify
+
+    model, k = models[name], 4
+    decoder = speculative_kernels_decoder(model, repeating(batch), N, k=k)
+    assert decoder.verify_fn is kernel_verify
+    for ids in (repeating(batch), torch.randint(1, 256, (batch, 9), generator=torch.Generator().manual_seed(k))):
+        reference = kvlab.decode(model, ids, N)
+        assert torch.equal(decoder.generate(ids, N), reference), (name, batch)
+        stats = decoder.last_stats
+        assert (stats.verify_steps, stats.drafted, stats.accepted) == simulated(ids, reference, k)
+    assert decoder.verify_graph is not None
+    ids = repeating(batch)
+    assert torch.equal(kvlab.decode(model, ids, N, strategy="graph-safe-speculative/kernels"),
+                       kvlab.decode(model, ids, N))
+    tight = kvlab.decode(model, ids, N, strategy="graph-safe-speculative/kernels", max_cache_len=ids.shape[1] + N - 1)
+    assert torch.equal(tight, kvlab.decode(model, ids, N))  # the last verify steps run into the trash slot
+
+
 def test_repeating_prompts_get_drafts_accepted(models):
     model = models["tiny-qwen2"]
     for batch, k in [(1, 1), (1, 4), (2, 4)]:

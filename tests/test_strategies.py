@@ -64,3 +64,23 @@ SIZED = [name for name in BENCHMARKED if STRATEGIES[name].sized and not (STRATEG
 @pytest.mark.parametrize("name", SIZED)
 def test_sized_strategies_take_the_benchmarks_cache_length(name, model, ids, naive):
     assert torch.equal(kvlab.decode(model, ids, N, strategy=name, max_cache_len=32), naive), name
+
+
+def test_the_gqa_attention_reads_the_kv_heads_as_they_are_and_is_set_back(model, ids, naive, monkeypatch):
+    """reduce-overhead/gqa's attention: token-exact (here eagerly, through the static strategy), called instead of
+    transformers' SDPA attention, and the caller's model left with the attention it had."""
+    from kvlab import compiled_step
+
+    calls = []
+    real = compiled_step.gqa_sdpa_attention
+    monkeypatch.setattr(compiled_step, "gqa_sdpa_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    before = model.config._attn_implementation
+    with compiled_step.gqa_attention(model):
+        assert model.config._attn_implementation == compiled_step.GQA_ATTENTION
+        assert torch.equal(kvlab.decode(model, ids, N, strategy="static"), naive)
+    assert model.config._attn_implementation == before and calls
+
+
+def test_every_strategy_names_a_function_that_exists():
+    for strategy in STRATEGIES.values():
+        assert callable(strategy.function) and (strategy.builds is None or callable(strategy.build)), strategy.name

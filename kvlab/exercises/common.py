@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
 import inspect
 import math
 import numbers
 import os
+
+import torch
 
 NOT_ANSWERED = "not answered yet: replace `answer = None` with your number and run the cell again"
 
@@ -113,6 +117,99 @@ def call_student(fn, *args, **kwargs):
         raise NotAttempted from e
 
 
+# ---- the caller's model is the caller's: student code runs on it, then it is put back ----------------------------
+
+
+def _module_state(module) -> dict:
+    """A module's attributes: name -> (value, a copy of it where it is a dict: the parameters', buffers',
+    submodules' and hooks' dicts, so that adding or replacing an entry shows)."""
+    return {k: (v, copy.copy(v) if isinstance(v, dict) else None) for k, v in vars(module).items()}
+
+
+def _restore(module, state: dict) -> None:
+    """Put back ``_module_state``'s attributes; a dict is refilled in place (hook handles hold it weakly)."""
+    vars(module).clear()
+    for key, (value, entries) in state.items():
+        if entries is not None:
+            value.clear()
+            value.update(entries)
+        vars(module)[key] = value
+
+
+def _same(a, b) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
+    if isinstance(a, (torch.Tensor, torch.nn.Module)) or isinstance(b, (torch.Tensor, torch.nn.Module)):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:  # an object without a usable ==
+        return False
+
+
+@contextlib.contextmanager
+def model_kept(model):
+    """Run student code on ``model`` inside; on the way out (any way out) every change it made is listed in the
+    yielded list and undone: weights and buffers edited in place, replaced (``.data =``, a new Parameter) or
+    removed, modules replaced or removed, module settings (``variance_epsilon``, ``training``, hooks) and the
+    config. Costs one copy of the weights."""
+    modules = dict(model.named_modules())
+    states = {name: _module_state(m) for name, m in modules.items()}
+    tensors = {}  # id -> (name, tensor, its values, data_ptr)
+    with torch.no_grad():
+        for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+            if id(t) not in tensors:
+                tensors[id(t)] = (name, t, t.detach().clone(), t.data_ptr())
+    config = getattr(model, "config", None)
+    config_state = copy.deepcopy(vars(config)) if config is not None else None
+    changed: list[str] = []
+    try:
+        yield changed
+    finally:
+        now = dict(model.named_modules())
+        changed += [f"module {name or 'model'} {'replaced' if name in now else 'removed'}"
+                    for name, m in modules.items() if now.get(name) is not m]
+        changed += [f"module {name} added" for name in now if name not in modules]
+        for name, m in modules.items():
+            before, after = states[name], vars(m)
+            changed += [f"{name or 'model'}.{key} changed" for key in before.keys() | after.keys()
+                        if key not in before or not _same(before[key][1] if before[key][1] is not None
+                                                          else before[key][0], after.get(key))]
+            _restore(m, before)
+        with torch.no_grad():
+            for name, t, values, ptr in tensors.values():
+                if t.data_ptr() != ptr or t.shape != values.shape or t.dtype != values.dtype:
+                    changed.append(f"{name} replaced (.data)")
+                    t.data = values
+                elif not torch.equal(t, values) and not (t.is_floating_point() and torch.allclose(
+                        t, values, rtol=0, atol=0, equal_nan=True)):
+                    changed.append(f"{name} edited in place")
+                    t.copy_(values)
+        if config is not None and vars(config) != config_state:
+            changed.append("model.config changed")
+            vars(config).clear()
+            vars(config).update(config_state)
+
+
+def kept(model, run) -> str:
+    """``run()``'s verdict, with ``model`` kept (``model_kept``): student code that changed the model is "not
+    quite" whatever ``run`` found (its reference may have run on the changed model), and the model is put back."""
+    with model_kept(model) as changed:
+        verdict = run()
+    return model_changed(changed) or verdict
+
+
+def model_changed(changed: list[str]) -> str | None:
+    """The verdict for student code that changed the model (``model_kept``'s list), else None."""
+    if not changed:
+        return None
+    more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+    return (f"not quite: your code changed the model ({', '.join(changed[:3])}{more}); the check put it back as it "
+            "was. Hint: decoding only reads the model: leave its weights, modules and settings alone.")
+
+
 def code_checker(solution):
     """Make ``check(student_fn, **settings) -> verdict`` a checker of code written against ``solution``.
 
@@ -147,15 +244,61 @@ def code_checker(solution):
     return wrap
 
 
+def choice_of(prediction, choices):
+    """The key of ``choices`` that ``prediction`` names, else None. Any reasonable spelling of a key names it: a
+    list or tuple of one element, text in any case with spaces or quotes around (``" b "``, ``"'B'"``), a number
+    key as text (``"1000"``, ``"1,000"``, ``"1e3"``), a NumPy scalar or a one-element tensor. Never hashes
+    ``prediction`` (a list is not an error)."""
+    if isinstance(prediction, list | tuple) and len(prediction) == 1:
+        prediction = prediction[0]
+    numeric = [k for k in choices if isinstance(k, numbers.Real) and not isinstance(k, bool)]
+    if isinstance(prediction, str):
+        text = prediction.strip().strip("'\"").strip()
+        spelled = {"".join(str(k).split()).casefold(): k for k in choices if isinstance(k, str)}
+        if "".join(text.split()).casefold() in spelled:
+            return spelled["".join(text.split()).casefold()]
+        if not numeric:
+            return None
+        try:
+            prediction = float(text.replace(",", "").replace("_", ""))
+        except ValueError:
+            return None
+    try:
+        value = real_number(prediction)
+    except NotANumber:
+        return None
+    return next((k for k in numeric if k == value), None)
+
+
+RUN_AGAIN = "run the cell that measures it again, then this check"
+
+
+def bad_measurement(measured: dict, fix: str = RUN_AGAIN) -> str | None:
+    """The verdict for a measurement of ``measured`` (name -> value) that cannot decide a prediction (NaN,
+    infinity, zero or below, not a number), else None: a checker never calls a prediction right against such a
+    number. ``fix``: what to do about it."""
+    for name, value in measured.items():
+        try:
+            number = real_number(value)
+        except NotANumber as e:
+            return f"not checked: the measurement {name} is {e}; {fix}"
+        if number <= 0:
+            return (f"not checked: the measurement {name} = {number} is not a positive number, so it cannot decide "
+                    f"the question; {fix}")
+    return None
+
+
 def check_prediction(prediction, *, measured, choices: dict, what: str) -> str:
-    """A "predict, then run" question: ``prediction`` is one key of ``choices`` (key -> what it would mean),
-    ``measured`` the key the run just showed. Under ``KVLAB_SOLUTIONS=1`` a missing prediction is filled in."""
+    """A "predict, then run" question: ``prediction`` names one key of ``choices`` (key -> what it would mean;
+    any spelling :func:`choice_of` reads), ``measured`` the key the run just showed. Under ``KVLAB_SOLUTIONS=1`` a
+    missing prediction is filled in."""
     if prediction is None:
         if not solutions_filled_in():
             return "not predicted: write your prediction (one of " + ", ".join(map(repr, choices)) + ") before running"
         prediction = measured
-    if prediction not in choices:
-        return f"not quite: {what} is one of {', '.join(map(repr, choices))}, got {prediction!r}"
+    given, prediction = prediction, choice_of(prediction, choices)
+    if prediction is None:
+        return f"not quite: {what} is one of {', '.join(map(repr, choices))}, got {given!r:.80}"
     if prediction == measured:
         return f"correct: {what} is {measured!r}: {choices[measured]}"
     return (f"not quite: you predicted {prediction!r} ({choices[prediction]}), but the run shows {measured!r}: "

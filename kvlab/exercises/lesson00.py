@@ -15,7 +15,7 @@ import math
 import torch
 
 from ..sizes import llama_parameter_count, model_sizes
-from .common import NotANumber, call_student, check_prediction, code_checker, real_number
+from .common import NotANumber, bad_measurement, call_student, check_prediction, code_checker, real_number
 from .mistakes import first_match
 
 # ---- exercise 1: the parameter count of a Llama-style model, from its config ------------------------------------
@@ -215,6 +215,10 @@ def nearest_choice(ratio: float, ratios: dict[str, float]) -> str:
 def check_gqa_prediction(prediction, *, gqa_parameters: int, mha_parameters: int) -> str:
     """Predict, then run: how many more parameters would the model have with one kv head per query head? The
     measured counts (``model.parameters()`` of the model and of its multi-head twin) decide."""
+    bad = bad_measurement({"gqa_parameters": gqa_parameters, "mha_parameters": mha_parameters})
+    if bad:
+        return bad
+    gqa_parameters, mha_parameters = real_number(gqa_parameters), real_number(mha_parameters)
     ratio = mha_parameters / gqa_parameters
     verdict = check_prediction(prediction, measured=nearest_choice(ratio, GQA_RATIOS), choices=GQA_CHOICES,
                                what="the growth without grouped-query attention")

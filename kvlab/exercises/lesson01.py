@@ -1,10 +1,10 @@
-"""Checkers for lesson 01 (naive decoding): code the student writes, and one prediction.
+"""Checkers for lesson 01 (naive decoding): one prediction, and code the student writes (in reading order).
 
+- ``check_doubling_prediction(prediction, ...)``: how the naive decode's total time grows when ``n`` doubles;
 - ``check_naive_decode(naive_decode)``: the greedy loop without a cache, token-exact against
   ``kvlab.decoding.decode_naive`` on a tiny random model; a wrong loop is told the first token that differs and why;
 - ``check_step_flops(step_flops, config=...)``: the FLOPs of one naive step from the config, against
-  ``kvlab.sizes.forward_flops``, with the mistake behind a wrong count named;
-- ``check_doubling_prediction(prediction, ...)``: how the naive decode's total time grows when ``n`` doubles.
+  ``kvlab.sizes.forward_flops``, with the mistake behind a wrong count named.
 """
 
 from __future__ import annotations
@@ -15,11 +15,19 @@ import torch
 
 from ..decoding import decode_naive, first_mismatch
 from ..sizes import flops_breakdown, forward_flops, model_sizes
-from .common import NotANumber, call_student, check_prediction, code_checker, real_number
+from .common import (
+    NotANumber,
+    bad_measurement,
+    call_student,
+    check_prediction,
+    code_checker,
+    kept,
+    real_number,
+)
 from .lesson00 import describe, small_gqa_config
 from .mistakes import first_match, show_sources
 
-# ---- exercise 1: the naive greedy loop -------------------------------------------------------------------------
+# ---- exercise 2: the naive greedy loop -------------------------------------------------------------------------
 
 DECODE_CASES = ((1, 5, 1), (2, 4, 3))  # (batch, prompt_len, seed): one prompt, then a batch of two; seeds whose
 # first step tells apart the argmax of the first, second-to-last and last position and of the newest token alone
@@ -97,6 +105,11 @@ def check_naive_decode(student, *, model=None, new_tokens: int = 6) -> str:
     from ..lab.models import tiny_model
 
     model = tiny_model("tiny-llama") if model is None else model
+    return kept(model, lambda: naive_decode_verdict(student, model, new_tokens))
+
+
+def naive_decode_verdict(student, model, new_tokens: int) -> str:
+    """``check_naive_decode``'s cases on ``model``."""
     for batch, length, seed in DECODE_CASES:
         prompt = case_prompt(model, batch, length, seed)
         right = decode_naive(model, prompt, new_tokens)
@@ -109,7 +122,7 @@ def check_naive_decode(student, *, model=None, new_tokens: int = 6) -> str:
             "prompt and for a batch of two")
 
 
-# ---- exercise 2: the FLOPs of one naive step -------------------------------------------------------------------
+# ---- exercise 3: the FLOPs of one naive step -------------------------------------------------------------------
 
 
 def step_flops(config, length: int) -> int:
@@ -174,7 +187,7 @@ def check_step_flops(student, *, config=None, length: int = 1000) -> str:
 show_sources(check_step_flops, step_flops, flops_breakdown)
 
 
-# ---- exercise 3 (predict, then run): doubling n ----------------------------------------------------------------
+# ---- exercise 1 (predict, then run): doubling n ----------------------------------------------------------------
 
 DOUBLING_CHOICES = {
     "2x": "about twice as long: every step costs about the same, whatever its length",
@@ -191,6 +204,10 @@ def doubling_choice(ratio: float) -> str:
 
 def check_doubling_prediction(prediction, *, seconds: float, doubled_seconds: float) -> str:
     """Predict, then run: the naive decode's total time for 2n tokens over its time for n, measured."""
+    bad = bad_measurement({"seconds": seconds, "doubled_seconds": doubled_seconds})
+    if bad:
+        return bad
+    seconds, doubled_seconds = real_number(seconds), real_number(doubled_seconds)
     ratio = doubled_seconds / seconds
     verdict = check_prediction(prediction, measured=doubling_choice(ratio), choices=DOUBLING_CHOICES,
                                what="T(2n) / T(n) of the naive loop")

@@ -16,7 +16,17 @@ import torch
 from ..decoding import decode_naive, first_mismatch
 from ..handwritten import HandwrittenCache, HandwrittenLayer, decode_handwritten
 from ..sizes import kv_cache_bytes, model_sizes
-from .common import as_number, call_student, check_number, check_prediction, checker, code_checker
+from .common import (
+    as_number,
+    bad_measurement,
+    call_student,
+    check_number,
+    check_prediction,
+    checker,
+    code_checker,
+    kept,
+    real_number,
+)
 from .mistakes import first_match, show_sources
 
 # ---- exercise 1: attention over a cache, one head ----------------------------------------------------------------
@@ -34,6 +44,14 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.T
     visible = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)  # [T, S]: key j <= S - T + i
     weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)  # [T, S], each row sums to 1
     return weights @ values  # [T, d]
+
+
+def attend_tolerance(dtype: torch.dtype) -> float:
+    """rtol = atol for an attention returned in ``dtype``: float32 rounding at least (an answer computed in float32
+    and returned in float64 is right too), 4 machine epsilons of a lower precision; the typical mistakes move the
+    output by 0.2 or more."""
+    eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+    return max(1e-5, 4 * eps)
 
 
 ATTEND_CASES = ((1, 6), (3, 8), (4, 4))  # (T queries, S cached keys): a decode step, a chunk after a cache, a prefill
@@ -75,7 +93,8 @@ def check_attend(student) -> str:
     """softmax(q @ keys.T / sqrt(d)), causal for T > 1 (query i sees keys 0..S-T+i), then @ values -> [T, d].
 
     Checks ``attend(q, keys, values)`` on a decode step (1 query over 6 keys), 3 queries over 8 keys and a prefill
-    (4 over 4), in float64 against the reference, and names the mistake behind a wrong output."""
+    (4 over 4), given in float64, against the reference (within float32 rounding, or the rounding of the dtype
+    returned), and names the mistake behind a wrong output."""
     for seed, (T, S) in enumerate(ATTEND_CASES):
         q, keys, values = attend_case(T, S, seed)
         right = attend(q, keys, values)
@@ -91,10 +110,11 @@ def check_attend(student) -> str:
             else:
                 why = "one output row of d per query."
             return f"not quite: for {where}, expected shape {tuple(right.shape)}, got {tuple(got.shape)}. Hint: {why}"
+        tol = attend_tolerance(got.dtype)
         got = got.to(right.dtype)
-        if torch.allclose(got, right, rtol=1e-9, atol=1e-12):
+        if torch.allclose(got, right, rtol=tol, atol=tol):
             continue
-        hint = first_match(got, attend_mistakes(q, keys, values), rtol=1e-9, atol=1e-12)
+        hint = first_match(got, attend_mistakes(q, keys, values), rtol=tol, atol=tol)
         finite = torch.isfinite(got).all(dim=-1)  # [T]
         if hint is None and not bool(finite.all()):
             bad = int((~finite).nonzero()[0])
@@ -102,7 +122,7 @@ def check_attend(student) -> str:
                     "that are all -inf (every key masked) is NaN, and so is everything computed from a NaN. Each query "
                     "sees at least its own key: query i sees keys 0 .. S - T + i.")
         elif hint is None:
-            bad = int((~torch.isclose(got, right, rtol=1e-9, atol=1e-12)).any(dim=-1).nonzero()[0])
+            bad = int((~torch.isclose(got, right, rtol=tol, atol=tol)).any(dim=-1).nonzero()[0])
             hint = (f"row {bad} (the query at position {S - T + bad}) is the first that differs: softmax over the keys "
                     "it may see of q @ keys.T / sqrt(d), times values.")
         return f"not quite: for {where}, your output differs. Hint: {hint}"
@@ -191,6 +211,12 @@ def check_cache_update(student, *, model=None, new_tokens: int = 5) -> str:
     loop; names the mistake, the call and the first token that differs."""
     from ..lab.models import tiny_model
 
+    model = tiny_model("tiny-llama") if model is None else model
+    return kept(model, lambda: cache_update_verdict(student, model, new_tokens))
+
+
+def cache_update_verdict(student, model, new_tokens: int) -> str:
+    """``check_cache_update``'s calls and decode, with ``model``."""
     cache, reference = call_student(student), HandwrittenCache()
     gen = torch.Generator().manual_seed(0)
     fed = []  # every key fed, all layers, in call order
@@ -204,7 +230,6 @@ def check_cache_update(student, *, model=None, new_tokens: int = 5) -> str:
         if problem:
             return (f"not quite: at update call {i + 1} (layer {layer}, {new} new token(s), {right_k.shape[-2]} in the "
                     f"layer after it): {problem}")
-    model = tiny_model("tiny-llama") if model is None else model
     prompt = torch.arange(1, 6, device=next(model.parameters()).device)[None]  # [1, 5]
     right = decode_naive(model, prompt, new_tokens)
     tokens = decode_handwritten(model, prompt, new_tokens, cache=PluggedCache(call_student(student)))
@@ -281,6 +306,10 @@ CACHE_VS_WEIGHTS_CHOICES = {
 def check_cache_vs_weights_prediction(prediction, *, weight_bytes: int, cache_bytes_per_token: float) -> str:
     """Predict, then run: at about how many cached tokens of one sequence does the KV cache hold as many bytes as
     the model's weights? The measured bytes (weights' tensors, a filled cache) decide, to the nearest power of 10."""
+    bad = bad_measurement({"weight_bytes": weight_bytes, "cache_bytes_per_token": cache_bytes_per_token})
+    if bad:
+        return bad
+    weight_bytes, cache_bytes_per_token = real_number(weight_bytes), real_number(cache_bytes_per_token)
     tokens = weight_bytes / cache_bytes_per_token
     nearest = min(CACHE_VS_WEIGHTS_CHOICES, key=lambda k: abs(math.log10(tokens / k)))
     verdict = check_prediction(prediction, measured=nearest, choices=CACHE_VS_WEIGHTS_CHOICES,

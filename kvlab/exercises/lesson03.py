@@ -1,6 +1,6 @@
 """Checkers for lesson 03 (HuggingFace DynamicCache and StaticCache). Each returns a verdict string; print it.
 
-Two code exercises (an in-place reset of a ``StaticCache``; a cached decode step whose position is a 0-dim tensor),
+Two code exercises (a cached decode step whose position is a 0-dim tensor; an in-place reset of a ``StaticCache``),
 a "predict, then run" question (what ``StaticCache.crop`` does to the buffers) and one number. Every expected
 value is computed live on a tiny model, with transformers' own caches and kvlab's own loops.
 """
@@ -21,7 +21,9 @@ from .common import (
     check_number,
     check_prediction,
     checker,
+    choice_of,
     code_checker,
+    kept,
     solutions_filled_in,
 )
 
@@ -234,6 +236,11 @@ def host_read_in(step) -> str | None:
 def check_decode_step(step, *, prompt_len: int = 9, new_tokens: int = 10) -> str:
     """Feed ids with position_ids=position.reshape(1, 1), advance it with position.add_(1), return greedy(logits)."""
     model = check_model()
+    return kept(model, lambda: decode_step_verdict(step, model, prompt_len, new_tokens))
+
+
+def decode_step_verdict(step, model, prompt_len: int, new_tokens: int) -> str:
+    """``check_decode_step``'s run on ``model``."""
     prompt = check_prompt(prompt_len)
     expected = decode_static(model, prompt, new_tokens)  # kvlab's own cached loop, positions from the cache
     cache = make_static_cache(model, prompt_len + new_tokens)
@@ -343,7 +350,8 @@ def check_crop_prediction(prediction, *, model=None, prompt_ids=None, extra: int
     """"Predict, then run": what does ``StaticCache.crop(-k)`` do to the buffers? ``prediction`` is a key of
     :data:`CROP_CHOICES`; the experiment runs only once a prediction is given. The verdict, then what it measured."""
     what = f"what crop(-{k}) does"
-    if (prediction is None and not solutions_filled_in()) or (prediction is not None and prediction not in CROP_CHOICES):
+    if (prediction is None and not solutions_filled_in()) or (
+            prediction is not None and choice_of(prediction, CROP_CHOICES) is None):
         return check_prediction(prediction, measured=None, choices=CROP_CHOICES, what=what)
     seen = crop_experiment(model, prompt_ids, extra=extra, k=k)
     verdict = check_prediction(prediction, measured=seen["outcome"], choices=CROP_CHOICES, what=what)

@@ -19,7 +19,15 @@ from ..decoding import first_mismatch, greedy
 from ..failures import control_rewound, decode_static_graph
 from ..graphs import CapturedStep, capture
 from ..hf_caches import decode_static, make_static_cache
-from .common import NotAttempted, call_student, check_prediction, code_checker, solutions_filled_in
+from .common import (
+    NotAttempted,
+    call_student,
+    check_prediction,
+    choice_of,
+    code_checker,
+    kept,
+    solutions_filled_in,
+)
 from .lesson03 import check_model, check_prompt, first_token_note
 
 # ---------------------------------------------------------------------- predict, then run: no warm-up calls
@@ -53,7 +61,8 @@ def check_no_warmup_prediction(prediction, *, model=None, prompt_ids=None, new_t
     """"Predict, then run": the first attempt of section 2 with ``warmup=0``: which token first differs from the
     eager loop? ``prediction`` is a key of :data:`NO_WARMUP_CHOICES`; the run happens once a prediction is given."""
     what = "the first differing token with warmup=0"
-    if (prediction is None and not solutions_filled_in()) or (prediction is not None and prediction not in NO_WARMUP_CHOICES):
+    if (prediction is None and not solutions_filled_in()) or (
+            prediction is not None and choice_of(prediction, NO_WARMUP_CHOICES) is None):
         return check_prediction(prediction, measured=None, choices=NO_WARMUP_CHOICES, what=what)
     seen = no_warmup_run(model, prompt_ids, new_tokens)
     verdict = check_prediction(prediction, measured=seen["outcome"], choices=NO_WARMUP_CHOICES, what=what)
@@ -141,6 +150,11 @@ def refill_problem(seen, first_ids, prompt_len: int, note: str) -> str | None:
 def check_graph_decode(student, *, prompt_len: int = 9, n: int = 12) -> str:
     """Capture once (capture(step, static_ids, static_pos, warmup=0)); before each replay write the token and position INTO the buffers."""
     model = check_model()
+    return kept(model, lambda: graph_decode_verdict(student, model, prompt_len, n))
+
+
+def graph_decode_verdict(student, model, prompt_len: int, n: int) -> str:
+    """``check_graph_decode``'s run on ``model``."""
     prompt = check_prompt(prompt_len)
     expected = decode_static(model, prompt, n)  # kvlab's eager StaticCache loop
     cache = make_static_cache(model, prompt_len + n + 8)  # room for a few warm-up writes: diagnosed, not a crash
@@ -242,7 +256,7 @@ def fix_problem(name: str, result, seen, prompt_len: int, warmup: int) -> str | 
     if seen["rebound"]:
         i, k = seen["rebound"][0]
         return (f"not quite: layer {i}'s {k} is a new tensor ({note}). Hint: a tensor rebound instead of written in "
-                f"place: a graph keeps reading and advancing the old one (scenario 4d); write into it: layer.{k}.fill_(...).")
+                f"place: a graph keeps reading and advancing the old one (cause 3); write into it: layer.{k}.fill_(...).")
     after, before = seen["after"], seen["before"]
     if not seen["prompt kept"]:
         emptied = " (you emptied the cache)" if not any(after) else ""
@@ -257,7 +271,7 @@ def fix_problem(name: str, result, seen, prompt_len: int, warmup: int) -> str | 
         return f"not quite: every counter is still at {after[0]} ({note}). Hint: {why}; set each back, in place."
     if after[0] == prompt_len:
         return (f"not quite: only layer 0's counter is at {prompt_len}; the others say {after[1:]} ({note}). Hint: every "
-                "layer has its own cumulative_length (scenario 5c): move each one.")
+                "layer has its own cumulative_length (layer0-only-rewind): move each one.")
     return (f"not quite: the counters went from {before} to {after}, but the cache holds {prompt_len} valid tokens "
             f"({note}). Hint: {why}; make each counter say valid_len (fill_), whatever moved it.")
 

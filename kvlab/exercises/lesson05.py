@@ -15,7 +15,7 @@ import torch
 from ..cache_view import counters
 from ..graph_safe_cache import GraphSafeStaticCache
 from ..graphs import CapturedStep
-from .common import as_number, call_student, check_number, check_prediction, checker, code_checker
+from .common import as_number, call_student, check_number, check_prediction, checker, code_checker, kept
 
 
 @functools.cache
@@ -485,11 +485,17 @@ def _before_replay(graph, seen, reading, cache, want, n) -> str | None:
 @code_checker(graph_loop_solution)
 def check_graph_loop(fn) -> str:
     """Exercise: prefill eagerly, capture the step once (warmup=3), put every counter back, replay; cache.reset() in place per prompt."""
+    model = _tiny()
+    return kept(model, lambda: graph_loop_verdict(fn, model))
+
+
+def graph_loop_verdict(fn, model) -> str:
+    """``check_graph_loop``'s run on ``model``."""
     from transformers import StaticCache
 
     from ..decoding import decode_naive
 
-    model, prompts, n = _tiny(), loop_prompts(), LOOP_NEW_TOKENS
+    prompts, n = loop_prompts(), LOOP_NEW_TOKENS
     want = [decode_naive(model, p, n) for p in prompts]
     slots = max(LOOP_PROMPTS) + n + LOOP_WARMUP
     keys = [_eager_keys(model, p, n, slots) for p in prompts]

@@ -20,6 +20,7 @@ from .common import (
     NOT_ANSWERED,
     NotANumber,
     as_number,
+    bad_measurement,
     call_student,
     check_number,
     check_prediction,
@@ -177,6 +178,9 @@ def check_step_floor_ms(fn) -> str:
 
 # ---- 3 · predict, then read: the fastest strategy at a large batch --------------------------------------------------
 
+BROKEN_RECORD = "the record holds a broken number: record it again on a GPU"
+
+
 def rates_at(record: dict, batch: int) -> dict[str, float]:
     """tokens/s of every token-exact strategy of ``record`` at ``batch``, in the record's order."""
     rates = {r["strategy"]: r["tokens_per_s"] for r in record["results"] if r["batch"] == batch and r["exact"]}
@@ -192,6 +196,9 @@ def check_fastest_prediction(prediction=None, record: dict | None = None, *, bat
         return ("no recorded batch sweep (data/h200_batch_sweep.json) here: there is nothing to check a prediction "
                 "against; record one with `python -m kvlab.lab.bench --batch ...` on a GPU")
     rates = rates_at(record, batch)
+    bad = bad_measurement({f"tokens_per_s of {name}": rate for name, rate in rates.items()}, BROKEN_RECORD)
+    if bad:
+        return bad
     fastest = max(rates, key=rates.get)
     choices = {name: f"{rate:,.0f} tokens/s at batch {batch}" for name, rate in rates.items()}
     verdict = check_prediction(prediction, measured=fastest, choices=choices,
@@ -222,6 +229,9 @@ def check_tile_prediction(prediction=None, record: dict | None = None, *, projec
     if projection not in table or rows not in table[projection]:
         raise ValueError(f"the sweep has projections {sorted(table)} at rows {sorted(next(iter(table.values())))}")
     cell = table[projection][rows]
+    bad = bad_measurement({f"{path} µs": cell[path] for path in TILE_PATHS if path in cell}, BROKEN_RECORD)
+    if bad:
+        return bad
     verdict = check_prediction(prediction, measured=cell["path"], choices=TILE_PATHS,
                                what=f"the fastest kernel for {projection} at {rows} rows in the recorded sweep")
     if verdict.startswith(("correct", "not quite: you predicted")):

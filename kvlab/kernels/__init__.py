@@ -11,5 +11,10 @@
 - ``mlp``: ``fused_mlp``, a layer's MLP (norm, gate/up, SiLU * up, down, residual) as one kernel for the GEMV's
   few rows (``kernel_step(fused_mlp=True)``).
 - ``step``: ``kernel_step(model, cache, token, done)``, the whole decode step from these kernels, with
-  ``check_supported`` and ``arrival_counters``.
+  ``check_supported`` and ``arrival_counters``; ``kernel_prefill`` and ``kernel_verify`` (speculation's
+  k + 1 rows) through the same kernels.
+- ``decoder``: ``kernels_decoder`` binds the step's state (``functools.partial``) and hands it to a
+  ``GraphSafeDecoder``; ``speculative_kernels_decoder`` hands it to lesson 07's ``SpeculativeDecoder``.
+
+Nothing here is imported by ``import kvlab``: a kernels strategy imports this package when it runs.
 """

@@ -1,29 +1,33 @@
-"""The decode step's matmuls as hand-written Triton GEMV kernels, with what comes before and after them fused in.
+"""The decode step's matmuls as hand-written Triton GEMV kernels, with what comes before and after
+them fused in.
 
-A GEMV is ``x[rows, K] @ W[N, K]^T``: each program owns ``BLOCK_N`` outputs of one row and streams their weight
-rows. What the kernel does to x first (the prologue) and to the result after:
+A GEMV is ``x[rows, K] @ W[N, K]^T``: each program owns ``BLOCK_N`` outputs of one row and streams
+their weight rows. What the kernel does to x first (the prologue) and to the result after:
 
-- ``gemv(x, W, norm=w)``: RMSNorm fused into the matmul. Every program recomputes the row's mean square (K numbers,
-  from L2): no norm kernel, no normed copy of x in memory.
-- ``gemv(gate_up, W, silu_mul=True, residual=x)``: SiLU(gate) * up fused into the matmul, and the residual add.
-- ``greedy_head(x, W, norm, eps, token, position)``: the final norm and LM head GEMV keep only each program's
-  largest logit, and one small kernel picks the token and advances the cache's counter (the logits never reach
-  memory).
+- ``gemv(x, W, norm=w)``: RMSNorm fused into the matmul. Every program recomputes the row's mean
+  square (K numbers, from L2): no norm kernel, no normed copy of x in memory.
+- ``gemv(gate_up, W, silu_mul=True, residual=x)``: SiLU(gate) * up fused into the matmul, and the
+  residual add.
+- ``greedy_head(x, W, norm, eps, token, position)``: the final norm and LM head GEMV keep only each
+  program's largest logit, and one small kernel picks the token and advances the cache's counter
+  (the logits never reach memory).
 
-Between operations the values are rounded to the model's dtype where transformers' Llama code rounds them, so the
-tokens stay exact in float32 (checked against ``"naive"``). On Hopper and later every kernel is launched with
-programmatic dependent launch (``common.pdl``).
+Between operations the values are rounded to the model's dtype where transformers' Llama code rounds
+them, so the tokens stay exact in float32 (checked against ``"naive"``). On Hopper and later every
+kernel is launched with programmatic dependent launch (``common.pdl``).
 
-GEMM dispatch: a GEMV streams the weight once per row, so with many rows a GEMM that reads it once for all rows
-wins. Above ``GEMV_MAX_ROWS`` rows ``gemv`` and ``greedy_head`` run their PyTorch form (``F.linear``: cuBLAS on a
-GPU, with the norm, SiLU and residual as kernels of their own), which is also what they run where
-``common.available`` is False (no CUDA outside Triton's interpreter, a GPU older than Ampere such as a T4): the
-reference the kernels are tested against. With ``tiles=True`` (``kernel_path``) 2 rows or more run ``tile_kernel``
-where the H200 sweep measured it fastest (``TILE_DISPATCH``): the same prologue and epilogue around a ``tl.dot`` over
-tiles of rows, so the weights are read once per tile of rows instead of once per row.
+GEMM dispatch: a GEMV streams the weight once per row, so with many rows a GEMM that reads it once
+for all rows wins. Above ``GEMV_MAX_ROWS`` rows ``gemv`` and ``greedy_head`` run their PyTorch form
+(``F.linear``: cuBLAS on a GPU, with the norm, SiLU and residual as kernels of their own), which is
+also what they run where ``common.available`` is False (no CUDA outside Triton's interpreter, a GPU
+older than Ampere such as a T4): the reference the kernels are tested against. With ``tiles=True``
+(``kernel_path``) 2 rows or more run ``tile_kernel`` where the sweep measured it fastest
+(``TILE_DISPATCH``): the same prologue and epilogue around a ``tl.dot`` over tiles of rows, so the
+weights are read once per tile of rows instead of once per row.
 
-A weight may come in parts stacked along its outputs (``gemv(x, (W_q, W_k, W_v))``): the kernels read each part where
-it is, so an unfused model's q/k/v or gate/up run as one matmul without a concatenated copy of their weights.
+A weight may come in parts stacked along its outputs (``gemv(x, (W_q, W_k, W_v))``): the kernels
+read each part where it is, so an unfused model's q/k/v or gate/up run as one matmul without a
+concatenated copy of their weights.
 """
 
 from __future__ import annotations
@@ -34,34 +38,38 @@ import torch.nn.functional as F
 from . import common
 from .common import tl, triton
 
-# Above this many rows a GEMM (cuBLAS, via the PyTorch form) wins over the GEMV kernels; at 16 rows they tie on the
-# H200 (data/README.md: the probe, and h200_batch_sweep.json). Read at each call: tests and the benchmark may set it.
-GEMV_MAX_ROWS = 16
-GEMV_CONFIGS: dict[tuple[int, int], tuple[int, int, int]] = {}  # (N, K) -> (BLOCK_N, BLOCK_K, warps), overrides
+# Above this many rows a GEMM (cuBLAS, via the PyTorch form) wins over the GEMV kernels: the most
+# rows a probe measured the kernels no slower at (common.TUNING). Read at each call: tests and the
+# benchmark set it.
+GEMV_MAX_ROWS = common.TUNING["gemv_max_rows"]
+# (N, K) -> (BLOCK_N, BLOCK_K, warps), overrides
+GEMV_CONFIGS: dict[tuple[int, int], tuple[int, int, int]] = {}
 NO_NORM, RMS_NORM, SILU_MUL = 0, 1, 2  # the GEMV's prologue: what is done to x before the matmul
 
 
 def gemv_config(n: int, k: int) -> tuple[int, int, int]:
-    """(outputs per program, K per inner step, warps) for an ``[N, K]`` weight at batch 1, from a sweep on the H200
-    (``python tools/time_kernels.py --parts gemv``; ``data/attempts/h200_kernel_step_sweep_pdl.json``): 8 outputs per
-    program and the whole K in one step for SmolLM2's projections; the vocabulary-sized LM head wants 64 outputs
-    and short K steps. ``GEMV_CONFIGS`` overrides it per shape."""
+    """(outputs per program, K per inner step, warps) for an ``[N, K]`` weight at batch 1: the
+    sweep's fastest (``python tools/time_kernels.py --parts gemv``; ``common.TUNING``): few outputs
+    per program and the whole K in one step for a projection, more outputs and short K steps for a
+    vocabulary-sized LM head (``gemv_block_wide``). ``GEMV_CONFIGS`` overrides it per shape."""
     if (n, k) in GEMV_CONFIGS:
         return GEMV_CONFIGS[n, k]
-    if n > 16384:
-        return 64, 128, 4
-    return 8, min(1024, triton.next_power_of_2(k)), 4
+    wide, block = common.TUNING["gemv_block_wide"], common.TUNING["gemv_block"]
+    if n > wide["above_outputs"]:
+        return wide["outputs"], wide["k"], wide["warps"]
+    return block["outputs"], min(block["most_k"], triton.next_power_of_2(k)), block["warps"]
 
 
 if triton is not None:
-    from .common import launch_next_kernel, wait_for_previous_kernel
+    from .common import wait_for_previous_kernel
 
     @triton.jit
     def _stacked_rows(W, W1, W2, n, first, N0, N01, K, PARTS: tl.constexpr, BY_BLOCK: tl.constexpr):
-        """Pointers to rows ``n`` [N_b] of a weight ``[N, K]``: one matrix (``PARTS`` 1), or up to three stacked
-        along N (rows ``[0, N0)`` in W, ``[N0, N01)`` in W1, the rest in W2), each read where it is. ``BY_BLOCK``:
-        the block's outputs lie in one part, so its first output ``first`` picks the part for all; the compiler
-        then still knows the rows 16-byte aligned and loads them as vectors (chosen per row, it does not)."""
+        """Pointers to rows ``n`` [N_b] of a weight ``[N, K]``: one matrix (``PARTS`` 1), or up to
+        three stacked along N (rows ``[0, N0)`` in W, ``[N0, N01)`` in W1, the rest in W2), each
+        read where it is. ``BY_BLOCK``: the block's outputs lie in one part, so its first output
+        ``first`` picks the part for all; the compiler then still knows the rows 16-byte aligned and
+        loads them as vectors (chosen per row, it does not)."""
         if PARTS == 1:
             return W + n * K
         if BY_BLOCK:  # one base pointer for the block (a scalar choice)
@@ -78,19 +86,22 @@ if triton is not None:
 
     @triton.jit
     def rms_normed(x, rstd, w_norm, dt: tl.constexpr):
-        """weight * (x * rstd).to(dtype), as LlamaRMSNorm: float32 values rounded to dt where it rounds."""
+        """weight * (x * rstd).to(dtype), as LlamaRMSNorm: float32 values rounded to dt where it
+        rounds."""
         return ((x * rstd).to(dt).to(tl.float32) * w_norm).to(dt).to(tl.float32)
 
     @triton.jit
     def silu_times(gate, up, dt: tl.constexpr):
-        """SiLU(gate) * up, as transformers' Llama MLP: float32 values rounded to dt where it rounds."""
+        """SiLU(gate) * up, as transformers' Llama MLP: float32 values rounded to dt where it
+        rounds."""
         return ((gate / (1.0 + tl.exp(-gate))).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
 
     @triton.jit
     def _x_tile(x_row, NORM, k, K, rstd, inside, PROLOGUE: tl.constexpr, dt: tl.constexpr):
-        """x[k] after the prologue, in float32, rounded to dt where transformers rounds. One row (``x_row`` a
-        pointer, ``k`` [K_b], ``rstd`` a number) or a tile of rows (``x_row`` [M_b, 1], ``k`` [1, K_b], ``rstd``
-        [M_b, 1]); ``inside``: where the load is in bounds (k < K, and the row exists)."""
+        """x[k] after the prologue, in float32, rounded to dt where transformers rounds. One row
+        (``x_row`` a pointer, ``k`` [K_b], ``rstd`` a number) or a tile of rows (``x_row`` [M_b, 1],
+        ``k`` [1, K_b], ``rstd`` [M_b, 1]); ``inside``: where the load is in bounds (k < K, and the
+        row exists)."""
         if PROLOGUE == 2:  # x holds [gate | up]: SiLU(gate) * up
             gate = tl.load(x_row + k, mask=inside, other=0.0).to(tl.float32)
             up = tl.load(x_row + K + k, mask=inside, other=0.0).to(tl.float32)
@@ -102,19 +113,25 @@ if triton is not None:
         return x
 
     @triton.jit
-    def gemv_kernel(X, W, W1, W2, BIAS, BIAS1, BIAS2, NORM, RES, OUT, IDX, N, N0, N01, K, stride_x, stride_res,
-                    stride_out, eps, PROLOGUE: tl.constexpr, PARTS: tl.constexpr, BY_BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
-        launch_next_kernel(PDL, EARLY)
+    def gemv_kernel(
+        X, W, W1, W2, BIAS, BIAS1, BIAS2, NORM, RES, OUT, IDX, N, N0, N01, K, stride_x, stride_res,
+        stride_out, eps, PROLOGUE: tl.constexpr, PARTS: tl.constexpr, BY_BLOCK: tl.constexpr,
+        HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, PDL: tl.constexpr
+    ):
         row, block = tl.program_id(0), tl.program_id(1)
-        dt = W.dtype.element_ty  # the model's dtype: results are rounded to it where transformers rounds
+        # the model's dtype: results are rounded to it where transformers rounds
+        dt = W.dtype.element_ty
         n = block * BLOCK_N + tl.arange(0, BLOCK_N)  # [N_b] this program's outputs
         n_in = n < N
         kk = tl.arange(0, BLOCK_K)
         x_row = X + row * stride_x
-        w_rows = _stacked_rows(W, W1, W2, n, block * BLOCK_N, N0, N01, K, PARTS, BY_BLOCK)[:, None]  # [N_b, 1]
-        w = tl.load(w_rows + kk[None, :], mask=n_in[:, None] & (kk < K)[None, :], other=0.0)  # [N_b, K_b]
-        wait_for_previous_kernel(PDL, EARLY)  # the weights do not depend on it: their first tile is already on its way
+        # [N_b, 1]
+        w_rows = _stacked_rows(W, W1, W2, n, block * BLOCK_N, N0, N01, K, PARTS, BY_BLOCK)[:, None]
+        # [N_b, K_b]
+        w = tl.load(w_rows + kk[None, :], mask=n_in[:, None] & (kk < K)[None, :], other=0.0)
+        # the weights do not depend on it: their first tile is already on its way
+        wait_for_previous_kernel(PDL)
         rstd = 0.0
         if PROLOGUE == 1:  # RMSNorm needs the row's mean square before any normed value
             squares = tl.zeros([BLOCK_K], tl.float32)
@@ -129,10 +146,17 @@ if triton is not None:
             acc += w.to(tl.float32) * _x_tile(x_row, NORM, k, K, rstd, k < K, PROLOGUE, dt)[None, :]
         y = tl.sum(acc, 1)  # [N_b]
         if HAS_BIAS:
-            y += tl.load(_stacked_rows(BIAS, BIAS1, BIAS2, n, block * BLOCK_N, N0, N01, 1, PARTS, BY_BLOCK), mask=n_in, other=0.0).to(tl.float32)
+            y += tl.load(
+                _stacked_rows(BIAS, BIAS1, BIAS2, n, block * BLOCK_N, N0, N01, 1, PARTS, BY_BLOCK),
+                mask=n_in,
+                other=0.0,
+            ).to(tl.float32)
         if HAS_RES:  # residual + the layer's output, both in the model's dtype
-            y = y.to(dt).to(tl.float32) + tl.load(RES + row * stride_res + n, mask=n_in, other=0.0).to(tl.float32)
-        if ARGMAX:  # the LM head: only this program's largest logit (as the model's dtype) and where it is
+            y = y.to(dt).to(tl.float32) + tl.load(
+                RES + row * stride_res + n, mask=n_in, other=0.0
+            ).to(tl.float32)
+        # the LM head: only this program's largest logit (as the model's dtype) and where it is
+        if ARGMAX:
             y = tl.where(n_in, y.to(dt).to(tl.float32), float("-inf"))
             best = tl.argmax(y, 0, tie_break_left=True)
             tl.store(OUT + row * stride_out + block, tl.max(y, 0))
@@ -141,16 +165,26 @@ if triton is not None:
             tl.store(OUT + row * stride_out + n, y.to(dt), mask=n_in)
 
     @triton.jit
-    def _tile_epilogue(y, BIAS, BIAS1, BIAS2, N0, N01, RES, OUT, IDX, rows, r_in, n, n_in, block, stride_res,
-                       stride_out, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr,
-                       BLOCK_N: tl.constexpr, PARTS: tl.constexpr, BY_BLOCK: tl.constexpr, dt: tl.constexpr):
-        """``gemv_kernel``'s epilogue on a [rows, outputs] tile ``y`` (float32): bias, residual, then the store or
-        the LM head's per-program maximum and where it is."""
+    def _tile_epilogue(
+        y, BIAS, BIAS1, BIAS2, N0, N01, RES, OUT, IDX, rows, r_in, n, n_in, block, stride_res,
+        stride_out, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr, BLOCK_N:
+        tl.constexpr, PARTS: tl.constexpr, BY_BLOCK: tl.constexpr, dt: tl.constexpr
+    ):
+        """``gemv_kernel``'s epilogue on a [rows, outputs] tile ``y`` (float32): bias, residual,
+        then the store or the LM head's per-program maximum and where it is."""
         if HAS_BIAS:
-            bias = tl.load(_stacked_rows(BIAS, BIAS1, BIAS2, n, block * BLOCK_N, N0, N01, 1, PARTS, BY_BLOCK), mask=n_in, other=0.0)
+            bias = tl.load(
+                _stacked_rows(BIAS, BIAS1, BIAS2, n, block * BLOCK_N, N0, N01, 1, PARTS, BY_BLOCK),
+                mask=n_in,
+                other=0.0,
+            )
             y += bias.to(tl.float32)[None, :]
         if HAS_RES:
-            res = tl.load(RES + rows[:, None] * stride_res + n[None, :], mask=r_in[:, None] & n_in[None, :], other=0.0)
+            res = tl.load(
+                RES + rows[:, None] * stride_res + n[None, :],
+                mask=r_in[:, None] & n_in[None, :],
+                other=0.0,
+            )
             y = y.to(dt).to(tl.float32) + res.to(tl.float32)
         if ARGMAX:
             y = tl.where(n_in[None, :], y.to(dt).to(tl.float32), float("-inf"))
@@ -158,20 +192,27 @@ if triton is not None:
             tl.store(OUT + rows * stride_out + block, tl.max(y, 1), mask=r_in)
             tl.store(IDX + rows * stride_out + block, block * BLOCK_N + best, mask=r_in)
         else:
-            tl.store(OUT + rows[:, None] * stride_out + n[None, :], y.to(dt), mask=r_in[:, None] & n_in[None, :])
+            tl.store(
+                OUT + rows[:, None] * stride_out + n[None, :],
+                y.to(dt),
+                mask=r_in[:, None] & n_in[None, :],
+            )
 
     @triton.jit
-    def tile_kernel(X, W, W1, W2, BIAS, BIAS1, BIAS2, NORM, RES, OUT, IDX, PART, DONE, M, N, N0, N01, K, stride_x,
-                    stride_res, stride_out, eps, PROLOGUE: tl.constexpr, PARTS: tl.constexpr, BY_BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
-                    PDL: tl.constexpr, EARLY: tl.constexpr):
-        """``gemv_kernel`` for a tile of ``BLOCK_M`` rows: each weight tile is read once for all of them and
-        multiplied with ``tl.dot`` (tensor cores in bf16; float32 operands exactly, ``input_precision="ieee"``).
-        The same prologue (``_x_tile``) and the same epilogue, on [rows, outputs] tiles. ``SPLITS`` > 1 (split-K):
-        K is shared among ``SPLITS`` programs (grid axis 2), which publish their sums in PART; the last of them to
-        arrive (an arrival counter in DONE, as the attention kernel's) adds them in split order and runs the
-        epilogue, so the result does not depend on which program finishes first."""
-        launch_next_kernel(PDL, EARLY)
+    def tile_kernel(
+        X, W, W1, W2, BIAS, BIAS1, BIAS2, NORM, RES, OUT, IDX, PART, DONE, M, N, N0, N01, K,
+        stride_x, stride_res, stride_out, eps, PROLOGUE: tl.constexpr, PARTS: tl.constexpr,
+        BY_BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ARGMAX: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
+        PDL: tl.constexpr
+    ):
+        """``gemv_kernel`` for a tile of ``BLOCK_M`` rows: each weight tile is read once for all of
+        them and multiplied with ``tl.dot`` (tensor cores in bf16; float32 operands exactly,
+        ``input_precision="ieee"``). The same prologue (``_x_tile``) and the same epilogue, on
+        [rows, outputs] tiles. ``SPLITS`` > 1 (split-K): K is shared among ``SPLITS`` programs (grid
+        axis 2), which publish their sums in PART; the last of them to arrive (an arrival counter in
+        DONE, as the attention kernel's) adds them in split order and runs the epilogue, so the
+        result does not depend on which program finishes first."""
         tile, block, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         dt = W.dtype.element_ty
         rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)  # [M_b] this program's rows
@@ -183,52 +224,71 @@ if triton is not None:
         k_end = tl.minimum(k_start + k_len, K)
         kk = k_start + tl.arange(0, BLOCK_K)
         x_rows = X + rows[:, None] * stride_x  # [M_b, 1]
-        w_rows = _stacked_rows(W, W1, W2, n, block * BLOCK_N, N0, N01, K, PARTS, BY_BLOCK)[:, None]  # [N_b, 1]
-        w = tl.load(w_rows + kk[None, :], mask=n_in[:, None] & (kk < k_end)[None, :], other=0.0)  # [N_b, K_b]
-        wait_for_previous_kernel(PDL, EARLY)
+        # [N_b, 1]
+        w_rows = _stacked_rows(W, W1, W2, n, block * BLOCK_N, N0, N01, K, PARTS, BY_BLOCK)[:, None]
+        # [N_b, K_b]
+        w = tl.load(w_rows + kk[None, :], mask=n_in[:, None] & (kk < k_end)[None, :], other=0.0)
+        wait_for_previous_kernel(PDL)
         rstd = 0.0
-        if PROLOGUE == 1:  # the norm needs the whole row, whatever share of K this program multiplies
+        # the norm needs the whole row, whatever share of K this program multiplies
+        if PROLOGUE == 1:
             squares = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
             for start in range(0, K, BLOCK_K):
                 k = start + tl.arange(0, BLOCK_K)
-                x = tl.load(x_rows + k[None, :], mask=r_in[:, None] & (k < K)[None, :], other=0.0).to(tl.float32)
+                x = tl.load(
+                    x_rows + k[None, :], mask=r_in[:, None] & (k < K)[None, :], other=0.0
+                ).to(tl.float32)
                 squares += x * x
             rstd = (1.0 / tl.sqrt(tl.sum(squares, 1) / K + eps))[:, None]  # [M_b, 1]
-        x = _x_tile(x_rows, NORM, kk[None, :], K, rstd, r_in[:, None] & (kk < k_end)[None, :], PROLOGUE, dt)  # [M_b, K_b]
+        x = _x_tile(
+            x_rows, NORM, kk[None, :], K, rstd, r_in[:, None] & (kk < k_end)[None, :], PROLOGUE, dt
+        )  # [M_b, K_b]
         acc = tl.dot(x.to(dt), tl.trans(w.to(dt)), input_precision="ieee")  # [M_b, N_b] float32
         for start in range(k_start + BLOCK_K, k_end, BLOCK_K):
             k = start + tl.arange(0, BLOCK_K)
             w = tl.load(w_rows + k[None, :], mask=n_in[:, None] & (k < k_end)[None, :], other=0.0)
-            x = _x_tile(x_rows, NORM, k[None, :], K, rstd, r_in[:, None] & (k < k_end)[None, :], PROLOGUE, dt)
+            x = _x_tile(
+                x_rows, NORM, k[None, :], K, rstd, r_in[:, None] & (k < k_end)[None, :], PROLOGUE,
+                dt
+            )
             acc += tl.dot(x.to(dt), tl.trans(w.to(dt)), input_precision="ieee")
         if SPLITS == 1:
-            _tile_epilogue(acc, BIAS, BIAS1, BIAS2, N0, N01, RES, OUT, IDX, rows, r_in, n, n_in, block, stride_res,
-                           stride_out, HAS_BIAS, HAS_RES, ARGMAX, BLOCK_N, PARTS, BY_BLOCK, dt)
-        else:  # publish this share; the last program of the tile to arrive adds all shares and finishes
+            _tile_epilogue(
+                acc, BIAS, BIAS1, BIAS2, N0, N01, RES, OUT, IDX, rows, r_in, n, n_in, block,
+                stride_res, stride_out, HAS_BIAS, HAS_RES, ARGMAX, BLOCK_N, PARTS, BY_BLOCK, dt
+            )
+        # publish this share; the last program of the tile to arrive adds all shares and finishes
+        else:
             cell = tile * tl.num_programs(1) + block
-            tile_offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # [M_b, N_b]
+            # [M_b, N_b]
+            tile_offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
             tl.store(PART + (cell * SPLITS + split) * BLOCK_M * BLOCK_N + tile_offs, acc)
             tl.debug_barrier()  # every thread's stores are issued before the release below
             arrived = tl.atomic_add(DONE + cell, 1, sem="acq_rel")
             if arrived == SPLITS - 1:
                 y = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
                 for s in range(SPLITS):
-                    y += tl.load(PART + (cell * SPLITS + s) * BLOCK_M * BLOCK_N + tile_offs, cache_modifier=".cg")
-                _tile_epilogue(y, BIAS, BIAS1, BIAS2, N0, N01, RES, OUT, IDX, rows, r_in, n, n_in, block,
-                               stride_res, stride_out, HAS_BIAS, HAS_RES, ARGMAX, BLOCK_N, PARTS, BY_BLOCK, dt)
+                    y += tl.load(
+                        PART + (cell * SPLITS + s) * BLOCK_M * BLOCK_N + tile_offs,
+                        cache_modifier=".cg",
+                    )
+                _tile_epilogue(
+                    y, BIAS, BIAS1, BIAS2, N0, N01, RES, OUT, IDX, rows, r_in, n, n_in, block,
+                    stride_res, stride_out, HAS_BIAS, HAS_RES, ARGMAX, BLOCK_N, PARTS, BY_BLOCK, dt
+                )
                 tl.store(DONE + cell, 0)  # ready for the next call
 
     @triton.jit
     def _argmax_kernel(VAL, IDX, TOKEN, POS, blocks, stride_val, stride_token,
-                       BLOCK: tl.constexpr, ADVANCE: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
-        """The token: the index of the largest of the LM head's per-program maxima (the first, on ties); then
-        program 0 advances the cache's counter (``ADVANCE``): the step's last write."""
-        launch_next_kernel(PDL, EARLY)
+                       BLOCK: tl.constexpr, ADVANCE: tl.constexpr, PDL: tl.constexpr):
+        """The token: the index of the largest of the LM head's per-program maxima (the first, on
+        ties); then program 0 advances the cache's counter (``ADVANCE``): the step's last write."""
         row = tl.program_id(0)
         i = tl.arange(0, BLOCK)
-        wait_for_previous_kernel(PDL, EARLY)
+        wait_for_previous_kernel(PDL)
         val = tl.load(VAL + row * stride_val + i, mask=i < blocks, other=float("-inf"))
-        best = tl.argmax(val, 0, tie_break_left=True)  # the first block holding the maximum has its first index
+        # the first block holding the maximum has its first index
+        best = tl.argmax(val, 0, tie_break_left=True)
         token = tl.load(IDX + row * stride_val + best)
         tl.store(TOKEN + row * stride_token, token.to(tl.int64))
         if ADVANCE and row == 0:
@@ -236,71 +296,87 @@ if triton is not None:
 
 
 def uses_gemv_kernel(x: torch.Tensor) -> bool:
-    """The GEMV kernels for ``x [rows, K]``: where they run and for at most ``GEMV_MAX_ROWS`` rows (read now)."""
+    """The GEMV kernels for ``x [rows, K]``: where they run and for at most ``GEMV_MAX_ROWS`` rows
+    (read now)."""
     return x.shape[0] <= GEMV_MAX_ROWS and common.available(x)
 
 
-# The tile path's dispatch per weight shape [N, K] (SmolLM2-135M's projections) and batch: the fastest of
-# tile_kernel (its best (rows per program, outputs per program, K per step, warps[, K splits])), the GEMV kernel ("gemv") and the
-# PyTorch form ("torch") in the H200 sweeps of 4, 16 and 64 rows (data/h200_tile_sweep.json; tests check the table
-# against it). A batch takes the entry of the largest swept row count not above it (4's below 4).
+# The tile path's dispatch per weight shape (N, K) and swept row count: the fastest of
+# ``tile_kernel`` (a configuration: rows per program, outputs per program, K per step, warps[, K
+# splits]), the GEMV kernel ("gemv") and the PyTorch form ("torch") in the sweep (common.TUNING;
+# tests check it against the record). A batch takes the entry of the largest swept row count not
+# above it (the smallest's below it).
 TILE_DISPATCH: dict[tuple[int, int], dict[int, tuple[int, ...] | str]] = {
-    (960, 576): {4: "gemv", 16: (16, 16, 256, 4), 64: (16, 32, 64, 4)},  # qkv (norm)
-    (576, 576): {4: "gemv", 16: (16, 32, 128, 4), 64: (16, 32, 128, 4)},  # o_proj (+residual)
-    (3072, 576): {4: (16, 32, 128, 8), 16: (16, 32, 128, 8), 64: (16, 128, 64, 4)},  # gate_up (norm)
-    (576, 1536): {4: "gemv", 16: (16, 32, 64, 4, 12), 64: (16, 64, 64, 4, 6)},  # down (silu*up, +residual): K split
-    (49152, 576): {4: (16, 128, 64, 4), 16: (16, 128, 64, 4), 64: (64, 128, 64, 4)},  # lm_head (norm)
+    tuple(int(size) for size in shape.split("x")): {
+        int(rows): choice if isinstance(choice, str) else tuple(choice)
+        for rows, choice in by_rows.items()
+    }
+    for shape, by_rows in common.TUNING["tile_dispatch"].items()
 }
 
 
-# The sweep chose its tiles in bfloat16. A float32 tile holds twice the bytes: the LM head's 64-row tile would need
-# 113 KiB of shared memory, more than an sm_86/sm_89 GPU (an RTX 30xx/40xx, an L4) gives one program
-# (python tools/compile_kernels.py --capability 89). Fewer rows per tile change no sum: each output adds the same
-# products in the same order.
+# The sweep chose its tiles in bfloat16. A float32 tile holds twice the bytes: a 64-row tile of the
+# LM head would need more shared memory than an sm_86/sm_89 GPU (an RTX 30xx/40xx, an L4) gives one
+# program (python tools/compile_kernels.py --capability 89). Fewer rows per tile change no sum: each
+# output adds the same products in the same order.
 FLOAT32_TILE_ROWS = 16
 
 
 def tile_choice(rows: int, n: int, k: int) -> tuple[int, ...] | str:
-    """What the tile path runs for ``rows`` rows of an ``[N, K]`` weight: ``TILE_DISPATCH``'s entry (a
-    ``tile_kernel`` configuration (rows per program, outputs per program, K per step, warps[, K splits]), ``"gemv"``
-    or ``"torch"``) or, for a shape not in it, ``tile_config``."""
+    """What the tile path runs for ``rows`` rows of an ``[N, K]`` weight: ``TILE_DISPATCH``'s entry
+    (a ``tile_kernel`` configuration (rows per program, outputs per program, K per step, warps[, K
+    splits]), ``"gemv"`` or ``"torch"``) or, for a shape not in it, ``tile_config``."""
     swept = TILE_DISPATCH.get((n, k))
     if swept is None:
         return tile_config(rows, n, k)
     return swept[max([r for r in swept if r <= rows], default=min(swept))]
 
 
-def _dispatch(x: torch.Tensor, tiles: bool, weight_shape: tuple[int, int] | None) -> tuple[str, tuple | None]:
-    """(``kernel_path``'s answer, the ``tile_kernel`` configuration where it is ``"tile"``, else None)."""
+def _dispatch(
+    x: torch.Tensor, tiles: bool, weight_shape: tuple[int, int] | None
+) -> tuple[str, tuple | None]:
+    """(``kernel_path``'s answer, the ``tile_kernel`` configuration where it is ``"tile"``, else
+    None)."""
     if tiles and x.shape[0] >= 2 and common.available(x):
-        choice = tile_choice(x.shape[0], *(weight_shape or (0, 0)))  # no shape: an unswept one, tile_config's
+        # no shape: an unswept one, tile_config's
+        choice = tile_choice(x.shape[0], *(weight_shape or (0, 0)))
         if choice == "torch":
             return "torch", None
-        if choice != "gemv":  # float32 (the token check's) in tiles of at most FLOAT32_TILE_ROWS rows
-            return "tile", choice if x.element_size() < 4 else (min(choice[0], FLOAT32_TILE_ROWS), *choice[1:])
+        # float32 (the token check's) in tiles of at most FLOAT32_TILE_ROWS rows
+        if choice != "gemv":
+            return "tile", choice if x.element_size() < 4 else (
+                min(choice[0], FLOAT32_TILE_ROWS),
+                *choice[1:],
+            )
     return ("gemv" if uses_gemv_kernel(x) else "torch"), None
 
 
-def kernel_path(x: torch.Tensor, tiles: bool = False, weight_shape: tuple[int, int] | None = None) -> str:
-    """Which form ``gemv`` and ``greedy_head`` run for ``x [rows, K]``: ``"tile"`` (``tile_kernel``: with ``tiles``,
-    2 rows or more, where ``tile_choice`` for ``weight_shape`` picks a configuration), ``"gemv"`` (``uses_gemv_kernel``)
-    or ``"torch"`` (the PyTorch form; also where ``tile_choice`` picks it)."""
+def kernel_path(
+    x: torch.Tensor, tiles: bool = False, weight_shape: tuple[int, int] | None = None
+) -> str:
+    """Which form ``gemv`` and ``greedy_head`` run for ``x [rows, K]``: ``"tile"`` (``tile_kernel``:
+    with ``tiles``, 2 rows or more, where ``tile_choice`` for ``weight_shape`` picks a
+    configuration), ``"gemv"`` (``uses_gemv_kernel``) or ``"torch"`` (the PyTorch form; also where
+    ``tile_choice`` picks it)."""
     return _dispatch(x, tiles, weight_shape)[0]
 
 
 def tile_config(rows: int, n: int, k: int) -> tuple[int, int, int, int]:
-    """(rows per program, outputs per program, K per step, warps) of ``tile_kernel`` for a shape the sweep did not
-    cover: the rows padded to a ``tl.dot`` tile (16) and up to 64, 64 outputs and 64 of K per step."""
+    """(rows per program, outputs per program, K per step, warps) of ``tile_kernel`` for a shape the
+    sweep did not cover: the rows padded to a ``tl.dot`` tile (16) and up to 64, 64 outputs and 64
+    of K per step."""
     return min(64, max(16, triton.next_power_of_2(rows))), 64, 64, 4
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """LlamaRMSNorm's arithmetic: float32 statistics, rounded back to x's dtype before the weight."""
+    """LlamaRMSNorm's arithmetic: float32 statistics, rounded back to x's dtype before the
+    weight."""
     x32 = x.float()
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-Stacked = torch.Tensor | tuple[torch.Tensor, ...]  # a weight [N, K] (or bias [N]), or up to 3 parts stacked along N
+# a weight [N, K] (or bias [N]), or up to 3 parts stacked along N
+Stacked = torch.Tensor | tuple[torch.Tensor, ...]
 
 
 def parts(weight: Stacked | None) -> tuple[torch.Tensor, ...] | None:
@@ -314,19 +390,21 @@ def stacked_shape(weight: Stacked) -> tuple[int, int]:
     return sum(w.shape[0] for w in chunks), chunks[0].shape[1]
 
 
-def gemv(x: torch.Tensor, weight: Stacked, *, bias: Stacked | None = None, norm: torch.Tensor | None = None,
-         eps: float = 1e-6, silu_mul: bool = False, residual: torch.Tensor | None = None,
-         tiles: bool = False, early_launch: bool = False, counters: torch.Tensor | None = None) -> torch.Tensor:
+def gemv(
+    x: torch.Tensor, weight: Stacked, *, bias: Stacked | None = None, norm: torch.Tensor | None =
+    None, eps: float = 1e-6, silu_mul: bool = False, residual: torch.Tensor | None = None, tiles:
+    bool = False, counters: torch.Tensor | None = None
+) -> torch.Tensor:
     """``prologue(x) @ weight.T (+ bias) (+ residual)`` -> ``[rows, N]``.
 
-    x ``[rows, K]`` (``[rows, 2K]`` = [gate | up] with ``silu_mul``); weight ``[N, K]``, or a tuple of up to three
-    parts ``[N_i, K]`` stacked along N (``bias`` then in the same parts), read where they are; ``norm``: an RMSNorm weight
-    ``[K]`` applied to x first; ``residual [rows, N]`` added last. ``tiles``: 2 rows or more run ``tile_kernel``
-    (``kernel_path``). ``early_launch``: with PDL, the next kernel may start when every program of this one has
-    started (``common.launch_next_kernel``), not only after its wait. ``counters``: int32 zeros that a tile launch
-    split along K counts its programs' arrivals in (``kvlab.kernels.step.arrival_counters``; the kernel leaves them
-    at zero); None, or fewer than the launch needs: zeros made for the call, a memset in a captured graph.
-    Otherwise more than ``GEMV_MAX_ROWS`` rows, or no kernels here: the PyTorch form (``F.linear``).
+    x ``[rows, K]`` (``[rows, 2K]`` = [gate | up] with ``silu_mul``); weight ``[N, K]``, or a tuple
+    of up to three parts ``[N_i, K]`` stacked along N (``bias`` then in the same parts), read where
+    they are; ``norm``: an RMSNorm weight ``[K]`` applied to x first; ``residual [rows, N]`` added
+    last. ``tiles``: 2 rows or more run ``tile_kernel`` (``kernel_path``). ``counters``: int32 zeros
+    that a tile launch split along K counts its programs' arrivals in
+    (``kvlab.kernels.step.arrival_counters``; the kernel leaves them at zero); None, or fewer than
+    the launch needs: zeros made for the call, a memset in a captured graph. Otherwise more than
+    ``GEMV_MAX_ROWS`` rows, or no kernels here: the PyTorch form (``F.linear``).
     """
     path, tile = _dispatch(x, tiles, stacked_shape(weight))
     if path == "torch":
@@ -341,66 +419,89 @@ def gemv(x: torch.Tensor, weight: Stacked, *, bias: Stacked | None = None, norm:
         else:
             y = F.linear(x, weight, bias)
         return y if residual is None else residual + y
-    out = torch.empty(x.shape[0], stacked_shape(weight)[0], dtype=parts(weight)[0].dtype, device=x.device)
-    _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, None, tile, early_launch, counters)
+    out = torch.empty(
+        x.shape[0], stacked_shape(weight)[0], dtype=parts(weight)[0].dtype, device=x.device
+    )
+    _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, None, tile, counters)
     return out
 
 
 def output_blocks(weight: Stacked, tile: tuple | None) -> int:
-    """Programs along the outputs of a launch over ``weight [N, K]``: ``tile``'s or ``gemv_config``'s block."""
+    """Programs along the outputs of a launch over ``weight [N, K]``: ``tile``'s or
+    ``gemv_config``'s block."""
     n, k = stacked_shape(weight)
     return triton.cdiv(n, tile[1] if tile is not None else gemv_config(n, k)[0])
 
 
-def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index, tile=None, early=False,
+def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index, tile=None,
                  counters=None) -> None:
-    """Launch ``gemv_kernel``, or ``tile_kernel`` with ``tile`` (a ``tile_choice`` configuration); with ``index``, the argmax form
-    (per-program maxima into out/index, ``output_blocks`` of them per row)."""
+    """Launch ``gemv_kernel``, or ``tile_kernel`` with ``tile`` (a ``tile_choice`` configuration);
+    with ``index``, the argmax form (per-program maxima into out/index, ``output_blocks`` of them
+    per row)."""
     common.require_dense_rows(x=x, residual=residual)
     weights, biases = parts(weight), parts(bias)
-    if len(weights) > 3 or any(not w.is_contiguous() or w.shape[1:] != weights[0].shape[1:] for w in weights):
-        raise ValueError("weight must be contiguous ([N, K], rows of K), or at most 3 such parts of one K: pass "
-                         "weight.contiguous()")
+    if len(weights) > 3 or any(
+        not w.is_contiguous() or w.shape[1:] != weights[0].shape[1:] for w in weights
+    ):
+        raise ValueError(
+            "weight must be contiguous ([N, K], rows of K), or at most 3 such parts of one K: pass "
+            "weight.contiguous()"
+        )
     if biases is not None and [b.shape[0] for b in biases] != [w.shape[0] for w in weights]:
         raise ValueError("bias must come in the weight's parts, one [N_i] per part [N_i, K]")
     rows, (n, k) = x.shape[0], stacked_shape(weight)
     blocks = output_blocks(weight, tile)
-    ends = [sum(w.shape[0] for w in weights[: i + 1]) for i in range(2)]  # N0, N01: where parts 1 and 2 start
+    # N0, N01: where parts 1 and 2 start
+    ends = [sum(w.shape[0] for w in weights[: i + 1]) for i in range(2)]
     w3 = (*weights, *weights[-1:] * (3 - len(weights)))  # unused parts: any tensor
     b3 = (*biases, *biases[-1:] * (3 - len(biases))) if biases is not None else w3
     args = (x, *w3, *b3, norm if norm is not None else weights[0],
             residual if residual is not None else out, out, index if index is not None else out)
     strides = (x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0), eps)
     block_n = tile[1] if tile is not None else gemv_config(n, k)[0]
-    by_block = all(end % block_n == 0 for end in ends[: len(weights) - 1])  # no block straddles two parts
-    flags = dict(PROLOGUE=SILU_MUL if silu_mul else RMS_NORM if norm is not None else NO_NORM, PARTS=len(weights),
-                 BY_BLOCK=by_block,
-                 HAS_BIAS=bias is not None,
-                 HAS_RES=residual is not None, ARGMAX=index is not None, PDL=common.pdl(x.device), EARLY=early,
-                 **common.launch_options(x.device))
+    # no block straddles two parts
+    by_block = all(end % block_n == 0 for end in ends[: len(weights) - 1])
+    flags = dict(
+        PROLOGUE=SILU_MUL if silu_mul else RMS_NORM if norm is not None else NO_NORM,
+        PARTS=len(weights), BY_BLOCK=by_block, HAS_BIAS=bias is not None, HAS_RES=residual is not
+        None, ARGMAX=index is not None, PDL=common.pdl(x.device), **common.launch_options(x.device)
+    )
     if tile is None:
         block_n, block_k, warps = gemv_config(n, k)
-        gemv_kernel[(rows, blocks)](*args, n, *ends, k, *strides, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **flags)
+        gemv_kernel[(rows, blocks)](
+            *args, n, *ends, k, *strides, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **flags
+        )
     else:
-        block_m, block_n, block_k, warps, *split = tile  # a fifth number: K split among that many programs
+        # a fifth number: K split among that many programs
+        block_m, block_n, block_k, warps, *split = tile
         splits, tiles = (split[0] if split else 1), triton.cdiv(rows, block_m)
-        part = done = out  # unused unless split
-        if splits > 1:  # each program's float32 sums, and one arrival counter per (tile of rows, block of outputs)
-            part = torch.empty(tiles * blocks * splits * block_m * block_n, dtype=torch.float32, device=x.device)
+        part = counters_used = out  # unused unless split
+        # each program's float32 sums, and one arrival counter per (tile of rows, block of outputs)
+        if splits > 1:
+            part = torch.empty(
+                tiles * blocks * splits * block_m * block_n, dtype=torch.float32, device=x.device
+            )
             cells = tiles * blocks
-            done = counters if counters is not None and counters.numel() >= cells else torch.zeros(
-                cells, dtype=torch.int32, device=x.device)
-        tile_kernel[(tiles, blocks, splits)](*args, part, done, rows, n, *ends, k, *strides, BLOCK_M=block_m,
-                                             BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, num_warps=warps, **flags)
+            counters_used = (
+                counters
+                if counters is not None and counters.numel() >= cells
+                else torch.zeros(cells, dtype=torch.int32, device=x.device)
+            )
+        tile_kernel[(tiles, blocks, splits)](
+            *args, part, counters_used, rows, n, *ends, k, *strides, BLOCK_M=block_m,
+            BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits, num_warps=warps, **flags
+        )
 
 
-def greedy_head(x: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor, eps: float, token: torch.Tensor,
-                position: torch.Tensor | None = None, tiles: bool = False, early_launch: bool = False) -> torch.Tensor:
-    """The LM head and greedy choice: ``argmax(rms_norm(x) @ weight.T)`` written into ``token [rows, 1]`` (in place;
-    the kernels never store the logits), and ``position += 1`` when given (the cache's counter, the step's last
-    write). x ``[rows, hidden]``, weight ``[vocab, hidden]``, norm ``[hidden]``. ``tiles``, ``early_launch``: as
-    ``gemv``'s. Otherwise
-    more than ``GEMV_MAX_ROWS`` rows, or no kernels here: the PyTorch form (``F.linear`` and ``argmax``)."""
+def greedy_head(
+    x: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor, eps: float, token: torch.Tensor,
+    position: torch.Tensor | None = None, tiles: bool = False
+) -> torch.Tensor:
+    """The LM head and greedy choice: ``argmax(rms_norm(x) @ weight.T)`` written into ``token [rows,
+    1]`` (in place; the kernels never store the logits), and ``position += 1`` when given (the
+    cache's counter, the step's last write). x ``[rows, hidden]``, weight ``[vocab, hidden]``, norm
+    ``[hidden]``. ``tiles``: as ``gemv``'s. Otherwise more than ``GEMV_MAX_ROWS`` rows, or no
+    kernels here: the PyTorch form (``F.linear`` and ``argmax``)."""
     path, tile = _dispatch(x, tiles, weight.shape)
     if path == "torch":
         token.copy_(F.linear(rms_norm(x, norm, eps), weight).argmax(dim=-1, keepdim=True))
@@ -409,11 +510,14 @@ def greedy_head(x: torch.Tensor, weight: torch.Tensor, norm: torch.Tensor, eps: 
         return token
     rows = x.shape[0]
     blocks = output_blocks(weight, tile)
-    maxima = torch.empty(rows, blocks, dtype=torch.float32, device=x.device)  # [rows, blocks] per-program maxima
-    where = torch.empty(rows, blocks, dtype=torch.int32, device=x.device)  # [rows, blocks] and their indices
-    _launch_gemv(x, weight, None, norm, eps, False, None, maxima, where, tile, early_launch)
-    _argmax_kernel[(rows,)](maxima, where, token, position if position is not None else token, blocks,
-                            maxima.stride(0), token.stride(0), BLOCK=triton.next_power_of_2(blocks),
-                            ADVANCE=position is not None, PDL=common.pdl(x.device), EARLY=early_launch,
-                            **common.launch_options(x.device))
+    # [rows, blocks] per-program maxima
+    maxima = torch.empty(rows, blocks, dtype=torch.float32, device=x.device)
+    # [rows, blocks] and their indices
+    where = torch.empty(rows, blocks, dtype=torch.int32, device=x.device)
+    _launch_gemv(x, weight, None, norm, eps, False, None, maxima, where, tile)
+    _argmax_kernel[(rows,)](
+        maxima, where, token, position if position is not None else token, blocks, maxima.stride(0),
+        token.stride(0), BLOCK=triton.next_power_of_2(blocks), ADVANCE=position is not None,
+        PDL=common.pdl(x.device), **common.launch_options(x.device)
+    )
     return token

@@ -1,24 +1,28 @@
-"""The decode step as kvlab's own kernels, a plain function (gpt-fast style): no torch.compile, five kernels a layer.
+"""The decode step as kvlab's own kernels, a plain function (gpt-fast style): no torch.compile, five
+kernels a layer.
 
-What compiling leaves (``graph-safe-compiled``, kernel counts in ``data/h200_batch1.json``): inductor fuses only
-what its rules allow; a norm is a reduction and so is the matmul after it, so they are two kernels; RoPE, the cache
-write and the attention are more. At batch 1 every kernel is too short to fill the GPU, so a step costs about its
-number of kernels. ``kernel_step`` runs, per layer:
+What compiling leaves (``graph-safe-compiled``, kernel counts in ``data/h200_batch1.json``):
+inductor fuses only what its rules allow; a norm is a reduction and so is the matmul after it, so
+they are two kernels; RoPE, the cache write and the attention are more. At batch 1 every kernel is
+too short to fill the GPU, so a step costs about its number of kernels. ``kernel_step`` runs, per
+layer:
 
-1. ``gemv(x, W_qkv, norm=w)``: RMSNorm fused into the q/k/v matmul (``kvlab.kernels.gemv``; from 2 rows a
-   ``tl.dot`` tile of rows where the H200 sweep found it fastest, ``gemv.TILE_DISPATCH``).
-2. ``rope_cache_attention``: RoPE, the cache write at the counter and split-K attention in one kernel, its scores
-   and P.V as ``tl.dot`` (``kvlab.kernels.attention``).
+1. ``gemv(x, W_qkv, norm=w)``: RMSNorm fused into the q/k/v matmul (``kvlab.kernels.gemv``; from 2
+   rows a ``tl.dot`` tile of rows where the H200 sweep found it fastest, ``gemv.TILE_DISPATCH``).
+2. ``rope_cache_attention``: RoPE, the cache write at the counter and split-K attention in one
+   kernel, its scores and P.V as ``tl.dot`` (``kvlab.kernels.attention``).
 3. ``gemv(attn, W_o, residual=x)``: o_proj and the residual add.
 4. ``gemv(x, W_gate_up, norm=w)``: RMSNorm fused into the gate/up matmul.
-5. ``gemv(gate_up, W_down, silu_mul=True, residual=x)``: SiLU(gate) * up fused into down_proj, and the residual.
+5. ``gemv(gate_up, W_down, silu_mul=True, residual=x)``: SiLU(gate) * up fused into down_proj, and
+   the residual.
 
-and after the last layer ``greedy_head``: the final norm, the LM head, the greedy token and the counter's advance.
-``kernel_prefill`` runs a prompt through the same five kernels a layer (its T rows as the matmuls' rows; the
-attention ``rope_cache_prefill_attention``, causal over the prompt), then the LM head on each row's last token.
-Each function runs its PyTorch form where the kernels do not (``kvlab.kernels.common.available``) and the matmuls
-also where the dispatch picks cuBLAS, so the same step runs on a CPU (the reference the kernels are tested
-against) and at large batch (cuBLAS).
+and after the last layer ``greedy_head``: the final norm, the LM head, the greedy token and the
+counter's advance. ``kernel_prefill`` runs a prompt through the same five kernels a layer (its T
+rows as the matmuls' rows; the attention ``rope_cache_prefill_attention``, causal over the prompt),
+then the LM head on each row's last token. Each function runs its PyTorch form where the kernels do
+not (``kvlab.kernels.common.available``) and the matmuls also where the dispatch picks cuBLAS, so
+the same step runs on a CPU (the reference the kernels are tested against) and at large batch
+(cuBLAS).
 
 The step has no host sync: a decoder captures it in a CUDA graph and replays it.
 """
@@ -69,28 +73,26 @@ def check_supported(model) -> None:
             why = f"head_dim {attn.head_dim} (must be a power of two)"
     if why:
         raise ValueError(f"kvlab's decode kernels compute a Llama-style layer; this model has {why}. Use the "
-                         "'graph-safe' strategy for it (any full-attention model); 'graph-safe-compiled' fuses Llama-style "
-                         "projections too, so for this model call kvlab.graph_decoder.decode_graph_safe_compiled(..., "
-                         "fuse=False).")
+                         "'graph-safe' strategy for it (any full-attention model); 'graph-safe-compiled' fuses "
+                         "Llama-style projections too, so for this model call "
+                         "kvlab.compiled_step.decode_graph_safe_compiled(..., fuse=False).")
 
 
 def arrival_counters(model, batch: int, device: torch.device | str) -> torch.Tensor:
-    """The ``done`` tensor of ``kernel_step``: int32 zeros, the arrival counters of the attention kernel (one per
-    batch row and kv head), of the matmuls split along K (one per tile of at least 16 rows and block of at least
-    16 outputs of the hidden size) and of the fused MLP (``kvlab.kernels.mlp.counters_per_row``). The kernels run
-    one after the other and each leaves them at zero."""
+    """The ``done`` tensor of ``kernel_step``: int32 zeros, the arrival counters of the attention
+    kernel (one per batch row and kv head), of the matmuls split along K (one per tile of at least
+    16 rows and block of at least 16 outputs of the hidden size) and of the fused MLP
+    (``kvlab.kernels.mlp.counters_per_row``). The kernels run one after the other and each leaves
+    them at zero."""
     config = model.config
     per_row = max(config.num_key_value_heads, -(-config.hidden_size // 16), counters_per_row(config.intermediate_size))
     return torch.zeros(batch * per_row, dtype=torch.int32, device=device)
 
 
-KERNEL_OPTIONS = ("dot_attention", "tiles", "early_launch", "fill_splits", "split_counters", "fused_mlp")  # keywords of kernel_step beyond its tensors: a variant of the step
-
-
 def stacked_projections(layer) -> tuple:
-    """(q/k/v weight, its bias, gate/up weight, its bias) of a layer: a fused copy's ``qkv_proj`` and
-    ``gate_up_proj``, or an unfused model's q, k, v and gate, up as tuples of parts, which the kernels read where
-    they are (``gemv``'s stacked weight)."""
+    """(q/k/v weight, its bias, gate/up weight, its bias) of a layer: a fused copy's ``qkv_proj``
+    and ``gate_up_proj``, or an unfused model's q, k, v and gate, up as tuples of parts, which the
+    kernels read where they are (``gemv``'s stacked weight)."""
     attn, mlp = layer.self_attn, layer.mlp
     if hasattr(attn, "qkv_proj"):
         return attn.qkv_proj.weight, attn.qkv_proj.bias, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias
@@ -102,56 +104,55 @@ def stacked_projections(layer) -> tuple:
 
 
 def kernel_step(model, cache, token: torch.Tensor, done: torch.Tensor, *, dot_attention: bool = True,
-                tiles: bool = True, early_launch: bool = False, fill_splits: bool = True,
-                split_counters: bool = True, fused_mlp: bool = False) -> torch.Tensor:
-    """One decode step: reads ``token`` ``[batch, 1]`` (long), writes the next token into it (in place) and returns it.
+                tiles: bool = True, fill_splits: bool = True, fused_mlp: bool = False) -> torch.Tensor:
+    """One decode step: reads ``token`` ``[batch, 1]`` (long), writes the next token into it (in
+    place), returns it.
 
-    ``model``: a supported model (``check_supported``), or its fused copy ``kvlab.fusion.fused_copy(model,
-    attention=False)`` (one ``qkv_proj`` and one ``gate_up_proj`` per layer; ``stacked_projections``). ``cache``: a
-    ``kvlab.graph_safe_cache.GraphSafeStaticCache`` after a prefill; the step writes this token's key and value at its
-    counter and advances the counter once (the step's last write). ``done``: ``arrival_counters(model, batch, device)``.
-    ``dot_attention``: attention's scores and P.V as ``tl.dot`` (``rope_cache_attention(dot=True)``; False: as
-    broadcast multiply-and-sum). ``tiles``: the matmuls of 2 rows or more through ``gemv.TILE_DISPATCH``'s choice of
-    tile kernel, GEMV kernel or cuBLAS (``gemv(tiles=True)``; False: the GEMV kernel up to ``gemv.GEMV_MAX_ROWS``
-    rows, cuBLAS above). Each default is measured against its variant in ``data/h200_kernel_variants.json`` and
-    ``data/h200_kernel_tiles.json``. ``early_launch``: with PDL, each kernel lets the next one start at its entry
-    instead of after its wait (``gemv(early_launch=True)``). ``fill_splits``: attention split over only as many
-    programs per (row, kv head) as fill the GPU once (``rope_cache_attention(fill_splits=True)``; False: up to
-    ``common.MAX_SPLITS`` at every batch, shares combined even where the pairs alone fill the GPU).
-    ``split_counters``: the matmuls split along K count arrivals in ``done`` too (False: in zeros made per call, a
-    memset per layer in a captured graph, between two kernels that could otherwise overlap).
-    ``fused_mlp``: where the MLP's matmuls run the GEMV kernel (batch 1), the MLP as one kernel instead of two
-    (``kvlab.kernels.mlp.fused_mlp``).
-    Call it in ``torch.inference_mode()``.
+    ``model``: a supported model (``check_supported``), or its fused copy
+    ``kvlab.fusion.fused_copy(model, attention=False)`` (one ``qkv_proj`` and one ``gate_up_proj``
+    per layer; ``stacked_projections``). ``cache``: a
+    ``kvlab.graph_safe_cache.GraphSafeStaticCache`` after a prefill; the step writes this token's
+    key and value at its counter and advances the counter once (the step's last write). ``done``:
+    ``arrival_counters(model, batch, device)``, the counters of the attention and of the matmuls
+    split along K. ``dot_attention``: attention's scores and P.V as ``tl.dot``
+    (``rope_cache_attention(dot=True)``; False: as broadcast multiply-and-sum). ``tiles``: the
+    matmuls of 2 rows or more through ``gemv.TILE_DISPATCH``'s choice of tile kernel, GEMV kernel or
+    cuBLAS (``gemv(tiles=True)``; False: the GEMV kernel up to ``gemv.GEMV_MAX_ROWS`` rows, cuBLAS
+    above). ``fill_splits``: attention split over only as many programs per (row, kv head) as fill
+    the GPU once (``rope_cache_attention(fill_splits=True)``; False: up to ``common.MAX_SPLITS`` at
+    every batch). ``fused_mlp``: where the MLP's matmuls run the GEMV kernel (batch 1), the MLP as
+    one kernel instead of two (``kvlab.kernels.mlp.fused_mlp``).
+    ``kvlab.kernels.decoder.kernels_decoder`` binds ``done`` and the options (``functools.partial``)
+    and hands the step to a ``GraphSafeDecoder``. Call it in ``torch.inference_mode()``.
     """
     decoder, b = model.model, token.shape[0]
     heads = model.config.num_attention_heads
     rope = decoder.rotary_emb
     position = cache.cache_position  # [] the one counter: this token's position
-    early = {"early_launch": True} if early_launch else {}
 
     def attention(qkv, attn, cached):  # RoPE, the cache write at the counter, split-K attention: [b, heads * d]
         return rope_cache_attention(qkv, rope.inv_freq, rope.attention_scaling, cached.keys, cached.values,
-                                    position, heads, attn.scaling, done, dot=dot_attention, fill_splits=fill_splits,
-                                    **early)
+                                    position, heads, attn.scaling, done, dot=dot_attention,
+                                    fill_splits=fill_splits)
 
     x = decoder.embed_tokens(token).view(b, -1)  # [b, hidden]
     for layer, cached in zip(decoder.layers, cache.layers, strict=True):
-        x = layer_kernels(x, layer, cached, attention, tiles=tiles, early_launch=early_launch,
-                          counters=done if split_counters else None, fused_mlp=fused_mlp)  # [b, hidden]
+        x = layer_kernels(x, layer, cached, attention, tiles=tiles, counters=done,
+                          fused_mlp=fused_mlp)  # [b, hidden]
     return greedy_head(x, model.lm_head.weight, decoder.norm.weight, decoder.norm.variance_epsilon, token,
-                       position, tiles=tiles, **early)  # [b, 1] the next token, in place; the counter advanced
+                       position, tiles=tiles)  # [b, 1] the next token, in place; the counter advanced
 
 
-def layer_kernels(x: torch.Tensor, layer, cached, attention, *, tiles: bool = True, early_launch: bool = False,
+def layer_kernels(x: torch.Tensor, layer, cached, attention, *, tiles: bool = True,
                   counters: torch.Tensor | None = None, fused_mlp: bool = False) -> torch.Tensor:
-    """One decoder layer over the rows ``x`` ``[rows, hidden]`` -> ``[rows, hidden]``: its five kernels, the second
-    ``attention(qkv, layer.self_attn, cached)`` (``kernel_step``'s over the cache, ``kernel_prefill``'s over the
-    prompt; ``cached``: the layer's cache). ``tiles``, ``early_launch``, ``fused_mlp``: as ``kernel_step``'s;
-    ``counters``: the matmuls' arrival counters (``gemv``'s)."""
+    """One decoder layer over the rows ``x`` ``[rows, hidden]`` -> ``[rows, hidden]``: its five
+    kernels, the second ``attention(qkv, layer.self_attn, cached)`` (``kernel_step``'s over the
+    cache, ``prompt_rows``' over the prompt; ``cached``: the layer's cache). ``tiles``,
+    ``fused_mlp``: as ``kernel_step``'s; ``counters``: the matmuls' arrival counters
+    (``gemv``'s)."""
     attn, mlp = layer.self_attn, layer.mlp
     norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
-    launch = {"tiles": tiles, "counters": counters} | ({"early_launch": True} if early_launch else {})
+    launch = {"tiles": tiles, "counters": counters}
     w_qkv, b_qkv, w_gate_up, b_gate_up = stacked_projections(layer)
     qkv = gemv(x, w_qkv, bias=b_qkv, norm=norm1.weight, eps=norm1.variance_epsilon,
                **launch)  # [rows, (heads + 2 kv_heads) * d]
@@ -159,50 +160,70 @@ def layer_kernels(x: torch.Tensor, layer, cached, attention, *, tiles: bool = Tr
     x = gemv(out, attn.o_proj.weight, bias=attn.o_proj.bias, residual=x, **launch)  # [rows, hidden]
     if fused_mlp and b_gate_up is None and mlp.down_proj.bias is None and \
             kernel_path(x, tiles, stacked_shape(w_gate_up)) == "gemv":  # one kernel instead of the two below
-        w_gate, w_up = w_gate_up if isinstance(w_gate_up, tuple) else w_gate_up.chunk(2)  # [intermediate, hidden]
-        return mlp_in_one_kernel(x, w_gate, w_up, mlp.down_proj.weight, norm2.weight, norm2.variance_epsilon, x,
-                                 counters, early_launch)  # [rows, hidden]
+        w_gate, w_up = w_gate_up if isinstance(w_gate_up, tuple) else w_gate_up.chunk(2)  # [inter, hidden]
+        return mlp_in_one_kernel(x, w_gate, w_up, mlp.down_proj.weight, norm2.weight, norm2.variance_epsilon,
+                                 x, counters)  # [rows, hidden]
     gate_up = gemv(x, w_gate_up, bias=b_gate_up, norm=norm2.weight, eps=norm2.variance_epsilon,
                    **launch)  # [rows, 2 * intermediate]
     return gemv(gate_up, mlp.down_proj.weight, bias=mlp.down_proj.bias, silu_mul=True, residual=x,
                 **launch)  # [rows, hidden]
 
 
-PREFILL_OPTIONS = ("tiles", "early_launch", "fill_prefill")  # kernel_prefill's: two of kernel_step's, and its own
-# The most prompt rows (batch x padded prompt length) that kvlab.graph_decoder.kernels_decoder sends through
-# kernel_prefill by default. On the H200 (data/attempts/h200_prefill_c4365f3.json, a 64-token prompt) the kernels
-# took the first token in 3.9 ms against 5.2 ms for the fused copy's transformers forward at 64 rows, and tied at
-# 1,024 (7.0 against 7.2 ms); at 4,096 they took 19.5 against 13.1 ms: their tiles were chosen for at most 64 rows.
-KERNEL_PREFILL_MAX_ROWS = 1024
-
-
-def kernel_prefill(model, cache, prompt: torch.Tensor, valid: torch.Tensor, token: torch.Tensor, *,
-                   tiles: bool = True, early_launch: bool = False, fill_prefill: bool = True) -> torch.Tensor:
-    """The prefill through the step's kernels: writes the first new token into ``token`` ``[batch, 1]`` and returns it.
-
-    ``prompt`` ``[batch, T]`` (long): a prompt padded to T tokens, of which the first ``valid`` (a 0-dim long tensor)
-    count; their keys and values are written into ``cache`` from its counter on, and the counter advances by
-    ``valid`` (one graph captured at T serves every length up to T). ``model``, ``cache``: as ``kernel_step``'s, the
-    cache's buffers allocated (``cache.early_initialization``). ``tiles``, ``early_launch``: as ``kernel_step``'s;
-    the attention always runs on ``tl.dot`` tiles, with fewer query rows per program where the prompt's tiles would
-    not fill the GPU (``fill_prefill``; ``kvlab.kernels.attention.prefill_rows``). Call it in
-    ``torch.inference_mode()``.
-    """
+def prompt_rows(model, cache, prompt: torch.Tensor, valid: torch.Tensor, tiles: bool) -> torch.Tensor:
+    """The layers over a prompt's rows: ``prompt`` [batch, T] at the cache's counter, of which the
+    first ``valid`` (a 0-dim long tensor) count; writes their keys and values into ``cache`` (the
+    rest to the trash slot), returns the last layer's output ``[batch T, hidden]``. The counter is
+    left where it was. Allocates the cache's buffers first if no forward has yet
+    (``cache.early_initialization``)."""
     decoder, (b, t) = model.model, prompt.shape
     heads = model.config.num_attention_heads
     rope = decoder.rotary_emb
+    if not cache.is_initialized:  # the kernels write into the buffers: allocate them (eagerly, before capture)
+        head_dim = decoder.layers[0].self_attn.head_dim
+        cache.early_initialization(b, model.config.num_key_value_heads, head_dim,
+                                   decoder.embed_tokens.weight.dtype, prompt.device)
     position = cache.cache_position  # [] the prompt's first position
-    early = {"early_launch": True} if early_launch else {}
 
     def attention(qkv, attn, cached):  # RoPE, the prompt's cache writes, causal attention: [b T, heads * d]
-        return rope_cache_prefill_attention(qkv, rope.inv_freq, rope.attention_scaling, cached.keys, cached.values,
-                                            position, valid, heads, attn.scaling, fill_prefill=fill_prefill, **early)
+        return rope_cache_prefill_attention(qkv, rope.inv_freq, rope.attention_scaling, cached.keys,
+                                            cached.values, position, valid, heads, attn.scaling)
 
     x = decoder.embed_tokens(prompt).view(b * t, -1)  # [b T, hidden]: the prompt's rows are the matmuls' rows
     for layer, cached in zip(decoder.layers, cache.layers, strict=True):
-        x = layer_kernels(x, layer, cached, attention, tiles=tiles, early_launch=early_launch)  # [b T, hidden]
-    last = x.view(b, t, -1).index_select(1, (valid - 1).reshape(1)).view(b, -1)  # [b, hidden] each row's last token
+        x = layer_kernels(x, layer, cached, attention, tiles=tiles)  # [b T, hidden]
+    return x
+
+
+def kernel_prefill(model, cache, prompt: torch.Tensor, valid: torch.Tensor, token: torch.Tensor, *,
+                   tiles: bool = True) -> torch.Tensor:
+    """The prefill through the step's kernels: writes the first new token into ``token`` ``[batch,
+    1]``.
+
+    ``prompt`` ``[batch, T]`` (long): a prompt padded to T tokens, of which the first ``valid`` (a
+    0-dim long tensor) count; their keys and values are written into ``cache`` from its counter on,
+    and the counter advances by ``valid`` (one graph captured at T serves every length up to T).
+    ``model``, ``cache``, ``tiles``: as ``kernel_step``'s; the attention runs on ``tl.dot`` tiles
+    (``rope_cache_prefill_attention``). Call it in ``torch.inference_mode()``.
+    """
+    decoder, (b, t) = model.model, prompt.shape
+    x = prompt_rows(model, cache, prompt, valid, tiles)  # [b T, hidden]
+    last = x.view(b, t, -1).index_select(1, (valid - 1).reshape(1)).view(b, -1)  # [b, hidden] each row's last
     greedy_head(last, model.lm_head.weight, decoder.norm.weight, decoder.norm.variance_epsilon, token,
-                tiles=tiles, **early)  # [b, 1] the first new token, in place
-    position.add_(valid)  # the counter: past the prompt
+                tiles=tiles)  # [b, 1] the first new token, in place
+    cache.cache_position.add_(valid)  # the counter: past the prompt
     return token
+
+
+def kernel_verify(model, cache, rows: torch.Tensor, verified: torch.Tensor, *, tiles: bool = True) -> torch.Tensor:
+    """Speculation's verify through the step's kernels: ``rows`` [batch, k + 1] (the last token,
+    then k drafts) at the counter's positions, causal; writes the greedy token after each row into
+    ``verified`` [batch, k + 1] and advances the counter by k + 1 (``kvlab.speculative`` rolls back
+    the rejected drafts). Rows past the cache's end go to the trash slot. ``model``, ``cache``,
+    ``tiles``: as ``kernel_step``'s."""
+    decoder, width = model.model, rows.shape[1]
+    valid = torch.full((), width, dtype=torch.long, device=rows.device)  # every row counts
+    x = prompt_rows(model, cache, rows, valid, tiles)  # [b (k + 1), hidden]
+    greedy_head(x, model.lm_head.weight, decoder.norm.weight, decoder.norm.variance_epsilon,
+                verified.view(-1, 1), tiles=tiles)  # [b (k + 1), 1] in place
+    cache.cache_position.add_(width)
+    return verified

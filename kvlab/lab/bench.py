@@ -5,7 +5,9 @@ the steady-state time per decode step (``kvlab.lab.measure.time_decode``: ``(T(n
 token), the time to the first token (``prefill_ms``: T(1), the prompt's forward and its argmax), tokens/s, peak memory, kernels and GPU busy time per step from ``torch.profiler``, the bandwidth floor
 (weights + KV cache read once per step, over a measured copy bandwidth), and ratios to ``naive`` and to the
 ``torch.compile(mode="reduce-overhead")`` path. Results go to ``--out``.json and .csv with the environment and
-the exact command.
+the exact command, rewritten (atomically: a temporary file, then a rename) after every strategy; a write that fails
+does not stop the run: every row stays in memory, the write is tried again after the next strategy, and at the
+end a failed write is reported (the record then goes to a file in the temporary folder) with exit status 1.
 
 Why the check runs in float32 and the timing in bfloat16: greedy decoding picks the largest logit, and two
 correct implementations that add the same numbers in a different order (a fused matmul, another kernel, a
@@ -19,6 +21,7 @@ an fp32 copy of the same weights and compared token by token with ``"naive"``; t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
@@ -36,7 +39,7 @@ from ..runtime import as_dtype, cpu_name, environment, pick_device, pick_dtype, 
 from ..sizes import floor_ms, model_facts
 from ..strategies import BENCHMARKED, DEFAULT_STRATEGIES, STRATEGIES
 from .measure import copy_bandwidth_gbps, free_unreferenced, profile_steps, time_decode
-from .models import RANDOM_SMOLLM2, ModelUnavailableError, build_model, cast
+from .models import RANDOM_SMOLLM2, TINY_CONFIGS, ModelUnavailableError, build_model, cast
 
 CACHE_ROUNDING = 16  # max_cache_len = prompt + new tokens rounded up: one cache length per run, graphs reused
 TABLE = ["strategy", "batch", "ms_per_token", "tokens_per_s", "x_naive", "x_reduce_overhead", "prefill_ms",
@@ -63,6 +66,14 @@ def git_state() -> dict:
 
 class BenchArgumentError(ValueError):
     """A setting the benchmark refuses before doing any work; the message says what to change."""
+
+
+class BenchWriteError(OSError):
+    """The run finished but its record could not be written to ``out``: ``record`` holds every row measured."""
+
+    def __init__(self, message: str, record: dict):
+        super().__init__(message)
+        self.record = record
 
 
 def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, repeats, profile_k, out=None) -> None:
@@ -124,7 +135,9 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
               quick: bool = False, progress: bool = True, command: str | None = None, out=None) -> dict:
     """Run the benchmark and return its record (what ``--out`` stores). Arguments mirror the command line.
 
-    ``out``: also write the record there after every strategy, so a run stopped early keeps what it measured.
+    ``out``: also write the record there after every strategy, so a run stopped early keeps what it measured. A
+    write that fails is tried again after the next strategy; if the last one fails, ``BenchWriteError`` is raised
+    once every strategy has run, holding the record.
     """
     from tqdm.auto import tqdm
 
@@ -138,7 +151,10 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 64)
     env = environment(device) | {"cpu": cpu_name(), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
-    check_model = build_model(model, device, seed=seed)
+    try:
+        check_model = build_model(model, device, seed=seed)
+    except ValueError as e:  # an unknown name: a setting, refused before any timing
+        raise BenchArgumentError(f"--model {model!r}: {e}") from None
     limit = getattr(check_model.config.get_text_config(), "max_position_embeddings", None)
     if limit is not None and prompt_len + max(new_tokens, check_tokens) > limit:
         raise BenchArgumentError(
@@ -159,6 +175,8 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
         "model": facts, "copy_bandwidth_gbps": gbps, "results": results, "skipped": skipped, "traces": traces,
     }
 
+    write_failed: list[str] = []  # the last write's error; empty once a write succeeds
+
     def finish(finished: bool) -> dict:
         add_ratios(results)
         done = {(r["strategy"], r["batch"]) for r in results}
@@ -166,7 +184,13 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
         record.update(seconds=time.perf_counter() - started, finished=finished,
                       complete=all((name, b) in done for name in strategies for b in batches))
         if out is not None:
-            write(record, out)
+            try:
+                write(record, out)
+                write_failed.clear()
+            except OSError as e:  # the rows stay in memory; the next strategy's write tries again
+                write_failed[:] = [f"{type(e).__name__}: {e}"]
+                bar.write(f"  could not write {out!r} ({write_failed[0]}): the results are kept in memory and "
+                          "written again after the next strategy")
         return record
 
     bar = tqdm(total=len(batches) * len(strategies), desc="kvlab.lab.bench", disable=not progress)
@@ -229,7 +253,10 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
             bar.update()
             finish(finished=False)
     bar.close()
-    return finish(finished=True)
+    finish(finished=True)
+    if write_failed:
+        raise BenchWriteError(f"the results could not be written to {str(out)!r} ({write_failed[0]})", record)
+    return record
 
 
 def options(strategy, max_cache_len: int, dynamic: bool | None) -> dict:
@@ -269,18 +296,38 @@ def out_paths(out: str | Path) -> tuple[Path, Path]:
 
 
 def write(record: dict, out: str | Path) -> tuple[Path, Path]:
-    """``out``.json (everything) and ``out``.csv (one row per result, with environment and command)."""
+    """``out``.json (everything) and ``out``.csv (one row per result, with environment and command), each written
+    atomically: a temporary file in the same folder, then ``os.replace`` (a reader never sees half a file, a failed
+    write leaves the last one whole; a symlink at the path is replaced, not followed). The folder is made again
+    if it went away."""
+    import io
+
     json_path, csv_path = out_paths(out)
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(record, indent=1, default=str))
     extra = {f"env_{k}": v for k, v in record["env"].items()} | {"command": record["command"], "model": record["settings"]["model"]}
     rows = [r | extra for r in record["results"]] + [r | extra for r in record["skipped"]]
-    fields = list(dict.fromkeys(k for r in rows for k in r))
-    with open(csv_path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+    writer.writeheader()
+    writer.writerows(rows)
+    for path, text in ((json_path, json.dumps(record, indent=1, default=str)), (csv_path, table.getvalue())):
+        write_atomically(path, text)
     return json_path, csv_path
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a temporary file beside it and ``os.replace``."""
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def merge(*records: dict) -> dict:
@@ -442,6 +489,13 @@ def _bounded(least: int, most: int):
     return parse
 
 
+def _model(text: str) -> str:
+    if text.startswith("tiny-") and text not in TINY_CONFIGS:
+        raise argparse.ArgumentTypeError(f"{text!r}: no tiny model of that name; choose one of "
+                                         f"{', '.join(sorted(TINY_CONFIGS))}")
+    return text
+
+
 def _out(text: str) -> str:
     for folder in out_paths(text)[0].parents:
         if folder.exists():
@@ -453,7 +507,7 @@ def _out(text: str) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m kvlab.lab.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=RANDOM_SMOLLM2, help=f"{RANDOM_SMOLLM2} (default, no download), smollm2-135m, tiny-llama, ...")
+    p.add_argument("--model", type=_model, default=RANDOM_SMOLLM2, help=f"{RANDOM_SMOLLM2} (default, no download), smollm2-135m, tiny-llama, ...")
     p.add_argument("--prompt-len", type=_count(1), default=None, help="prompt tokens (default 64; quick: 16)")
     p.add_argument("--new-tokens", type=_count(2), default=None, help="new tokens per decode (default 256; quick: 16)")
     p.add_argument("--batch", type=_batches, default=[1], help="batch size, or a comma list for a sweep, e.g. 1,2,4,8,16,32,64")
@@ -489,7 +543,19 @@ def main(argv=None) -> dict:
         )
     except (BenchArgumentError, ModelUnavailableError) as e:  # raised before any timing
         args.error(str(e))
-    json_path, csv_path = write(record, out)
+    except BenchWriteError as e:  # every strategy ran; the record is whole in memory: keep it somewhere
+        print(format_table(e.record))
+        import tempfile
+
+        fallback = Path(tempfile.gettempdir()) / f"kvlab-bench-{time.strftime('%Y%m%d-%H%M%S')}"
+        try:
+            json_path, csv_path = write(e.record, fallback)
+            kept = f"the record was written to {json_path} and {csv_path} instead"
+        except OSError as again:
+            kept = f"nor to {fallback} ({again}); the table above is all that is left"
+        print(f"error: {e}; {kept}", file=sys.stderr)
+        raise SystemExit(1) from None
+    json_path, csv_path = out_paths(out)
     print(format_table(record))
     print(f"wrote {json_path} and {csv_path} ({record['env']['hardware']}, {record['seconds']:.0f} s)")
     return record

@@ -17,6 +17,7 @@ to the clock in a burst after each replay, so its per-step times mean nothing: `
 from __future__ import annotations
 
 import gc
+import numbers
 import resource
 import statistics
 import sys
@@ -94,14 +95,21 @@ class DecodeTiming:
                 "total_ms_runs": [1e3 * t for t in self.total_runs]}
 
 
-def _check_timing_args(new_tokens, repeats, warmup_tokens) -> None:
-    if not isinstance(new_tokens, int) or new_tokens < 2:
-        raise ValueError(f"new_tokens must be an int >= 2 (the rule divides by n - 1), got {new_tokens!r}")
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
-        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
-    if warmup_tokens is not None and (not isinstance(warmup_tokens, int) or isinstance(warmup_tokens, bool)
-                                      or warmup_tokens < 1):
-        raise ValueError(f"warmup_tokens must be a positive int or None (the full length), got {warmup_tokens!r}")
+def count(name: str, value, least: int, why: str = "") -> int:
+    """``value`` as a Python int where it is a whole number >= ``least`` (a NumPy integer too), else a ValueError
+    naming ``name``."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
+        raise ValueError(f"{name} must be an int >= {least}{why}, got {value!r:.80}")
+    return int(value)
+
+
+def _check_timing_args(new_tokens, repeats, warmup_tokens) -> tuple[int, int, int | None]:
+    """The three as Python ints, or a ValueError naming the bad one."""
+    new_tokens = count("new_tokens", new_tokens, 2, " (the rule divides by n - 1)")
+    repeats = count("repeats", repeats, 1)
+    if warmup_tokens is not None:
+        warmup_tokens = count("warmup_tokens", warmup_tokens, 1, " or None (the full length)")
+    return new_tokens, repeats, warmup_tokens
 
 
 def time_decode(run: Callable[[int, OnToken], torch.Tensor], new_tokens: int, device, *, repeats: int = 3,
@@ -114,7 +122,7 @@ def time_decode(run: Callable[[int, OnToken], torch.Tensor], new_tokens: int, de
     if not per_step:
         return time_decodes({label: run}, new_tokens, device, repeats=repeats, warmup_tokens=warmup_tokens)[label]
     device = pick_device(device)  # a clear error for "cuda" without a GPU
-    _check_timing_args(new_tokens, repeats, warmup_tokens)
+    new_tokens, repeats, warmup_tokens = _check_timing_args(new_tokens, repeats, warmup_tokens)
     warmup = wall(lambda: run(warmup_tokens or new_tokens, None), device)
     reset_peak_memory(device)
     clocked = []
@@ -137,7 +145,7 @@ def time_decodes(runs: dict[str, Callable[[int, OnToken], torch.Tensor]], new_to
     moment of a shared machine then slows every path alike, so their ratios stay honest. Returns label ->
     ``DecodeTiming``."""
     device = pick_device(device)  # a clear error for "cuda" without a GPU
-    _check_timing_args(new_tokens, repeats, warmup_tokens)
+    new_tokens, repeats, warmup_tokens = _check_timing_args(new_tokens, repeats, warmup_tokens)
     if not runs:
         raise ValueError("give at least one run to time")
     warmups = {label: wall(lambda run=run: run(warmup_tokens or new_tokens, None), device) for label, run in runs.items()}
@@ -222,8 +230,9 @@ def time_interleaved(fns: dict, *, rounds: int = 5, device=None, collect_garbage
     the rounds (gigabytes for lesson 07's whole decodes on a CPU). Off by default: the pause it adds between calls
     lets a GPU idle, which slows the next short call (lesson 02's one-token copies).
     """
-    if not fns or rounds < 1:
-        raise ValueError("give at least one function and rounds >= 1")
+    if not isinstance(fns, dict) or not fns or not all(callable(fn) for fn in fns.values()):
+        raise ValueError(f"fns must be a non-empty dict of name -> function to time, got {fns!r:.80}")
+    rounds = count("rounds", rounds, 1)
     names = list(fns)
     times: dict[str, list[float]] = {name: [] for name in names}
     for fn in fns.values():
@@ -300,8 +309,7 @@ def profile_steps(run: Callable[[int], object], k: int, device) -> dict:
     """Kernels (GPU) or leaf ops (CPU) per decode step and their busy time, from profiles of ``run(1)`` and
     ``run(1 + k)`` (k decode steps apart, each run once unprofiled before), with the last step's timeline and its
     heaviest kernels."""
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(f"k must be an int >= 1 (decode steps between the two profiles), got {k!r}")
+    k = count("k", k, 1, " (decode steps between the two profiles)")
     run(1), run(1 + k)  # unprofiled first: a length not run before may capture or compile (its warm-up is not a step)
     one, many = profile(lambda: run(1), device).kernels, profile(lambda: run(1 + k), device).kernels
     per_step = (len(many) - len(one)) / k

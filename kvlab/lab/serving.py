@@ -10,6 +10,8 @@ tokens checked per request, memory held step by step against a static cache, tok
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from ..continuous_batching import ContinuousBatcher, Request
@@ -17,6 +19,7 @@ from ..graph_decoder import GraphSafeDecoder
 from ..paged_cache import blocks_for, bytes_per_token, memory_accounting
 from ..runtime import environment, pick_device
 from ..strategies import STRATEGIES, decode
+from .measure import count as whole_number
 from .measure import time_interleaved, wall
 
 # Our own passage (about this course's subject), so that a grounded prompt has something to quote.
@@ -103,6 +106,14 @@ def arriving_requests(count: int, vocab_size: int, *, prompt_lens=(8, 96), new_t
                       seed: int = 0, device=None) -> list[Request]:
     """``count`` requests with random prompts of ``prompt_lens`` tokens (inclusive range) wanting ``new_tokens``
     (inclusive range), one arriving every ``every`` scheduler steps: mixed lengths, as a server sees them."""
+    count, vocab_size = whole_number("count", count, 1), whole_number("vocab_size", vocab_size, 1)
+    every, seed = whole_number("every", every, 0), whole_number("seed", seed, 0)
+    for name, pair in (("prompt_lens", prompt_lens), ("new_tokens", new_tokens)):
+        if (not isinstance(pair, list | tuple) or len(pair) != 2
+                or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in pair)
+                or not 1 <= pair[0] <= pair[1]):
+            raise ValueError(f"{name} must be an inclusive range (low, high) of ints with 1 <= low <= high, got "
+                             f"{pair!r:.80}")
     gen = torch.Generator().manual_seed(seed)
 
     def pick(low_high):
@@ -125,6 +136,9 @@ def paged_runs(model, requests: list[Request], *, max_batch: int = 8, block_size
     running, bucket replayed, bytes the paged cache holds) with ``static_bytes`` (a static cache of ``max_batch``
     rows sized for the longest request), and ``per_request`` memory (``kvlab.paged_cache.memory_accounting``)."""
     device = pick_device(device)
+    if not isinstance(requests, list | tuple) or not requests or not all(isinstance(r, Request) for r in requests):
+        raise TypeError(f"paged_runs takes a non-empty list of Requests (arriving_requests(...)), got {requests!r:.80}")
+    max_batch, block_size = whole_number("max_batch", max_batch, 1), whole_number("block_size", block_size, 1)
     lengths = [r.prompt.shape[0] + r.max_new_tokens - 1 for r in requests]  # slots each request writes
     width = blocks_for(max(lengths), block_size)  # a block-table row: the longest request
     num_blocks = max_batch * width
