@@ -64,7 +64,7 @@ def compiled_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *,
         step = torch.compile(model_step, mode=compile_mode, fullgraph=True)
     length = cache_length(input_ids, max_new_tokens, max_cache_len)
     decoder = GraphSafeDecoder(fused, length, input_ids.shape[0], step=step, steps=steps, graph=graph)
-    decoder.source = model  # what kvlab.decode checks a held decoder against
+    decoder.copied_from(model)  # what kvlab.decode checks a held decoder against
     return decoder
 
 
@@ -115,18 +115,22 @@ def gqa_attention(model):
         model.set_attn_implementation(before)
 
 
-def reduce_overhead_gqa_state(model, input_ids: torch.Tensor, max_new_tokens: int, **settings) -> dict:
+def reduce_overhead_gqa_state(model, input_ids: torch.Tensor, max_new_tokens: int, *,
+                              max_cache_len: int | None = None, dynamic: bool | None = None) -> dict:
     """What ``decode_reduce_overhead_gqa`` builds for one call: ``reduce_overhead_state``'s cache
     and step."""
     with gqa_attention(model):
-        return reduce_overhead_state(model, input_ids, max_new_tokens, **settings)
+        return reduce_overhead_state(model, input_ids, max_new_tokens, max_cache_len=max_cache_len,
+                                     dynamic=dynamic)
 
 
 def decode_reduce_overhead_gqa(model, input_ids: torch.Tensor, max_new_tokens: int, *,
-                               on_token: OnToken = None, **settings) -> torch.Tensor:
+                               on_token: OnToken = None, cache=None, compiled_step=None,
+                               **settings) -> torch.Tensor:
     """The ``"reduce-overhead/gqa"`` strategy: ``decode_reduce_overhead`` with the model's attention
     set to ``gqa_sdpa_attention`` for the call (``gqa_attention``), so the compiled step reads the
     cache's kv heads without copying them. The model's attention implementation is set back after
     the call."""
     with gqa_attention(model):
-        return decode_reduce_overhead(model, input_ids, max_new_tokens, on_token=on_token, **settings)
+        return decode_reduce_overhead(model, input_ids, max_new_tokens, on_token=on_token, cache=cache,
+                                      compiled_step=compiled_step, **settings)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .decoding import OnToken, check_inputs, check_model
-from .graph_decoder import read_addresses
+from .frozen_state import check_unchanged, frozen_state
 from .graphs import EagerStep, capture
 from .paged_cache import (
     BlockAllocator,
@@ -154,7 +154,8 @@ class ContinuousBatcher:
             # [max_batch, 3 + width]: position | seq_len after the write | write slot | block-table row
             self.step_inputs = torch.zeros(max_batch, 3 + width, dtype=torch.long, device=self.device)
         self.graphs: dict[int, object] = {}  # bucket -> captured step
-        self._addresses = None  # (pools, weights) a captured graph reads
+        self._pools = None  # the cache pools' addresses a captured graph reads
+        self._frozen = None  # frozen_state of the model, at capture (the graphs read its weights by address)
 
     def __reduce_ex__(self, protocol):
         raise TypeError("a ContinuousBatcher cannot be pickled or copied: its captured graphs read its cache and "
@@ -206,7 +207,8 @@ class ContinuousBatcher:
             graph = EagerStep(fn, self.tokens[:bucket], warmup=0)
         self.tokens.copy_(saved)
         self.graphs[bucket] = graph
-        self._addresses = (self.cache.pool_addresses(), read_addresses(self.model))
+        self._pools = self.cache.pool_addresses()
+        self._frozen = frozen_state(self.model, versions=False)
         return graph
 
     def prefill(self, run: _Running, prompt: torch.Tensor) -> torch.Tensor:
@@ -341,10 +343,11 @@ class ContinuousBatcher:
                     f"{self.cache.max_len} slots ({self.width} blocks) and the pool has {self.allocator.num_blocks} "
                     "blocks: build the batcher with more blocks (num_blocks=, max_blocks_per_request=) or ask for "
                     "fewer tokens")
-        if self._addresses is not None and self._addresses != (self.cache.pool_addresses(), read_addresses(self.model)):
-            raise PagedCacheError("the model's weights or the cache's pools moved since the graphs were captured (a "
-                                  "parameter replaced, .to(), .double()): a replay would read the old memory. Build a "
-                                  "new ContinuousBatcher")
+        if self._pools is not None and self._pools != self.cache.pool_addresses():
+            raise PagedCacheError("the cache's pools moved since the graphs were captured: a replay would read the "
+                                  "old memory. Build a new ContinuousBatcher")
+        if self._frozen is not None:
+            check_unchanged(self._frozen, self.model, "this ContinuousBatcher")
         return arrivals
 
 

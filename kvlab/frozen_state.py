@@ -93,9 +93,10 @@ def _walk(model) -> tuple[list, list, tuple]:
     return modules, [t for t in tensors if t is not None], (tuple(patched), hooks)
 
 
-def _signature(tensors: list) -> list:
-    """(address, in-place version, shape) per tensor: a new dtype or device needs new memory, so a new address."""
-    return [(t.data_ptr(), t._version, t.shape) for t in tensors]
+def _signature(tensors: list, versions: bool = True) -> list:
+    """(address, in-place version, shape) per tensor: a new dtype or device needs new memory, so a new address.
+    Without ``versions`` the version is left out (0)."""
+    return [(t.data_ptr(), t._version if versions else 0, t.shape) for t in tensors]
 
 
 def _global_hooks() -> tuple:
@@ -160,12 +161,13 @@ class FrozenState:
     modules: tuple  # weakref per module, walk order
     marks: tuple  # ((module index, id of its instance forward), ...), forward (pre-)hook count of all modules
     tensors: tuple  # weakref per parameter and buffer, walk order
-    signature: list  # (data_ptr, _version, shape) per tensor
+    signature: list  # (data_ptr, _version, shape) per tensor (version 0 without ``versions``)
     plan: list  # (module index, itemgetter of its setting names)
     settings: list  # their values
     hooks: tuple  # the global forward (pre-)hook counts
     named: dict  # by name, for messages: "modules", "tensors" (weakref, ptr, version, shape, dtype, device),
     # "settings" (value), "marks" (id of an instance forward or None, hook count)
+    versions: bool = True  # whether an in-place edit counts as a change
 
 
 def _config(model) -> tuple:
@@ -179,8 +181,11 @@ def _marks(module) -> tuple:
     return id(d["forward"]) if "forward" in d else None, len(d["_forward_hooks"]) + len(d["_forward_pre_hooks"])
 
 
-def frozen_state(model) -> FrozenState:
-    """Snapshot what a captured graph or a fused copy of ``model`` freezes (see the module's docstring)."""
+def frozen_state(model, *, versions: bool = True) -> FrozenState:
+    """Snapshot what a captured graph or a fused copy of ``model`` freezes (see the module's docstring).
+
+    ``versions=False``: an in-place edit of a weight is not a change. That is right for a graph that reads the
+    model's own weights by address (its next replay reads the edited memory), wrong for a copy."""
     modules, tensors, marks = _walk(model)
     plan = _settings_plan(modules)
     named_modules = _named_modules(model)
@@ -193,8 +198,8 @@ def frozen_state(model) -> FrozenState:
         "marks": {n: _marks(m) for n, m in named_modules.items()},
     }
     return FrozenState(weakref.ref(model), _config(model), tuple(map(weakref.ref, modules)), marks,
-                       tuple(map(weakref.ref, tensors)), _signature(tensors), plan, _settings(modules, plan),
-                       _global_hooks(), named)
+                       tuple(map(weakref.ref, tensors)), _signature(tensors, versions), plan,
+                       _settings(modules, plan), _global_hooks(), named, versions)
 
 
 def _same_objects(refs: tuple, objects: list) -> bool:
@@ -207,7 +212,7 @@ def unchanged(before: FrozenState, model) -> bool:
         return False
     modules, tensors, marks = _walk(model)
     if not (marks == before.marks and _same_objects(before.modules, modules)
-            and _same_objects(before.tensors, tensors) and _signature(tensors) == before.signature):
+            and _same_objects(before.tensors, tensors) and _signature(tensors, before.versions) == before.signature):
         return False
     try:
         return _settings(modules, before.plan) == before.settings
@@ -262,7 +267,7 @@ def changes(before: FrozenState, model) -> list[str]:
         elif (t.data_ptr(), t.shape, t.dtype, t.device) != (ptr, shape, dtype, device):
             found.append(f"{_path(name)} now holds other memory ({tuple(t.shape)} {t.dtype} on {t.device}, was "
                          f"{tuple(shape)} {dtype} on {device})")
-        elif t._version != version:
+        elif before.versions and t._version != version:
             found.append(f"{_path(name)} was edited in place")
     found += [f"{_path(name)} was added" for name in now_tensors if name not in before.named["tensors"]]
     for name, was in before.named["settings"].items():

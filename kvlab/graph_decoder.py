@@ -32,6 +32,7 @@ import weakref
 import torch
 
 from .decoding import OnToken, check_inputs, check_model, greedy
+from .frozen_state import check_unchanged, frozen_state
 from .graph_safe_cache import GraphSafeError, GraphSafeStaticCache
 from .graphs import capture
 
@@ -151,7 +152,8 @@ class GraphSafeDecoder:
         self.graphs: dict[int, object] = {}  # steps per replay -> captured graph (at most two: steps and the rest)
         self.prefill_graph = None
         self._fingerprint = None  # the cache's addresses at capture
-        self._weights = None  # what the replays read, at capture (see _check_weights)
+        self._frozen = None  # frozen_state of the model the graphs read, at capture
+        self._source_frozen = None  # frozen_state of the model a copy was made from (copied_from)
 
     def __reduce_ex__(self, protocol):
         raise TypeError("a GraphSafeDecoder cannot be pickled or copied: it holds captured graphs bound to live "
@@ -255,21 +257,21 @@ class GraphSafeDecoder:
             )
         self._check_weights()
 
-    def _weights_now(self) -> tuple:
-        """What the replays read of the model (and of the source it was copied from), as
-        ``_check_weights`` compares it. TODO(frozen_state): the single call site for
-        ``kvlab.frozen_state.frozen_state(model)`` and ``frozen_state(source)`` once that module
-        lands; until then, addresses, shapes and dtypes."""
-        source = () if self.source is self.model else read_addresses(self.source)
-        return read_addresses(self.model), source
+    def copied_from(self, source) -> None:
+        """Say that ``self.model`` is a copy of ``source`` (a builder's fused copy): ``kvlab.decode``
+        then holds the decoder against ``source``, and any edit of ``source``, in place too, is
+        refused, since the copy would not see it."""
+        self.source = source
+        self._source_frozen = frozen_state(source)
 
     def _check_weights(self) -> None:
-        if self._weights is not None and self._weights_now() != self._weights:
-            raise GraphSafeError(
-                "the model's weights moved since this decoder captured its graphs (a parameter replaced, .to(), "
-                ".double(), load_state_dict(assign=True)): a replay would read the old memory. Build a new "
-                "GraphSafeDecoder."
-            )
+        """Refuse a decode after anything the graphs or the copy froze moved (``kvlab.frozen_state``).
+        The graphs read the model's weights by address, so an in-place edit of them reaches the
+        next replay and is allowed; what this cannot see is listed in ``kvlab.frozen_state``."""
+        if self._frozen is not None:
+            check_unchanged(self._frozen, self.model, "this GraphSafeDecoder")
+        if self._source_frozen is not None:
+            check_unchanged(self._source_frozen, self.source, "this decoder's copy of the model")
 
     def capture_graph(self, fn, static: torch.Tensor):
         """Capture ``fn(static)`` and undo the warm-up calls' side effects in place: counter, token,
@@ -290,7 +292,7 @@ class GraphSafeDecoder:
                 layer.values[:, :, start:end].zero_()
         self.cache.frozen = True
         self._fingerprint = self.cache.fingerprint()
-        self._weights = self._weights_now()  # what the replays read
+        self._frozen = frozen_state(self.model, versions=False)  # what the replays read
         return graph
 
     def next_tokens(self, n: int) -> torch.Tensor:

@@ -12,6 +12,7 @@ token-exact against ``"naive"``.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import import_module
@@ -60,6 +61,20 @@ class Strategy:
     def build(self) -> Callable | None:
         """What builds this strategy's state for one call (``state``), or None."""
         return None if self.builds is None else resolved(self.builds)
+
+    def keywords(self) -> set[str] | None:
+        """The keywords a caller may pass: the function's own, and where it passes the rest on
+        (``**settings``), its builder's; less those the strategy fixes (``options``). None where the
+        builder passes the rest on too (it refuses what it does not take, by the caller's names)."""
+        names: set[str] = set()
+        for fn in (self.function, self.build):
+            if fn is None:
+                break
+            params = list(inspect.signature(fn).parameters.values())[3:]  # after model, ids, n
+            names |= {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+            if not any(p.kind is p.VAR_KEYWORD for p in params):
+                return names - set(self.options)
+        return None
 
     def __call__(self, model, input_ids: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
         """Decode with this strategy's function and options (no input checks: ``kvlab.decode`` makes
@@ -188,7 +203,13 @@ def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str
     """
     chosen = strategy_named(strategy)
     input_ids = unpadded_ids(input_ids, attention_mask)
-    check_inputs(model, input_ids, max_new_tokens)
+    max_new_tokens = check_inputs(model, input_ids, max_new_tokens)
+    accepted = chosen.keywords()
+    unknown = [] if accepted is None else sorted(set(kwargs) - accepted)
+    if unknown:
+        takes = ", ".join(f"{k}=" for k in sorted(accepted)) or "no options"
+        raise TypeError(f"strategy {strategy!r} takes no {', '.join(f'{k}=' for k in unknown)}; it takes "
+                        f"{takes}. Drop it, or pick a strategy that takes it (kvlab.STRATEGIES)")
     check_options(kwargs)
     return chosen(model, input_ids, max_new_tokens, **kwargs)
 

@@ -97,27 +97,66 @@ def test_a_held_decoder_refuses_weights_that_moved():
     first = decoder.generate(IDS, 4)
     assert torch.equal(kvlab.decode(model, IDS, 4, strategy="graph-safe", decoder=decoder), first)  # replayed
     model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
-    with pytest.raises(GraphSafeError, match="weights moved since this decoder captured"):
+    with pytest.raises(GraphSafeError, match=r"model\.lm_head\.weight was replaced.*Build a new one"):
         decoder.generate(IDS, 4)
 
 
-def test_a_held_compiled_decoder_decodes_its_own_copy():
-    """Its step reads a fused copy made when it was built: an edit of the original after that does not reach it."""
+@pytest.mark.parametrize("edit", ["in-place", "replaced", "load_state_dict", "fewer-layers", "eps"])
+def test_a_held_compiled_decoder_refuses_any_edit_its_copy_would_not_see(edit):
+    """Its step reads a fused copy made when it was built: an edit of the original after that would not reach
+    it, so the next decode through the held decoder is refused, naming the edit (issue 48, finding 2)."""
     model = kvlab.tiny_model("tiny-llama")
     decoder = compiled_decoder(model, IDS, 4, max_cache_len=32, steps=4, graph=True)  # CPU: emulated, not compiled
-    before = decoder.generate(IDS, 4)
+    assert torch.equal(kvlab.decode(model, IDS, 4, strategy="graph-safe-compiled", decoder=decoder),
+                       kvlab.decode(model, IDS, 4))
     with torch.no_grad():
-        model.lm_head.weight.mul_(-1.0)
-    assert torch.equal(decoder.generate(IDS, 4), before)
-    assert not torch.equal(kvlab.decode(model, IDS, 4), before)  # the edit changed the model's own tokens
+        if edit == "in-place":
+            model.lm_head.weight.mul_(-1.0)
+        elif edit == "replaced":
+            model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach() * -1.0)
+        elif edit == "load_state_dict":
+            model.load_state_dict({k: v * 2 for k, v in model.state_dict().items()})
+        elif edit == "fewer-layers":
+            model.model.layers = model.model.layers[:1]
+            model.config.num_hidden_layers = 1
+        else:
+            model.model.norm.variance_epsilon = 0.5
+    with pytest.raises(GraphSafeError, match="copy of the model"):
+        decoder.generate(IDS, 4)
+    with pytest.raises(GraphSafeError, match="copy of the model"):
+        kvlab.decode(model, IDS, 4, strategy="graph-safe-compiled", decoder=decoder)
+    assert torch.equal(kvlab.decode(model, IDS, 4, strategy="graph-safe-compiled"), kvlab.decode(model, IDS, 4))
 
 
-@pytest.mark.parametrize("option", [{"graph": False}, {"prefill_bucket": 8}, {"steps": 2}, {"compile_mode": "default"},
-                                    {"fill_splits": False}, {"fused_mlp": True}, {"tiles": False}])
-def test_a_decoder_with_settings_of_its_own_is_refused_at_the_door(option):
+@pytest.mark.parametrize("name", ["graph-safe", "graph-safe-kernels", "graph-safe-speculative", "paged"])
+def test_a_held_graph_refuses_a_module_setting_changed_after_capture(name):
+    """A graph bakes in the plain-Python numbers its step read (an RMSNorm's epsilon): a held decoder refuses a
+    decode after one changed, naming it, and a fresh decode follows the model (issue 48, finding 3)."""
+    model = kvlab.tiny_model("tiny-llama")
+    state = kvlab.STRATEGIES[name].state(model, IDS, 4)
+    assert torch.equal(kvlab.decode(model, IDS, 4, strategy=name, **state), kvlab.decode(model, IDS, 4))
+    model.model.layers[0].input_layernorm.variance_epsilon = 0.5
+    with pytest.raises(GraphSafeError, match=r"input_layernorm\.variance_epsilon changed from .* to 0\.5"):
+        kvlab.decode(model, IDS, 4, strategy=name, **state)
+    assert torch.equal(kvlab.decode(model, IDS, 4, strategy=name), kvlab.decode(model, IDS, 4))
+
+
+@pytest.mark.parametrize(("strategy", "option"), [
+    ("graph-safe", {"graph": False}), ("graph-safe", {"prefill_bucket": 8}), ("graph-safe-kernels", {"steps": 2}),
+    ("graph-safe-compiled", {"compile_mode": "default"}), ("graph-safe-kernels", {"fill_splits": False}),
+    ("graph-safe-kernels", {"tiles": False})])
+def test_a_decoder_with_settings_of_its_own_is_refused_at_the_door(strategy, option):
+    model = kvlab.tiny_model("tiny-llama")
+    decoder = kvlab.STRATEGIES[strategy].state(model, IDS, 4, max_cache_len=32)["decoder"]
+    with pytest.raises(ValueError, match="keeps the settings it was built with"):
+        kvlab.decode(model, IDS, 4, strategy=strategy, decoder=decoder, **option)
+
+
+@pytest.mark.parametrize("option", [{"steps": 2}, {"compile_mode": "default"}, {"tiles": False}])
+def test_another_strategys_setting_is_refused_by_name(option):
     model = kvlab.tiny_model("tiny-llama")
     decoder = GraphSafeDecoder(model, 32)
-    with pytest.raises(ValueError, match="keeps the settings it was built with"):
+    with pytest.raises(TypeError, match=f"strategy 'graph-safe' takes no {next(iter(option))}="):
         kvlab.decode(model, IDS, 4, strategy="graph-safe", decoder=decoder, **option)
 
 
@@ -208,7 +247,7 @@ def test_a_kernels_decoder_without_a_copy_decodes_the_model_as_it_is_at_each_rep
         model.lm_head.weight.detach().numpy()[:] *= -1.0  # past the version counter: the graph reads memory
     assert torch.equal(decoder.generate(IDS, 4), kvlab.decode(model, IDS, 4))
     model.model.layers[1].mlp.up_proj.weight = torch.nn.Parameter(model.model.layers[1].mlp.up_proj.weight.detach() * 2)
-    with pytest.raises(GraphSafeError, match="weights moved since this decoder captured"):
+    with pytest.raises(GraphSafeError, match=r"up_proj\.weight was replaced"):
         decoder.generate(IDS, 4)
 
 

@@ -86,8 +86,6 @@ def test_non_counts_are_refused(n, prompt):
         kvlab.decode(tiny_model("tiny-llama"), prompt(5), n)
 
 
-@pytest.mark.xfail(strict=True, reason="kvlab.strategies.decode must pass on check_inputs' int "
-                   "(max_new_tokens = check_inputs(...)): owned by the decoder branch")
 @pytest.mark.parametrize("strategy", ["static", "graph-safe", "graph-safe-speculative", "paged"])
 def test_integer_likes_reach_every_strategy_as_ints(strategy, prompt):
     model = tiny_model("tiny-llama")
@@ -125,3 +123,15 @@ def test_a_model_without_a_head_or_with_live_dropout_is_refused(prompt):
         kvlab.decode(dropping, prompt(3), 2)
     assert torch.equal(kvlab.decode(dropping.eval(), prompt(3), 3), kvlab.decode(dropping, prompt(3), 3))
     assert torch.equal(kvlab.decode(model.train(), prompt(3), 3), kvlab.decode(model.eval(), prompt(3), 3))
+
+
+@pytest.mark.parametrize("name", list(kvlab.STRATEGIES))
+def test_an_unknown_keyword_is_refused_by_the_callers_name(name):
+    """Every strategy refuses a keyword it does not take, naming it as the caller wrote it, before any work (not a
+    Python TypeError naming kvlab's internals)."""
+    model = kvlab.tiny_model("tiny-llama")
+    with pytest.raises(TypeError, match=r"no_such_option") as caught:
+        kvlab.decode(model, torch.tensor([[1, 2, 3]]), 2, strategy=name, no_such_option=1)
+    assert "unexpected keyword" not in str(caught.value)
+    accepted = kvlab.STRATEGIES[name].keywords()
+    assert accepted is None or "on_token" in accepted

@@ -1,6 +1,6 @@
 """Checkers for lesson 03 (HuggingFace DynamicCache and StaticCache). Each returns a verdict string; print it.
 
-Two code exercises (an in-place reset of a ``StaticCache``; a cached decode step whose position is a 0-dim tensor),
+Two code exercises (a cached decode step whose position is a 0-dim tensor; an in-place reset of a ``StaticCache``),
 a "predict, then run" question (what ``StaticCache.crop`` does to the buffers) and one number. Every expected
 value is computed live on a tiny model, with transformers' own caches and kvlab's own loops.
 """

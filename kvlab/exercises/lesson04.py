@@ -256,7 +256,7 @@ def fix_problem(name: str, result, seen, prompt_len: int, warmup: int) -> str | 
     if seen["rebound"]:
         i, k = seen["rebound"][0]
         return (f"not quite: layer {i}'s {k} is a new tensor ({note}). Hint: a tensor rebound instead of written in "
-                f"place: a graph keeps reading and advancing the old one (scenario 4d); write into it: layer.{k}.fill_(...).")
+                f"place: a graph keeps reading and advancing the old one (cause 3); write into it: layer.{k}.fill_(...).")
     after, before = seen["after"], seen["before"]
     if not seen["prompt kept"]:
         emptied = " (you emptied the cache)" if not any(after) else ""
@@ -271,7 +271,7 @@ def fix_problem(name: str, result, seen, prompt_len: int, warmup: int) -> str | 
         return f"not quite: every counter is still at {after[0]} ({note}). Hint: {why}; set each back, in place."
     if after[0] == prompt_len:
         return (f"not quite: only layer 0's counter is at {prompt_len}; the others say {after[1:]} ({note}). Hint: every "
-                "layer has its own cumulative_length (scenario 5c): move each one.")
+                "layer has its own cumulative_length (layer0-only-rewind): move each one.")
     return (f"not quite: the counters went from {before} to {after}, but the cache holds {prompt_len} valid tokens "
             f"({note}). Hint: {why}; make each counter say valid_len (fill_), whatever moved it.")
 

@@ -66,8 +66,10 @@ def decode_graph_safe_kernels(model, input_ids: torch.Tensor, max_new_tokens: in
     return held(decoder, model).generate(input_ids, max_new_tokens, on_token=on_token)
 
 
-def speculative_kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int,
-                                **settings) -> SpeculativeDecoder:
+def speculative_kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, k: int = 4,
+                                max_ngram: int = 3, min_ngram: int = 1, max_cache_len: int | None = None,
+                                graph: bool | str = True,
+                                prefill_bucket: int | None = None) -> SpeculativeDecoder:
     """The decoder ``decode_speculative_kernels`` builds for one call:
     ``kvlab.speculative.speculative_decoder`` (its ``settings``: ``k``, ``max_ngram``,
     ``min_ngram``, ``max_cache_len``, ``graph``, ``prefill_bucket``) over the kernels: its prefill
@@ -76,7 +78,9 @@ def speculative_kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: 
     check_supported(model)
     done = arrival_counters(model, input_ids.shape[0], input_ids.device)
     return speculative_decoder(model, input_ids, max_new_tokens, step=partial(kernel_step, done=done),
-                               prefill=kernel_prefill, verify=kernel_verify, **settings)
+                               prefill=kernel_prefill, verify=kernel_verify, k=k, max_ngram=max_ngram,
+                               min_ngram=min_ngram, max_cache_len=max_cache_len, graph=graph,
+                               prefill_bucket=prefill_bucket)
 
 
 def decode_speculative_kernels(model, input_ids: torch.Tensor, max_new_tokens: int, *,
