@@ -15,8 +15,7 @@ from kvlab import decoding, failures, graphs, handwritten
 from kvlab.continuous_batching import ContinuousBatcher
 from kvlab.graph_decoder import GraphSafeDecoder, model_step, prefill_mask
 from kvlab.graph_safe_cache import GraphSafeStaticCache
-from kvlab.kernels import gemv
-from kvlab.kernels.step import kernel_step, layer_kernels
+from kvlab.kernels.step import layer_kernels
 from kvlab.lab import serving
 from kvlab.paged_cache import memory_accounting, paged_mask, slots_of
 from kvlab.speculative import SpeculativeDecoder, kept_drafts, prompt_lookup_draft
@@ -36,9 +35,7 @@ SHOWN = {  # function: what the lesson's show_source call names
     GraphSafeDecoder.one_step: "GraphSafeDecoder.one_step",
     GraphSafeDecoder.multi_step: "GraphSafeDecoder.multi_step",
     GraphSafeDecoder.next_tokens: "GraphSafeDecoder.next_tokens",
-    kernel_step: "kernel_step, layer_kernels)",
-    layer_kernels: "layer_kernels)",
-    gemv.tile_choice: "show_source(gemv.tile_choice)",
+    layer_kernels: "show_source(layer_kernels)",
     prompt_lookup_draft: "show_source(prompt_lookup_draft)",
     kept_drafts: "show_source(kept_drafts)",
     SpeculativeDecoder.verify: "SpeculativeDecoder.verify",

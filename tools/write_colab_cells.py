@@ -9,7 +9,8 @@ The repository URL stands in one place, ``[project.urls] Repository`` in pyproje
   dtype the lesson will use; elsewhere it does nothing;
 - the README's badge line (it opens lesson 00).
 
-Re-running it changes nothing. A fork changes the one line in pyproject.toml and runs it again.
+Re-running it changes nothing. A fork changes the one line in pyproject.toml and runs it again (MAINTAINING.md,
+"A fork: the repository URL"; the README says so in one line).
 
     python tools/write_colab_cells.py                      # every notebook in notebooks/, and the README
     python tools/write_colab_cells.py notebooks/03_hf_caches.ipynb notebooks/04_graph_replay_failures.ipynb

@@ -23,6 +23,7 @@ Per lesson (a notebook of notebooks/, named by its two-digit prefix):
   ``show_diff``'s signature gives; the ``---``/``+++``/``@@`` lines included), not both sources whole. To know what a
   call displays, each notebook's code cells are parsed with ``ast`` and walked in order: every top-level ``import``
   and ``from ... import`` is executed in a fresh namespace of that notebook (so kvlab and transformers are imported),
+  and a top-level alias (``name = module.Attribute``, a dotted name) is evaluated there,
   and each argument expression (``ast.unparse``) is evaluated there when its cell is reached. An argument that is not
   found so, a name the notebook defines itself, is looked up among the notebook's own top-level ``def``/``class``
   nodes (``Name`` or ``Name.attribute``), and the lines of that node counted. A call inside a function the notebook
@@ -31,7 +32,11 @@ Per lesson (a notebook of notebooks/, named by its two-digit prefix):
   ``RUNTIME_SHOWN`` (lesson 04's ``show(result)``, which displays the source of the scenario that made ``result``).
   Anything still unresolved is an error: the tool names the lesson, the cell (its 0-based index in the notebook) and
   the expression, and exits 1, rather than counting 0. The counts are cached per notebook (by its text) within a run.
-- **exercises**: ``EXERCISE_MINUTES`` each. An exercise is a markdown line that starts with ``**Exercise`` (lessons
+- **exercises**: each at its own estimate (``Exercise.estimate``): a "(N min)" note in its
+  heading or bold line, else ``EXERCISE_ESTIMATES`` keyed by the checker its code cell calls
+  (``lessonNN.check_NAME``: robust to renumbered lessons and exercises), else ``WRITE_MINUTES``
+  for a stub to fill in and ``EXERCISE_MINUTES`` for a prediction, a number or a question.
+  An exercise is a markdown line that starts with ``**Exercise`` (lessons
   00-02 write "**Exercise 1.**", lesson 05 "**Exercise 1 · Predict, then run**") or with a bold number ``**1.**``
   (lessons 03-06 write their Exercises sections so), a heading whose title starts with "Exercise" and a number
   ("### Exercise 4 · The whole loop, by hand"), or a cell tagged "exercise" that holds no such line (a code cell so
@@ -39,8 +44,8 @@ Per lesson (a notebook of notebooks/, named by its two-digit prefix):
   its tagged code cell count once). Where an exercise is decides who does it:
   - **homework**: an exercise in a lesson's "Exercises" section (a heading whose title ends with "Exercises", until
     the next heading of the same or a higher level). The section's words and code are part of its exercises'
-    minutes, not of reading, and the homework is left out of the room's total, listed per lesson apart.
-  - **in the room**: an exercise anywhere else (the lesson body) that is not in an optional section. Its minutes are
+    minutes, not of reading, and the homework is left out of class's total, listed per lesson apart.
+  - **in class**: an exercise anywhere else (the lesson body) that is not in an optional section. Its minutes are
     part of the lesson's total; its text is also counted as reading (where it ends is not marked), so the total is
     on the safe side.
 - **optional sections**: a heading line that ends with "(optional)", or a cell tagged "optional" (from its first
@@ -49,17 +54,19 @@ Per lesson (a notebook of notebooks/, named by its two-digit prefix):
   shown apart.
 
 Every column is rounded up to whole minutes, and a lesson's total is the sum of its rounded columns (run, reading,
-printed source, in-room exercises), so the schedule's sums are the sums of the numbers it shows.
+printed source, in-class exercises), so the schedule's sums are the sums of the numbers it shows.
 
 The workshop: lesson 00 is pre-work, lessons 01-05 are the core path, with a ``BREAK_MINUTES`` break at the lesson
 boundary where the time since the last break comes nearest to ``BREAK_EVERY_MINUTES``, and ``SLACK_MINUTES`` of
 slack once at its end, kept for the instructor and set-up problems; lesson 06 is a session of its own. The core
-path's total is run time + reading (markdown, code and printed source) + in-room exercises + breaks + slack, and the
+path's total is run time + reading (markdown, code and printed source) + in-class exercises + breaks + slack, and the
 plan fits only when that total is at most ``WORKSHOP_MINUTES`` and every core lesson has at least one exercise done
-in the room. The block written into INSTRUCTORS.md holds the run-time table (with whether each machine's rows are
+in class. The block written into INSTRUCTORS.md holds the run-time table (with whether each machine's rows are
 current: their ``code_hash`` against this checkout's, ``tools/code_hash.py``), the schedule and the verdict: the
-core path's minutes, whether and by how much it fits ``WORKSHOP_MINUTES``, the core lessons without an in-room
-exercise, the GPU variant, the optional sections and the homework left out. Every number in it is read from the data
+core path's minutes, whether and by how much it fits ``WORKSHOP_MINUTES``, the core lessons without an in-class
+exercise, the GPU variant and the homework left out; then the optional sections as a list per
+lesson and every exercise with its minutes. Its prose is wrapped at ``WRAP`` characters (no line of
+the guide over 300). Every number in it is read from the data
 and the notebooks, never typed.
 """
 
@@ -74,12 +81,16 @@ import json
 import math
 import re
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-if str(Path(__file__).resolve().parent) not in sys.path:  # tools/, also when this file is loaded by its path
+if (
+    str(Path(__file__).resolve().parent) not in sys.path
+):  # tools/, also when this file is loaded by its path
     sys.path.append(str(Path(__file__).resolve().parent))
 import code_hash  # noqa: E402
+import write_readme_runs  # noqa: E402  (is_current, OLDER: the README marks older code so too)
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -96,27 +107,74 @@ WORDS_PER_MINUTE = 180
 # seconds: 600 lines an hour, a little above the few hundred lines an hour that code-review studies (SmartBear's study
 # of reviews at Cisco, "Best Kept Secrets of Peer Code Review", 2006) give as the most a careful reader takes in.
 CODE_LINES_PER_MINUTE = 10
-# An assumption: minutes for one exercise (read it, work it out, run the checker, read its hint once).
+# Minutes for one exercise (read it, work it out, run the checker, read its hint once), estimated
+# per exercise by what it asks, keyed by its checker's name (``lessonNN.check_NAME(...)`` in its
+# code cell): robust to renumbered lessons and exercises. A "(N min)" in the exercise's heading or
+# bold line overrides the table; an exercise missing from both counts WRITE_MINUTES if its cell
+# holds a stub to fill in (``raise NotImplementedError``), else EXERCISE_MINUTES (a prediction, a
+# number or a question to think about). Estimates, not measurements: change them after a workshop.
 EXERCISE_MINUTES = 5
+WRITE_MINUTES = 10
+EXERCISE_ESTIMATES = {
+    # lesson 00
+    "check_parameter_count": 10, "check_chat_ids": 10,
+    # lesson 01: a loop; the FLOPs of every part of a pass
+    "check_naive_decode": 10, "check_step_flops": 15,
+    # lesson 02
+    "check_attend": 10, "check_cache_update": 15, "check_cache_bytes": 5,
+    "check_cached_positions": 5,
+    # lesson 03
+    "check_decode_step": 15, "check_reset_in_place": 10, "check_static_cache_bytes": 5,
+    # lesson 04: a whole capture-and-replay loop; one fix for two scenarios
+    "check_graph_decode": 25, "check_put_back": 15,
+    # lesson 05: the whole graph-safe loop by hand, before the rules
+    "check_graph_loop": 30, "check_write_positions": 10, "check_write_valid": 15,
+    "check_launch_cost_us": 5,
+    # lesson 06
+    "check_tokens_per_s": 5, "check_step_floor_ms": 10, "check_padding_rows": 5,
+    "check_norm_matmul": 15,
+    # lesson 07
+    "check_kept_drafts": 15, "check_draft": 15, "check_slots": 10, "check_blocks_held": 5,
+}  # fmt: skip
 BREAK_MINUTES = 10
 BREAK_EVERY_MINUTES = 60
 # A choice, not a measurement: minutes of the core path kept for the instructor and set-up problems (a laptop that
-# will not start the kernel, a question that takes the room), counted once.
+# will not start the kernel, a question that takes the class), counted once.
 SLACK_MINUTES = 15
 WORKSHOP_MINUTES = 180
 
-PRE_WORK, CORE, SEPARATE = ("00",), ("01", "02", "03", "04", "05"), ("06", "07")  # each of SEPARATE: a session of its own
-SKIPPED_TAGS = {"colab-badge", "colab-setup"}  # tools/write_colab_cells.py's cells: not part of any lesson's reading
+PRE_WORK, CORE, SEPARATE = (
+    ("00",),
+    ("01", "02", "03", "04", "05"),
+    ("06", "07"),
+)  # each of SEPARATE: a session of its own
+SKIPPED_TAGS = {
+    "colab-badge",
+    "colab-setup",
+}  # tools/write_colab_cells.py's cells: not part of any lesson's reading
 
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 FENCE = re.compile(r"^\s*(```|~~~)")
 EXERCISE_LINE = re.compile(r"^\s*\*\*(Exercise\b|\d+\.\*\*)")
-EXERCISE_HEADING = re.compile(r"^\**Exercise\s+\d")  # a heading's title: "Exercise 4 · The whole loop, by hand"
-MAGIC = re.compile(r"^\s*[%!]")  # an IPython magic or shell line: not Python, blanked before a cell is parsed
-DISPLAYS = ("show_source", "show_diff")  # kvlab.lab.notebook's functions that display package source
+EXERCISE_HEADING = re.compile(
+    r"^\**Exercise\s+\d"
+)  # a heading's title: "Exercise 4 · The whole loop, by hand"
+CHECKER = re.compile(r"\blesson\w*\.(check_\w+)\s*\(")  # the checker an exercise's code cell calls
+MINUTES_NOTE = re.compile(
+    r"\((\d+)\s*min(?:utes)?\)"
+)  # "(20 min)" in an exercise's heading or bold line
+STUB = re.compile(r"raise\s+NotImplementedError")
+MAGIC = re.compile(
+    r"^\s*[%!]"
+)  # an IPython magic or shell line: not Python, blanked before a cell is parsed
+DISPLAYS = (
+    "show_source",
+    "show_diff",
+)  # kvlab.lab.notebook's functions that display package source
 
 
 # ------------------------------------------------------------------------------------- the source lessons print
+
 
 class UnresolvedSource(Exception):
     """Arguments of show_source/show_diff calls whose source the tool cannot find; ``problems`` lists each."""
@@ -135,9 +193,14 @@ def _scenario_shown(site: ast.Call, assigned: dict[str, ast.expr], namespace: di
 
     arg = site.args[0] if site.args else None
     value = assigned.get(arg.id) if isinstance(arg, ast.Name) else None
-    if not (isinstance(value, ast.Call) and ast.unparse(value.func) in ("failures.run", "kvlab.failures.run")
-            and value.args):
-        raise LookupError("its first argument is not a name the notebook assigns from failures.run(NAME, ...)")
+    if not (
+        isinstance(value, ast.Call)
+        and ast.unparse(value.func) in ("failures.run", "kvlab.failures.run")
+        and value.args
+    ):
+        raise LookupError(
+            "its first argument is not a name the notebook assigns from failures.run(NAME, ...)"
+        )
     name = eval(ast.unparse(value.args[0]), namespace)  # noqa: S307 - the notebook's own expression
     return failures.SCENARIOS.get(name, failures.CONTROL_SPEC)["fn"]
 
@@ -153,7 +216,13 @@ def _nonblank(text: str) -> int:
 
 def _display_name(call: ast.Call) -> str | None:
     func = call.func
-    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+    name = (
+        func.id
+        if isinstance(func, ast.Name)
+        else func.attr
+        if isinstance(func, ast.Attribute)
+        else None
+    )
     return name if name in DISPLAYS else None
 
 
@@ -162,7 +231,9 @@ def _calls(node: ast.AST, inside: bool = False):
     for child in ast.iter_child_nodes(node):
         if isinstance(child, ast.Call):
             yield child, inside
-        yield from _calls(child, inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+        yield from _calls(
+            child, inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        )
 
 
 def _dotted(expr: ast.expr) -> list[str] | None:
@@ -176,8 +247,12 @@ def _dotted(expr: ast.expr) -> list[str] | None:
 
 def _local_names(function: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
     a = function.args
-    names = {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, [a.vararg, a.kwarg])]}
-    return names | {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    names = {
+        x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, [a.vararg, a.kwarg])]
+    }
+    return names | {
+        n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+    }
 
 
 @dataclass
@@ -186,21 +261,31 @@ class _Notebook:
 
     name: str
     namespace: dict = field(default_factory=dict)
-    defs: dict = field(default_factory=dict)  # top-level def/class name -> (its cell's source lines, the node)
-    assigned: dict = field(default_factory=dict)  # top-level ``name = value`` so far -> the value's expression
-    displayers: dict = field(default_factory=dict)  # the notebook's functions that display -> (def cell, node)
+    defs: dict = field(
+        default_factory=dict
+    )  # top-level def/class name -> (its cell's source lines, the node)
+    assigned: dict = field(
+        default_factory=dict
+    )  # top-level ``name = value`` so far -> the value's expression
+    displayers: dict = field(
+        default_factory=dict
+    )  # the notebook's functions that display -> (def cell, node)
     failed_imports: list = field(default_factory=list)
     problems: list = field(default_factory=list)
 
-    def source(self, expr: ast.expr, *, function=None, site: ast.Call | None = None) -> tuple[str, str]:
+    def source(
+        self, expr: ast.expr, *, function=None, site: ast.Call | None = None
+    ) -> tuple[str, str]:
         """(the source text ``expr`` names, its name for a diff header); raises LookupError with the reason."""
         text = ast.unparse(expr)
         used = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
         if function is not None and used & _local_names(function):
             resolver = RUNTIME_SHOWN.get((function.name, text))
             if resolver is None:
-                raise LookupError(f"it names {', '.join(sorted(used & _local_names(function)))}, local to "
-                                  f"{function.name}(), and RUNTIME_SHOWN has no entry for ({function.name!r}, {text!r})")
+                raise LookupError(
+                    f"it names {', '.join(sorted(used & _local_names(function)))}, local to "
+                    f"{function.name}(), and RUNTIME_SHOWN has no entry for ({function.name!r}, {text!r})"
+                )
             obj = resolver(site, self.assigned, self.namespace)
             return inspect.getsource(obj), getattr(obj, "__qualname__", text)
         try:
@@ -208,11 +293,17 @@ class _Notebook:
         except Exception as e:  # noqa: BLE001 - any failure: try the notebook's own defs next
             node = self.own_node(expr)
             if node is None:
-                hint = f"; imports that failed: {'; '.join(self.failed_imports)}" if self.failed_imports else ""
-                raise LookupError(f"{type(e).__name__}: {e}, and it is not a def/class of the notebook{hint}") from e
+                hint = (
+                    f"; imports that failed: {'; '.join(self.failed_imports)}"
+                    if self.failed_imports
+                    else ""
+                )
+                raise LookupError(
+                    f"{type(e).__name__}: {e}, and it is not a def/class of the notebook{hint}"
+                ) from e
             lines, node = node
             first = min([d.lineno for d in node.decorator_list] + [node.lineno])
-            return "\n".join(lines[first - 1:node.end_lineno]), text
+            return "\n".join(lines[first - 1 : node.end_lineno]), text
         try:
             return inspect.getsource(obj), getattr(obj, "__qualname__", text)
         except (TypeError, OSError) as e:
@@ -224,16 +315,28 @@ class _Notebook:
             return None
         lines, node = self.defs[path[0]]
         for part in path[1:]:
-            node = next((n for n in getattr(node, "body", []) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                                                                ast.ClassDef)) and n.name == part), None)
+            node = next(
+                (
+                    n
+                    for n in getattr(node, "body", [])
+                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                    and n.name == part
+                ),
+                None,
+            )
             if node is None:
                 return None
         return lines, node
 
-    def displayed(self, call: ast.Call, where: str, *, function=None, site: ast.Call | None = None) -> int:
+    def displayed(
+        self, call: ast.Call, where: str, *, function=None, site: ast.Call | None = None
+    ) -> int:
         """Non-blank lines that one show_source/show_diff ``call`` displays (0, with a problem noted, if unknown)."""
+
         def problem(expr_text: str, reason: str) -> int:
-            self.problems.append(f"{where}: {ast.unparse(call)}: cannot find the source of {expr_text} ({reason})")
+            self.problems.append(
+                f"{where}: {ast.unparse(call)}: cannot find the source of {expr_text} ({reason})"
+            )
             return 0
 
         if any(isinstance(a, ast.Starred) for a in call.args):
@@ -258,8 +361,13 @@ class _Notebook:
                 except Exception as e:  # noqa: BLE001
                     return problem(ast.unparse(keyword.value), f"{type(e).__name__}: {e}")
         (old, old_name), (new, new_name) = sources
-        return sum(1 for line in difflib.unified_diff(old.splitlines(), new.splitlines(), old_name, new_name,
-                                                     lineterm="", n=context) if line.strip())
+        return sum(
+            1
+            for line in difflib.unified_diff(
+                old.splitlines(), new.splitlines(), old_name, new_name, lineterm="", n=context
+            )
+            if line.strip()
+        )
 
 
 def _code_trees(notebook: dict, problems: list[str], name: str):
@@ -272,7 +380,9 @@ def _code_trees(notebook: dict, problems: list[str], name: str):
             yield index, lines, ast.parse("\n".join(lines))
         except SyntaxError as e:
             if any(d in _source(cell) for d in DISPLAYS):
-                problems.append(f"{name} cell {index}: the cell does not parse ({e.msg}), and it names {' or '.join(DISPLAYS)}")
+                problems.append(
+                    f"{name} cell {index}: the cell does not parse ({e.msg}), and it names {' or '.join(DISPLAYS)}"
+                )
 
 
 def printed_source(notebook: dict, name: str = "the notebook") -> dict[int, int]:
@@ -290,7 +400,10 @@ def printed_source(notebook: dict, name: str = "the notebook") -> dict[int, int]
         for node in tree.body:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 try:
-                    exec(compile(ast.Module(body=[node], type_ignores=[]), where, "exec"), nb.namespace)  # noqa: S102
+                    exec(
+                        compile(ast.Module(body=[node], type_ignores=[]), where, "exec"),
+                        nb.namespace,
+                    )  # noqa: S102
                 except Exception as e:  # noqa: BLE001 - only an error if a display needs the name
                     nb.failed_imports.append(f"{ast.unparse(node)} ({type(e).__name__}: {e})")
                 continue
@@ -301,25 +414,77 @@ def printed_source(notebook: dict, name: str = "the notebook") -> dict[int, int]
             for call, inside in _calls(node):
                 display = _display_name(call)
                 if display and inside:
-                    nb.problems.append(f"{where}: {ast.unparse(call)}: a display inside a method or lambda, "
-                                       "which the tool cannot follow to its calls")
+                    nb.problems.append(
+                        f"{where}: {ast.unparse(call)}: a display inside a method or lambda, "
+                        "which the tool cannot follow to its calls"
+                    )
                 elif display:
                     shown[index] = shown.get(index, 0) + nb.displayed(call, where)
-                elif not inside and isinstance(call.func, ast.Name) and call.func.id in nb.displayers:
+                elif (
+                    not inside and isinstance(call.func, ast.Name) and call.func.id in nb.displayers
+                ):
                     def_cell, function = nb.displayers[call.func.id]
                     for inner, _ in _calls(function):
                         if _display_name(inner):
                             shown[index] = shown.get(index, 0) + nb.displayed(
-                                inner, f"{where} (in {function.name}, defined in cell {def_cell})",
-                                function=function, site=call)
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                                inner,
+                                f"{where} (in {function.name}, defined in cell {def_cell})",
+                                function=function,
+                                site=call,
+                            )
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+            ):
                 nb.assigned[node.targets[0].id] = node.value
+                if _dotted(node.value):  # an alias, ``cache_class = handwritten.HandwrittenCache``
+                    try:
+                        nb.namespace[node.targets[0].id] = eval(
+                            ast.unparse(node.value), nb.namespace
+                        )  # noqa: S307
+                    except Exception:  # noqa: BLE001, S110 - only an error if a display needs the name
+                        pass
     if nb.problems:
         raise UnresolvedSource(nb.problems)
     return shown
 
 
 # ------------------------------------------------------------------------------------------- the notebooks' text
+
+
+@dataclass
+class Exercise:
+    """One exercise: its heading or bold line, where it is done, its checker, its minutes."""
+
+    title: str
+    part: str  # "core" (in class), "homework" or "optional"
+    checker: str = ""
+    stub: bool = False  # its code cell has a stub to fill in
+
+    @property
+    def minutes(self) -> int:
+        return self.estimate[0]
+
+    @property
+    def estimate(self) -> tuple[int, str]:
+        """(minutes, where the number comes from)."""
+        note = MINUTES_NOTE.search(self.title)
+        if note:
+            return int(note.group(1)), "its heading"
+        if self.checker in EXERCISE_ESTIMATES:
+            return EXERCISE_ESTIMATES[self.checker], "the tool's table"
+        return (
+            (WRITE_MINUTES, "code to write")
+            if self.stub
+            else (EXERCISE_MINUTES, "a prediction or a question")
+        )
+
+    @property
+    def name(self) -> str:
+        """Its title without markdown: "Exercise 2 · The naive loop"."""
+        return re.sub(r"\*+|^#+\s*", "", self.title).strip().rstrip(".")
+
 
 @dataclass
 class Text:
@@ -328,22 +493,40 @@ class Text:
     words: int = 0
     code_lines: int = 0  # the notebook's own code cells
     printed_lines: int = 0  # the source its show_source/show_diff calls display
-    room_exercises: int = 0  # exercises done in the room: outside the Exercises section and the optional sections
+    room_exercises: int = (
+        0  # exercises done in class: outside the Exercises section and the optional sections
+    )
     homework_exercises: int = 0  # the exercises of the lesson's Exercises section
     optional_words: int = 0
     optional_code_lines: int = 0
     optional_printed_lines: int = 0
     optional_exercises: int = 0
-    optional_sections: list[str] = field(default_factory=list)  # titles of the headings that start one
+    optional_sections: list[str] = field(
+        default_factory=list
+    )  # titles of the headings that start one
     # each heading ("## title", as written) -> [words, code lines (printed source included), exercises, printed source
     # lines] up to the next heading, optional or not
     sections: dict[str, list[int]] = field(default_factory=dict)
-    parts: dict[str, str] = field(default_factory=dict)  # each heading -> "core", "homework" or "optional"
+    parts: dict[str, str] = field(
+        default_factory=dict
+    )  # each heading -> "core", "homework" or "optional"
+    exercises: list[Exercise] = field(default_factory=list)  # in reading order
 
-    def add(self, optional: bool, *, words: int = 0, code_lines: int = 0, printed_lines: int = 0, exercises: int = 0,
-            section: str = "", exercise_text: bool = False) -> None:
+    def add(
+        self,
+        optional: bool,
+        *,
+        words: int = 0,
+        code_lines: int = 0,
+        printed_lines: int = 0,
+        exercises: int = 0,
+        section: str = "",
+        exercise_text: bool = False,
+    ) -> None:
         counts = self.sections.setdefault(section, [0, 0, 0, 0])
-        self.parts.setdefault(section, "optional" if optional else "homework" if exercise_text else "core")
+        self.parts.setdefault(
+            section, "optional" if optional else "homework" if exercise_text else "core"
+        )
         counts[0] += words
         counts[1] += code_lines + printed_lines
         counts[2] += exercises
@@ -372,24 +555,34 @@ class Text:
     def printed_minutes(self) -> float:
         return self.printed_lines / CODE_LINES_PER_MINUTE
 
+    def _exercise_minutes(self, part: str, count: int) -> float:
+        """The listed exercises' estimates; exercises counted but not listed (a Text built by
+        hand) at
+        EXERCISE_MINUTES."""
+        listed = [e.minutes for e in self.exercises if e.part == part]
+        return sum(listed) + max(0, count - len(listed)) * EXERCISE_MINUTES
+
     @property
     def exercise_minutes(self) -> float:
-        """The exercises done in the room."""
-        return self.room_exercises * EXERCISE_MINUTES
+        """The exercises done in class."""
+        return self._exercise_minutes("core", self.room_exercises)
 
     @property
     def homework_minutes(self) -> float:
-        return self.homework_exercises * EXERCISE_MINUTES
+        return self._exercise_minutes("homework", self.homework_exercises)
 
     @property
     def optional_minutes(self) -> float:
-        return minutes(self.optional_words, self.optional_code_lines + self.optional_printed_lines,
-                       self.optional_exercises)
+        return minutes(
+            self.optional_words, self.optional_code_lines + self.optional_printed_lines, 0
+        ) + self._exercise_minutes("optional", self.optional_exercises)
 
 
 def minutes(words: int, code_lines: int, exercises: int) -> float:
     """Reading and exercise minutes at the module's rates."""
-    return words / WORDS_PER_MINUTE + code_lines / CODE_LINES_PER_MINUTE + exercises * EXERCISE_MINUTES
+    return (
+        words / WORDS_PER_MINUTE + code_lines / CODE_LINES_PER_MINUTE + exercises * EXERCISE_MINUTES
+    )
 
 
 def _source(cell: dict) -> str:
@@ -401,13 +594,26 @@ def _tags(cell: dict) -> set:
     return set(cell.get("metadata", {}).get("tags", []) or [])
 
 
+def part(optional_level: int | None, exercises_level: int | None) -> str:
+    """Where an exercise here is done: "optional", "homework" (Exercises section) or "core"."""
+    return (
+        "optional"
+        if optional_level is not None
+        else "homework"
+        if exercises_level is not None
+        else "core"
+    )
+
+
 def analyse(notebook: dict, name: str = "the notebook") -> Text:
     """Words, code lines, printed source and exercises of a notebook (its JSON as a dict), homework and optional
     sections apart. Raises UnresolvedSource (``name`` and the cell in each problem) when a display is not found."""
     shown = printed_source(notebook, name)
     text = Text()
     optional_level = None  # the heading level of the optional section we are in, or None
-    previous_counted = False  # the previous cell counted an exercise (a tagged code cell after it is its checker)
+    previous_counted = (
+        False  # the previous cell counted an exercise (a tagged code cell after it is its checker)
+    )
     section = "(before the first section)"
     exercises_level = None  # the heading level of the Exercises section we are in, or None
     for index, cell in enumerate(notebook.get("cells", [])):
@@ -420,7 +626,9 @@ def analyse(notebook: dict, name: str = "the notebook") -> Text:
             tagged_optional = "optional" in tags
             provisional = tagged_optional and optional_level is None
             if provisional:
-                optional_level = 7  # until this cell's first heading sets the level, or any next heading ends it
+                optional_level = (
+                    7  # until this cell's first heading sets the level, or any next heading ends it
+                )
             first_heading, fenced = True, False
             for line in lines:
                 if FENCE.match(line):
@@ -429,43 +637,91 @@ def analyse(notebook: dict, name: str = "the notebook") -> Text:
                 if heading:
                     level, title = len(heading.group(1)), heading.group(2)
                     if optional_level is not None and level <= optional_level:
-                        optional_level = None  # the same or a higher level ends the optional section
+                        optional_level = (
+                            None  # the same or a higher level ends the optional section
+                        )
                     if exercises_level is not None and level <= exercises_level:
                         exercises_level = None
                     if title.lower().endswith("exercises"):
                         exercises_level = level
                     if title.lower().endswith("(optional)") or (tagged_optional and first_heading):
-                        optional_level = level if optional_level is None else min(optional_level, level)
+                        optional_level = (
+                            level if optional_level is None else min(optional_level, level)
+                        )
                         text.optional_sections.append(title)
                     first_heading = False
                     section = f"{heading.group(1)} {title}"
-                    n = 1 if EXERCISE_HEADING.match(title) else 0  # "### Exercise 4 · ...": the heading is the exercise
+                    n = (
+                        1 if EXERCISE_HEADING.match(title) else 0
+                    )  # "### Exercise 4 · ...": the heading is the exercise
                     exercises_here += n
-                    text.add(optional_level is not None, words=len(title.split()), exercises=n, section=section,
-                             exercise_text=exercises_level is not None)
+                    if n:
+                        text.exercises.append(
+                            Exercise(title, part(optional_level, exercises_level))
+                        )
+                    text.add(
+                        optional_level is not None,
+                        words=len(title.split()),
+                        exercises=n,
+                        section=section,
+                        exercise_text=exercises_level is not None,
+                    )
                     continue
                 n = 1 if not fenced and EXERCISE_LINE.match(line) else 0
                 exercises_here += n
-                text.add(optional_level is not None, words=len(line.split()), exercises=n, section=section,
-                         exercise_text=exercises_level is not None)
+                if n:
+                    text.exercises.append(
+                        Exercise(line.strip()[:120], part(optional_level, exercises_level))
+                    )
+                text.add(
+                    optional_level is not None,
+                    words=len(line.split()),
+                    exercises=n,
+                    section=section,
+                    exercise_text=exercises_level is not None,
+                )
             if "exercise" in tags and exercises_here == 0:
                 exercises_here = 1
-                text.add(optional_level is not None, exercises=1, section=section,
-                         exercise_text=exercises_level is not None)
+                text.exercises.append(Exercise(section, part(optional_level, exercises_level)))
+                text.add(
+                    optional_level is not None,
+                    exercises=1,
+                    section=section,
+                    exercise_text=exercises_level is not None,
+                )
             if provisional and first_heading:  # a tagged cell without a heading: just this cell
                 optional_level = None
         elif cell.get("cell_type") == "code":
             optional = optional_level is not None or "optional" in tags
-            text.add(optional, code_lines=sum(1 for line in lines if line.strip()), printed_lines=shown.get(index, 0),
-                     section=section, exercise_text=exercises_level is not None)
+            text.add(
+                optional,
+                code_lines=sum(1 for line in lines if line.strip()),
+                printed_lines=shown.get(index, 0),
+                section=section,
+                exercise_text=exercises_level is not None,
+            )
             if "exercise" in tags and not previous_counted:
                 exercises_here = 1
-                text.add(optional, exercises=1, section=section, exercise_text=exercises_level is not None)
+                text.exercises.append(
+                    Exercise(section, "optional" if optional else part(None, exercises_level))
+                )
+                text.add(
+                    optional,
+                    exercises=1,
+                    section=section,
+                    exercise_text=exercises_level is not None,
+                )
+            if "exercise" in tags and text.exercises and not text.exercises[-1].checker:
+                checker = CHECKER.search(_source(cell))
+                text.exercises[-1].checker = checker.group(1) if checker else ""
+                text.exercises[-1].stub = bool(STUB.search(_source(cell)))
         previous_counted = exercises_here > 0 or (previous_counted and "exercise" in tags)
     return text
 
 
-_TEXTS: dict[tuple[str, str], Text] = {}  # (notebook name, sha256 of its text) -> its Text: one analysis per run
+_TEXTS: dict[
+    tuple[str, str], Text
+] = {}  # (notebook name, sha256 of its text) -> its Text: one analysis per run
 
 
 def lesson_texts(folder: Path) -> dict[str, tuple[str, Text]]:
@@ -491,6 +747,7 @@ def lesson_texts(folder: Path) -> dict[str, tuple[str, Text]]:
 
 # --------------------------------------------------------------------------------------------- the recorded runs
 
+
 def hardware_kind(row: dict) -> str | None:
     hardware, device = str(row.get("hardware") or ""), row.get("device")
     if "NVIDIA" in hardware.upper() or "H200" in hardware.upper() or device == "cuda":
@@ -502,18 +759,27 @@ def hardware_kind(row: dict) -> str | None:
 
 def full_size_rows(rows: list[dict]) -> list[dict]:
     """The rows a schedule may use: full size and passed (a failed run's time is the time until it failed)."""
-    return [r for r in rows if not r.get("quick") and r.get("passed") and r.get("wall_s") is not None]
+    return [
+        r for r in rows if not r.get("quick") and r.get("passed") and r.get("wall_s") is not None
+    ]
 
 
 def run_seconds(rows: list[dict], notebook: str, kind: str) -> float | None:
     """The slowest passed full-size run of ``notebook`` on ``kind`` ("cpu" or "gpu") hardware, or None."""
-    times = [float(r["wall_s"]) for r in full_size_rows(rows) if r.get("notebook") == notebook and hardware_kind(r) == kind]
+    times = [
+        float(r["wall_s"])
+        for r in full_size_rows(rows)
+        if r.get("notebook") == notebook and hardware_kind(r) == kind
+    ]
     return max(times) if times else None
 
 
 # ---------------------------------------------------------------------------------------------------- the schedule
 
-FIXED = {"break": BREAK_MINUTES, "slack": SLACK_MINUTES}  # the core path's rows that are not lessons: their minutes
+FIXED = {
+    "break": BREAK_MINUTES,
+    "slack": SLACK_MINUTES,
+}  # the core path's rows that are not lessons: their minutes
 
 
 @dataclass
@@ -523,8 +789,8 @@ class Row:
     run: int = 0
     reading: int = 0  # the notebook's own markdown and code
     printed: int = 0  # the source its show_source/show_diff calls display
-    exercises: int = 0  # minutes of the exercises done in the room
-    room_count: int = 0  # how many exercises are done in the room
+    exercises: int = 0  # minutes of the exercises done in class
+    room_count: int = 0  # how many exercises are done in class
     homework: int = 0  # minutes of the Exercises section's exercises, left out of the total
     homework_count: int = 0
     optional: int = 0  # minutes of optional sections, left out of the total
@@ -538,7 +804,11 @@ class Row:
 
     @property
     def total(self) -> int:
-        return FIXED[self.label] if not self.lesson else self.run + self.reading + self.printed + self.exercises
+        return (
+            FIXED[self.label]
+            if not self.lesson
+            else self.run + self.reading + self.printed + self.exercises
+        )
 
     @property
     def gpu_total(self) -> int:
@@ -548,16 +818,28 @@ class Row:
 
 
 def up(minutes: float) -> int:
-    return math.ceil(round(minutes, 6))  # round first: 2.0000000001 minutes of float error is 2, not 3
+    return math.ceil(
+        round(minutes, 6)
+    )  # round first: 2.0000000001 minutes of float error is 2, not 3
 
 
 def lesson_row(part: str, name: str, text: Text, rows: list[dict]) -> Row:
     cpu, gpu = run_seconds(rows, name, "cpu"), run_seconds(rows, name, "gpu")
-    return Row(part, name.removesuffix(".ipynb"), run=up((cpu or 0) / 60), reading=up(text.reading_minutes),
-               printed=up(text.printed_minutes), exercises=up(text.exercise_minutes), room_count=text.room_exercises,
-               homework=up(text.homework_minutes), homework_count=text.homework_exercises,
-               optional=up(text.optional_minutes), gpu_run=None if gpu is None else up(gpu / 60),
-               recorded=cpu is not None, optional_sections=tuple(text.optional_sections))
+    return Row(
+        part,
+        name.removesuffix(".ipynb"),
+        run=up((cpu or 0) / 60),
+        reading=up(text.reading_minutes),
+        printed=up(text.printed_minutes),
+        exercises=up(text.exercise_minutes),
+        room_count=text.room_exercises,
+        homework=up(text.homework_minutes),
+        homework_count=text.homework_exercises,
+        optional=up(text.optional_minutes),
+        gpu_run=None if gpu is None else up(gpu / 60),
+        recorded=cpu is not None,
+        optional_sections=tuple(text.optional_sections),
+    )
 
 
 def with_breaks(rows: list[Row]) -> list[Row]:
@@ -567,8 +849,10 @@ def with_breaks(rows: list[Row]) -> list[Row]:
     for i, row in enumerate(rows):
         if i and since:
             after = since + row.total
-            if since >= BREAK_EVERY_MINUTES or (after > BREAK_EVERY_MINUTES and
-                                                 abs(since - BREAK_EVERY_MINUTES) <= abs(after - BREAK_EVERY_MINUTES)):
+            if since >= BREAK_EVERY_MINUTES or (
+                after > BREAK_EVERY_MINUTES
+                and abs(since - BREAK_EVERY_MINUTES) <= abs(after - BREAK_EVERY_MINUTES)
+            ):
                 out.append(Row(row.part, "break"))
                 since = 0
         out.append(row)
@@ -578,39 +862,69 @@ def with_breaks(rows: list[Row]) -> list[Row]:
 
 def schedule(texts: dict[str, tuple[str, Text]], rows: list[dict]) -> dict[str, list[Row]]:
     """``{"pre-work": [...], "core": [... with breaks, then the slack], "separate session": [...]}``."""
+
     def part(name: str, lessons: tuple[str, ...]) -> list[Row]:
         return [lesson_row(name, texts[k][0], texts[k][1], rows) for k in lessons if k in texts]
 
     core = with_breaks(part("core", CORE))
-    return {"pre-work": part("pre-work", PRE_WORK), "core": core + [Row("core", "slack")] if core else [],
-            "separate session": part("separate session", SEPARATE)}
+    return {
+        "pre-work": part("pre-work", PRE_WORK),
+        "core": core + [Row("core", "slack")] if core else [],
+        "separate session": part("separate session", SEPARATE),
+    }
 
 
 # ------------------------------------------------------------------------------------------------------ rendering
 
+
 def run_table(texts: dict[str, tuple[str, Text]], rows: list[dict], now: dict | None = None) -> str:
-    """One column per recorded hardware (CPUs first), one row per lesson: seconds and minutes of the full-size run;
-    then whether each column is current against ``now`` (default: this checkout's hashes)."""
+    """One column per recorded hardware (CPUs first), one row per lesson: seconds and minutes of
+    the full-size run, marked where it ran code that has changed since (its code hash against
+    ``now``, default this checkout's)."""
+    now = code_hash.tree_hashes(ROOT) if now is None else now
     full = [r for r in rows if not r.get("quick")]
-    hardware = sorted({r["hardware"] for r in full if hardware_kind(r)}, key=lambda h: (not h.startswith("CPU"), h))
+    hardware = sorted(
+        {r["hardware"] for r in full if hardware_kind(r)},
+        key=lambda h: (not h.startswith("CPU"), h),
+    )
     by = {(r["notebook"], r["hardware"]): r for r in full}
 
     def cell(r):
         if r is None:
             return "not recorded"
-        if not r.get("passed"):
-            return f"FAILED after {r['wall_s']:.0f} s"
-        return f"{r['wall_s']:.0f} s ({r['wall_s'] / 60:.1f} min)"
+        said = (
+            f"{r['wall_s']:.0f} s ({r['wall_s'] / 60:.1f} min)"
+            if r.get("passed")
+            else f"FAILED after {r['wall_s']:.0f} s"
+        )
+        return (
+            said if write_readme_runs.is_current(r, now) else f"{said}, {write_readme_runs.OLDER}"
+        )
 
     lines = ["| lesson | " + " | ".join(hardware) + " |", "| --- |" + " --- |" * len(hardware)]
     for _, (name, _) in sorted(texts.items()):
-        lines.append(f"| `{name.removesuffix('.ipynb')}` | " + " | ".join(cell(by.get((name, h))) for h in hardware) + " |")
-    made = {h: sorted({f"{(r.get('commit') or '?')[:7]} ({(r.get('date') or '?')[:10]})" for r in full
-                       if r["hardware"] == h}) for h in hardware}
-    lines += ["", "Full-size runs (`KVLAB_QUICK=0`, one fresh kernel per notebook, model loading included) recorded by "
-              "`python tools/run_notebooks.py` in `data/notebook_runs.json`; code: "
-              + "; ".join(f"{h} at {', '.join(m)}" for h, m in made.items()) + "."]
-    lines += ["", code_hash.status_sentence(full, hardware, code_hash.tree_hashes(ROOT) if now is None else now)]
+        lines.append(
+            f"| `{name.removesuffix('.ipynb')}` | "
+            + " | ".join(cell(by.get((name, h))) for h in hardware)
+            + " |"
+        )
+    dates = {
+        h: sorted({str(r.get("date") or "?")[:10] for r in full if r["hardware"] == h})
+        for h in hardware
+    }
+    older = any(write_readme_runs.OLDER in line for line in lines[2:])
+    lines += [
+        "",
+        "Full-size runs (`KVLAB_QUICK=0`, one fresh kernel per notebook, model loading included), recorded by "
+        "`python tools/run_notebooks.py` in `data/notebook_runs.json`, on "
+        + "; ".join(f"{h} ({', '.join(d)})" for h, d in dates.items())
+        + "."
+        + (
+            f' "{write_readme_runs.OLDER}": that run\'s lesson code has changed since.'
+            if older
+            else ""
+        ),
+    ]
     return "\n".join(lines)
 
 
@@ -620,34 +934,45 @@ def cpu_hardware(rows: list[dict]) -> list[str]:
 
 def schedule_table(plan: dict[str, list[Row]], rows: list[dict]) -> str:
     cpus = cpu_hardware(rows) or ["no CPU recorded"]
-    lines = ["| part | lesson | run (CPU) | reading | printed source | in-room exercises | total | "
-             "homework (left out) | optional (left out) |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| part | lesson | run (CPU) | reading | printed source | in-class exercises | total | "
+        "homework (left out) | optional (left out) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
 
     def lesson_line(r: Row) -> str:
         run = f"{r.run}" if r.recorded else "not recorded"
-        return (f"| {r.part} | `{r.label}` | {run} | {r.reading} | {r.printed} | {r.exercises} | {r.total} | "
-                f"{r.homework} | {r.optional} |")
+        return (
+            f"| {r.part} | `{r.label}` | {run} | {r.reading} | {r.printed} | {r.exercises} | {r.total} | "
+            f"{r.homework} | {r.optional} |"
+        )
 
     for name, part in plan.items():
         for r in part:
-            lines.append(lesson_line(r) if r.lesson else f"| {r.part} | {r.label} | | | | | {r.total} | | |")
+            lines.append(
+                lesson_line(r) if r.lesson else f"| {r.part} | {r.label} | | | | | {r.total} | | |"
+            )
         if name == "core" and part:
             lessons = [r for r in part if r.lesson]
-            lines.append(f"| core | **core path total** | {sum(r.run for r in lessons)} | "
-                         f"{sum(r.reading for r in lessons)} | {sum(r.printed for r in lessons)} | "
-                         f"{sum(r.exercises for r in lessons)} | **{sum(r.total for r in part)}** | "
-                         f"{sum(r.homework for r in lessons)} | {sum(r.optional for r in lessons)} |")
-    lines += ["", f"Minutes, each column rounded up. Run time: the slowest recorded full-size CPU run of the lesson "
-              f"({', '.join(cpus)}). Reading: the notebook's markdown at {WORDS_PER_MINUTE} words per minute plus its "
-              f"code cells at {CODE_LINES_PER_MINUTE} lines per minute. Printed source: the lines of package code its "
-              f"`show_source` and `show_diff` calls display, at {CODE_LINES_PER_MINUTE} lines per minute. In-room "
-              f"exercises: those of the lesson body, outside its Exercises section and its optional sections, "
-              f"{EXERCISE_MINUTES} minutes each. Homework: the exercises of the lesson's Exercises section, "
-              f"{EXERCISE_MINUTES} minutes each (their text included), left out of the total. Breaks: "
-              f"{BREAK_MINUTES} minutes at the lesson boundary nearest to every {BREAK_EVERY_MINUTES} minutes. "
-              f"Slack: {SLACK_MINUTES} minutes once, kept for the instructor and set-up problems. "
-              "The rates are assumptions, stated and sourced in `tools/write_workshop_schedule.py`."]
+            lines.append(
+                f"| core | **core path total** | {sum(r.run for r in lessons)} | "
+                f"{sum(r.reading for r in lessons)} | {sum(r.printed for r in lessons)} | "
+                f"{sum(r.exercises for r in lessons)} | **{sum(r.total for r in part)}** | "
+                f"{sum(r.homework for r in lessons)} | {sum(r.optional for r in lessons)} |"
+            )
+    lines += [
+        "",
+        f"Minutes, each column rounded up. Run time: the slowest recorded full-size CPU run of the lesson "
+        f"({', '.join(cpus)}). Reading: the notebook's markdown at {WORDS_PER_MINUTE} words per minute plus its "
+        f"code cells at {CODE_LINES_PER_MINUTE} lines per minute. Printed source: the lines of package code its "
+        f"`show_source` and `show_diff` calls display, at {CODE_LINES_PER_MINUTE} lines per minute. In-class "
+        f"exercises: those of the lesson body, outside its Exercises section and its optional sections, each at "
+        f"its own estimate (the exercises table below). Homework: the exercises of the lesson's Exercises "
+        f"section (their text included), left out of the total. Breaks: "
+        f"{BREAK_MINUTES} minutes at the lesson boundary nearest to every {BREAK_EVERY_MINUTES} minutes. "
+        f"Slack: {SLACK_MINUTES} minutes once, kept for the instructor and set-up problems. "
+        "The rates are assumptions, stated and sourced in `tools/write_workshop_schedule.py`.",
+    ]
     return "\n".join(lines)
 
 
@@ -661,67 +986,186 @@ def verdict(plan: dict[str, list[Row]]) -> str:
     total, gpu_total = sum(r.total for r in core), sum(r.gpu_total for r in core)
     breaks = sum(1 for r in core if r.label == "break")
     slack = sum(r.total for r in core if r.label == "slack")
-    run, reading, printed = (sum(r.run for r in lessons), sum(r.reading for r in lessons),
-                             sum(r.printed for r in lessons))
+    run, reading, printed = (
+        sum(r.run for r in lessons),
+        sum(r.reading for r in lessons),
+        sum(r.printed for r in lessons),
+    )
     exercises, room_count = sum(r.exercises for r in lessons), sum(r.room_count for r in lessons)
     without = [r.label for r in lessons if r.room_count == 0]
     fits_time, fits = total <= WORKSHOP_MINUTES, total <= WORKSHOP_MINUTES and not without
-    margin = (f"exactly {WORKSHOP_MINUTES}" if total == WORKSHOP_MINUTES else
-              f"{WORKSHOP_MINUTES - total} under {WORKSHOP_MINUTES}" if fits_time else
-              f"{total - WORKSHOP_MINUTES} over {WORKSHOP_MINUTES}")
-    lacking = (f"{', '.join(f'`{label}`' for label in without)} "
-               f"{'has' if len(without) == 1 else 'have'} no in-room exercise")
-    words = (f"**The plan {'fits' if fits else 'does not fit'}: the core path (lessons 01-05) takes {total} minutes "
-             f"on the recorded CPU, {margin}" +
-             (", and every core lesson has an in-room exercise.**" if not without else
-              f"{', but' if fits_time else ', and'} {lacking}.**"))
-    words += (f" Its minutes: run time {run}, reading {reading + printed} ({printed} of it printed source), "
-              f"in-room exercises {exercises} ({_plural(room_count, 'exercise')}), "
-              f"{_plural(breaks, 'break')} {breaks * BREAK_MINUTES}, slack {slack}.")
+    margin = (
+        f"exactly {WORKSHOP_MINUTES}"
+        if total == WORKSHOP_MINUTES
+        else f"{WORKSHOP_MINUTES - total} under {WORKSHOP_MINUTES}"
+        if fits_time
+        else f"{total - WORKSHOP_MINUTES} over {WORKSHOP_MINUTES}"
+    )
+    lacking = (
+        f"{', '.join(f'`{label}`' for label in without)} "
+        f"{'has' if len(without) == 1 else 'have'} no in-class exercise"
+    )
+    words = (
+        f"**The plan {'fits' if fits else 'does not fit'}: the core path (lessons 01-05) takes {total} minutes "
+        f"on the recorded CPU, {margin}"
+        + (
+            ", and every core lesson has an in-class exercise.**"
+            if not without
+            else f"{', but' if fits_time else ', and'} {lacking}.**"
+        )
+    )
+    words += (
+        f" Its minutes: run time {run}, reading {reading + printed} ({printed} of it printed source), "
+        f"in-class exercises {exercises} ({_plural(room_count, 'exercise')}), "
+        f"{_plural(breaks, 'break')} {breaks * BREAK_MINUTES}, slack {slack}."
+    )
     words += f" With the recorded GPU run times instead it takes {gpu_total} minutes."
     optional = sum(r.optional for r in lessons)
-    marked = [f'{r.label[:2]} "{title}"' for r in lessons for title in r.optional_sections]
-    words += (f" Marked optional in lessons 01-05, and left out of these totals ({optional} minutes): {'; '.join(marked)}."
-              if marked else " No section of lessons 01-05 is marked optional yet.")
-    homework = [f"{r.label[:2]} {_plural(r.homework_count, 'exercise')} ({r.homework} minutes)"
-                for r in lessons if r.homework_count]
-    words += (f" Homework, the exercises of the lessons' Exercises sections, left out of the room "
-              f"({sum(r.homework for r in lessons)} minutes): {'; '.join(homework)}." if homework else
-              " No core lesson sets homework exercises.")
+    marked = sum(len(r.optional_sections) for r in lessons)
+    words += (
+        f" {_plural(marked, 'section')} of lessons 01-05 {'is' if marked == 1 else 'are'} marked optional and "
+        f"left out of these totals ({optional} minutes; listed below)."
+        if marked
+        else " No section of lessons 01-05 is marked optional yet."
+    )
+    homework = [
+        f"{r.label[:2]} {_plural(r.homework_count, 'exercise')} ({r.homework} minutes)"
+        for r in lessons
+        if r.homework_count
+    ]
+    words += (
+        f" Homework, the exercises of the lessons' Exercises sections, left out of class "
+        f"({sum(r.homework for r in lessons)} minutes): {'; '.join(homework)}."
+        if homework
+        else " No core lesson sets homework exercises."
+    )
     missing = [r.label for r in lessons if not r.recorded]
     if missing:
         words += f" No passed full-size CPU run is recorded for {', '.join(missing)}: their run time counts 0."
-    sessions = [(plan["pre-work"], "Pre-work (lesson 00)")] + [([r], f"Lesson {r.label[:2]} on its own")
-                                                                 for r in plan["separate session"]]
+    sessions = [(plan["pre-work"], "Pre-work (lesson 00)")] + [
+        ([r], f"Lesson {r.label[:2]} on its own") for r in plan["separate session"]
+    ]
     for rows, said in sessions:
         if rows:
-            count, homework_minutes = sum(r.homework_count for r in rows), sum(r.homework for r in rows)
+            count, homework_minutes = (
+                sum(r.homework_count for r in rows),
+                sum(r.homework for r in rows),
+            )
             words += f" {said}: {sum(r.total for r in rows)} minutes" + (
-                f", and {homework_minutes} of homework ({_plural(count, 'exercise')})." if count else ".")
+                f", and {homework_minutes} of homework ({_plural(count, 'exercise')})."
+                if count
+                else "."
+            )
     return words
+
+
+def optional_list(plan: dict[str, list[Row]]) -> str:
+    """The optional sections of every lesson, a list item per lesson with its minutes."""
+    rows = [r for part in plan.values() for r in part if r.lesson and r.optional_sections]
+    items = [
+        f"- **{r.label[:2]}** ({r.optional} min): "
+        + "; ".join(f'"{t}"' for t in r.optional_sections)
+        for r in rows
+    ]
+    return (
+        "\n".join(["Optional sections, left out of the totals (homework reading):", "", *items])
+        if items
+        else ""
+    )
+
+
+def exercise_table(texts: dict[str, tuple[str, Text]]) -> str:
+    """Every exercise of every lesson: where it is done, its minutes, where the estimate is from."""
+    lines = [
+        "| lesson | exercise | checker | done | minutes | estimate |",
+        "| --- | --- | --- | --- | ---: | --- |",
+    ]
+    done = {"core": "in class", "homework": "homework", "optional": "optional"}
+    for _, (name, text) in sorted(texts.items()):
+        for e in text.exercises:
+            minutes_, source = e.estimate
+            checker = f"`{e.checker}`" if e.checker else ""
+            lines.append(
+                f"| {name[:2]} | {_short(e.name)} | {checker} | {done[e.part]} | {minutes_} | {source} |"
+            )
+    return "\n".join(lines)
+
+
+def _short(title: str, width: int = 48) -> str:
+    """A title cut to ``width`` characters at a word, for a table cell (``|`` escaped)."""
+    title = title.replace("|", "\\|")
+    return title if len(title) <= width else title[:width].rsplit(" ", 1)[0] + " ..."
+
+
+WRAP = 116  # the generated block's prose is wrapped (markdown joins the lines); tables are not
+
+
+def wrapped(block: str) -> str:
+    """Every prose line of ``block`` wrapped at WRAP characters; a list item continues indented."""
+    out = []
+    for line in block.split("\n"):
+        if len(line) <= WRAP or line.startswith("|"):
+            out.append(line)
+        else:
+            indent = "  " if line.startswith("- ") else ""
+            out += textwrap.wrap(
+                line, WRAP, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+            )
+    return "\n".join(out)
 
 
 def section_table(texts: dict[str, tuple[str, Text]]) -> str:
     """Minutes of reading and exercises under every heading of every lesson (up to the next heading): where to cut."""
-    lines = ["| lesson | part | heading | words | code lines | of them printed source | exercises | minutes |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| lesson | part | heading | words | code lines | of them printed source | exercises | minutes |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for _, (name, text) in sorted(texts.items()):
         for title, (words, code, exercises, printed) in text.sections.items():
-            lines.append(f"| `{name.removesuffix('.ipynb')}` | {text.parts.get(title, 'core')} | {title} | {words} | "
-                         f"{code} | {printed} | {exercises} | {minutes(words, code, exercises):.1f} |")
+            lines.append(
+                f"| `{name.removesuffix('.ipynb')}` | {text.parts.get(title, 'core')} | {title} | {words} | "
+                f"{code} | {printed} | {exercises} | {minutes(words, code, exercises):.1f} |"
+            )
     return "\n".join(lines)
 
 
 def render(texts: dict[str, tuple[str, Text]], rows: list[dict]) -> str:
     """The block between the markers (without them)."""
     plan = schedule(texts, rows)
-    return "\n".join(["", "#### Run time per lesson", "", run_table(texts, rows), "",
-                      "#### The schedule", "", schedule_table(plan, rows), "", verdict(plan), ""])
+    return wrapped(
+        "\n".join(
+            [
+                "",
+                "#### Run time per lesson",
+                "",
+                run_table(texts, rows),
+                "",
+                "#### The schedule",
+                "",
+                schedule_table(plan, rows),
+                "",
+                verdict(plan),
+                "",
+                optional_list(plan),
+                "",
+                "#### The exercises and their minutes",
+                "",
+                exercise_table(texts),
+                "",
+                f"Estimates by what each exercise asks: the tool's table `EXERCISE_ESTIMATES` "
+                f'(by checker), a "(N min)" note in the exercise\'s heading, else {WRITE_MINUTES} '
+                f"minutes for code to write and {EXERCISE_MINUTES} for a prediction or a question.",
+                "",
+            ]
+        )
+    )
 
 
 def refreshed(guide_text: str, block: str) -> str:
     if START not in guide_text or END not in guide_text:
-        raise SystemExit(f"no {START} ... {END} block in the guide: add the two markers where the schedule goes")
+        raise SystemExit(
+            f"no {START} ... {END} block in the guide: add the two markers where the schedule goes"
+        )
     start, end = guide_text.index(START) + len(START), guide_text.index(END)
     return guide_text[:start] + block + guide_text[end:]
 
@@ -729,18 +1173,45 @@ def refreshed(guide_text: str, block: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--write", action="store_true", help="rewrite the guide's block between the workshop markers")
-    group.add_argument("--check", action="store_true", help="write nothing; exit 1 if the block differs from --write's")
-    group.add_argument("--sections", action="store_true", help="print the minutes of every lesson's sections instead")
-    p.add_argument("--runs", type=Path, default=RUNS, help="the recorded runs (default data/notebook_runs.json)")
-    p.add_argument("--notebooks-dir", type=Path, default=NOTEBOOKS, help="the lessons (default notebooks/)")
-    p.add_argument("--guide", type=Path, default=GUIDE, help="the guide to write or check (default INSTRUCTORS.md)")
+    group.add_argument(
+        "--write",
+        action="store_true",
+        help="rewrite the guide's block between the workshop markers",
+    )
+    group.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if the block differs from --write's",
+    )
+    group.add_argument(
+        "--sections",
+        action="store_true",
+        help="print the minutes of every lesson's sections instead",
+    )
+    p.add_argument(
+        "--runs",
+        type=Path,
+        default=RUNS,
+        help="the recorded runs (default data/notebook_runs.json)",
+    )
+    p.add_argument(
+        "--notebooks-dir", type=Path, default=NOTEBOOKS, help="the lessons (default notebooks/)"
+    )
+    p.add_argument(
+        "--guide",
+        type=Path,
+        default=GUIDE,
+        help="the guide to write or check (default INSTRUCTORS.md)",
+    )
     args = p.parse_args(argv)
     rows = json.loads(args.runs.read_text(encoding="utf-8"))["runs"]
     try:
         texts = lesson_texts(args.notebooks_dir)
     except UnresolvedSource as e:
-        print("cannot count the source these lessons print (show_source/show_diff), so no schedule:", file=sys.stderr)
+        print(
+            "cannot count the source these lessons print (show_source/show_diff), so no schedule:",
+            file=sys.stderr,
+        )
         for problem in e.problems:
             print(f"  {problem}", file=sys.stderr)
         return 1
@@ -757,8 +1228,10 @@ def main(argv: list[str] | None = None) -> int:
     new = refreshed(old, block)
     if args.check:
         if new != old:
-            print(f"{args.guide}: the workshop block differs from what tools/write_workshop_schedule.py writes "
-                  "(a notebook or data/notebook_runs.json changed); refresh with: python tools/write_workshop_schedule.py --write")
+            print(
+                f"{args.guide}: the workshop block differs from what tools/write_workshop_schedule.py writes "
+                "(a notebook or data/notebook_runs.json changed); refresh with: python tools/write_workshop_schedule.py --write"
+            )
             return 1
         return 0
     args.guide.write_text(new, encoding="utf-8")

@@ -176,7 +176,7 @@ def check_step_floor_ms(fn) -> str:
             "head_dim, three dtypes, batch 1 to 64)")
 
 
-# ---- 3 · predict, then read: the fastest strategy at a large batch --------------------------------------------------
+# ---- 3 · predict, then read: the fastest strategy of a record ------------------------------------
 
 BROKEN_RECORD = "the record holds a broken number: record it again on a GPU"
 
@@ -191,10 +191,10 @@ def rates_at(record: dict, batch: int) -> dict[str, float]:
 
 
 def check_fastest_prediction(prediction=None, record: dict | None = None, *, batch: int = 64) -> str:
-    """Predict, then read: which strategy of the recorded batch sweep makes the most tokens/s at ``batch``?"""
+    """Predict, then read: which strategy of ``record`` makes the most tokens/s at ``batch``?"""
     if record is None:
-        return ("no recorded batch sweep (data/h200_batch_sweep.json) here: there is nothing to check a prediction "
-                "against; record one with `python -m kvlab.lab.bench --batch ...` on a GPU")
+        return ("no record here: there is nothing to check a prediction against; record one with "
+                "`python -m kvlab.lab.bench` on a GPU")
     rates = rates_at(record, batch)
     bad = bad_measurement({f"tokens_per_s of {name}": rate for name, rate in rates.items()}, BROKEN_RECORD)
     if bad:
@@ -202,7 +202,7 @@ def check_fastest_prediction(prediction=None, record: dict | None = None, *, bat
     fastest = max(rates, key=rates.get)
     choices = {name: f"{rate:,.0f} tokens/s at batch {batch}" for name, rate in rates.items()}
     verdict = check_prediction(prediction, measured=fastest, choices=choices,
-                               what=f"the fastest strategy at batch {batch} in the recorded sweep")
+                               what=f"the fastest strategy at batch {batch} in the record")
     if verdict.startswith(("correct", "not quite: you predicted")):
         verdict += "\n" + "\n".join(f"  {name:<20} {rate:>10,.0f} tokens/s" for name, rate in
                                     sorted(rates.items(), key=lambda item: -item[1]))
@@ -240,7 +240,7 @@ def check_tile_prediction(prediction=None, record: dict | None = None, *, projec
     return verdict
 
 
-# ---- 4 · padded rows of a batch bucket ------------------------------------------------------------------------------
+# ---- 5 · padded rows of a batch bucket -----------------------------------------------------------
 
 def bucket_for(n: int, buckets) -> int:
     """The smallest captured batch size that holds ``n`` sequences (what a serving engine pads to)."""
@@ -271,7 +271,7 @@ def check_padding_rows(answer, *, running: int = 5, buckets=(1, 2, 4, 8, 16, 32)
     return verdict
 
 
-# ---- 5 · the first kernel of a layer: RMSNorm + matmul --------------------------------------------------------------
+# ---- 4 · the first kernel of a layer: RMSNorm + matmul -------------------------------------------
 
 def norm_matmul_solution(x, norm_weight, weight, eps):
     """The package's own: ``kvlab.kernels.gemv.gemv`` with the norm prologue (the PyTorch form on a CPU)."""
