@@ -1,4 +1,5 @@
-"""kvlab: the helper package of a course on fast LLM decoding, from naive loops to graph-safe static caches."""
+"""kvlab: the helper package of a course on fast LLM decoding, from naive loops to graph-safe
+static caches."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ def _check_versions() -> None:
         found = None
     if found != PINNED_TRANSFORMERS:
         raise ImportError(
-            f"kvlab teaches the cache API of transformers {PINNED_TRANSFORMERS}, but {found or 'no transformers'} is "
-            f"installed; the lessons would silently change meaning. Run: pip install transformers=={PINNED_TRANSFORMERS} "
-            "(or pip install -r requirements.txt from the course folder), then restart the kernel."
+            f"kvlab teaches the cache API of transformers {PINNED_TRANSFORMERS}, but "
+            f"{found or 'no transformers'} is installed; the lessons would silently change "
+            f"meaning. Run: pip install transformers=={PINNED_TRANSFORMERS} (or pip install -r "
+            "requirements.txt from the course folder), then restart the kernel."
         )
     import torch
 
@@ -27,7 +29,8 @@ def _check_versions() -> None:
         wanted = ",".join(TORCH_RANGE)
         raise ImportError(
             f"kvlab needs torch {wanted}; torch {torch.__version__} is installed. "
-            f"Run: pip install 'torch{wanted}' (on Colab, keep the preinstalled torch if it is in range)."
+            f"Run: pip install 'torch{wanted}' (on Colab, keep the preinstalled torch if it is in "
+            "range)."
         )
 
 
@@ -40,6 +43,6 @@ from .runtime import environment, hardware, quick_mode, size  # noqa: E402
 from .strategies import STRATEGIES, decode  # noqa: E402
 
 __all__ = [
-    "STRATEGIES", "GraphSafeDecoder", "GraphSafeStaticCache", "ModelUnavailableError", "decode", "environment",
-    "hardware", "load_model", "quick_mode", "size", "tiny_model",
+    "STRATEGIES", "GraphSafeDecoder", "GraphSafeStaticCache", "ModelUnavailableError", "decode",
+    "environment", "hardware", "load_model", "quick_mode", "size", "tiny_model",
 ]

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from .decoding import OnToken
 from .fusion import fused_copy
-from .graph_decoder import GraphSafeDecoder, cache_length, held, model_step
+from .graph_decoder import GraphSafeDecoder, cache_length, decoder_for, model_step
 from .hf_caches import decode_reduce_overhead, reduce_overhead_state
 from .runtime import PDL, check_dtype, gpu_supports
 
@@ -77,7 +77,7 @@ def decode_graph_safe_compiled(model, input_ids: torch.Tensor, max_new_tokens: i
     if decoder is None:
         decoder = compiled_decoder(model, input_ids, max_new_tokens, **settings)
     with inductor_options(tune, input_ids.device):
-        return held(decoder, model).generate(input_ids, max_new_tokens, on_token=on_token)
+        return decoder_for(decoder, model).generate(input_ids, max_new_tokens, on_token=on_token)
 
 
 GQA_ATTENTION = "kvlab-sdpa-gqa"

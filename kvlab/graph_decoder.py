@@ -100,7 +100,7 @@ def model_prefill(model, cache, prompt: torch.Tensor, valid: torch.Tensor, token
     return token
 
 
-GRAPH_SETTINGS = (True, False, "emulate")
+_GRAPH_SETTINGS = (True, False, "emulate")
 
 
 class GraphSafeDecoder:
@@ -131,7 +131,7 @@ class GraphSafeDecoder:
         for name, fn in (("step", step), ("prefill", prefill)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be a function ({name}(model, cache, ...)), got {type(fn).__name__}")
-        if graph not in GRAPH_SETTINGS:
+        if graph not in _GRAPH_SETTINGS:
             raise ValueError(f"graph must be True, False or 'emulate', got {graph!r}")
         cache = max_cache_len if isinstance(max_cache_len, GraphSafeStaticCache) else None
         length = cache.max_cache_len if cache is not None else max_cache_len
@@ -389,10 +389,10 @@ class GraphSafeDecoder:
             graphs.insert(0, f"prefill graph: {self.prefill_graph.describe()}")
         how = "; ".join(graphs) if graphs else ("not captured yet" if self.use_graph else "eager (no graph)")
         return (f"GraphSafeDecoder(batch={self.batch}, max_cache_len={self.max_cache_len}, "
-                f"step={function_name(self.step_fn)}, steps={self.steps}): {how}")
+                f"step={_function_name(self.step_fn)}, steps={self.steps}): {how}")
 
 
-def function_name(fn) -> str:
+def _function_name(fn) -> str:
     """A step's name, as ``describe`` shows it: a partial's function; a compiled one says so."""
     inner = getattr(fn, "func", fn)  # functools.partial binds a step's extra state
     name = getattr(inner, "__name__", type(inner).__name__)
@@ -439,10 +439,10 @@ def decode_graph_safe(model, input_ids: torch.Tensor, max_new_tokens: int, *, on
     """
     if decoder is None:
         decoder = graph_safe_decoder(model, input_ids, max_new_tokens, **settings)
-    return held(decoder, model).generate(input_ids, max_new_tokens, on_token=on_token)
+    return decoder_for(decoder, model).generate(input_ids, max_new_tokens, on_token=on_token)
 
 
-def held(decoder: GraphSafeDecoder, model) -> GraphSafeDecoder:
+def decoder_for(decoder: GraphSafeDecoder, model) -> GraphSafeDecoder:
     """``decoder``, refused when it was built for another model (its graphs would decode with that
     one's weights)."""
     if decoder.source is not model:

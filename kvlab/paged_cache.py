@@ -98,6 +98,16 @@ def bytes_per_token(config, dtype: torch.dtype = torch.float32) -> int:
     return 2 * text.num_hidden_layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
+def _accounting_inputs(lengths, block_size: int) -> list[int]:
+    """``memory_accounting``'s door: the lengths as ints, refused if negative, and the block size."""
+    lengths = [int(n) for n in lengths]
+    if any(n < 0 for n in lengths):
+        raise ValueError(f"lengths are tokens in the cache, >= 0; got {lengths}")
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r:.80}")
+    return lengths
+
+
 def memory_accounting(lengths, block_size: int, token_bytes: int, batch: int | None = None) -> dict:
     """What a set of requests holds in a paged cache versus in a static cache, in bytes.
 
@@ -106,11 +116,7 @@ def memory_accounting(lengths, block_size: int, token_bytes: int, batch: int | N
     are wasted per request. Static: every one of ``batch`` rows (default: one per request) is sized for the longest
     request. Returns ``per_request`` (list of bytes), ``paged``, ``static`` and ``paged_fraction`` (paged / static).
     """
-    lengths = [int(n) for n in lengths]
-    if any(n < 0 for n in lengths):
-        raise ValueError(f"lengths are tokens in the cache, >= 0; got {lengths}")
-    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r:.80}")
+    lengths = _accounting_inputs(lengths, block_size)
     batch = len(lengths) if batch is None else batch
     per_request = [blocks_for(n, block_size) * block_size * token_bytes for n in lengths]
     static = batch * max(lengths, default=0) * token_bytes

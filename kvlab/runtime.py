@@ -214,7 +214,7 @@ def cpu_name() -> str:
 
 
 def hardware(device: torch.device | str | None = None) -> str:
-    """A one-line name of the machine a number was measured on, e.g. 'NVIDIA H200' or 'CPU: ... (2 threads)'."""
+    """A one-line name of the machine a number comes from, e.g. 'NVIDIA H200' or 'CPU: ... (2 threads)'."""
     device = pick_device(device)
     if device.type == "cuda":
         return gpu_name(device)

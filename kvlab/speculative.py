@@ -33,11 +33,11 @@ from dataclasses import dataclass
 import torch
 
 from .decoding import OnToken
-from .graph_decoder import GraphSafeDecoder, cache_length, forward_mask, held, model_step
+from .graph_decoder import GraphSafeDecoder, cache_length, decoder_for, forward_mask, model_step
 from .graph_safe_cache import GraphSafeError, GraphSafeStaticCache
 
 
-def check_draft_settings(k: int, max_ngram: int, min_ngram: int) -> None:
+def _check_draft_settings(k: int, max_ngram: int, min_ngram: int) -> None:
     """Refuse draft settings that are not positive ints with ``min_ngram <= max_ngram``."""
     for name, value in (("k", k), ("max_ngram", max_ngram), ("min_ngram", min_ngram)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -47,10 +47,10 @@ def check_draft_settings(k: int, max_ngram: int, min_ngram: int) -> None:
                          "max_ngram down to min_ngram")
 
 
-def check_draft_input(tokens, k: int, max_ngram: int, min_ngram: int) -> list[int]:
-    """``tokens`` (a list of ids or a 1-D tensor) as a list, after ``check_draft_settings``; a 2-D
+def _check_draft_input(tokens, k: int, max_ngram: int, min_ngram: int) -> list[int]:
+    """``tokens`` (a list of ids or a 1-D tensor) as a list, after ``_check_draft_settings``; a 2-D
     tensor is refused."""
-    check_draft_settings(k, max_ngram, min_ngram)
+    _check_draft_settings(k, max_ngram, min_ngram)
     if isinstance(tokens, torch.Tensor):
         if tokens.dim() != 1:
             raise ValueError(f"tokens must be 1-D (one row of ids), got shape {tuple(tokens.shape)}: draft each row apart")
@@ -69,7 +69,7 @@ def prompt_lookup_draft(tokens, k: int, max_ngram: int = 3, min_ngram: int = 1) 
     takes it: in a prompt that is being quoted it is the quoted passage itself, and it has the most
     tokens after it (a recent one can run into the suffix and give fewer drafts).
     """
-    tokens = check_draft_input(tokens, k, max_ngram, min_ngram)  # a list of ints
+    tokens = _check_draft_input(tokens, k, max_ngram, min_ngram)  # a list of ints
     for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
         suffix = tokens[-n:]
         for start in range(len(tokens) - n):  # windows ending before the last token: each has a token after it
@@ -151,7 +151,7 @@ class SpeculativeDecoder(GraphSafeDecoder):
     def __init__(self, model, max_cache_len: int | GraphSafeStaticCache, batch: int = 1, *, k: int = 4,
                  max_ngram: int = 3, min_ngram: int = 1, verify=model_verify, step=model_step, prefill=None,
                  prefill_bucket: int | None = None, graph: bool | str = True):
-        check_draft_settings(k, max_ngram, min_ngram)
+        _check_draft_settings(k, max_ngram, min_ngram)
         if not callable(verify):
             raise TypeError(f"verify must be a function (verify(model, cache, rows, verified)), got "
                             f"{type(verify).__name__}")
@@ -246,7 +246,7 @@ def speculative_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, 
     verify step's k drafts fit), ``settings`` for ``SpeculativeDecoder`` (``verify``, ``step`` and
     ``prefill`` too: see ``kvlab.kernels.decoder.speculative_kernels_decoder``). Pass it back as
     ``decoder=`` to replay its graphs in later calls."""
-    check_draft_settings(k, settings.get("max_ngram", 3), settings.get("min_ngram", 1))
+    _check_draft_settings(k, settings.get("max_ngram", 3), settings.get("min_ngram", 1))
     if max_cache_len is None and cache is None:
         max_cache_len = input_ids.shape[1] + max_new_tokens + k - 1
     length = cache_length(input_ids, max_new_tokens, max_cache_len, cache)
@@ -275,7 +275,7 @@ def decode_speculative(model, input_ids: torch.Tensor, max_new_tokens: int, *, o
                                                       *(["max_cache_len"] if max_cache_len is not None else [])])
             raise GraphSafeError(f"pass decoder= or {given}, not both: a SpeculativeDecoder keeps the settings and "
                                  "cache it was built with. Drop them to reuse the decoder, or drop decoder= to build one")
-        return held(decoder, model).generate(input_ids, max_new_tokens, on_token=on_token)
+        return decoder_for(decoder, model).generate(input_ids, max_new_tokens, on_token=on_token)
     decoder = speculative_decoder(model, input_ids, max_new_tokens, max_cache_len=max_cache_len, cache=cache,
                                   **settings)
     return decoder.generate(input_ids, max_new_tokens, on_token=on_token)

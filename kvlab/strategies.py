@@ -91,21 +91,21 @@ class Strategy:
         return {"decoder": made} if isinstance(made, GraphSafeDecoder) else made
 
 
-GRAPH_SAFE_FN = "kvlab.graph_decoder:decode_graph_safe", "kvlab.graph_decoder:graph_safe_decoder"
-COMPILED_FN = "kvlab.compiled_step:decode_graph_safe_compiled", "kvlab.compiled_step:compiled_decoder"
-KERNELS_FN = "kvlab.kernels.decoder:decode_graph_safe_kernels", "kvlab.kernels.decoder:kernels_decoder"
-SPECULATIVE_FN = "kvlab.speculative:decode_speculative", "kvlab.speculative:speculative_decoder"
-SPECULATIVE_KERNELS_FN = ("kvlab.kernels.decoder:decode_speculative_kernels",
+_GRAPH_SAFE_FN = "kvlab.graph_decoder:decode_graph_safe", "kvlab.graph_decoder:graph_safe_decoder"
+_COMPILED_FN = "kvlab.compiled_step:decode_graph_safe_compiled", "kvlab.compiled_step:compiled_decoder"
+_KERNELS_FN = "kvlab.kernels.decoder:decode_graph_safe_kernels", "kvlab.kernels.decoder:kernels_decoder"
+_SPECULATIVE_FN = "kvlab.speculative:decode_speculative", "kvlab.speculative:speculative_decoder"
+_SPECULATIVE_KERNELS_FN = ("kvlab.kernels.decoder:decode_speculative_kernels",
                           "kvlab.kernels.decoder:speculative_kernels_decoder")
-REDUCE_OVERHEAD_FN = "kvlab.hf_caches:decode_reduce_overhead", "kvlab.hf_caches:reduce_overhead_state"
-GQA_FN = "kvlab.compiled_step:decode_reduce_overhead_gqa", "kvlab.compiled_step:reduce_overhead_gqa_state"
+_REDUCE_OVERHEAD_FN = "kvlab.hf_caches:decode_reduce_overhead", "kvlab.hf_caches:reduce_overhead_state"
+_GQA_FN = "kvlab.compiled_step:decode_reduce_overhead_gqa", "kvlab.compiled_step:reduce_overhead_gqa_state"
 
 
 def _kernels_variant(name: str, about: str, **options) -> Strategy:
     steps = options.get("steps", 16)
-    return Strategy(f"graph-safe-kernels/{name}", f"variant: graph-safe-kernels with {about}", KERNELS_FN[0], 6,
+    return Strategy(f"graph-safe-kernels/{name}", f"variant: graph-safe-kernels with {about}", _KERNELS_FN[0], 6,
                     "graph", MappingProxyType(options), sized=True, warm_full=True, ablation=True,
-                    steps_per_replay=steps, builds=KERNELS_FN[1])
+                    steps_per_replay=steps, builds=_KERNELS_FN[1])
 
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
@@ -121,31 +121,31 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
              "GPU)", "kvlab.hf_caches:decode_generate", 3, "compiled",
              MappingProxyType({"cache_implementation": "static"}), compiled=True, warm_full=True),
     Strategy("reduce-overhead", 'torch.compile(step, mode="reduce-overhead", fullgraph=True), StaticCache, '
-             "Python loop", REDUCE_OVERHEAD_FN[0], 3, "compiled", sized=True, compiled=True, warm_full=True,
-             builds=REDUCE_OVERHEAD_FN[1]),
+             "Python loop", _REDUCE_OVERHEAD_FN[0], 3, "compiled", sized=True, compiled=True, warm_full=True,
+             builds=_REDUCE_OVERHEAD_FN[1]),
     Strategy("reduce-overhead/gqa", "variant: reduce-overhead with the attention reading the cache's kv heads "
              "as they are (SDPA enable_gqa, kvlab.compiled_step.gqa_sdpa_attention) instead of transformers' "
-             "repeat_kv copy of the cache under torch.compile", GQA_FN[0], 3, "compiled", sized=True,
-             compiled=True, warm_full=True, ablation=True, builds=GQA_FN[1]),
+             "repeat_kv copy of the cache under torch.compile", _GQA_FN[0], 3, "compiled", sized=True,
+             compiled=True, warm_full=True, ablation=True, builds=_GQA_FN[1]),
     Strategy("static-graph", "vanilla StaticCache, decode step captured once and replayed: lesson 04's first "
              "attempt, wrong by design", "kvlab.failures:decode_static_graph", 4, "graph", sized=True,
              exact=False),
     Strategy("graph-safe", "GraphSafeStaticCache, eager kernels captured in one graph by kvlab",
-             GRAPH_SAFE_FN[0], 5, "graph", sized=True, warm_full=True, builds=GRAPH_SAFE_FN[1]),
+             _GRAPH_SAFE_FN[0], 5, "graph", sized=True, warm_full=True, builds=_GRAPH_SAFE_FN[1]),
     Strategy("graph-safe-compiled", "graph-safe + fused projections, GEMV reductions, split-K Triton decode "
              "attention, step compiled (max-autotune-no-cudagraphs, coordinate descent), 16 steps per "
-             "captured graph", COMPILED_FN[0], 6, "graph", sized=True, compiled=True, cuda_only=True,
-             warm_full=True, steps_per_replay=16, builds=COMPILED_FN[1]),
+             "captured graph", _COMPILED_FN[0], 6, "graph", sized=True, compiled=True, cuda_only=True,
+             warm_full=True, steps_per_replay=16, builds=_COMPILED_FN[1]),
     Strategy("graph-safe-kernels", "graph-safe cache, the step as kvlab's own Triton kernels (5 per layer: norm "
              "fused into the GEMVs or, from 2 rows, tl.dot tiles or cuBLAS as measured fastest; RoPE, cache "
              "write and attention on tensor cores in one) reading the model's own weights, 16 steps per "
              "captured graph, the prefill captured too and through the same kernels up to "
              "kvlab.kernels.decoder.KERNEL_PREFILL_MAX_ROWS prompt rows, no torch.compile (CPU: the same math "
-             "in PyTorch, graph emulated)", KERNELS_FN[0], 6, "graph", sized=True, warm_full=True,
-             steps_per_replay=16, builds=KERNELS_FN[1]),
+             "in PyTorch, graph emulated)", _KERNELS_FN[0], 6, "graph", sized=True, warm_full=True,
+             steps_per_replay=16, builds=_KERNELS_FN[1]),
     Strategy("graph-safe-compiled/1-step-graphs", "ablation: one decode step per captured graph",
-             COMPILED_FN[0], 6, "graph", MappingProxyType({"steps": 1}), sized=True, compiled=True,
-             cuda_only=True, warm_full=True, ablation=True, builds=COMPILED_FN[1]),
+             _COMPILED_FN[0], 6, "graph", MappingProxyType({"steps": 1}), sized=True, compiled=True,
+             cuda_only=True, warm_full=True, ablation=True, builds=_COMPILED_FN[1]),
     _kernels_variant("1-step-graphs", "one decode step per captured graph instead of 16", steps=1),
     _kernels_variant("broadcast-attention", "attention's scores and P.V as broadcast multiply-and-sum (no "
                      "tensor cores) instead of tl.dot over each kv head's query group padded to a 16-row tile",
@@ -162,13 +162,13 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
                      "the GPU once (kvlab.kernels.common.fill_splits: one program per pair once the pairs fill "
                      "the multiprocessors)", fill_splits=False),
     Strategy("graph-safe-speculative", "graph-safe + prompt-lookup speculative decoding: k=4 n-gram drafts "
-             "from the prompt and output, verified in one captured graph of k+1 rows", SPECULATIVE_FN[0], 7,
-             "graph", sized=True, warm_full=True, steps_per_replay=5, builds=SPECULATIVE_FN[1]),
+             "from the prompt and output, verified in one captured graph of k+1 rows", _SPECULATIVE_FN[0], 7,
+             "graph", sized=True, warm_full=True, steps_per_replay=5, builds=_SPECULATIVE_FN[1]),
     Strategy("graph-safe-speculative/kernels", "graph-safe-speculative over kvlab's kernels: the prefill, "
              "the verify of k+1 rows (the prefill's causal attention kernel) and the plain steps as "
              "graph-safe-kernels' (kvlab.kernels.decoder.speculative_kernels_decoder)",
-             SPECULATIVE_KERNELS_FN[0], 7, "graph", sized=True, warm_full=True, steps_per_replay=5,
-             builds=SPECULATIVE_KERNELS_FN[1]),
+             _SPECULATIVE_KERNELS_FN[0], 7, "graph", sized=True, warm_full=True, steps_per_replay=5,
+             builds=_SPECULATIVE_KERNELS_FN[1]),
     Strategy("paged", "paged KV cache (blocks handed out as rows grow) + continuous batching: each row a "
              "request, eager prefill, decode steps replayed from one captured graph per batch-size bucket",
              "kvlab.continuous_batching:decode_paged", 7, "graph", sized=True, warm_full=True,
@@ -215,9 +215,9 @@ def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str
 
 
 # Fixed at build: a held decoder keeps them (kvlab.kernels.decoder.KERNEL_OPTIONS are the last
-# four).
-DECODER_SETTINGS = ("graph", "compile_mode", "prefill_bucket", "captured_prefill", "steps", "fuse", "gemv",
-                    "attention", "dot_attention", "tiles", "fill_splits", "fused_mlp")
+# three).
+DECODER_SETTINGS = ("graph", "compile_mode", "prefill_bucket", "captured_prefill", "steps", "fuse",
+                    "gemv", "attention", "dot_attention", "tiles", "fill_splits")
 
 
 def check_options(options: dict) -> None:

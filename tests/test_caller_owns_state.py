@@ -1,5 +1,5 @@
 """The caller owns the state: kvlab stores nothing on a model, so every decode follows the model as it is now, and a
-decoder the caller holds refuses to replay graphs whose weights moved."""
+decoder the caller holds refuses to replay graphs after what they froze moved."""
 
 import gc
 import weakref

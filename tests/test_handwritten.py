@@ -5,7 +5,12 @@ import torch
 
 import kvlab
 from kvlab.decoding import decode_naive
-from kvlab.handwritten import HandwrittenCache, HandwrittenLayer, cat_bytes_copied, decode_handwritten
+from kvlab.handwritten import (
+    HandwrittenCache,
+    HandwrittenLayer,
+    cat_bytes_copied,
+    decode_handwritten,
+)
 from kvlab.lab.measure import cache_bytes
 from kvlab.lab.models import TINY_CONFIGS, tiny_model
 from kvlab.sizes import kv_cache_bytes

@@ -13,7 +13,13 @@ from kvlab.cache_view import (
 )
 from kvlab.failures import decode_static_graph, room_guard
 from kvlab.graphs import ReplayError
-from kvlab.hf_caches import check_room, decode_compiled, decode_generate, decode_static, make_static_cache
+from kvlab.hf_caches import (
+    check_room,
+    decode_compiled,
+    decode_generate,
+    decode_static,
+    make_static_cache,
+)
 from kvlab.lab.models import tiny_model
 from kvlab.lab.plots import plot_cache_heatmaps, plot_memory_per_step
 from kvlab.strategies import decode

@@ -19,7 +19,7 @@ import torch
 
 from kvlab import fusion
 from kvlab.decoding import decode_naive
-from kvlab.kernels import attention, common, mlp, step
+from kvlab.kernels import attention, common, step
 from kvlab.kernels import gemv as gemv_module
 from kvlab.lab.models import random_smollm2, tiny_model
 
@@ -434,56 +434,31 @@ def check_gemm_dispatch(max_rows: int = 2) -> None:
         gemv_module.GEMV_MAX_ROWS, gemv_module._launch_gemv = saved_rows, saved_launch
 
 
-MLPS = {  # rows, hidden, intermediate: SmolLM2's (96 programs, 12 groups), ragged sizes, a last group of one program
-    "smollm2": (1, 576, 1536),
-    "ragged": (3, 40, 100),
-    "short-last-group": (2, 64, mlp.MLP_BLOCK_I * mlp.MLP_GROUP + 16),
-}
-
-
-def check_fused_mlp(case: str) -> None:
-    """``fused_mlp`` equals its PyTorch form (float32) and leaves its arrival counters at zero."""
-    rows, hidden, inter = MLPS[case]
-    gen = torch.Generator().manual_seed(hidden + inter)
-    rand = lambda *shape: torch.randn(*shape, generator=gen).to(DEVICE)  # noqa: E731
-    x, residual, norm = rand(rows, hidden), rand(rows, hidden), 1 + 0.1 * rand(hidden)
-    w_gate, w_up, w_down = 0.1 * rand(inter, hidden), 0.1 * rand(inter, hidden), 0.1 * rand(hidden, inter)
-    counters = torch.zeros(rows * mlp.counters_per_row(inter), dtype=torch.int32, device=DEVICE)
-    assert common.available(x), "the kernel does not run here: the check would test the PyTorch form against itself"
-    got = mlp.fused_mlp(x, w_gate, w_up, w_down, norm, 1e-5, residual, counters)
-    expected = mlp.mlp_reference(x, w_gate, w_up, w_down, norm, 1e-5, residual)
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-5)
-    assert not counters.any(), "the arrival counters must be left at zero for the next call"
-
-
 def kernel_step_decode(model, ids: torch.Tensor, n: int, **options) -> torch.Tensor:
     """Prefill through the fused copy, then ``step.kernel_step(..., **options)`` for each further token ->
     ``[batch, n]``."""
     step.check_supported(model)
     fast = fusion.fused_copy(model, attention=False)
-    done = step.arrival_counters(fast, ids.shape[0], ids.device)
-    out = greedy_decode(fast, ids, n, lambda cache, token: step.kernel_step(fast, cache, token, done, **options))
-    assert not done.any(), "the arrival counters are left at zero"
+    counters = step.arrival_counters(fast, ids.shape[0], ids.device)
+    out = greedy_decode(fast, ids, n,
+                        lambda cache, token: step.kernel_step(fast, cache, token, counters, **options))
+    assert not counters.any(), "the arrival counters are left at zero"
     return out
 
 
-def check_kernel_step(name: str, dot_attention: bool = False, tiles: bool = False,
-                      fused_mlp: bool = False) -> None:
+def check_kernel_step(name: str, dot_attention: bool = False, tiles: bool = False) -> None:
     """The whole step through the kernels (the plain function), token-exact against naive."""
     model = tiny_model(name).to(DEVICE)
-    calls, mlp_calls = [], []
+    calls = []
     restore = counting(step, "rope_cache_attention", calls, record=lambda *a: common.available(a[0]))
-    restore_mlp = counting(step, "mlp_in_one_kernel", mlp_calls, record=lambda *a: common.available(a[0]))
     try:
         ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(6)).to(DEVICE)
         n = tokens(6, 4)
-        out = kernel_step_decode(model, ids, n, dot_attention=dot_attention, tiles=tiles, fused_mlp=fused_mlp)
-        assert torch.equal(out, decode_naive(model, ids, n)), (name, dot_attention, tiles, fused_mlp)
+        out = kernel_step_decode(model, ids, n, dot_attention=dot_attention, tiles=tiles)
+        assert torch.equal(out, decode_naive(model, ids, n)), (name, dot_attention, tiles)
     finally:
         restore()
-        restore_mlp()
     assert any(calls), "the kernels never ran: the check would only have tested the PyTorch form"
-    assert any(mlp_calls) == fused_mlp, "fused_mlp runs the MLP in one kernel, and only then"
 
 
 def check_kernel_step_decode(name: str) -> None:
@@ -577,9 +552,6 @@ def run_checks() -> dict[str, str]:
     checks |= {f"kernel-step-{name}": (check_kernel_step, name) for name in KERNEL_STEP_DECODES}
     checks |= {f"kernel-step-{name}-dot": (check_kernel_step, name, True) for name in KERNEL_STEP_DECODES}
     checks |= {f"kernel-step-{name}-tiles": (check_kernel_step, name, False, True) for name in KERNEL_STEP_DECODES}
-    checks |= {f"fused-mlp-{case}": (check_fused_mlp, case) for case in MLPS}
-    checks |= {f"kernel-step-{name}-fused-mlp": (check_kernel_step, name, False, False, True)
-               for name in KERNEL_STEP_DECODES}
     checks |= {f"decode-{name}-graph{g}": (check_decode, name, g) for name, g in DECODES}
     checks["compiled-decode"] = (check_compiled_decode,)
     checks |= {f"kernel-step-decode-{name}": (check_kernel_step_decode, name) for name in DECODER_KERNEL_STEPS}
@@ -692,18 +664,6 @@ def test_kernel_step_with_tiled_matmuls_is_token_exact(interpreted, name):
     outcome(interpreted, f"kernel-step-{name}-tiles", check_kernel_step, name, False, True)
 
 
-@pytest.mark.parametrize("case", list(MLPS))
-def test_fused_mlp_kernel_matches_reference(interpreted, case):
-    outcome(interpreted, f"fused-mlp-{case}", check_fused_mlp, case)
-
-
-@pytest.mark.parametrize("name", KERNEL_STEP_DECODES)
-def test_kernel_step_with_the_mlp_in_one_kernel_is_token_exact(interpreted, name):
-    """``fused_mlp=True``: at the GEMV's rows the MLP runs as one kernel (the check counts its calls), sharing the
-    step's arrival counters (``kernel_step_decode`` asserts they are left at zero)."""
-    outcome(interpreted, f"kernel-step-{name}-fused-mlp", check_kernel_step, name, False, False, True)
-
-
 @pytest.mark.parametrize("case", [on_tensor_cores(case, dtype_of(GEMVS[case])) for case in GEMVS])
 def test_tile_kernel_matches_reference(interpreted, case):
     outcome(interpreted, f"tile-{case}", check_gemv, case, True)
@@ -726,7 +686,7 @@ def test_split_k_tile_kernel_counts_in_given_counters_and_leaves_them_zero(inter
 
 @pytest.mark.parametrize("name", KERNEL_STEP_DECODES)
 def test_kernel_step_with_every_matmul_split_shares_the_decoders_counters(interpreted, name):
-    """Every tile launch split along K, counting in the step's ``done`` beside the attention kernel: token-exact,
+    """Every tile launch split along K, counting in the step's ``counters`` beside the attention kernel: token-exact,
     and the counters left at zero (``kernel_step_decode`` asserts it)."""
     outcome(interpreted, f"kernel-step-{name}-tiles-split", split_k, check_kernel_step, name, False, True)
 

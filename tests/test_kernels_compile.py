@@ -37,7 +37,6 @@ KERNELS = {
     "_prefill_attention_kernel",
     "_partial_kernel",
     "_combine_kernel",
-    "mlp_kernel",
 }
 
 

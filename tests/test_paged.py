@@ -5,7 +5,13 @@ import pytest
 import torch
 
 import kvlab
-from kvlab.continuous_batching import ContinuousBatcher, Request, decode_paged, default_buckets, serve
+from kvlab.continuous_batching import (
+    ContinuousBatcher,
+    Request,
+    decode_paged,
+    default_buckets,
+    serve,
+)
 from kvlab.paged_cache import (
     BlockAllocator,
     OutOfBlocksError,

@@ -13,7 +13,7 @@ import pytest
 
 from kvlab import decoding, failures, graphs, handwritten
 from kvlab.continuous_batching import ContinuousBatcher
-from kvlab.graph_decoder import GraphSafeDecoder, model_step, prefill_mask
+from kvlab.graph_decoder import GraphSafeDecoder, model_step
 from kvlab.graph_safe_cache import GraphSafeStaticCache
 from kvlab.kernels.step import layer_kernels
 from kvlab.lab import serving
@@ -30,11 +30,9 @@ SHOWN = {  # function: what the lesson's show_source call names
     GraphSafeStaticCache.write_positions: "GraphSafeStaticCache.write_positions",
     GraphSafeStaticCache.update: "GraphSafeStaticCache.update",
     GraphSafeStaticCache.reset: "GraphSafeStaticCache.reset",
-    prefill_mask: "prefill_mask)",
     model_step: "show_source(model_step",
     GraphSafeDecoder.one_step: "GraphSafeDecoder.one_step",
     GraphSafeDecoder.multi_step: "GraphSafeDecoder.multi_step",
-    GraphSafeDecoder.next_tokens: "GraphSafeDecoder.next_tokens",
     layer_kernels: "show_source(layer_kernels)",
     prompt_lookup_draft: "show_source(prompt_lookup_draft)",
     kept_drafts: "show_source(kept_drafts)",

@@ -130,7 +130,6 @@ def compile_all(capability: int) -> list[dict]:
         {"dot_attention": False},
         {"tiles": False},
         {"fill_splits": False},
-        {"fused_mlp": True},
     ]
     with compile_only(capability) as compiled:
         for dtype in (torch.bfloat16, torch.float32):  # float32: the token check's
@@ -139,7 +138,7 @@ def compile_all(capability: int) -> list[dict]:
                 model,
                 fused_copy(model, attention=False),
                 (1, 16, 64),
-                steps if dtype == torch.bfloat16 else [{}, {"fused_mlp": True}],
+                steps if dtype == torch.bfloat16 else [{}],
                 prefill_rows=64,
             )
             q = torch.zeros(1, 9, 1, 64, dtype=dtype)

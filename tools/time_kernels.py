@@ -30,9 +30,6 @@ between kernels count); the figure is µs per call, the median of 20 replays. Th
 - ``dot-attention``: ``rope_cache_attention`` with broadcasts against ``tl.dot`` (``dot=True``) over
   splits and block sizes (``graph-safe-kernels``' attention;
   ``graph-safe-kernels/broadcast-attention`` the other).
-- ``mlp``: the MLP at batch 1 as one kernel (``kvlab.kernels.mlp``) over its block sizes, against
-  the two GEMVs the step runs by default; then batch-1 decodes with ``fused_mlp=True`` and without,
-  timed in turns.
 """
 
 import argparse
@@ -468,83 +465,6 @@ def sweep_dot_attention(results: dict, save, time_fn=None) -> None:
         save()
 
 
-def sweep_mlp(results: dict, save, time_fn=None) -> None:
-    """The MLP at batch 1 as one kernel (``kvlab.kernels.mlp.fused_mlp``) over its (rows of the
-    intermediate size per program, programs per first-level sum, warps), against the step's two
-    GEMVs (gate/up with the norm; down with SiLU * up and the residual); then whole decodes at batch
-    1 with ``fused_mlp`` and without, timed in turns."""
-    from kvlab.graph_decoder import kernels_decoder
-    from kvlab.kernels import mlp
-    from kvlab.lab.measure import time_decodes
-
-    time_fn = time_fn or per_call_us
-    dt, hidden, inter = torch.bfloat16, 576, 1536
-    x, residual = (torch.randn(1, hidden, device=DEVICE, dtype=dt) for _ in range(2))
-    w_gate_up = torch.randn(2 * inter, hidden, device=DEVICE, dtype=dt) / hidden**0.5
-    w_down = torch.randn(hidden, inter, device=DEVICE, dtype=dt) / inter**0.5
-    norm = torch.ones(hidden, device=DEVICE, dtype=dt)
-    two = time_fn(
-        lambda: gemv.gemv(
-            gemv.gemv(x, w_gate_up, norm=norm, eps=1e-5), w_down, silu_mul=True, residual=residual
-        )
-    )
-    w_gate, w_up = w_gate_up.chunk(2)
-    # more than any configuration below counts in
-    counters = torch.zeros(inter, dtype=torch.int32, device=DEVICE)
-    saved, timings = (mlp.MLP_BLOCK_I, mlp.MLP_GROUP, mlp.MLP_WARPS), []
-    for config in itertools.product((8, 16, 32), (4, 8, 16), (4, 8)):
-        mlp.MLP_BLOCK_I, mlp.MLP_GROUP, mlp.MLP_WARPS = config
-        try:
-            timings.append(
-                (
-                    time_fn(
-                        lambda: mlp.fused_mlp(
-                            x, w_gate, w_up, w_down, norm, 1e-5, residual, counters
-                        )
-                    ),
-                    config,
-                )
-            )
-        finally:
-            mlp.MLP_BLOCK_I, mlp.MLP_GROUP, mlp.MLP_WARPS = saved
-    timings.sort()
-    entry = {
-        "two_gemvs_us": two,
-        "best (block_i, group, warps)": timings[0][1],
-        "best_us": timings[0][0],
-        "default": saved,
-        "default_us": next(t for t, c in timings if c == saved),
-        "all": timings,
-    }
-    print(
-        f"mlp at batch 1: two GEMVs {two:.2f} us; one kernel best {timings[0][1]} "
-        f"{timings[0][0]:.2f} us, default {saved} {entry['default_us']:.2f} us",
-        flush=True,
-    )
-    model = random_smollm2(device=DEVICE, dtype=dt)
-    ids = torch.randint(0, model.config.vocab_size, (1, 64), device=DEVICE)
-    decoders = {
-        f"fused_mlp={fused}": kernels_decoder(model, ids, 256, max_cache_len=320, fused_mlp=fused)
-        for fused in (False, True)
-    }
-    timed = time_decodes(
-        {name: lambda n, on_token, d=d: d.generate(ids, n) for name, d in decoders.items()},
-        256,
-        DEVICE,
-    )
-    entry["decodes"] = {
-        name: {
-            "ms_per_token": t.ms_per_token,
-            "tokens_per_s": t.tokens_per_s,
-            "first_token_ms": 1e3 * t.prefill_seconds,
-        }
-        for name, t in timed.items()
-    }
-    results["mlp"] = entry
-    print("decodes at batch 1 (random weights):", json.dumps(entry["decodes"]), flush=True)
-    save()
-
-
 PARTS = {
     "decode-attention": sweep_decode_attention,
     "gemv": sweep_gemv,
@@ -553,7 +473,6 @@ PARTS = {
     "tiles": sweep_tiles,
     "dot-attention": sweep_dot_attention,
     "first-token": first_token,
-    "mlp": sweep_mlp,
 }
 
 

@@ -15,7 +15,14 @@ import math
 import torch
 
 from ..sizes import llama_parameter_count, model_sizes
-from .common import NotANumber, bad_measurement, call_student, check_prediction, code_checker, real_number
+from .common import (
+    NotANumber,
+    bad_measurement,
+    call_student,
+    check_prediction,
+    code_checker,
+    real_number,
+)
 from .mistakes import first_match
 
 # ---- exercise 1: the parameter count of a Llama-style model, from its config ------------------------------------

@@ -61,7 +61,7 @@ FROZEN = ("Hint: a Python value computed from counter or valid (or a slice) is f
           "read the tensors where they live: torch.where(rows < valid, counter + rows, max_cache_len)")
 
 
-# ---- 1 · predict, then run: the counters after a padded prefill ------------------------------------------------------
+# ---- 2 · predict, then run: the counters after a padded prefill ------------------------------------------------------
 
 @torch.inference_mode()
 def padded_prefill_counters(prompt_len: int, bucket: int, steps: int = 0) -> tuple[int, int]:
@@ -113,7 +113,7 @@ def check_counters_prediction(prediction=None, *, prompt_len: int = 21, bucket: 
     return verdict
 
 
-# ---- 2 · the write positions of override 1 ---------------------------------------------------------------------------
+# ---- 3 · the write positions of the valid window ----------------------------------------------------------------------
 
 def write_positions_solution(counter, valid, bucket: int, max_cache_len: int) -> torch.Tensor:
     """The package's own positions: ``GraphSafeStaticCache.write_positions`` of a cache whose counter is ``counter``,
@@ -180,7 +180,7 @@ def check_write_positions(fn) -> str:
             "cache included), and a captured graph of your function follows new counter and valid values")
 
 
-# ---- 3 · the valid-window write -------------------------------------------------------------------------------------
+# ---- 4 · the valid-window write -------------------------------------------------------------------------------------
 
 def package_write(keys, values, new_k, new_v, counter: int, valid: int):
     """What ``GraphSafeStaticCache.update`` does to copies of these buffers: ``(keys, values, counter)`` afterwards.
@@ -200,7 +200,7 @@ def package_write(keys, values, new_k, new_v, counter: int, valid: int):
 
 
 def write_valid_solution(keys, values, new_k, new_v, counter, valid):
-    """Override 1 on bare buffers: the slots of exercise 2 (the package's ``write_positions``), then what
+    """The valid window on bare buffers: the slots of exercise 3 (the package's ``write_positions``), then what
     ``GraphSafeStaticCache.update`` does with them: one index_copy_ each for K and V, the counter advanced in place."""
     at = write_positions_solution(counter, valid, new_k.shape[2], keys.shape[2] - 1)  # [T]
     keys.index_copy_(2, at, new_k)
@@ -330,7 +330,7 @@ def check_write_valid(fn) -> str:
             "same addresses, and a graph captured once follows a new counter and valid count at replay")
 
 
-# ---- 4 · the whole loop: capture once, put the counters back, replay for every prompt --------------------------------
+# ---- 1 · the whole loop: capture once, put the counters back, replay for every prompt --------------------------------
 
 LOOP_PROMPTS = (9, 5, 12)  # prompt lengths: the second is shorter than the first, the third longer
 LOOP_NEW_TOKENS = 6
@@ -344,12 +344,12 @@ def graph_loop_solution(model, cache, prompts, n):
 
     token, graph, outs = None, None, []
     for prompt in prompts:
-        cache.reset()  # rule 2: the same cache, emptied in place (5.24's reset: zero_() on buffers and counters)
+        cache.reset()  # rule 3: the same cache, emptied in place (5.24's reset: zero_() on buffers and counters)
         first = model(prompt, cache=cache).logits[:, -1:].argmax(-1)  # eager prefill: the first new token [1, 1]
         if graph is None:
             token = first.clone()  # the static input: written in place from now on, never rebound
 
-            def step(ids):  # no position_ids: rule 3, the model reads positions from the cache's counters
+            def step(ids):  # no position_ids: rule 2, the model reads positions from the cache's counters
                 return model(ids, cache=cache).logits[:, -1:].argmax(-1)
 
             graph = capture(step, token, warmup=3)
@@ -401,7 +401,7 @@ def _watch(model, cache, want: list[torch.Tensor], keys: list[torch.Tensor], n: 
                 f"{f'made {made} instead of {right}' if made != right else f'wrote its key at slot {slot} rotated for another position'}. "
                 "Hint: something the step reads was frozen at capture: a position from a Python value (position_ids "
                 "built from an int) stays what it was then. Pass no position_ids: the model reads positions from the "
-                "cache's counters (rule 3)")
+                "cache's counters (rule 2)")
         return out
 
     def other_cache(module, args, kwargs):
@@ -409,7 +409,7 @@ def _watch(model, cache, want: list[torch.Tensor], keys: list[torch.Tensor], n: 
             raise _RuleBroken(
                 "not quite: a forward ran on a cache other than the one you were given (a new StaticCache?). Hint: the "
                 "captured graph reads and writes the cache it was captured on, by address: keep that one and empty it "
-                "in place with cache.reset() before each prompt (rule 2)")
+                "in place with cache.reset() before each prompt (rule 3)")
 
     hook = model.register_forward_pre_hook(other_cache, with_kwargs=True)
     CapturedStep.replay = replay
@@ -455,7 +455,7 @@ def _before_replay(graph, seen, reading, cache, want, n) -> str | None:
     if _addresses(cache) != reading:
         return (f"not quite: before {where} a layer's counter or key/value buffer is a new tensor. Hint: a captured "
                 "graph keeps the addresses it was captured with, and `layer.cumulative_length = torch.zeros(...)` (or a "
-                "new buffer) is a tensor it never reads. Reset in place: cache.reset() (rule 2)")
+                "new buffer) is a tensor it never reads. Reset in place: cache.reset() (rule 3)")
     found = counters(cache)
     if found != [expected] * len(found):
         if all(c == expected + LOOP_WARMUP for c in found):
@@ -470,7 +470,7 @@ def _before_replay(graph, seen, reading, cache, want, n) -> str | None:
         if k and step == 0 and all(c > expected for c in found):
             return (f"not quite: before {where} the counters say {found[0]}, not {expected}: the cache still held the "
                     "previous prompt when this one was prefilled. Hint: cache.reset() (in place) before each prompt's "
-                    "prefill (rule 2)")
+                    "prefill (rule 3)")
         return (f"not quite: before {where} the counters say {sorted(set(found))}, but the cache should hold {expected} "
                 "tokens (the prompt and the tokens decoded). Hint: only the prefill and the replays may move a counter; "
                 "put back what capture's warm-up moved")
@@ -523,7 +523,7 @@ def graph_loop_verdict(fn, model) -> str:
             f"one vanilla StaticCache ({seen[0].describe()})")
 
 
-# ---- 5 · the host cost of a launch, from the recorded GPU file -------------------------------------------------------
+# ---- the host cost of a launch, from the recorded GPU file (not asked by lesson 05 now) ---------------------------
 
 def launch_cost_us(record: dict) -> float:
     """Host time per kernel launch implied by a recorded GPU eager-vs-replay result, in microseconds."""

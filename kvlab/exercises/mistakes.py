@@ -1,4 +1,5 @@
-"""Name the mistake behind a wrong answer: compare it with what each typical mistake would have given."""
+"""Name the mistake behind a wrong answer: compare it with what each typical mistake would have
+given."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from .common import NotANumber, real_number
 
 
 def same(answer, value, *, rtol: float = 0.0, atol: float = 0.0) -> bool:
-    """True where ``answer`` equals ``value``: numbers within ``rtol``/``atol``, tensors of one shape allclose
-    (NaN equal to NaN; integer tensors exactly), anything else by ``==``."""
+    """True where ``answer`` equals ``value``: numbers within ``rtol``/``atol``, tensors of one
+    shape allclose (NaN equal to NaN; integer tensors exactly), anything else by ``==``."""
     if value is None:
         return False
     if isinstance(value, torch.Tensor):
@@ -32,12 +33,13 @@ def same(answer, value, *, rtol: float = 0.0, atol: float = 0.0) -> bool:
 
 
 def first_match(answer, mistakes, **tolerance) -> str | None:
-    """The hint of the first ``(value, hint)`` of ``mistakes`` whose value ``answer`` equals (:func:`same`), else
-    None. A ``value`` of None stands for a mistake that cannot show in this case and is skipped."""
+    """The hint of the first ``(value, hint)`` of ``mistakes`` whose value ``answer`` equals
+    (:func:`same`), else None. A ``value`` of None stands for a mistake that cannot show in this
+    case and is skipped."""
     return next((hint for value, hint in mistakes if same(answer, value, **tolerance)), None)
 
 
 def show_sources(checker, *objects) -> None:
-    """Make ``checker.show_solution()`` print the source of all ``objects`` (the reference and the package code it
-    calls), on request only, as every solution."""
+    """Make ``checker.show_solution()`` print the source of all ``objects`` (the reference and the
+    package code it calls), on request only, as every solution."""
     checker.show_solution = lambda: print("\n\n".join(inspect.getsource(obj) for obj in objects))

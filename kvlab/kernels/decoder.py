@@ -2,11 +2,12 @@
 ``GraphSafeDecoder``.
 
 The decoder takes a step as a plain function; what the kernels' step needs beyond the model, the
-cache and the token (its arrival counters ``done``, its options) is bound here with
+cache and the token (its arrival counters, its options) is bound here with
 ``functools.partial``, once per decoder:
 
-    step = partial(kernel_step, done=arrival_counters(model, batch, device), tiles=True, ...)
-    GraphSafeDecoder(model, max_cache_len, batch, step=step, steps=16, prefill=..., prefill_bucket=...)
+    step = partial(kernel_step, counters=arrival_counters(model, batch, device), tiles=True, ...)
+    GraphSafeDecoder(model, max_cache_len, batch, step=step, steps=16, prefill=...,
+                     prefill_bucket=...)
 
 The kernels read the model's own weights (q/k/v and gate/up as stacked parts), so the decoder holds
 no second copy: an in-place edit of a weight reaches the next replay, a weight replaced or moved is
@@ -23,11 +24,11 @@ from functools import partial
 import torch
 
 from ..decoding import OnToken
-from ..graph_decoder import GraphSafeDecoder, cache_length, held, prompt_bucket
+from ..graph_decoder import GraphSafeDecoder, cache_length, decoder_for, prompt_bucket
 from ..speculative import SpeculativeDecoder, decode_speculative, speculative_decoder
 from .step import arrival_counters, check_supported, kernel_prefill, kernel_step, kernel_verify
 
-KERNEL_OPTIONS = ("dot_attention", "tiles", "fill_splits", "fused_mlp")  # kernel_step's variants
+KERNEL_OPTIONS = ("dot_attention", "tiles", "fill_splits")  # kernel_step's variants
 # The most prompt rows (batch x padded prompt length) sent through kernel_prefill; above, the
 # model's forward. Rule: the kernels' tiles are chosen for decode-sized row counts; data/README.md
 # names the record that set it.
@@ -35,9 +36,10 @@ KERNEL_PREFILL_MAX_ROWS = 1024
 
 
 def kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, steps: int = 16,
-                    max_cache_len: int | None = None, graph: bool | str = True, captured_prefill: bool = True,
-                    dot_attention: bool = True, tiles: bool = True, fill_splits: bool = True,
-                    fused_mlp: bool = False) -> GraphSafeDecoder:
+                    max_cache_len: int | None = None, graph: bool | str = True,
+                    captured_prefill: bool = True,
+                    dot_attention: bool = True, tiles: bool = True,
+                    fill_splits: bool = True) -> GraphSafeDecoder:
     """The decoder ``decode_graph_safe_kernels`` builds for one call: ``kernel_step`` with its
     options (``KERNEL_OPTIONS``, ``kernel_step``'s docstring), ``steps`` steps per captured graph.
     ``captured_prefill``: the prefill is captured too (``prefill_bucket``: ``prompt_bucket`` of this
@@ -48,8 +50,8 @@ def kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, step
     batch = input_ids.shape[0]
     length = cache_length(input_ids, max_new_tokens, max_cache_len)
     bucket = prompt_bucket(input_ids.shape[1], length) if captured_prefill else None
-    step = partial(kernel_step, done=arrival_counters(model, batch, input_ids.device),
-                   dot_attention=dot_attention, tiles=tiles, fill_splits=fill_splits, fused_mlp=fused_mlp)
+    step = partial(kernel_step, counters=arrival_counters(model, batch, input_ids.device),
+                   dot_attention=dot_attention, tiles=tiles, fill_splits=fill_splits)
     through_kernels = batch * (bucket or input_ids.shape[1]) <= KERNEL_PREFILL_MAX_ROWS
     prefill = partial(kernel_prefill, tiles=tiles) if through_kernels else None
     return GraphSafeDecoder(model, length, batch, step=step, steps=steps, prefill=prefill,
@@ -63,11 +65,12 @@ def decode_graph_safe_kernels(model, input_ids: torch.Tensor, max_new_tokens: in
     **settings)``) generates."""
     if decoder is None:
         decoder = kernels_decoder(model, input_ids, max_new_tokens, **settings)
-    return held(decoder, model).generate(input_ids, max_new_tokens, on_token=on_token)
+    return decoder_for(decoder, model).generate(input_ids, max_new_tokens, on_token=on_token)
 
 
 def speculative_kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, k: int = 4,
-                                max_ngram: int = 3, min_ngram: int = 1, max_cache_len: int | None = None,
+                                max_ngram: int = 3, min_ngram: int = 1,
+                                max_cache_len: int | None = None,
                                 graph: bool | str = True,
                                 prefill_bucket: int | None = None) -> SpeculativeDecoder:
     """The decoder ``decode_speculative_kernels`` builds for one call:
@@ -76,10 +79,12 @@ def speculative_kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: 
     ``kernel_prefill``, its verify ``kernel_verify`` (the prefill's kernels over k + 1 rows), its
     plain steps ``kernel_step``."""
     check_supported(model)
-    done = arrival_counters(model, input_ids.shape[0], input_ids.device)
-    return speculative_decoder(model, input_ids, max_new_tokens, step=partial(kernel_step, done=done),
-                               prefill=kernel_prefill, verify=kernel_verify, k=k, max_ngram=max_ngram,
-                               min_ngram=min_ngram, max_cache_len=max_cache_len, graph=graph,
+    counters = arrival_counters(model, input_ids.shape[0], input_ids.device)
+    step = partial(kernel_step, counters=counters)
+    return speculative_decoder(model, input_ids, max_new_tokens, step=step,
+                               prefill=kernel_prefill, verify=kernel_verify, k=k,
+                               max_ngram=max_ngram, min_ngram=min_ngram,
+                               max_cache_len=max_cache_len, graph=graph,
                                prefill_bucket=prefill_bucket)
 
 
@@ -90,7 +95,7 @@ def decode_speculative_kernels(model, input_ids: torch.Tensor, max_new_tokens: i
     ``speculative_kernels_decoder(model, ..., **settings)``) generates; ``decode_speculative``
     refuses a decoder given with settings."""
     if decoder is not None:
-        return decode_speculative(model, input_ids, max_new_tokens, on_token=on_token, decoder=decoder,
-                                  **settings)
+        return decode_speculative(model, input_ids, max_new_tokens, on_token=on_token,
+                                  decoder=decoder, **settings)
     decoder = speculative_kernels_decoder(model, input_ids, max_new_tokens, **settings)
     return decoder.generate(input_ids, max_new_tokens, on_token=on_token)

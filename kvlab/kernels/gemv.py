@@ -38,8 +38,8 @@ import torch.nn.functional as F
 from . import common
 from .common import tl, triton
 
-# Above this many rows a GEMM (cuBLAS, via the PyTorch form) wins over the GEMV kernels: the most
-# rows a probe measured the kernels no slower at (common.TUNING). Read at each call: tests and the
+# Above this many rows a GEMM (cuBLAS, via the PyTorch form) wins over the GEMV kernels
+# (common.TUNING; data/README.md names the probe that set it). Read at each call: tests and the
 # benchmark set it.
 GEMV_MAX_ROWS = common.TUNING["gemv_max_rows"]
 # (N, K) -> (BLOCK_N, BLOCK_K, warps), overrides
@@ -319,7 +319,7 @@ TILE_DISPATCH: dict[tuple[int, int], dict[int, tuple[int, ...] | str]] = {
 # LM head would need more shared memory than an sm_86/sm_89 GPU (an RTX 30xx/40xx, an L4) gives one
 # program (python tools/compile_kernels.py --capability 89). Fewer rows per tile change no sum: each
 # output adds the same products in the same order.
-FLOAT32_TILE_ROWS = 16
+_FLOAT32_TILE_ROWS = 16
 
 
 def tile_choice(rows: int, n: int, k: int) -> tuple[int, ...] | str:
@@ -342,10 +342,10 @@ def _dispatch(
         choice = tile_choice(x.shape[0], *(weight_shape or (0, 0)))
         if choice == "torch":
             return "torch", None
-        # float32 (the token check's) in tiles of at most FLOAT32_TILE_ROWS rows
+        # float32 (the token check's) in tiles of at most _FLOAT32_TILE_ROWS rows
         if choice != "gemv":
             return "tile", choice if x.element_size() < 4 else (
-                min(choice[0], FLOAT32_TILE_ROWS),
+                min(choice[0], _FLOAT32_TILE_ROWS),
                 *choice[1:],
             )
     return ("gemv" if uses_gemv_kernel(x) else "torch"), None
@@ -384,7 +384,7 @@ def parts(weight: Stacked | None) -> tuple[torch.Tensor, ...] | None:
     return weight if weight is None or isinstance(weight, tuple) else (weight,)
 
 
-def stacked_shape(weight: Stacked) -> tuple[int, int]:
+def _stacked_shape(weight: Stacked) -> tuple[int, int]:
     """``[N, K]`` of a weight, its parts' outputs added up."""
     chunks = parts(weight)
     return sum(w.shape[0] for w in chunks), chunks[0].shape[1]
@@ -406,7 +406,7 @@ def gemv(
     the launch needs: zeros made for the call, a memset in a captured graph. Otherwise more than
     ``GEMV_MAX_ROWS`` rows, or no kernels here: the PyTorch form (``F.linear``).
     """
-    path, tile = _dispatch(x, tiles, stacked_shape(weight))
+    path, tile = _dispatch(x, tiles, _stacked_shape(weight))
     if path == "torch":
         if norm is not None:
             x = rms_norm(x, norm, eps)
@@ -420,23 +420,23 @@ def gemv(
             y = F.linear(x, weight, bias)
         return y if residual is None else residual + y
     out = torch.empty(
-        x.shape[0], stacked_shape(weight)[0], dtype=parts(weight)[0].dtype, device=x.device
+        x.shape[0], _stacked_shape(weight)[0], dtype=parts(weight)[0].dtype, device=x.device
     )
     _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, None, tile, counters)
     return out
 
 
-def output_blocks(weight: Stacked, tile: tuple | None) -> int:
+def _output_blocks(weight: Stacked, tile: tuple | None) -> int:
     """Programs along the outputs of a launch over ``weight [N, K]``: ``tile``'s or
     ``gemv_config``'s block."""
-    n, k = stacked_shape(weight)
+    n, k = _stacked_shape(weight)
     return triton.cdiv(n, tile[1] if tile is not None else gemv_config(n, k)[0])
 
 
 def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index, tile=None,
                  counters=None) -> None:
     """Launch ``gemv_kernel``, or ``tile_kernel`` with ``tile`` (a ``tile_choice`` configuration);
-    with ``index``, the argmax form (per-program maxima into out/index, ``output_blocks`` of them
+    with ``index``, the argmax form (per-program maxima into out/index, ``_output_blocks`` of them
     per row)."""
     common.require_dense_rows(x=x, residual=residual)
     weights, biases = parts(weight), parts(bias)
@@ -449,8 +449,8 @@ def _launch_gemv(x, weight, bias, norm, eps, silu_mul, residual, out, index, til
         )
     if biases is not None and [b.shape[0] for b in biases] != [w.shape[0] for w in weights]:
         raise ValueError("bias must come in the weight's parts, one [N_i] per part [N_i, K]")
-    rows, (n, k) = x.shape[0], stacked_shape(weight)
-    blocks = output_blocks(weight, tile)
+    rows, (n, k) = x.shape[0], _stacked_shape(weight)
+    blocks = _output_blocks(weight, tile)
     # N0, N01: where parts 1 and 2 start
     ends = [sum(w.shape[0] for w in weights[: i + 1]) for i in range(2)]
     w3 = (*weights, *weights[-1:] * (3 - len(weights)))  # unused parts: any tensor
@@ -509,7 +509,7 @@ def greedy_head(
             position.add_(1)
         return token
     rows = x.shape[0]
-    blocks = output_blocks(weight, tile)
+    blocks = _output_blocks(weight, tile)
     # [rows, blocks] per-program maxima
     maxima = torch.empty(rows, blocks, dtype=torch.float32, device=x.device)
     # [rows, blocks] and their indices

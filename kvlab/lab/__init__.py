@@ -1,1 +1,2 @@
-"""The bench behind the lesson path: loading, measuring, plotting, inspecting; no lesson module imports it."""
+"""The bench behind the lesson path: loading, measuring, plotting, inspecting; no lesson module
+imports it."""

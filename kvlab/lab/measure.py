@@ -407,7 +407,7 @@ def free_unreferenced(device) -> None:
 
     cuBLAS's workspaces: PyTorch allocates one per (cuBLAS handle, stream) through the caching allocator and keeps it
     for the life of the process. Every capture warms up on a stream of its own, so each decoder that ran a cuBLAS
-    matmul left 32 MiB or more allocated behind it, and a later path's peak counted them as its own."""
+    matmul left a workspace allocated behind it, and a later path's peak counted them as its own."""
     gc.collect()
     if torch.device(device).type == "cuda":
         torch._C._cuda_clearCublasWorkspaces()  # no public name; PyTorch's own leak check calls it the same way

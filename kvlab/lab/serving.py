@@ -127,6 +127,13 @@ def arriving_requests(count: int, vocab_size: int, *, prompt_lens=(8, 96), new_t
     return requests
 
 
+def _paged_runs_inputs(requests, max_batch, block_size) -> tuple[int, int]:
+    """``paged_runs``' door: a non-empty list of Requests, and whole numbers of rows and block slots."""
+    if not isinstance(requests, list | tuple) or not requests or not all(isinstance(r, Request) for r in requests):
+        raise TypeError(f"paged_runs takes a non-empty list of Requests (arriving_requests(...)), got {requests!r:.80}")
+    return whole_number("max_batch", max_batch, 1), whole_number("block_size", block_size, 1)
+
+
 def paged_runs(model, requests: list[Request], *, max_batch: int = 8, block_size: int = 16, device=None) -> dict:
     """Serve ``requests`` with a ``ContinuousBatcher`` (captured graphs, then eagerly) and one at a time with a
     ``GraphSafeDecoder`` of batch 1; check every request's tokens against its own ``"naive"`` decode.
@@ -136,9 +143,7 @@ def paged_runs(model, requests: list[Request], *, max_batch: int = 8, block_size
     running, bucket replayed, bytes the paged cache holds) with ``static_bytes`` (a static cache of ``max_batch``
     rows sized for the longest request), and ``per_request`` memory (``kvlab.paged_cache.memory_accounting``)."""
     device = pick_device(device)
-    if not isinstance(requests, list | tuple) or not requests or not all(isinstance(r, Request) for r in requests):
-        raise TypeError(f"paged_runs takes a non-empty list of Requests (arriving_requests(...)), got {requests!r:.80}")
-    max_batch, block_size = whole_number("max_batch", max_batch, 1), whole_number("block_size", block_size, 1)
+    max_batch, block_size = _paged_runs_inputs(requests, max_batch, block_size)
     lengths = [r.prompt.shape[0] + r.max_new_tokens - 1 for r in requests]  # slots each request writes
     width = blocks_for(max(lengths), block_size)  # a block-table row: the longest request
     num_blocks = max_batch * width
