@@ -226,9 +226,12 @@ def test_verify_prediction(monkeypatch):
     assert lesson07.verify_tokens((4, 0), 4) == [1, 1]  # the min over rows, plus the model's own token
     assert lesson07.verify_tokens((4, 4), 4) == [5, 5]
     right = check("B")
-    assert right.startswith("correct") and "one counter" in right
-    wrong = check("A")
-    assert wrong.startswith("not quite: you predicted 'A'") and "'B'" in wrong
+    assert right.startswith("correct") and "ONE counter" in right and "counter per request" in right
+    per_request = check("A")  # right with a counter per request; kvlab's one shared counter makes it B
+    assert per_request.startswith("not quite for kvlab: 'A' is right") and "counter per request" in per_request
+    assert "one shared counter" in per_request and "'B'" in per_request
+    wrong = check("C")
+    assert wrong.startswith("not quite: you predicted 'C'") and "'B'" in wrong and "ONE counter" in wrong
     assert check("b").startswith("correct") and "one of 'A', 'B', 'C', 'D'" in check("E")  # any case
     assert check(None).startswith("correct")  # KVLAB_SOLUTIONS=1 fills it in
     monkeypatch.delenv("KVLAB_SOLUTIONS", raising=False)
