@@ -143,6 +143,8 @@ class ContinuousBatcher:
             max_blocks_per_request = positive_int("max_blocks_per_request", max_blocks_per_request)
         param = next(model.parameters())
         self.model, self.device, self.dtype = model, param.device, param.dtype
+        if graph not in (True, False):
+            raise ValueError(f"graph must be True or False, got {graph!r}")
         self.max_batch, self.buckets, self.use_graph, self.warmup, self.emulate = max_batch, buckets, graph, warmup, emulate
         width = num_blocks if max_blocks_per_request is None else max_blocks_per_request
         self.cache = PagedKVCache(model.config, num_blocks=num_blocks, block_size=block_size,
@@ -155,7 +157,7 @@ class ContinuousBatcher:
             self.step_inputs = torch.zeros(max_batch, 3 + width, dtype=torch.long, device=self.device)
         self.graphs: dict[int, object] = {}  # bucket -> captured step
         self._pools = None  # the cache pools' addresses a captured graph reads
-        self._frozen = None  # frozen_state of the model, at capture (the graphs read its weights by address)
+        self._frozen = frozen_state(model, versions=False)  # what the steps read: at build, again at capture
 
     def __reduce_ex__(self, protocol):
         raise TypeError("a ContinuousBatcher cannot be pickled or copied: its captured graphs read its cache and "

@@ -7,14 +7,13 @@ new token. ``kvlab.strategies`` holds the table of them and ``kvlab.decode``.
 
 from __future__ import annotations
 
-import operator
 import time
 from collections.abc import Callable, Mapping
 
 import torch
 
 from .frozen_state import layer_problem
-from .runtime import synchronize
+from .runtime import count, synchronize
 
 OnToken = Callable[[int, torch.Tensor], None] | None
 
@@ -60,23 +59,6 @@ def random_in_training(model) -> str | None:
             return (f"the model is in train mode and {name or 'model'} drops activations at random (p={p}): decoded "
                     "tokens would be random and differ between strategies. Call model.eval() first")
     return None
-
-
-def count(value, name: str, *, minimum: int = 1) -> int:
-    """``value`` as a Python int of at least ``minimum``: an int, a numpy integer or a 0-dim integer tensor
-    (``operator.index``); a bool, a float or a wider tensor is refused, naming ``name``."""
-    wrong = isinstance(value, bool) or type(value).__name__ in ("bool", "bool_") or (
-        isinstance(value, torch.Tensor) and (value.dim() != 0 or value.dtype == torch.bool))
-    try:
-        number = None if wrong else operator.index(value)
-    except TypeError:
-        number = None
-    if number is None or number < minimum:
-        hint = (": pass int(x)" if isinstance(value, float | str) else
-                ": a bool is not a count" if wrong and "bool" in str(getattr(value, "dtype", type(value))) else "")
-        kind = {0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
-        raise ValueError(f"{name} must be {kind}, got {value!r}{hint}")
-    return number
 
 
 def _check_ids(input_ids) -> None:

@@ -35,6 +35,7 @@ from .decoding import OnToken, check_inputs, check_model, greedy
 from .frozen_state import check_unchanged, frozen_state
 from .graph_safe_cache import GraphSafeError, GraphSafeStaticCache
 from .graphs import capture
+from .runtime import count
 
 
 def prefill_mask(start: torch.Tensor, batch: int, bucket: int, slots: int, device=None) -> torch.Tensor:
@@ -125,9 +126,7 @@ class GraphSafeDecoder:
                  step=model_step, steps: int = 1, prefill=None, prefill_bucket: int | None = None,
                  graph: bool | str = True):
         check_model(model)
-        for name, value in (("batch", batch), ("steps", steps)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        batch, steps = count(batch, "batch"), count(steps, "steps")
         for name, fn in (("step", step), ("prefill", prefill)):
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be a function ({name}(model, cache, ...)), got {type(fn).__name__}")
@@ -152,7 +151,7 @@ class GraphSafeDecoder:
         self.graphs: dict[int, object] = {}  # steps per replay -> captured graph (at most two: steps and the rest)
         self.prefill_graph = None
         self._fingerprint = None  # the cache's addresses at capture
-        self._frozen = None  # frozen_state of the model the graphs read, at capture
+        self._frozen = frozen_state(model, versions=False)  # what the steps read: at build, again at capture
         self._source_frozen = None  # frozen_state of the model a copy was made from (copied_from)
 
     def __reduce_ex__(self, protocol):
@@ -345,14 +344,14 @@ class GraphSafeDecoder:
         with self.cache.unchecked():  # room was checked above, once for every step: no host sync per step
             out[:, :1].copy_(self._prefill(input_ids))
             if on_token is not None:
-                on_token(0, out[:, :1])
+                on_token(0, out[:, :1].clone())  # the caller's copy
             done = 1
             while done < max_new_tokens:
                 n = min(self.steps, max_new_tokens - done)
                 out[:, done : done + n].copy_(self.next_tokens(n))  # replay: n new tokens, no host sync
                 if on_token is not None:
                     for k in range(done, done + n):
-                        on_token(k, out[:, k : k + 1])
+                        on_token(k, out[:, k : k + 1].clone())  # the caller's copy
                 done += n
         return out
 
@@ -361,8 +360,8 @@ class GraphSafeDecoder:
         """``n`` more tokens ``[batch, n]`` after what the cache holds (after ``prefill``): one host
         read of the counter first, then replays with no sync. Refuses steps past ``max_cache_len``:
         their keys and values would go to the trash slot and the tokens be garbage."""
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"n must be a positive int, got {n!r}")
+        n = count(n, "n")
+        self._check_weights()
         used = int(self.cache.cache_position)
         if used + n > self.max_cache_len:
             raise GraphSafeError(
@@ -445,6 +444,9 @@ def decode_graph_safe(model, input_ids: torch.Tensor, max_new_tokens: int, *, on
 def decoder_for(decoder: GraphSafeDecoder, model) -> GraphSafeDecoder:
     """``decoder``, refused when it was built for another model (its graphs would decode with that
     one's weights)."""
+    if not isinstance(decoder, GraphSafeDecoder):
+        raise TypeError(f"decoder= takes a GraphSafeDecoder (STRATEGIES[name].state(...)), got "
+                        f"{type(decoder).__name__}")
     if decoder.source is not model:
         raise GraphSafeError("this decoder was built for another model: its graphs would decode with that model's "
                              "weights. Pass the decoder built for this model, or none (one is built for the call)")

@@ -28,6 +28,8 @@ import torch
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer, get_layer_types_and_kwargs
 
+from .runtime import count
+
 
 class GraphSafeError(RuntimeError):
     """A graph-safe cache or decoder refused an operation that would corrupt its tensors; the message says what to do."""
@@ -114,8 +116,7 @@ class GraphSafeStaticCache(StaticCache):
     """
 
     def __init__(self, config, max_cache_len: int, *, check_room: bool = True, **kwargs):
-        if not isinstance(max_cache_len, int) or isinstance(max_cache_len, bool) or max_cache_len < 1:
-            raise ValueError(f"max_cache_len must be a positive int, got {max_cache_len!r}")
+        max_cache_len = count(max_cache_len, "max_cache_len")
         layer_types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
         others = sorted(set(layer_types) - {"full_attention"})
         if others:

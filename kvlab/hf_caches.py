@@ -13,15 +13,14 @@ import torch
 from transformers import DynamicCache, StaticCache
 
 from .decoding import OnToken, greedy
-from .runtime import check_dtype
+from .runtime import check_dtype, count
 from .sizes import model_sizes
 
 
 def make_static_cache(model, max_cache_len: int) -> StaticCache:
     """A vanilla ``StaticCache`` for ``model``; its layers allocate ``[batch, kv_heads,
     max_cache_len, head_dim]`` on first use."""
-    if not isinstance(max_cache_len, int) or isinstance(max_cache_len, bool) or max_cache_len < 1:
-        raise ValueError(f"max_cache_len must be a positive int, got {max_cache_len!r}")
+    max_cache_len = count(max_cache_len, "max_cache_len")
     return StaticCache(config=model.config, max_cache_len=max_cache_len)
 
 

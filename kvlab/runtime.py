@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import operator
 import os
 import platform
 import threading
@@ -53,6 +54,23 @@ def collector_paused():
             _Pause.blocks -= 1
             if _Pause.blocks == 0 and _Pause.collecting:
                 gc.enable()
+
+
+def count(value, name: str, *, minimum: int = 1) -> int:
+    """``value`` as a Python int of at least ``minimum``: an int, a numpy integer or a 0-dim integer tensor
+    (``operator.index``); a bool, a float or a wider tensor is refused, naming ``name``."""
+    wrong = isinstance(value, bool) or type(value).__name__ in ("bool", "bool_") or (
+        isinstance(value, torch.Tensor) and (value.dim() != 0 or value.dtype == torch.bool))
+    try:
+        number = None if wrong else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or number < minimum:
+        hint = (": pass int(x)" if isinstance(value, float | str) else
+                ": a bool is not a count" if wrong and "bool" in str(getattr(value, "dtype", type(value))) else "")
+        kind = {0: "a non-negative int", 1: "a positive int"}.get(minimum, f"an int >= {minimum}")
+        raise ValueError(f"{name} must be {kind}, got {value!r}{hint}")
+    return number
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:

@@ -204,7 +204,7 @@ class SpeculativeDecoder(GraphSafeDecoder):
             for row, token in zip(history, out[:, 0].tolist(), strict=True):
                 row.append(token)
             if on_token is not None:
-                on_token(0, out[:, :1])
+                on_token(0, out[:, :1].clone())  # the caller's copy
             done = 1
             while done < max_new_tokens:
                 drafts = [prompt_lookup_draft(row, k, self.max_ngram, self.min_ngram) for row in history]
@@ -221,7 +221,7 @@ class SpeculativeDecoder(GraphSafeDecoder):
                 accepted_drafts += sum(min(take - 1, len(draft)) for draft in drafts)
                 if on_token is not None:
                     for i in range(done, done + take):
-                        on_token(i, out[:, i : i + 1])
+                        on_token(i, out[:, i : i + 1].clone())  # the caller's copy
                 done += take
         # A trimmed last step left the counter past the last token: put it there, and the last token
         # in `token`, as GraphSafeDecoder.generate leaves them (decode_steps continues from here).

@@ -210,6 +210,8 @@ def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str
         takes = ", ".join(f"{k}=" for k in sorted(accepted)) or "no options"
         raise TypeError(f"strategy {strategy!r} takes no {', '.join(f'{k}=' for k in unknown)}; it takes "
                         f"{takes}. Drop it, or pick a strategy that takes it (kvlab.STRATEGIES)")
+    if kwargs.get("on_token") is not None and not callable(kwargs["on_token"]):
+        raise TypeError(f"on_token must be a function on_token(k, token), got {type(kwargs['on_token']).__name__}")
     check_options(kwargs)
     return chosen(model, input_ids, max_new_tokens, **kwargs)
 

@@ -135,3 +135,66 @@ def test_an_unknown_keyword_is_refused_by_the_callers_name(name):
     assert "unexpected keyword" not in str(caught.value)
     accepted = kvlab.STRATEGIES[name].keywords()
     assert accepted is None or "on_token" in accepted
+
+
+# ---- the second probe round of issue 48 -------------------------------------------------------------------------
+
+def test_stepping_a_held_decoder_by_hand_checks_the_model_too():
+    """decode_steps and step replay the graphs like generate: a model changed since is refused, not decoded as it
+    was."""
+    model = tiny_model("tiny-llama")
+    ids = torch.tensor([[3, 44, 90, 12, 200]])
+    decoder = kvlab.STRATEGIES["graph-safe"].state(model, ids, 12)["decoder"]
+    kvlab.decode(model, ids, 12, strategy="graph-safe", decoder=decoder)  # captures
+    decoder.prefill(ids)
+    model.model.layers[0].mlp.register_forward_hook(lambda mod, args, out: out * 50)
+    with pytest.raises(kvlab.graph_safe_cache.GraphSafeError, match="forward hooks"):
+        decoder.decode_steps(6)
+    with pytest.raises(kvlab.graph_safe_cache.GraphSafeError, match="forward hooks"):
+        decoder.step()
+
+
+@pytest.mark.parametrize("strategy", ["graph-safe", "graph-safe-kernels", "paged"])
+def test_an_edit_between_building_and_the_first_decode_is_refused(strategy):
+    model = tiny_model("tiny-llama")
+    ids = torch.tensor([[3, 44, 90, 12, 200]])
+    state = kvlab.STRATEGIES[strategy].state(model, ids, 6)
+    model.model.layers = model.model.layers[:1]
+    model.config.num_hidden_layers = 1
+    with pytest.raises(kvlab.graph_safe_cache.GraphSafeError, match="decoder layers"):
+        kvlab.decode(model, ids, 6, strategy=strategy, **state)
+
+
+def test_on_token_gets_a_copy_and_must_be_a_function():
+    model = tiny_model("tiny-llama")
+    ids = torch.tensor([[3, 44, 90]])
+    expected = kvlab.decode(model, ids, 6)
+    got = kvlab.decode(model, ids, 6, strategy="graph-safe", on_token=lambda k, token: token.fill_(0))
+    assert torch.equal(got, expected)
+    with pytest.raises(TypeError, match="on_token must be a function"):
+        kvlab.decode(model, ids, 6, strategy="graph-safe", on_token=5)
+
+
+def test_a_decoder_that_is_not_one_is_refused():
+    model = tiny_model("tiny-llama")
+    with pytest.raises(TypeError, match="decoder= takes a GraphSafeDecoder"):
+        kvlab.decode(model, torch.tensor([[1, 2, 3]]), 2, strategy="graph-safe", decoder="foo")
+
+
+def test_integer_likes_are_counts_everywhere():
+    model = tiny_model("tiny-llama")
+    ids = torch.tensor([[3, 44, 90]])
+    expected = kvlab.decode(model, ids, 4)
+    for strategy in ("static", "graph-safe"):
+        got = kvlab.decode(model, ids, 4, strategy=strategy, max_cache_len=np.int64(20))
+        assert torch.equal(got, expected)
+    assert torch.equal(kvlab.GraphSafeDecoder(model, np.int64(16), np.int64(1)).generate(ids, 4), expected)
+    assert tiny_model("tiny-llama", dtype="bf16").dtype == torch.bfloat16
+
+
+def test_the_batcher_refuses_a_graph_setting_it_cannot_take():
+    from kvlab.continuous_batching import ContinuousBatcher
+
+    for graph in ("yes", None):
+        with pytest.raises(ValueError, match="graph must be True or False"):
+            ContinuousBatcher(tiny_model("tiny-llama"), num_blocks=4, graph=graph)

@@ -323,6 +323,9 @@ def write_atomically(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", newline="") as f:
             f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a record is as readable as any file here
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

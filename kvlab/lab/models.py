@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ..runtime import pick_device, pick_dtype
+from ..runtime import as_dtype, pick_device, pick_dtype
 
 CACHE_ENV = "KVLAB_CACHE"
 WHEEL_ENV = "KVLAB_SMOLLM2_WHEEL"
@@ -112,6 +112,7 @@ def tiny_model(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32):
     if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise ValueError(f"seed must be an int, got {seed!r}")
     seed = int(seed)
+    dtype = as_dtype(dtype)
     cls_name, extra = TINY_CONFIGS[name]
     config = getattr(transformers, cls_name)(**{**TINY_COMMON, **extra})
     with _TINY_LOCK, torch.random.fork_rng(devices=[]):  # one build at a time; the caller's generator restored
