@@ -42,7 +42,6 @@ SHOWN = {  # function: what the lesson's show_source call names
     paged_mask: "paged_mask)",
     ContinuousBatcher.fill: "ContinuousBatcher.fill",
     ContinuousBatcher.decode_step: "ContinuousBatcher.decode_step",
-    serving.speculation_runs: "serving.speculation_runs",
     serving.paged_runs: "serving.paged_runs",
 }
 
