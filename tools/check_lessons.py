@@ -1,26 +1,37 @@
 """Check the lessons against the course's budgets (issue 49 item 4) and print what each one spends.
 
-    python tools/check_lessons.py                    # the lessons of notebooks/, runs from data/notebook_runs.json
-    python tools/check_lessons.py FOLDER --runs R    # another folder of NN_*.ipynb, another runs file
+    python tools/check_lessons.py                    # the lessons of notebooks/, runs from
+    data/notebook_runs.json python tools/check_lessons.py FOLDER --runs R    # another folder of
+    NN_*.ipynb, another runs file
 
-Per lesson (every ``NN_*.ipynb`` of the folder; the Colab badge and set-up cells are machinery and left out):
+Per lesson (every ``NN_*.ipynb`` of the folder; the Colab badge and set-up cells are machinery and
+left out):
 
-- **prose**: the words (``len(text.split())``) of its markdown cells, at most ``WORDS["00"]`` for lesson 00 and
+- **prose**: the words (``len(text.split())``) of its markdown cells, at most ``WORDS["00"]`` for
+lesson 00 and
   ``WORDS_DEFAULT`` for the others; all lessons together at most ``WORDS_TOTAL``.
 - **long cells**: no markdown cell over ``CELL_WORDS`` words.
-- **printed source**: the non-blank lines that the ``show_source``/``show_diff`` calls of a section display
+- **printed source**: the non-blank lines that the ``show_source``/``show_diff`` calls of a section
+display
   (``inspect.getsource`` of their targets, from the kvlab of this checkout, found as
-  ``tools/write_workshop_schedule.py`` finds them), at most ``SECTION_PRINTED_LINES`` a section. A section runs from a
-  ``#`` or ``##`` heading to the next one; deeper headings belong to their section.
-- **exercises**: each exercise (a heading or a bold line starting "Exercise N", or a code cell tagged ``exercise``
-  with none before it) numbered 1, 2, ... n in reading order, and every other mention of "exercise N" in the lesson
-  naming one of them (a mention of another lesson's, "lesson 04's exercise 3", is left alone).
-- **bookkeeping**: no commit hash (7 to 40 hex digits, letters and digits mixed) and none of ``BOOKKEEPING`` in any
+  ``tools/write_workshop_schedule.py`` finds them), at most ``SECTION_PRINTED_LINES`` a section. A
+  section runs from a ``#`` or ``##`` heading to the next one; deeper headings belong to their
+  section.
+- **exercises**: each exercise (a heading or a bold line starting "Exercise N", or a code cell
+tagged ``exercise``
+  with none before it) numbered 1, 2, ... n in reading order, and every other mention of "exercise
+  N" in the lesson naming one of them (a mention of another lesson's, "lesson 04's exercise 3", is
+  left alone).
+- **bookkeeping**: no commit hash (7 to 40 hex digits, letters and digits mixed) and none of
+``BOOKKEEPING`` in any
   cell.
-- **run time**: the latest full-size (not quick) CPU row of the notebook in the runs file, passed and at most
-  ``RUN_SECONDS`` seconds; "no row" where there is none (a broken budget too: every lesson needs its row).
+- **run time**: the latest full-size (not quick) CPU row of the notebook in the runs file, passed
+and at most
+  ``RUN_SECONDS`` seconds; "no row" where there is none (a broken budget too: every lesson needs its
+  row).
 
-Prints a table, one row per lesson, then each broken budget on a line of its own; exits 1 when any is broken.
+Prints a table, one row per lesson, then each broken budget on a line of its own; exits 1 when any
+is broken.
 """
 
 from __future__ import annotations
@@ -53,8 +64,12 @@ COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
 FLOAT = re.compile(r"^\d+e\d+$")  # 1e10000 is a number, not a commit
 DEFINITION = re.compile(r"^\s*(?:#{1,6}\s+|\*\*)\s*Exercise\s+(\d+)\b", re.IGNORECASE)
 MENTION = re.compile(r"\bexercises?\s+(\d+)\b", re.IGNORECASE)
-OTHER_LESSON = re.compile(r"lesson\s+\d+'s\s+$|lesson\s+\d+\W*$", re.IGNORECASE)  # just before a mention
-OTHER_LESSON_AFTER = re.compile(r"^\s*(?:of|in)\s+lesson\s+\d+", re.IGNORECASE)  # just after a mention
+OTHER_LESSON = re.compile(
+    r"lesson\s+\d+'s\s+$|lesson\s+\d+\W*$", re.IGNORECASE
+)  # just before a mention
+OTHER_LESSON_AFTER = re.compile(
+    r"^\s*(?:of|in)\s+lesson\s+\d+", re.IGNORECASE
+)  # just after a mention
 
 
 @dataclass
@@ -80,9 +95,13 @@ def source(cell: dict) -> str:
 
 
 def lesson_cells(notebook: dict) -> list[tuple[int, dict]]:
-    """``(index, cell)`` of every cell but the Colab machinery; the index counts all cells, as Jupyter shows them."""
-    return [(i, c) for i, c in enumerate(notebook.get("cells", []))
-            if not set(c.get("metadata", {}).get("tags", []) or []) & workshop.SKIPPED_TAGS]
+    """``(index, cell)`` of every cell but the Colab machinery; the index counts all cells, as
+    Jupyter shows them."""
+    return [
+        (i, c)
+        for i, c in enumerate(notebook.get("cells", []))
+        if not set(c.get("metadata", {}).get("tags", []) or []) & workshop.SKIPPED_TAGS
+    ]
 
 
 def headings(text: str):
@@ -107,7 +126,9 @@ def check_prose(report: Report, cells: list[tuple[int, dict]]) -> None:
     if report.words > budget:
         report.problems.append(f"prose: {report.words:,} words, budget {budget:,}")
     if report.long_cells:
-        report.problems.append(f"markdown cells over {CELL_WORDS} words: {', '.join(report.long_cells)}")
+        report.problems.append(
+            f"markdown cells over {CELL_WORDS} words: {', '.join(report.long_cells)}"
+        )
 
 
 def check_printed(report: Report, notebook: dict, cells: list[tuple[int, dict]]) -> None:
@@ -126,20 +147,28 @@ def check_printed(report: Report, notebook: dict, cells: list[tuple[int, dict]])
             report.printed[section] = report.printed.get(section, 0) + shown[index]
     for title, lines in report.printed.items():
         if lines > SECTION_PRINTED_LINES:
-            report.problems.append(f"printed source: {lines} lines in section {title!r}, budget {SECTION_PRINTED_LINES}")
+            report.problems.append(
+                f"printed source: {lines} lines in section {title!r}, budget "
+                f"{SECTION_PRINTED_LINES}"
+            )
 
 
 def mentions(text: str):
-    """``(offset, N)`` of the mentions of "exercise N" in ``text`` that name this lesson's exercises."""
+    """``(offset, N)`` of the mentions of "exercise N" in ``text`` that name this lesson's
+    exercises."""
     for match in MENTION.finditer(text):
-        before, after = text[max(0, match.start() - 20):match.start()], text[match.end():match.end() + 20]
+        before, after = (
+            text[max(0, match.start() - 20) : match.start()],
+            text[match.end() : match.end() + 20],
+        )
         if not (OTHER_LESSON.search(before) or OTHER_LESSON_AFTER.match(after)):
             yield match.start(1), int(match.group(1))
 
 
 def check_exercises(report: Report, cells: list[tuple[int, dict]]) -> None:
     pending = False  # an exercise was defined since the last tagged exercise cell
-    after_exercise_cell = False  # the previous cell was a tagged exercise cell (its checker may follow, tagged too)
+    # the previous cell was a tagged exercise cell (its checker may follow, tagged too)
+    after_exercise_cell = False
     referred: list[tuple[int, int]] = []  # (cell, number) of every other mention
     for index, cell in cells:
         markdown = cell.get("cell_type") == "markdown"
@@ -148,20 +177,29 @@ def check_exercises(report: Report, cells: list[tuple[int, dict]]) -> None:
             if definition:
                 report.exercises.append(int(definition.group(1)))
                 pending = True
-            referred += [(index, n) for offset, n in mentions(line)
-                         if not (definition and offset == definition.start(1))]
+            referred += [
+                (index, n)
+                for offset, n in mentions(line)
+                if not (definition and offset == definition.start(1))
+            ]
         tagged = not markdown and "exercise" in (cell.get("metadata", {}).get("tags", []) or [])
         if tagged and not pending and not after_exercise_cell:
-            report.problems.append(f"exercises: cell {index} is an exercise with no '### Exercise N' heading before it")
+            report.problems.append(
+                f"exercises: cell {index} is an exercise with no '### Exercise N' heading before it"
+            )
         if tagged:
             pending = False
         after_exercise_cell = tagged
     expected = list(range(1, len(report.exercises) + 1))
     if report.exercises != expected:
-        report.problems.append(f"exercises: numbered {report.exercises} in reading order, expected {expected}")
+        report.problems.append(
+            f"exercises: numbered {report.exercises} in reading order, expected {expected}"
+        )
     wrong = [f"cell {i}: exercise {n}" for i, n in referred if n not in set(report.exercises)]
     if wrong:
-        report.problems.append(f"exercises: mentions of exercises this lesson does not have: {', '.join(wrong)}")
+        report.problems.append(
+            f"exercises: mentions of exercises this lesson does not have: {', '.join(wrong)}"
+        )
 
 
 def check_bookkeeping(report: Report, cells: list[tuple[int, dict]]) -> None:
@@ -176,22 +214,39 @@ def check_bookkeeping(report: Report, cells: list[tuple[int, dict]]) -> None:
 
 def latest_cpu_row(rows: list[dict], notebook: str) -> dict | None:
     """The latest full-size CPU row of ``notebook`` (by its date), passed or not."""
-    mine = [r for r in rows if r.get("notebook") == notebook and not r.get("quick")
-            and workshop.hardware_kind(r) == "cpu"]
+    mine = [
+        r
+        for r in rows
+        if r.get("notebook") == notebook
+        and not r.get("quick")
+        and workshop.hardware_kind(r) == "cpu"
+    ]
     return max(mine, key=lambda r: str(r.get("date") or ""), default=None)
 
 
 def check_run(report: Report, rows: list[dict]) -> None:
     row = latest_cpu_row(rows, report.name)
     if row is None:
-        report.problems.append("run time: no full-size CPU row in the runs file (tools/run_notebooks.py NN)")
+        report.problems.append(
+            "run time: no full-size CPU row in the runs file (tools/run_notebooks.py NN)"
+        )
         return
     seconds = row.get("wall_s")
-    report.run = "failed" if not row.get("passed") else "no time" if seconds is None else f"{float(seconds):.0f} s"
+    report.run = (
+        "failed"
+        if not row.get("passed")
+        else "no time"
+        if seconds is None
+        else f"{float(seconds):.0f} s"
+    )
     if not row.get("passed"):
-        report.problems.append(f"run time: the latest full-size CPU run failed ({row.get('error')})")
+        report.problems.append(
+            f"run time: the latest full-size CPU run failed ({row.get('error')})"
+        )
     elif seconds is None or float(seconds) > RUN_SECONDS:
-        report.problems.append(f"run time: {report.run} at full size on {row.get('hardware')}, budget {RUN_SECONDS} s")
+        report.problems.append(
+            f"run time: {report.run} at full size on {row.get('hardware')}, budget {RUN_SECONDS} s"
+        )
 
 
 def check_lesson(path: Path, rows: list[dict]) -> Report:
@@ -206,16 +261,42 @@ def check_lesson(path: Path, rows: list[dict]) -> Report:
 
 
 def table(reports: list[Report]) -> str:
-    header = ("lesson", "prose words", "cells > 250", "most printed/section", "exercises", "CPU run", "ok")
+    header = (
+        "lesson",
+        "prose words",
+        "cells > 250",
+        "most printed/section",
+        "exercises",
+        "CPU run",
+        "ok",
+    )
     lines = []
     for r in reports:
         budget = WORDS.get(r.lesson, WORDS_DEFAULT)
         most = max(r.printed.values(), default=0)
-        lines.append((r.name, f"{r.words:,} / {budget:,}", str(len(r.long_cells)), f"{most} / {SECTION_PRINTED_LINES}",
-                      ",".join(map(str, r.exercises)) or "-", f"{r.run} / {RUN_SECONDS} s",
-                      "yes" if not r.problems else "NO"))
+        lines.append(
+            (
+                r.name,
+                f"{r.words:,} / {budget:,}",
+                str(len(r.long_cells)),
+                f"{most} / {SECTION_PRINTED_LINES}",
+                ",".join(map(str, r.exercises)) or "-",
+                f"{r.run} / {RUN_SECONDS} s",
+                "yes" if not r.problems else "NO",
+            )
+        )
     total = sum(r.words for r in reports)
-    lines.append(("total", f"{total:,} / {WORDS_TOTAL:,}", "", "", "", "", "yes" if total <= WORDS_TOTAL else "NO"))
+    lines.append(
+        (
+            "total",
+            f"{total:,} / {WORDS_TOTAL:,}",
+            "",
+            "",
+            "",
+            "",
+            "yes" if total <= WORDS_TOTAL else "NO",
+        )
+    )
     widths = [max(len(row[i]) for row in [header, *lines]) for i in range(len(header))]
     fmt = lambda row: "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()  # noqa: E731
     return "\n".join([fmt(header), fmt(tuple("-" * w for w in widths)), *map(fmt, lines)])
@@ -236,13 +317,24 @@ def check(folder: Path, runs: Path) -> tuple[list[Report], list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("folder", nargs="?", type=Path, default=NOTEBOOKS, help="the lessons (default notebooks/)")
-    p.add_argument("--runs", type=Path, default=RUNS, help="the recorded runs (default data/notebook_runs.json)")
+    p.add_argument(
+        "folder", nargs="?", type=Path, default=NOTEBOOKS, help="the lessons (default notebooks/)"
+    )
+    p.add_argument(
+        "--runs",
+        type=Path,
+        default=RUNS,
+        help="the recorded runs (default data/notebook_runs.json)",
+    )
     args = p.parse_args(argv)
     reports, problems = check(args.folder, args.runs)
     print(table(reports))
     print()
-    print("\n".join(["broken budgets:", *(f"  {p}" for p in problems)]) if problems else "every budget holds")
+    print(
+        "\n".join(["broken budgets:", *(f"  {p}" for p in problems)])
+        if problems
+        else "every budget holds"
+    )
     return 1 if problems else 0
 
 

@@ -1,73 +1,90 @@
-"""Plan a workshop from the course itself: minutes per lesson from the recorded runs and the notebooks' own text.
+"""Plan a workshop from the course itself: minutes per lesson from the recorded runs and the
+notebooks' own text.
 
     python tools/write_workshop_schedule.py              # print the run-time table and the schedule
-    python tools/write_workshop_schedule.py --write      # rewrite INSTRUCTORS.md's block between the workshop markers
-    python tools/write_workshop_schedule.py --check      # write nothing; exit 1 if that block differs from what --write writes
-    python tools/write_workshop_schedule.py --sections   # minutes of reading and exercises per section of every lesson (what to cut)
+    python tools/write_workshop_schedule.py --write      # rewrite INSTRUCTORS.md's block between
+    the workshop markers python tools/write_workshop_schedule.py --check      # write nothing; exit
+    1 if that block differs from what --write writes python tools/write_workshop_schedule.py
+    --sections   # minutes of reading and exercises per section of every lesson (what to cut)
 
 Per lesson (a notebook of notebooks/, named by its two-digit prefix):
 
-- **run time**: ``wall_s`` of the passed, full-size (``quick`` false) rows of ``data/notebook_runs.json``, the file
-  ``tools/run_notebooks.py`` writes. A row is a CPU row when its hardware starts with "CPU" (or its device is
-  "cpu"), a GPU row when its hardware names NVIDIA or H200 (or its device is "cuda"). The schedule uses the slowest
-  recorded CPU run of each lesson: a workshop runs on laptops. A run time is kept whole: a notebook runs end to end.
-- **reading**: the words of the markdown cells at ``WORDS_PER_MINUTE`` plus the non-blank lines of the code cells at
-  ``CODE_LINES_PER_MINUTE``. The Colab badge and set-up cells (tagged by ``tools/write_colab_cells.py``) are left out:
-  they are machinery, not lesson. Other output (printed tables, plots, the docstrings ``show_doc`` displays) is not
-  counted, so reading stays a lower bound.
-- **printed source**: the package code a lesson displays with ``kvlab.lab.notebook.show_source`` (``inspect.getsource``
-  of each argument) and ``show_diff`` (a unified diff of two functions' sources) is read too, though it is not in the
-  notebook's text: the non-blank lines each call displays count as code lines at ``CODE_LINES_PER_MINUTE``, in the
-  section (optional or not) of the cell that makes the call. For ``show_diff`` the lines counted are those of the
-  diff as ``show_diff`` builds it (``difflib.unified_diff`` with the call's ``context``, by default the one
-  ``show_diff``'s signature gives; the ``---``/``+++``/``@@`` lines included), not both sources whole. To know what a
-  call displays, each notebook's code cells are parsed with ``ast`` and walked in order: every top-level ``import``
-  and ``from ... import`` is executed in a fresh namespace of that notebook (so kvlab and transformers are imported),
-  and a top-level alias (``name = module.Attribute``, a dotted name) is evaluated there,
-  and each argument expression (``ast.unparse``) is evaluated there when its cell is reached. An argument that is not
-  found so, a name the notebook defines itself, is looked up among the notebook's own top-level ``def``/``class``
-  nodes (``Name`` or ``Name.attribute``), and the lines of that node counted. A call inside a function the notebook
-  defines displays only when that function is called: it is counted at every call of the function in the notebook,
-  in the calling cell's section; an argument that names the function's own local values is looked up in
-  ``RUNTIME_SHOWN`` (lesson 04's ``show(result)``, which displays the source of the scenario that made ``result``).
-  Anything still unresolved is an error: the tool names the lesson, the cell (its 0-based index in the notebook) and
-  the expression, and exits 1, rather than counting 0. The counts are cached per notebook (by its text) within a run.
+- **run time**: ``wall_s`` of the passed, full-size (``quick`` false) rows of
+``data/notebook_runs.json``, the file
+  ``tools/run_notebooks.py`` writes. A row is a CPU row when its hardware starts with "CPU" (or its
+  device is "cpu"), a GPU row when its hardware names NVIDIA or H200 (or its device is "cuda"). The
+  schedule uses the slowest recorded CPU run of each lesson: a workshop runs on laptops. A run time
+  is kept whole: a notebook runs end to end.
+- **reading**: the words of the markdown cells at ``WORDS_PER_MINUTE`` plus the non-blank lines of
+the code cells at
+  ``CODE_LINES_PER_MINUTE``. The Colab badge and set-up cells (tagged by
+  ``tools/write_colab_cells.py``) are left out: they are machinery, not lesson. Other output
+  (printed tables, plots, the docstrings ``show_doc`` displays) is not counted, so reading stays a
+  lower bound.
+- **printed source**: the package code a lesson displays with ``kvlab.lab.notebook.show_source``
+(``inspect.getsource``
+  of each argument) and ``show_diff`` (a unified diff of two functions' sources) is read too, though
+  it is not in the notebook's text: the non-blank lines each call displays count as code lines at
+  ``CODE_LINES_PER_MINUTE``, in the section (optional or not) of the cell that makes the call. For
+  ``show_diff`` the lines counted are those of the diff as ``show_diff`` builds it
+  (``difflib.unified_diff`` with the call's ``context``, by default the one ``show_diff``'s
+  signature gives; the ``---``/``+++``/``@@`` lines included), not both sources whole. To know what
+  a call displays, each notebook's code cells are parsed with ``ast`` and walked in order: every
+  top-level ``import`` and ``from ... import`` is executed in a fresh namespace of that notebook (so
+  kvlab and transformers are imported), and a top-level alias (``name = module.Attribute``, a dotted
+  name) is evaluated there, and each argument expression (``ast.unparse``) is evaluated there when
+  its cell is reached. An argument that is not found so, a name the notebook defines itself, is
+  looked up among the notebook's own top-level ``def``/``class`` nodes (``Name`` or
+  ``Name.attribute``), and the lines of that node counted. A call inside a function the notebook
+  defines displays only when that function is called: it is counted at every call of the function in
+  the notebook, in the calling cell's section; an argument that names the function's own local
+  values is looked up in ``RUNTIME_SHOWN`` (lesson 04's ``show(result)``, which displays the source
+  of the scenario that made ``result``). Anything still unresolved is an error: the tool names the
+  lesson, the cell (its 0-based index in the notebook) and the expression, and exits 1, rather than
+  counting 0. The counts are cached per notebook (by its text) within a run.
 - **exercises**: each at its own estimate (``Exercise.estimate``): a "(N min)" note in its
   heading or bold line, else ``EXERCISE_ESTIMATES`` keyed by the checker its code cell calls
   (``lessonNN.check_NAME``: robust to renumbered lessons and exercises), else ``WRITE_MINUTES``
   for a stub to fill in and ``EXERCISE_MINUTES`` for a prediction, a number or a question.
   An exercise is a markdown line that starts with ``**Exercise`` (lessons
-  00-02 write "**Exercise 1.**", lesson 05 "**Exercise 1 · Predict, then run**") or with a bold number ``**1.**``
-  (lessons 03-06 write their Exercises sections so), a heading whose title starts with "Exercise" and a number
-  ("### Exercise 4 · The whole loop, by hand"), or a cell tagged "exercise" that holds no such line (a code cell so
-  tagged right after a counted exercise is taken as its checker, not a new exercise, so a heading-led exercise and
-  its tagged code cell count once). Where an exercise is decides who does it:
-  - **homework**: an exercise in a lesson's "Exercises" section (a heading whose title ends with "Exercises", until
-    the next heading of the same or a higher level). The section's words and code are part of its exercises'
-    minutes, not of reading, and the homework is left out of class's total, listed per lesson apart.
-  - **in class**: an exercise anywhere else (the lesson body) that is not in an optional section. Its minutes are
-    part of the lesson's total; its text is also counted as reading (where it ends is not marked), so the total is
-    on the safe side.
-- **optional sections**: a heading line that ends with "(optional)", or a cell tagged "optional" (from its first
-  heading on, or the whole cell), starts an optional section; it lasts until the next heading of the same or a
-  higher level (fewer ``#``). Reading, printed source and exercises inside it are left out of the core path and
-  shown apart.
+  00-02 write "**Exercise 1.**", lesson 05 "**Exercise 1 · Predict, then run**") or with a bold
+  number ``**1.**`` (lessons 03-06 write their Exercises sections so), a heading whose title starts
+  with "Exercise" and a number ("### Exercise 4 · The whole loop, by hand"), or a cell tagged
+  "exercise" that holds no such line (a code cell so tagged right after a counted exercise is taken
+  as its checker, not a new exercise, so a heading-led exercise and its tagged code cell count
+  once). Where an exercise is decides who does it:
+  - **homework**: an exercise in a lesson's "Exercises" section (a heading whose title ends with
+  "Exercises", until
+    the next heading of the same or a higher level). The section's words and code are part of its
+    exercises' minutes, not of reading, and the homework is left out of class's total, listed per
+    lesson apart.
+  - **in class**: an exercise anywhere else (the lesson body) that is not in an optional section.
+  Its minutes are
+    part of the lesson's total; its text is also counted as reading (where it ends is not marked),
+    so the total is on the safe side.
+- **optional sections**: a heading line that ends with "(optional)", or a cell tagged "optional"
+(from its first
+  heading on, or the whole cell), starts an optional section; it lasts until the next heading of the
+  same or a higher level (fewer ``#``). Reading, printed source and exercises inside it are left out
+  of the core path and shown apart.
 
-Every column is rounded up to whole minutes, and a lesson's total is the sum of its rounded columns (run, reading,
-printed source, in-class exercises), so the schedule's sums are the sums of the numbers it shows.
+Every column is rounded up to whole minutes, and a lesson's total is the sum of its rounded columns
+(run, reading, printed source, in-class exercises), so the schedule's sums are the sums of the
+numbers it shows.
 
-The workshop: lesson 00 is pre-work, lessons 01-05 are the core path, with a ``BREAK_MINUTES`` break at the lesson
-boundary where the time since the last break comes nearest to ``BREAK_EVERY_MINUTES``, and ``SLACK_MINUTES`` of
-slack once at its end, kept for the instructor and set-up problems; lesson 06 is a session of its own. The core
-path's total is run time + reading (markdown, code and printed source) + in-class exercises + breaks + slack, and the
-plan fits only when that total is at most ``WORKSHOP_MINUTES`` and every core lesson has at least one exercise done
-in class. The block written into INSTRUCTORS.md holds the run-time table (with whether each machine's rows are
-current: their ``code_hash`` against this checkout's, ``tools/code_hash.py``), the schedule and the verdict: the
-core path's minutes, whether and by how much it fits ``WORKSHOP_MINUTES``, the core lessons without an in-class
-exercise, the GPU variant and the homework left out; then the optional sections as a list per
-lesson and every exercise with its minutes. Its prose is wrapped at ``WRAP`` characters (no line of
-the guide over 300). Every number in it is read from the data
-and the notebooks, never typed.
+The workshop: lesson 00 is pre-work, lessons 01-05 are the core path, with a ``BREAK_MINUTES`` break
+at the lesson boundary where the time since the last break comes nearest to ``BREAK_EVERY_MINUTES``,
+and ``SLACK_MINUTES`` of slack once at its end, kept for the instructor and set-up problems; lesson
+06 is a session of its own. The core path's total is run time + reading (markdown, code and printed
+source) + in-class exercises + breaks + slack, and the plan fits only when that total is at most
+``WORKSHOP_MINUTES`` and every core lesson has at least one exercise done in class. The block
+written into INSTRUCTORS.md holds the run-time table (with whether each machine's rows are current:
+their ``code_hash`` against this checkout's, ``tools/code_hash.py``), the schedule and the verdict:
+the core path's minutes, whether and by how much it fits ``WORKSHOP_MINUTES``, the core lessons
+without an in-class exercise, the GPU variant and the homework left out; then the optional sections
+as a list per lesson and every exercise with its minutes. Its prose is wrapped at ``WRAP``
+characters (no line of the guide over 300). Every number in it is read from the data and the
+notebooks, never typed.
 """
 
 from __future__ import annotations
@@ -98,14 +115,15 @@ RUNS = ROOT / "data" / "notebook_runs.json"
 GUIDE = ROOT / "INSTRUCTORS.md"
 START, END = "<!-- workshop:start -->", "<!-- workshop:end -->"
 
-# An assumption, not a measurement of this course: Brysbaert's meta-analysis of reading rates ("How many words do we
-# read per minute?", Journal of Memory and Language 109, 2019) puts silent reading of English non-fiction by adults
-# at about 238 words per minute; technical prose thick with code names, numbers and formulas is read more slowly, and
-# we take 180, about three quarters of it.
+# An assumption, not a measurement of this course: Brysbaert's meta-analysis of reading rates ("How
+# many words do we read per minute?", Journal of Memory and Language 109, 2019) puts silent reading
+# of English non-fiction by adults at about 238 words per minute; technical prose thick with code
+# names, numbers and formulas is read more slowly, and we take 180, about three quarters of it.
 WORDS_PER_MINUTE = 180
-# An assumption: a student reads a line of a lesson's code (its own cells' or the source they print) in about 6
-# seconds: 600 lines an hour, a little above the few hundred lines an hour that code-review studies (SmartBear's study
-# of reviews at Cisco, "Best Kept Secrets of Peer Code Review", 2006) give as the most a careful reader takes in.
+# An assumption: a student reads a line of a lesson's code (its own cells' or the source they print)
+# in about 6 seconds: 600 lines an hour, a little above the few hundred lines an hour that
+# code-review studies (SmartBear's study of reviews at Cisco, "Best Kept Secrets of Peer Code
+# Review", 2006) give as the most a careful reader takes in.
 CODE_LINES_PER_MINUTE = 10
 # Minutes for one exercise (read it, work it out, run the checker, read its hint once), estimated
 # per exercise by what it asks, keyed by its checker's name (``lessonNN.check_NAME(...)`` in its
@@ -138,8 +156,8 @@ EXERCISE_ESTIMATES = {
 }  # fmt: skip
 BREAK_MINUTES = 10
 BREAK_EVERY_MINUTES = 60
-# A choice, not a measurement: minutes of the core path kept for the instructor and set-up problems (a laptop that
-# will not start the kernel, a question that takes the class), counted once.
+# A choice, not a measurement: minutes of the core path kept for the instructor and set-up problems
+# (a laptop that will not start the kernel, a question that takes the class), counted once.
 SLACK_MINUTES = 15
 WORKSHOP_MINUTES = 180
 
@@ -173,11 +191,12 @@ DISPLAYS = (
 )  # kvlab.lab.notebook's functions that display package source
 
 
-# ------------------------------------------------------------------------------------- the source lessons print
+# ------------------------------------------------------------------------- the source lessons print
 
 
 class UnresolvedSource(Exception):
-    """Arguments of show_source/show_diff calls whose source the tool cannot find; ``problems`` lists each."""
+    """Arguments of show_source/show_diff calls whose source the tool cannot find; ``problems``
+    lists each."""
 
     def __init__(self, problems: list[str]):
         super().__init__("\n".join(problems))
@@ -185,10 +204,10 @@ class UnresolvedSource(Exception):
 
 
 def _scenario_shown(site: ast.Call, assigned: dict[str, ast.expr], namespace: dict) -> object:
-    """Lesson 04's ``show(result, ...)`` displays ``failures.SCENARIOS.get(result.name, failures.CONTROL_SPEC)["fn"]``:
-    the function of the scenario whose run made ``result``. The call's ``result`` must be a name the notebook
-    assigns from ``failures.run(NAME, ...)``; a run's result carries the name it was run by, so the function shown
-    is NAME's."""
+    """Lesson 04's ``show(result, ...)`` displays ``failures.SCENARIOS.get(result.name,
+    failures.CONTROL_SPEC)["fn"]``: the function of the scenario whose run made ``result``. The
+    call's ``result`` must be a name the notebook assigns from ``failures.run(NAME, ...)``; a run's
+    result carries the name it was run by, so the function shown is NAME's."""
     from kvlab import failures
 
     arg = site.args[0] if site.args else None
@@ -205,8 +224,9 @@ def _scenario_shown(site: ast.Call, assigned: dict[str, ast.expr], namespace: di
     return failures.SCENARIOS.get(name, failures.CONTROL_SPEC)["fn"]
 
 
-# (the notebook's function, the argument expression as ast.unparse writes it) -> what the call displays at one call of
-# that function: f(the call of the function, the notebook's top-level assignments so far, the notebook's namespace).
+# (the notebook's function, the argument expression as ast.unparse writes it) -> what the call
+# displays at one call of that function: f(the call of the function, the notebook's top-level
+# assignments so far, the notebook's namespace).
 RUNTIME_SHOWN = {("show", "spec['fn']"): _scenario_shown}
 
 
@@ -227,7 +247,8 @@ def _display_name(call: ast.Call) -> str | None:
 
 
 def _calls(node: ast.AST, inside: bool = False):
-    """(call, whether it sits inside a def or lambda under ``node``) for every call under ``node``, in order."""
+    """(call, whether it sits inside a def or lambda under ``node``) for every call under ``node``,
+    in order."""
     for child in ast.iter_child_nodes(node):
         if isinstance(child, ast.Call):
             yield child, inside
@@ -257,7 +278,8 @@ def _local_names(function: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
 
 @dataclass
 class _Notebook:
-    """What resolving one notebook's displays needs: its namespace, its own defs, its assignments so far."""
+    """What resolving one notebook's displays needs: its namespace, its own defs, its assignments so
+    far."""
 
     name: str
     namespace: dict = field(default_factory=dict)
@@ -276,7 +298,8 @@ class _Notebook:
     def source(
         self, expr: ast.expr, *, function=None, site: ast.Call | None = None
     ) -> tuple[str, str]:
-        """(the source text ``expr`` names, its name for a diff header); raises LookupError with the reason."""
+        """(the source text ``expr`` names, its name for a diff header); raises LookupError with the
+        reason."""
         text = ast.unparse(expr)
         used = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
         if function is not None and used & _local_names(function):
@@ -284,7 +307,8 @@ class _Notebook:
             if resolver is None:
                 raise LookupError(
                     f"it names {', '.join(sorted(used & _local_names(function)))}, local to "
-                    f"{function.name}(), and RUNTIME_SHOWN has no entry for ({function.name!r}, {text!r})"
+                    f"{function.name}(), and RUNTIME_SHOWN has no entry for ({function.name!r}, "
+                    f"{text!r})"
                 )
             obj = resolver(site, self.assigned, self.namespace)
             return inspect.getsource(obj), getattr(obj, "__qualname__", text)
@@ -331,7 +355,8 @@ class _Notebook:
     def displayed(
         self, call: ast.Call, where: str, *, function=None, site: ast.Call | None = None
     ) -> int:
-        """Non-blank lines that one show_source/show_diff ``call`` displays (0, with a problem noted, if unknown)."""
+        """Non-blank lines that one show_source/show_diff ``call`` displays (0, with a problem
+        noted, if unknown)."""
 
         def problem(expr_text: str, reason: str) -> int:
             self.problems.append(
@@ -371,7 +396,8 @@ class _Notebook:
 
 
 def _code_trees(notebook: dict, problems: list[str], name: str):
-    """(cell index, the cell's source lines, its parsed tree) for every lesson code cell (magic lines blanked)."""
+    """(cell index, the cell's source lines, its parsed tree) for every lesson code cell (magic
+    lines blanked)."""
     for index, cell in enumerate(notebook.get("cells", [])):
         if cell.get("cell_type") != "code" or _tags(cell) & SKIPPED_TAGS:
             continue
@@ -381,13 +407,15 @@ def _code_trees(notebook: dict, problems: list[str], name: str):
         except SyntaxError as e:
             if any(d in _source(cell) for d in DISPLAYS):
                 problems.append(
-                    f"{name} cell {index}: the cell does not parse ({e.msg}), and it names {' or '.join(DISPLAYS)}"
+                    f"{name} cell {index}: the cell does not parse ({e.msg}), and it names "
+                    f"{' or '.join(DISPLAYS)}"
                 )
 
 
 def printed_source(notebook: dict, name: str = "the notebook") -> dict[int, int]:
-    """Cell index -> the non-blank lines of package source that the cell's show_source/show_diff calls display
-    (module docstring: how each argument is found). Raises UnresolvedSource naming every argument not found."""
+    """Cell index -> the non-blank lines of package source that the cell's show_source/show_diff
+    calls display (module docstring: how each argument is found). Raises UnresolvedSource naming
+    every argument not found."""
     nb = _Notebook(name)
     trees = list(_code_trees(notebook, nb.problems, name))
     for _, lines, tree in trees:
@@ -450,7 +478,7 @@ def printed_source(notebook: dict, name: str = "the notebook") -> dict[int, int]
     return shown
 
 
-# ------------------------------------------------------------------------------------------- the notebooks' text
+# ------------------------------------------------------------------------------ the notebooks' text
 
 
 @dataclass
@@ -504,8 +532,8 @@ class Text:
     optional_sections: list[str] = field(
         default_factory=list
     )  # titles of the headings that start one
-    # each heading ("## title", as written) -> [words, code lines (printed source included), exercises, printed source
-    # lines] up to the next heading, optional or not
+    # each heading ("## title", as written) -> [words, code lines (printed source included),
+    # exercises, printed source lines] up to the next heading, optional or not
     sections: dict[str, list[int]] = field(default_factory=dict)
     parts: dict[str, str] = field(
         default_factory=dict
@@ -606,8 +634,9 @@ def part(optional_level: int | None, exercises_level: int | None) -> str:
 
 
 def analyse(notebook: dict, name: str = "the notebook") -> Text:
-    """Words, code lines, printed source and exercises of a notebook (its JSON as a dict), homework and optional
-    sections apart. Raises UnresolvedSource (``name`` and the cell in each problem) when a display is not found."""
+    """Words, code lines, printed source and exercises of a notebook (its JSON as a dict), homework
+    and optional sections apart. Raises UnresolvedSource (``name`` and the cell in each problem)
+    when a display is not found."""
     shown = printed_source(notebook, name)
     text = Text()
     optional_level = None  # the heading level of the optional section we are in, or None
@@ -745,7 +774,7 @@ def lesson_texts(folder: Path) -> dict[str, tuple[str, Text]]:
     return found
 
 
-# --------------------------------------------------------------------------------------------- the recorded runs
+# -------------------------------------------------------------------------------- the recorded runs
 
 
 def hardware_kind(row: dict) -> str | None:
@@ -758,14 +787,16 @@ def hardware_kind(row: dict) -> str | None:
 
 
 def full_size_rows(rows: list[dict]) -> list[dict]:
-    """The rows a schedule may use: full size and passed (a failed run's time is the time until it failed)."""
+    """The rows a schedule may use: full size and passed (a failed run's time is the time until it
+    failed)."""
     return [
         r for r in rows if not r.get("quick") and r.get("passed") and r.get("wall_s") is not None
     ]
 
 
 def run_seconds(rows: list[dict], notebook: str, kind: str) -> float | None:
-    """The slowest passed full-size run of ``notebook`` on ``kind`` ("cpu" or "gpu") hardware, or None."""
+    """The slowest passed full-size run of ``notebook`` on ``kind`` ("cpu" or "gpu") hardware, or
+    None."""
     times = [
         float(r["wall_s"])
         for r in full_size_rows(rows)
@@ -774,7 +805,7 @@ def run_seconds(rows: list[dict], notebook: str, kind: str) -> float | None:
     return max(times) if times else None
 
 
-# ---------------------------------------------------------------------------------------------------- the schedule
+# ------------------------------------------------------------------------------------ the schedule
 
 FIXED = {
     "break": BREAK_MINUTES,
@@ -843,8 +874,8 @@ def lesson_row(part: str, name: str, text: Text, rows: list[dict]) -> Row:
 
 
 def with_breaks(rows: list[Row]) -> list[Row]:
-    """Lessons in order, with a break at the boundary where the time since the last break is nearest to
-    BREAK_EVERY_MINUTES (a tie breaks earlier); never after the last lesson."""
+    """Lessons in order, with a break at the boundary where the time since the last break is nearest
+    to BREAK_EVERY_MINUTES (a tie breaks earlier); never after the last lesson."""
     out, since = [], 0
     for i, row in enumerate(rows):
         if i and since:
@@ -861,7 +892,8 @@ def with_breaks(rows: list[Row]) -> list[Row]:
 
 
 def schedule(texts: dict[str, tuple[str, Text]], rows: list[dict]) -> dict[str, list[Row]]:
-    """``{"pre-work": [...], "core": [... with breaks, then the slack], "separate session": [...]}``."""
+    """``{"pre-work": [...], "core": [... with breaks, then the slack], "separate session":
+    [...]}``."""
 
     def part(name: str, lessons: tuple[str, ...]) -> list[Row]:
         return [lesson_row(name, texts[k][0], texts[k][1], rows) for k in lessons if k in texts]
@@ -874,7 +906,7 @@ def schedule(texts: dict[str, tuple[str, Text]], rows: list[dict]) -> dict[str, 
     }
 
 
-# ------------------------------------------------------------------------------------------------------ rendering
+# --------------------------------------------------------------------------------------- rendering
 
 
 def run_table(texts: dict[str, tuple[str, Text]], rows: list[dict], now: dict | None = None) -> str:
@@ -915,7 +947,8 @@ def run_table(texts: dict[str, tuple[str, Text]], rows: list[dict], now: dict | 
     older = any(write_readme_runs.OLDER in line for line in lines[2:])
     lines += [
         "",
-        "Full-size runs (`KVLAB_QUICK=0`, one fresh kernel per notebook, model loading included), recorded by "
+        "Full-size runs (`KVLAB_QUICK=0`, one fresh kernel per notebook, model loading included), "
+        "recorded by "
         "`python tools/run_notebooks.py` in `data/notebook_runs.json`, on "
         + "; ".join(f"{h} ({', '.join(d)})" for h, d in dates.items())
         + "."
@@ -943,7 +976,8 @@ def schedule_table(plan: dict[str, list[Row]], rows: list[dict]) -> str:
     def lesson_line(r: Row) -> str:
         run = f"{r.run}" if r.recorded else "not recorded"
         return (
-            f"| {r.part} | `{r.label}` | {run} | {r.reading} | {r.printed} | {r.exercises} | {r.total} | "
+            f"| {r.part} | `{r.label}` | {run} | {r.reading} | {r.printed} | {r.exercises} | "
+            f"{r.total} | "
             f"{r.homework} | {r.optional} |"
         )
 
@@ -962,14 +996,21 @@ def schedule_table(plan: dict[str, list[Row]], rows: list[dict]) -> str:
             )
     lines += [
         "",
-        f"Minutes, each column rounded up. Run time: the slowest recorded full-size CPU run of the lesson "
-        f"({', '.join(cpus)}). Reading: the notebook's markdown at {WORDS_PER_MINUTE} words per minute plus its "
-        f"code cells at {CODE_LINES_PER_MINUTE} lines per minute. Printed source: the lines of package code its "
-        f"`show_source` and `show_diff` calls display, at {CODE_LINES_PER_MINUTE} lines per minute. In-class "
-        f"exercises: those of the lesson body, outside its Exercises section and its optional sections, each at "
-        f"its own estimate (the exercises table below). Homework: the exercises of the lesson's Exercises "
+        "Minutes, each column rounded up. Run time: the slowest recorded full-size CPU run of "
+        "the lesson "
+        f"({', '.join(cpus)}). Reading: the notebook's markdown at {WORDS_PER_MINUTE} words per "
+        "minute plus its "
+        f"code cells at {CODE_LINES_PER_MINUTE} lines per minute. Printed source: the lines of "
+        "package code its "
+        f"`show_source` and `show_diff` calls display, at {CODE_LINES_PER_MINUTE} lines per "
+        "minute. In-class "
+        "exercises: those of the lesson body, outside its Exercises section and its optional "
+        "sections, each at "
+        "its own estimate (the exercises table below). Homework: the exercises of the lesson's "
+        "Exercises "
         f"section (their text included), left out of the total. Breaks: "
-        f"{BREAK_MINUTES} minutes at the lesson boundary nearest to every {BREAK_EVERY_MINUTES} minutes. "
+        f"{BREAK_MINUTES} minutes at the lesson boundary nearest to every {BREAK_EVERY_MINUTES} "
+        "minutes. "
         f"Slack: {SLACK_MINUTES} minutes once, kept for the instructor and set-up problems. "
         "The rates are assumptions, stated and sourced in `tools/write_workshop_schedule.py`.",
     ]
@@ -1006,7 +1047,8 @@ def verdict(plan: dict[str, list[Row]]) -> str:
         f"{'has' if len(without) == 1 else 'have'} no in-class exercise"
     )
     words = (
-        f"**The plan {'fits' if fits else 'does not fit'}: the core path (lessons 01-05) takes {total} minutes "
+        f"**The plan {'fits' if fits else 'does not fit'}: the core path (lessons 01-05) takes "
+        f"{total} minutes "
         f"on the recorded CPU, {margin}"
         + (
             ", and every core lesson has an in-class exercise.**"
@@ -1015,7 +1057,8 @@ def verdict(plan: dict[str, list[Row]]) -> str:
         )
     )
     words += (
-        f" Its minutes: run time {run}, reading {reading + printed} ({printed} of it printed source), "
+        f" Its minutes: run time {run}, reading {reading + printed} ({printed} of it printed "
+        "source), "
         f"in-class exercises {exercises} ({_plural(room_count, 'exercise')}), "
         f"{_plural(breaks, 'break')} {breaks * BREAK_MINUTES}, slack {slack}."
     )
@@ -1023,7 +1066,8 @@ def verdict(plan: dict[str, list[Row]]) -> str:
     optional = sum(r.optional for r in lessons)
     marked = sum(len(r.optional_sections) for r in lessons)
     words += (
-        f" {_plural(marked, 'section')} of lessons 01-05 {'is' if marked == 1 else 'are'} marked optional and "
+        f" {_plural(marked, 'section')} of lessons 01-05 {'is' if marked == 1 else 'are'} marked "
+        "optional and "
         f"left out of these totals ({optional} minutes; listed below)."
         if marked
         else " No section of lessons 01-05 is marked optional yet."
@@ -1041,7 +1085,8 @@ def verdict(plan: dict[str, list[Row]]) -> str:
     )
     missing = [r.label for r in lessons if not r.recorded]
     if missing:
-        words += f" No passed full-size CPU run is recorded for {', '.join(missing)}: their run time counts 0."
+        words += (f" No passed full-size CPU run is recorded for {', '.join(missing)}: "
+                  "their run time counts 0.")
     sessions = [(plan["pre-work"], "Pre-work (lesson 00)")] + [
         ([r], f"Lesson {r.label[:2]} on its own") for r in plan["separate session"]
     ]
@@ -1086,7 +1131,8 @@ def exercise_table(texts: dict[str, tuple[str, Text]]) -> str:
             minutes_, source = e.estimate
             checker = f"`{e.checker}`" if e.checker else ""
             lines.append(
-                f"| {name[:2]} | {_short(e.name)} | {checker} | {done[e.part]} | {minutes_} | {source} |"
+                f"| {name[:2]} | {_short(e.name)} | {checker} | {done[e.part]} | {minutes_} | "
+                f"{source} |"
             )
     return "\n".join(lines)
 
@@ -1115,15 +1161,18 @@ def wrapped(block: str) -> str:
 
 
 def section_table(texts: dict[str, tuple[str, Text]]) -> str:
-    """Minutes of reading and exercises under every heading of every lesson (up to the next heading): where to cut."""
+    """Minutes of reading and exercises under every heading of every lesson (up to the next
+    heading): where to cut."""
     lines = [
-        "| lesson | part | heading | words | code lines | of them printed source | exercises | minutes |",
+        "| lesson | part | heading | words | code lines | of them printed source | exercises | "
+        "minutes |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for _, (name, text) in sorted(texts.items()):
         for title, (words, code, exercises, printed) in text.sections.items():
             lines.append(
-                f"| `{name.removesuffix('.ipynb')}` | {text.parts.get(title, 'core')} | {title} | {words} | "
+                f"| `{name.removesuffix('.ipynb')}` | {text.parts.get(title, 'core')} | {title} | "
+                f"{words} | "
                 f"{code} | {printed} | {exercises} | {minutes(words, code, exercises):.1f} |"
             )
     return "\n".join(lines)
@@ -1229,8 +1278,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         if new != old:
             print(
-                f"{args.guide}: the workshop block differs from what tools/write_workshop_schedule.py writes "
-                "(a notebook or data/notebook_runs.json changed); refresh with: python tools/write_workshop_schedule.py --write"
+                f"{args.guide}: the workshop block differs from what "
+                "tools/write_workshop_schedule.py writes "
+                "(a notebook or data/notebook_runs.json changed); refresh with: python "
+                "tools/write_workshop_schedule.py --write"
             )
             return 1
         return 0
