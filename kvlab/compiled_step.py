@@ -41,7 +41,8 @@ def inductor_options(tune: bool = True, device: torch.device | str = "cuda"):
 def compiled_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *,
                      compile_mode: str | None = "max-autotune-no-cudagraphs", steps: int = 16,
                      fuse: bool = True, gemv: bool = True, attention: bool | str = "triton",
-                     max_cache_len: int | None = None, graph: bool | str | None = None) -> GraphSafeDecoder:
+                     max_cache_len: int | None = None,
+                     graph: bool | str | None = None) -> GraphSafeDecoder:
     """The decoder ``decode_graph_safe_compiled`` builds for one call: a fused copy of the model
     (``fused_copy(model, fuse=, attention=, gemv=)``), ``model_step`` compiled with ``compile_mode``
     (None: not compiled), ``steps`` steps per captured graph. Its ``source`` is ``model``: an edit
@@ -54,16 +55,19 @@ def compiled_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *,
     graph = cuda if graph is None else graph
     compile_mode = compile_mode if cuda else None
     if compile_mode is not None and graph == "emulate":
-        raise ValueError(f"compile_mode={compile_mode!r} with graph='emulate': the emulation traces eager "
-                         "operations and cannot trace a compiled step. Pass graph=True or graph=False")
+        raise ValueError(f"compile_mode={compile_mode!r} with graph='emulate': the emulation "
+                         "traces eager operations and cannot trace a compiled step. Pass "
+                         "graph=True or graph=False")
     fused = fused_copy(model, fuse=fuse, attention=attention if fuse else False, gemv=gemv)
     step = model_step
     if compile_mode is not None:
         param = next(model.parameters())
-        check_dtype(param.device, param.dtype)  # bf16 on a GPU without it (a T4): say to use float16
+        # bf16 on a GPU without it (a T4): say to use float16
+        check_dtype(param.device, param.dtype)
         step = torch.compile(model_step, mode=compile_mode, fullgraph=True)
     length = cache_length(input_ids, max_new_tokens, max_cache_len)
-    decoder = GraphSafeDecoder(fused, length, input_ids.shape[0], step=step, steps=steps, graph=graph)
+    decoder = GraphSafeDecoder(fused, length, input_ids.shape[0], step=step, steps=steps,
+                               graph=graph)
     decoder.copied_from(model)  # what kvlab.decode checks a held decoder against
     return decoder
 
@@ -83,18 +87,21 @@ def decode_graph_safe_compiled(model, input_ids: torch.Tensor, max_new_tokens: i
 GQA_ATTENTION = "kvlab-sdpa-gqa"
 
 
-def gqa_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
-                       **kwargs):
+def gqa_sdpa_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                       is_causal=None, **kwargs):
     """transformers' SDPA attention with the kv heads read as they are (``enable_gqa=True``), never
     repeated. query [b, heads, q, d], key/value [b, kv_heads, L, d], mask [b, 1, q, L] or None ->
     [b, q, heads, d]."""
     q_len = query.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    causal = q_len > 1 and attention_mask is None and causal  # as transformers' SDPA attention decides it
-    if causal and key.shape[2] > q_len:  # a prefill into an empty static cache: only the prompt's slots
+    # as transformers' SDPA attention decides it
+    causal = q_len > 1 and attention_mask is None and causal
+    # a prefill into an empty static cache: only the prompt's slots
+    if causal and key.shape[2] > q_len:
         key, value = key[:, :, :q_len], value[:, :, :q_len]
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
-                                         scale=scaling, is_causal=causal, enable_gqa=True)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                         dropout_p=dropout, scale=scaling, is_causal=causal,
+                                         enable_gqa=True)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -116,7 +123,8 @@ def gqa_attention(model):
 
 
 def reduce_overhead_gqa_state(model, input_ids: torch.Tensor, max_new_tokens: int, *,
-                              max_cache_len: int | None = None, dynamic: bool | None = None) -> dict:
+                              max_cache_len: int | None = None,
+                              dynamic: bool | None = None) -> dict:
     """What ``decode_reduce_overhead_gqa`` builds for one call: ``reduce_overhead_state``'s cache
     and step."""
     with gqa_attention(model):
@@ -132,5 +140,5 @@ def decode_reduce_overhead_gqa(model, input_ids: torch.Tensor, max_new_tokens: i
     cache's kv heads without copying them. The model's attention implementation is set back after
     the call."""
     with gqa_attention(model):
-        return decode_reduce_overhead(model, input_ids, max_new_tokens, on_token=on_token, cache=cache,
-                                      compiled_step=compiled_step, **settings)
+        return decode_reduce_overhead(model, input_ids, max_new_tokens, on_token=on_token,
+                                      cache=cache, compiled_step=compiled_step, **settings)

@@ -23,7 +23,8 @@ import torch
 from .decoding import check_inputs, unpadded_ids
 from .graph_decoder import GraphSafeDecoder
 
-KINDS = ("eager", "compiled", "graph")  # Python launches every kernel / torch.compile's graphs / kvlab captures
+# Python launches every kernel / torch.compile's graphs / kvlab captures
+KINDS = ("eager", "compiled", "graph")
 
 
 def resolved(where: str | Callable) -> Callable:
@@ -39,18 +40,24 @@ def resolved(where: str | Callable) -> Callable:
 class Strategy:
     name: str
     about: str  # one line: what this path does
-    decodes: str | Callable  # "module:function" (or the function): function(model, ids, n, *, on_token, **options)
+    # "module:function" (or the function): function(model, ids, n, *, on_token, **options)
+    decodes: str | Callable
     lesson: int  # the lesson that builds it
     kind: str  # one of KINDS
-    options: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))  # keywords always passed
-    sized: bool = False  # accepts max_cache_len (the benchmark fixes it per run: graphs and compiles reused)
+    # keywords always passed
+    options: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    # accepts max_cache_len (the benchmark fixes it per run: graphs and compiles reused)
+    sized: bool = False
     compiled: bool = False  # runs torch.compile (minutes on a 2-core CPU)
     cuda_only: bool = False  # without CUDA it runs uncompiled: the benchmark times it only on a GPU
     warm_full: bool = False  # the first call must be a full-length one (it compiles or captures)
     ablation: bool = False  # a path with one change: timed to show what that change moves
-    exact: bool = True  # False only for lesson 04's first attempt, wrong by design (the benchmark leaves it out)
-    steps_per_replay: int = 1  # decode steps one graph replay makes (their tokens reach on_token in a burst)
-    builds: str | Callable | None = None  # build(model, ids, n, **options): what function builds per call
+    # False only for lesson 04's first attempt, wrong by design (the benchmark leaves it out)
+    exact: bool = True
+    # decode steps one graph replay makes (their tokens reach on_token in a burst)
+    steps_per_replay: int = 1
+    # build(model, ids, n, **options): what function builds per call
+    builds: str | Callable | None = None
 
     @property
     def function(self) -> Callable:
@@ -76,7 +83,8 @@ class Strategy:
                 return names - set(self.options)
         return None
 
-    def __call__(self, model, input_ids: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
+    def __call__(self, model, input_ids: torch.Tensor, max_new_tokens: int,
+                 **kwargs) -> torch.Tensor:
         """Decode with this strategy's function and options (no input checks: ``kvlab.decode`` makes
         them)."""
         return self.function(model, input_ids, max_new_tokens, **self.options, **kwargs)
@@ -92,85 +100,99 @@ class Strategy:
 
 
 _GRAPH_SAFE_FN = "kvlab.graph_decoder:decode_graph_safe", "kvlab.graph_decoder:graph_safe_decoder"
-_COMPILED_FN = "kvlab.compiled_step:decode_graph_safe_compiled", "kvlab.compiled_step:compiled_decoder"
-_KERNELS_FN = "kvlab.kernels.decoder:decode_graph_safe_kernels", "kvlab.kernels.decoder:kernels_decoder"
+_COMPILED_FN = ("kvlab.compiled_step:decode_graph_safe_compiled",
+                "kvlab.compiled_step:compiled_decoder")
+_KERNELS_FN = ("kvlab.kernels.decoder:decode_graph_safe_kernels",
+               "kvlab.kernels.decoder:kernels_decoder")
 _SPECULATIVE_FN = "kvlab.speculative:decode_speculative", "kvlab.speculative:speculative_decoder"
 _SPECULATIVE_KERNELS_FN = ("kvlab.kernels.decoder:decode_speculative_kernels",
                           "kvlab.kernels.decoder:speculative_kernels_decoder")
-_REDUCE_OVERHEAD_FN = "kvlab.hf_caches:decode_reduce_overhead", "kvlab.hf_caches:reduce_overhead_state"
-_GQA_FN = "kvlab.compiled_step:decode_reduce_overhead_gqa", "kvlab.compiled_step:reduce_overhead_gqa_state"
+_REDUCE_OVERHEAD_FN = ("kvlab.hf_caches:decode_reduce_overhead",
+                       "kvlab.hf_caches:reduce_overhead_state")
+_GQA_FN = ("kvlab.compiled_step:decode_reduce_overhead_gqa",
+           "kvlab.compiled_step:reduce_overhead_gqa_state")
 
 
 def _kernels_variant(name: str, about: str, **options) -> Strategy:
     steps = options.get("steps", 16)
-    return Strategy(f"graph-safe-kernels/{name}", f"variant: graph-safe-kernels with {about}", _KERNELS_FN[0], 6,
-                    "graph", MappingProxyType(options), sized=True, warm_full=True, ablation=True,
-                    steps_per_replay=steps, builds=_KERNELS_FN[1])
+    return Strategy(f"graph-safe-kernels/{name}", f"variant: graph-safe-kernels with {about}",
+                    _KERNELS_FN[0], 6, "graph", MappingProxyType(options), sized=True,
+                    warm_full=True, ablation=True, steps_per_replay=steps, builds=_KERNELS_FN[1])
 
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
-    Strategy("naive", "no cache: the whole sequence recomputed at every step", "kvlab.decoding:decode_naive",
-             1, "eager"),
+    Strategy("naive", "no cache: the whole sequence recomputed at every step",
+             "kvlab.decoding:decode_naive", 1, "eager"),
     Strategy("handwritten", "lesson 02's own KV cache (torch.cat per step)",
              "kvlab.handwritten:decode_handwritten", 2, "eager"),
-    Strategy("dynamic", "transformers DynamicCache, own eager loop", "kvlab.hf_caches:decode_dynamic", 3,
-             "eager"),
-    Strategy("static", "transformers StaticCache, own eager loop", "kvlab.hf_caches:decode_static", 3, "eager",
-             sized=True),
-    Strategy("generate-static", 'model.generate(cache_implementation="static") (compiles the step itself on a '
-             "GPU)", "kvlab.hf_caches:decode_generate", 3, "compiled",
+    Strategy("dynamic", "transformers DynamicCache, own eager loop",
+             "kvlab.hf_caches:decode_dynamic", 3, "eager"),
+    Strategy("static", "transformers StaticCache, own eager loop", "kvlab.hf_caches:decode_static",
+             3, "eager", sized=True),
+    Strategy("generate-static", 'model.generate(cache_implementation="static") (compiles the step '
+             "itself on a GPU)", "kvlab.hf_caches:decode_generate", 3, "compiled",
              MappingProxyType({"cache_implementation": "static"}), compiled=True, warm_full=True),
-    Strategy("reduce-overhead", 'torch.compile(step, mode="reduce-overhead", fullgraph=True), StaticCache, '
-             "Python loop", _REDUCE_OVERHEAD_FN[0], 3, "compiled", sized=True, compiled=True, warm_full=True,
-             builds=_REDUCE_OVERHEAD_FN[1]),
-    Strategy("reduce-overhead/gqa", "variant: reduce-overhead with the attention reading the cache's kv heads "
-             "as they are (SDPA enable_gqa, kvlab.compiled_step.gqa_sdpa_attention) instead of transformers' "
-             "repeat_kv copy of the cache under torch.compile", _GQA_FN[0], 3, "compiled", sized=True,
-             compiled=True, warm_full=True, ablation=True, builds=_GQA_FN[1]),
-    Strategy("static-graph", "vanilla StaticCache, decode step captured once and replayed: lesson 04's first "
-             "attempt, wrong by design", "kvlab.failures:decode_static_graph", 4, "graph", sized=True,
-             exact=False),
+    Strategy("reduce-overhead", 'torch.compile(step, mode="reduce-overhead", fullgraph=True), '
+             "StaticCache, Python loop", _REDUCE_OVERHEAD_FN[0], 3, "compiled", sized=True,
+             compiled=True, warm_full=True, builds=_REDUCE_OVERHEAD_FN[1]),
+    Strategy("reduce-overhead/gqa", "variant: reduce-overhead with the attention reading the "
+             "cache's kv heads as they are (SDPA enable_gqa, "
+             "kvlab.compiled_step.gqa_sdpa_attention) instead of transformers' repeat_kv copy of "
+             "the cache under torch.compile",
+             _GQA_FN[0], 3, "compiled", sized=True, compiled=True, warm_full=True, ablation=True,
+             builds=_GQA_FN[1]),
+    Strategy("static-graph", "vanilla StaticCache, decode step captured once and replayed: lesson "
+             "04's first attempt, wrong by design", "kvlab.failures:decode_static_graph", 4,
+             "graph", sized=True, exact=False),
     Strategy("graph-safe", "GraphSafeStaticCache, eager kernels captured in one graph by kvlab",
              _GRAPH_SAFE_FN[0], 5, "graph", sized=True, warm_full=True, builds=_GRAPH_SAFE_FN[1]),
-    Strategy("graph-safe-compiled", "graph-safe + fused projections, GEMV reductions, split-K Triton decode "
-             "attention, step compiled (max-autotune-no-cudagraphs, coordinate descent), 16 steps per "
-             "captured graph", _COMPILED_FN[0], 6, "graph", sized=True, compiled=True, cuda_only=True,
-             warm_full=True, steps_per_replay=16, builds=_COMPILED_FN[1]),
-    Strategy("graph-safe-kernels", "graph-safe cache, the step as kvlab's own Triton kernels (5 per layer: norm "
-             "fused into the GEMVs or, from 2 rows, tl.dot tiles or cuBLAS as measured fastest; RoPE, cache "
-             "write and attention on tensor cores in one) reading the model's own weights, 16 steps per "
-             "captured graph, the prefill captured too and through the same kernels up to "
-             "kvlab.kernels.decoder.KERNEL_PREFILL_MAX_ROWS prompt rows, no torch.compile (CPU: the same math "
-             "in PyTorch, graph emulated)", _KERNELS_FN[0], 6, "graph", sized=True, warm_full=True,
-             steps_per_replay=16, builds=_KERNELS_FN[1]),
+    Strategy("graph-safe-compiled", "graph-safe + fused projections, GEMV reductions, split-K "
+             "Triton decode attention, step compiled (max-autotune-no-cudagraphs, coordinate "
+             "descent), 16 steps per captured graph", _COMPILED_FN[0], 6, "graph", sized=True,
+             compiled=True, cuda_only=True, warm_full=True, steps_per_replay=16,
+             builds=_COMPILED_FN[1]),
+    Strategy("graph-safe-kernels", "graph-safe cache, the step as kvlab's own Triton kernels (5 "
+             "per layer: norm fused into the GEMVs or, from 2 rows, tl.dot tiles or cuBLAS as "
+             "measured fastest; RoPE, cache write and attention on tensor cores in one) reading "
+             "the model's own weights, 16 steps per captured graph, the prefill captured too and "
+             "through the same kernels up to kvlab.kernels.decoder.KERNEL_PREFILL_MAX_ROWS prompt "
+             "rows, no torch.compile (CPU: the same math in PyTorch, graph emulated)",
+             _KERNELS_FN[0], 6, "graph", sized=True, warm_full=True, steps_per_replay=16,
+             builds=_KERNELS_FN[1]),
     Strategy("graph-safe-compiled/1-step-graphs", "ablation: one decode step per captured graph",
              _COMPILED_FN[0], 6, "graph", MappingProxyType({"steps": 1}), sized=True, compiled=True,
              cuda_only=True, warm_full=True, ablation=True, builds=_COMPILED_FN[1]),
     _kernels_variant("1-step-graphs", "one decode step per captured graph instead of 16", steps=1),
-    _kernels_variant("broadcast-attention", "attention's scores and P.V as broadcast multiply-and-sum (no "
-                     "tensor cores) instead of tl.dot over each kv head's query group padded to a 16-row tile",
+    _kernels_variant("broadcast-attention", "attention's scores and P.V as broadcast "
+                     "multiply-and-sum (no tensor cores) instead of tl.dot over each kv head's "
+                     "query group padded to a 16-row tile",
                      dot_attention=False),
-    _kernels_variant("row-gemv", "the GEMV kernel for every row up to kvlab.kernels.gemv.GEMV_MAX_ROWS (each "
-                     "row reads the weights again) and cuBLAS above (norm, SiLU and residual unfused) instead "
-                     "of the measured dispatch (kvlab.kernels.gemv.TILE_DISPATCH: tl.dot tiles of rows where "
-                     "they won)", tiles=False),
-    _kernels_variant("eager-prefill", "the prefill run eagerly (every kernel launched from Python) instead of "
-                     "captured at the prompt's power-of-two bucket (kvlab.graph_decoder.prompt_bucket) and "
-                     "replayed", captured_prefill=False),
-    _kernels_variant("max-splits", "attention split over up to kvlab.kernels.common.MAX_SPLITS programs per "
-                     "(row, kv head) at every batch, their shares combined, instead of only as many as fill "
-                     "the GPU once (kvlab.kernels.common.fill_splits: one program per pair once the pairs fill "
-                     "the multiprocessors)", fill_splits=False),
-    Strategy("graph-safe-speculative", "graph-safe + prompt-lookup speculative decoding: k=4 n-gram drafts "
-             "from the prompt and output, verified in one captured graph of k+1 rows", _SPECULATIVE_FN[0], 7,
-             "graph", sized=True, warm_full=True, steps_per_replay=5, builds=_SPECULATIVE_FN[1]),
-    Strategy("graph-safe-speculative/kernels", "graph-safe-speculative over kvlab's kernels: the prefill, "
-             "the verify of k+1 rows (the prefill's causal attention kernel) and the plain steps as "
-             "graph-safe-kernels' (kvlab.kernels.decoder.speculative_kernels_decoder)",
+    _kernels_variant("row-gemv", "the GEMV kernel for every row up to "
+                     "kvlab.kernels.gemv.GEMV_MAX_ROWS (each row reads the weights again) and "
+                     "cuBLAS above (norm, SiLU and residual unfused) instead of the measured "
+                     "dispatch (kvlab.kernels.gemv.TILE_DISPATCH: tl.dot tiles of rows where they "
+                     "won)", tiles=False),
+    _kernels_variant("eager-prefill", "the prefill run eagerly (every kernel launched from Python) "
+                     "instead of captured at the prompt's power-of-two bucket "
+                     "(kvlab.graph_decoder.prompt_bucket) and replayed", captured_prefill=False),
+    _kernels_variant("max-splits", "attention split over up to kvlab.kernels.common.MAX_SPLITS "
+                     "programs per (row, kv head) at every batch, their shares combined, instead "
+                     "of only as many as fill the GPU once (kvlab.kernels.common.fill_splits: one "
+                     "program per pair once the pairs fill the multiprocessors)",
+                     fill_splits=False),
+    Strategy("graph-safe-speculative", "graph-safe + prompt-lookup speculative decoding: k=4 "
+             "n-gram drafts from the prompt and output, verified in one captured graph of k+1 rows",
+             _SPECULATIVE_FN[0], 7, "graph", sized=True, warm_full=True, steps_per_replay=5,
+             builds=_SPECULATIVE_FN[1]),
+    Strategy("graph-safe-speculative/kernels", "graph-safe-speculative over kvlab's kernels: the "
+             "prefill, the verify of k+1 rows (the prefill's causal attention kernel) and the "
+             "plain steps as graph-safe-kernels' "
+             "(kvlab.kernels.decoder.speculative_kernels_decoder)",
              _SPECULATIVE_KERNELS_FN[0], 7, "graph", sized=True, warm_full=True, steps_per_replay=5,
              builds=_SPECULATIVE_KERNELS_FN[1]),
-    Strategy("paged", "paged KV cache (blocks handed out as rows grow) + continuous batching: each row a "
-             "request, eager prefill, decode steps replayed from one captured graph per batch-size bucket",
+    Strategy("paged", "paged KV cache (blocks handed out as rows grow) + continuous batching: each "
+             "row a request, eager prefill, decode steps replayed from one captured graph per "
+             "batch-size bucket",
              "kvlab.continuous_batching:decode_paged", 7, "graph", sized=True, warm_full=True,
              builds="kvlab.continuous_batching:paged_batcher"),
 ]}
@@ -179,7 +201,8 @@ assert all(s.kind in KINDS for s in STRATEGIES.values())
 # What ``python -m kvlab.lab.bench`` runs by default: every exact path of lessons 01-06 but the
 # ablations, in the course's order. Lesson 07's (drafts verified in bursts, a batch of requests) run
 # when named, and in 07.
-DEFAULT_STRATEGIES = [name for name, s in STRATEGIES.items() if s.exact and not s.ablation and s.lesson <= 6]
+DEFAULT_STRATEGIES = [name for name, s in STRATEGIES.items()
+                      if s.exact and not s.ablation and s.lesson <= 6]
 BENCHMARKED = [name for name, s in STRATEGIES.items() if s.exact]  # what the benchmark accepts
 GRAPH_SAFE = [name for name in DEFAULT_STRATEGIES if STRATEGIES[name].lesson >= 5]
 
@@ -191,8 +214,8 @@ def strategy_named(name: str) -> Strategy:
     return STRATEGIES[name]
 
 
-def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str = "naive", attention_mask=None,
-           **kwargs) -> torch.Tensor:
+def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str = "naive",
+           attention_mask=None, **kwargs) -> torch.Tensor:
     """Greedy-decode ``max_new_tokens`` tokens after ``input_ids`` with the named strategy
     (``kvlab.STRATEGIES``).
 
@@ -208,10 +231,12 @@ def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str
     unknown = [] if accepted is None else sorted(set(kwargs) - accepted)
     if unknown:
         takes = ", ".join(f"{k}=" for k in sorted(accepted)) or "no options"
-        raise TypeError(f"strategy {strategy!r} takes no {', '.join(f'{k}=' for k in unknown)}; it takes "
-                        f"{takes}. Drop it, or pick a strategy that takes it (kvlab.STRATEGIES)")
+        raise TypeError(f"strategy {strategy!r} takes no {', '.join(f'{k}=' for k in unknown)}; it "
+                        f"takes {takes}. Drop it, or pick a strategy that takes it "
+                        "(kvlab.STRATEGIES)")
     if kwargs.get("on_token") is not None and not callable(kwargs["on_token"]):
-        raise TypeError(f"on_token must be a function on_token(k, token), got {type(kwargs['on_token']).__name__}")
+        raise TypeError("on_token must be a function on_token(k, token), got "
+                        f"{type(kwargs['on_token']).__name__}")
     check_options(kwargs)
     return chosen(model, input_ids, max_new_tokens, **kwargs)
 
@@ -225,21 +250,26 @@ DECODER_SETTINGS = ("graph", "compile_mode", "prefill_bucket", "captured_prefill
 def check_options(options: dict) -> None:
     """Refuse options of which a strategy would silently use only one: a ``decoder`` brings its own
     cache, cache length and settings, and a ``cache`` its own length."""
-    given = [name for name in ("decoder", "cache", "max_cache_len") if options.get(name) is not None]
+    given = [name for name in ("decoder", "cache", "max_cache_len")
+             if options.get(name) is not None]
     settings = [name for name in DECODER_SETTINGS if name in options]
     if "decoder" in given and settings:
-        raise ValueError(f"pass decoder= or {', '.join(f'{s}=' for s in settings)}, not both: a GraphSafeDecoder keeps "
-                         "the settings it was built with and captured its graphs with them. Drop them to reuse the "
-                         "decoder, or drop decoder= to build one with them")
+        raise ValueError(f"pass decoder= or {', '.join(f'{s}=' for s in settings)}, not both: a "
+                         "GraphSafeDecoder keeps the settings it was built with and captured its "
+                         "graphs with them. Drop them to reuse the decoder, or drop decoder= to "
+                         "build one with them")
     if "decoder" in given and "cache" in given:
-        raise ValueError("pass decoder= or cache=, not both: a GraphSafeDecoder decodes into its own cache "
-                         "(decoder.cache) and would ignore cache=. Drop decoder= to decode into your cache (a decoder is "
-                         "built around it), or drop cache= to reuse the decoder")
+        raise ValueError("pass decoder= or cache=, not both: a GraphSafeDecoder decodes into its "
+                         "own cache (decoder.cache) and would ignore cache=. Drop decoder= to "
+                         "decode into your cache (a decoder is built around it), or drop cache= to "
+                         "reuse the decoder")
     if "decoder" in given and "max_cache_len" in given:
-        raise ValueError("pass decoder= or max_cache_len=, not both: a GraphSafeDecoder keeps the max_cache_len it was "
-                         "built with (decoder.max_cache_len) and would ignore max_cache_len=. Drop max_cache_len= to "
-                         "reuse the decoder, or drop decoder= for one of that length")
+        raise ValueError("pass decoder= or max_cache_len=, not both: a GraphSafeDecoder keeps the "
+                         "max_cache_len it was built with (decoder.max_cache_len) and would ignore "
+                         "max_cache_len=. Drop max_cache_len= to reuse the decoder, or drop "
+                         "decoder= for one of that length")
     if "cache" in given and "max_cache_len" in given:
-        raise ValueError(f"pass cache= or max_cache_len=, not both: a cache keeps the length it was made with and "
-                         f"max_cache_len={options['max_cache_len']} would be ignored. Drop max_cache_len= to decode into "
-                         "your cache, or drop cache= for a new cache of that length")
+        raise ValueError("pass cache= or max_cache_len=, not both: a cache keeps the length it was "
+                         f"made with and max_cache_len={options['max_cache_len']} would be "
+                         "ignored. Drop max_cache_len= to decode into your cache, or drop cache= "
+                         "for a new cache of that length")
