@@ -64,12 +64,10 @@ COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
 FLOAT = re.compile(r"^\d+e\d+$")  # 1e10000 is a number, not a commit
 DEFINITION = re.compile(r"^\s*(?:#{1,6}\s+|\*\*)\s*Exercise\s+(\d+)\b", re.IGNORECASE)
 MENTION = re.compile(r"\bexercises?\s+(\d+)\b", re.IGNORECASE)
-OTHER_LESSON = re.compile(
-    r"lesson\s+\d+'s\s+$|lesson\s+\d+\W*$", re.IGNORECASE
-)  # just before a mention
-OTHER_LESSON_AFTER = re.compile(
-    r"^\s*(?:of|in)\s+lesson\s+\d+", re.IGNORECASE
-)  # just after a mention
+# just before a mention
+OTHER_LESSON = re.compile(r"lesson\s+\d+'s\s+$|lesson\s+\d+\W*$", re.IGNORECASE)
+# just after a mention
+OTHER_LESSON_AFTER = re.compile(r"^\s*(?:of|in)\s+lesson\s+\d+", re.IGNORECASE)
 
 
 @dataclass

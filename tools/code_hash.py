@@ -22,10 +22,8 @@ import re
 from pathlib import Path
 
 FOLDERS = ("kvlab", "notebooks", "tests")
-LESSON_FOLDERS = (
-    "kvlab",
-    "notebooks",
-)  # what a lesson's run executes: its rows are current when these match
+# what a lesson's run executes: its rows are current when these match
+LESSON_FOLDERS = ("kvlab", "notebooks")
 ALWAYS_SKIPPED_DIRS = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".git"}
 ALWAYS_SKIPPED_SUFFIXES = (".pyc",)
 SHORT = 7  # hex digits shown of a hash

