@@ -1,8 +1,10 @@
-"""The contract every decoding strategy keeps, and the naive loop that every other one is checked against.
+"""The contract every decoding strategy keeps, and the naive loop that every other one is
+checked against.
 
-A strategy is a function ``fn(model, input_ids, max_new_tokens, *, on_token=None, **kw)`` that returns the new
-token ids, shape ``[batch, max_new_tokens]``, chosen greedily; ``on_token(step, token_ids)`` is called after each
-new token. ``kvlab.strategies`` holds the table of them and ``kvlab.decode``.
+A strategy is a function ``fn(model, input_ids, max_new_tokens, *, on_token=None, **kw)`` that
+returns the new token ids, shape ``[batch, max_new_tokens]``, chosen greedily;
+``on_token(step, token_ids)`` is called after each new token. ``kvlab.strategies`` holds the table
+of them and ``kvlab.decode``.
 """
 
 from __future__ import annotations
@@ -35,18 +37,23 @@ class StepClock:
 
 
 def check_model(model) -> None:
-    """Refuse what is not a model before its first use: above all ``load_model``'s ``(model, tokenizer)`` pair."""
+    """Refuse what is not a model before its first use: above all ``load_model``'s
+    ``(model, tokenizer)`` pair."""
     if isinstance(model, tuple):
         kinds = ", ".join(type(x).__name__ for x in model)
-        raise TypeError(f"model is a tuple ({kinds}), not a model: kvlab.load_model returns (model, tokenizer). "
-                        "Unpack it first: model, tokenizer = kvlab.load_model(...)")
-    if not isinstance(model, torch.nn.Module) or not hasattr(getattr(model, "config", None), "get_text_config"):
-        raise TypeError(f"model must be a transformers model (a torch.nn.Module with a .config), got "
-                        f"{type(model).__name__}: load one with model, tokenizer = kvlab.load_model(...)")
+        raise TypeError(f"model is a tuple ({kinds}), not a model: kvlab.load_model returns "
+                        "(model, tokenizer). Unpack it first: "
+                        "model, tokenizer = kvlab.load_model(...)")
+    if (not isinstance(model, torch.nn.Module)
+            or not hasattr(getattr(model, "config", None), "get_text_config")):
+        raise TypeError("model must be a transformers model (a torch.nn.Module with a .config), "
+                        f"got {type(model).__name__}: load one with "
+                        "model, tokenizer = kvlab.load_model(...)")
+
     if getattr(model, "get_output_embeddings", lambda: None)() is None:
-        raise TypeError(f"{type(model).__name__} has no language-model head (lm_head), so it gives no next-token "
-                        "logits: load the causal-LM model (transformers.AutoModelForCausalLM, or "
-                        "kvlab.load_model(...))")
+        raise TypeError(f"{type(model).__name__} has no language-model head (lm_head), so it gives "
+                        "no next-token logits: load the causal-LM model "
+                        "(transformers.AutoModelForCausalLM, or kvlab.load_model(...))")
 
 
 def random_in_training(model) -> str | None:
@@ -54,35 +61,39 @@ def random_in_training(model) -> str | None:
     if not model.training:
         return None
     for name, module in model.named_modules():
-        p = module.p if isinstance(module, torch.nn.Dropout) else getattr(module, "attention_dropout", 0.0)
+        p = (module.p if isinstance(module, torch.nn.Dropout)
+             else getattr(module, "attention_dropout", 0.0))
         if module.training and isinstance(p, float) and p > 0:
-            return (f"the model is in train mode and {name or 'model'} drops activations at random (p={p}): decoded "
-                    "tokens would be random and differ between strategies. Call model.eval() first")
+            return (f"the model is in train mode and {name or 'model'} drops activations at random "
+                    f"(p={p}): decoded tokens would be random and differ between strategies. Call "
+                    "model.eval() first")
     return None
 
 
 def _check_ids(input_ids) -> None:
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dtype != torch.long or input_ids.dim() != 2:
+    if (not isinstance(input_ids, torch.Tensor) or input_ids.dtype != torch.long
+            or input_ids.dim() != 2):
         cast = (" (token ids held as another dtype: convert them with input_ids.long())"
                 if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 else "")
         raise ValueError(
             "input_ids must be a LongTensor of shape [batch, prompt_len]; got "
-            f"{type(input_ids).__name__} {getattr(input_ids, 'dtype', '')} {tuple(getattr(input_ids, 'shape', ()))}"
-            f"{cast}. Use tokenizer(text, return_tensors='pt').input_ids."
+            f"{type(input_ids).__name__} {getattr(input_ids, 'dtype', '')} "
+            f"{tuple(getattr(input_ids, 'shape', ()))}{cast}. "
+            "Use tokenizer(text, return_tensors='pt').input_ids."
         )
 
 
 def vocabulary(model) -> int:
-    """How many token ids the model can read: its input embedding's rows (``config.vocab_size`` can be edited
-    without resizing it)."""
+    """How many token ids the model can read: its input embedding's rows (``config.vocab_size`` can
+    be edited without resizing it)."""
     embedding = getattr(model, "get_input_embeddings", lambda: None)()
     rows = getattr(embedding, "num_embeddings", None)
     return rows if rows is not None else model.config.get_text_config().vocab_size
 
 
 def check_inputs(model, input_ids: torch.Tensor, max_new_tokens: int) -> int:
-    """Reject what would otherwise fail deep inside the model, or silently decode the wrong thing. Returns
-    ``max_new_tokens`` as an int (a numpy or 0-dim tensor integer is accepted)."""
+    """Reject what would otherwise fail deep inside the model, or silently decode the wrong thing.
+    Returns ``max_new_tokens`` as an int (a numpy or 0-dim tensor integer is accepted)."""
     check_model(model)
     _check_ids(input_ids)
     if input_ids.shape[0] == 0:
@@ -92,48 +103,59 @@ def check_inputs(model, input_ids: torch.Tensor, max_new_tokens: int) -> int:
     max_new_tokens = count(max_new_tokens, "max_new_tokens")
     device = next(model.parameters()).device
     if device.type == "meta":
-        raise ValueError("the model's weights are on the 'meta' device (shapes only, no values): load real weights, "
-                         "e.g. kvlab.load_model(...) or model.to_empty(device=...) followed by loading a state dict")
+        raise ValueError("the model's weights are on the 'meta' device (shapes only, no values): "
+                         "load real weights, e.g. kvlab.load_model(...) or "
+                         "model.to_empty(device=...) followed by loading a state dict")
     if input_ids.device != device:
-        raise ValueError(f"input_ids are on {input_ids.device} but the model is on {device}: call input_ids.to({str(device)!r})")
+        raise ValueError(f"input_ids are on {input_ids.device} but the model is on {device}: call "
+                         f"input_ids.to({str(device)!r})")
     dropout = random_in_training(model)
     if dropout is not None:
         raise ValueError(dropout)
-    layers = layer_problem(model)  # a forward runs layers[:num_hidden_layers]; a cache has num_hidden_layers
+    # a forward runs layers[:num_hidden_layers]; a cache has num_hidden_layers
+    layers = layer_problem(model)
     if layers is not None:
         raise ValueError(layers)
     config = model.config.get_text_config()
     vocab = vocabulary(model)
     head = getattr(model.get_output_embeddings(), "out_features", vocab)
     if head > vocab:
-        raise ValueError(f"the model's lm_head scores {head} token ids but its embedding reads {vocab}: a predicted id "
-                         f">= {vocab} could not be fed back. Resize both with model.resize_token_embeddings({head})")
-    low, high = torch.stack(torch.aminmax(input_ids)).tolist()  # one host read, not two (on a GPU: a sync each)
+        raise ValueError(f"the model's lm_head scores {head} token ids but its embedding reads "
+                         f"{vocab}: a predicted id >= {vocab} could not be fed back. Resize both "
+                         f"with model.resize_token_embeddings({head})")
+    # one host read, not two (on a GPU: a sync each)
+    low, high = torch.stack(torch.aminmax(input_ids)).tolist()
     if high >= vocab or low < 0:
-        edited = (f" (model.config.vocab_size says {config.vocab_size}; the embedding has {vocab} rows: resize it "
-                  f"with model.resize_token_embeddings(n))" if config.vocab_size != vocab else "")
-        raise ValueError(f"input_ids hold ids outside the model's vocabulary [0, {vocab}){edited}: was the prompt "
-                         "tokenized for another model?")
+        edited = (f" (model.config.vocab_size says {config.vocab_size}; the embedding has {vocab} "
+                  "rows: resize it with model.resize_token_embeddings(n))"
+                  if config.vocab_size != vocab else "")
+        raise ValueError(f"input_ids hold ids outside the model's vocabulary [0, {vocab}){edited}: "
+                         "was the prompt tokenized for another model?")
     limit = getattr(config, "max_position_embeddings", None)
     if limit is not None and input_ids.shape[1] + max_new_tokens > limit:
         raise ValueError(
-            f"prompt ({input_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) exceeds the model's "
-            f"max_position_embeddings ({limit}): shorten one of them"
+            f"prompt ({input_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) exceeds the "
+            f"model's max_position_embeddings ({limit}): shorten one of them"
         )
     return max_new_tokens
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """The next token of each sequence: argmax over the last position's logits. [batch, seq, vocab] -> [batch, 1]."""
+    """The next token of each sequence: argmax over the last position's logits.
+    [batch, seq, vocab] -> [batch, 1]."""
+
     return logits[:, -1, :].argmax(dim=-1, keepdim=True)
 
 
 @torch.inference_mode()
-def decode_naive(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None) -> torch.Tensor:
-    """No cache: every step runs the model over the whole sequence so far, prompt included (O(n^2) work)."""
+def decode_naive(model, input_ids: torch.Tensor, max_new_tokens: int, *,
+                 on_token: OnToken = None) -> torch.Tensor:
+    """No cache: every step runs the model over the whole sequence so far, prompt included
+    (O(n^2) work)."""
     seq = input_ids  # [batch, prompt_len]
     for step in range(max_new_tokens):
-        logits = model(seq, use_cache=False).logits  # [batch, len(seq), vocab]: every position recomputed
+        # [batch, len(seq), vocab]: every position recomputed
+        logits = model(seq, use_cache=False).logits
         next_id = greedy(logits)  # [batch, 1]
         seq = torch.cat([seq, next_id], dim=1)
         if on_token is not None:
@@ -141,53 +163,66 @@ def decode_naive(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_toke
     return seq[:, input_ids.shape[1]:]
 
 
-READ_KEYS = ("input_ids", "attention_mask", "token_type_ids")  # a tokenizer's output; token types: unread
+# a tokenizer's output; token types: unread
+READ_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def unpadded_ids(input_ids, attention_mask=None) -> torch.Tensor:
-    """The prompt ids of ``input_ids`` (a tensor, or a tokenizer's output with its mask), refusing padded rows.
+    """The prompt ids of ``input_ids`` (a tensor, or a tokenizer's output with its mask),
+    refusing padded rows.
 
-    Every strategy feeds each row's tokens at positions 0, 1, ...: a padded row would be decoded as if its padding
-    were prompt text, so a batch must hold prompts of one length, and a mask with any 0 is refused. A mask given
-    twice (in the tokenizer's output and as ``attention_mask=``) must be the same mask.
+    Every strategy feeds each row's tokens at positions 0, 1, ...: a padded row would be decoded as
+    if its padding were prompt text, so a batch must hold prompts of one length, and a mask with any
+    0 is refused. A mask given twice (in the tokenizer's output and as ``attention_mask=``) must
+    be the same mask.
     """
     if isinstance(input_ids, Mapping):  # BatchEncoding or dict from a tokenizer
         if "input_ids" not in input_ids:
-            raise ValueError(f"a mapping of inputs needs 'input_ids' (a tokenizer's output has it); got keys {list(input_ids)}")
+            raise ValueError("a mapping of inputs needs 'input_ids' (a tokenizer's output has it); "
+                             f"got keys {list(input_ids)}")
         unread = [k for k in input_ids if k not in READ_KEYS]
         if unread:
-            raise ValueError(f"the inputs hold {unread}, which kvlab's strategies would not read: they decode from "
-                             "input_ids (and check attention_mask) only. Pass just those")
+            raise ValueError(f"the inputs hold {unread}, which kvlab's strategies would not read: "
+                             "they decode from input_ids (and check attention_mask) only. Pass "
+                             "just those")
         inner = input_ids.get("attention_mask")
         if attention_mask is None:
             attention_mask = inner
         elif inner is not None and inner is not attention_mask and not (
                 isinstance(inner, torch.Tensor) and isinstance(attention_mask, torch.Tensor)
-                and inner.shape == attention_mask.shape and bool((inner == attention_mask.to(inner.device)).all())):
-            raise ValueError("two different attention masks: the tokenizer's output holds one and attention_mask= "
-                             "gives another. Pass one of them: decode(model, inputs, n) or "
+                and inner.shape == attention_mask.shape
+                and bool((inner == attention_mask.to(inner.device)).all())):
+            raise ValueError("two different attention masks: the tokenizer's output holds one and "
+                             "attention_mask= gives another. Pass one of them: "
+                             "decode(model, inputs, n) or "
                              "decode(model, inputs['input_ids'], n, attention_mask=mask)")
         input_ids = input_ids["input_ids"]
     if attention_mask is not None:
         _check_ids(input_ids)
-        if not isinstance(attention_mask, torch.Tensor) or tuple(attention_mask.shape) != tuple(input_ids.shape):
-            raise ValueError(f"attention_mask must be a tensor of the ids' shape {tuple(input_ids.shape)}, "
-                             f"got {tuple(getattr(attention_mask, 'shape', ())) or type(attention_mask).__name__}")
-        if attention_mask.is_floating_point() or bool(((attention_mask != 0) & (attention_mask != 1)).any()):
-            raise ValueError("attention_mask must hold only 0 (padding) and 1 (a token), as a tokenizer makes it; "
-                             f"got {attention_mask.dtype} values {sorted(set(attention_mask.flatten().tolist()))[:6]}")
+        if (not isinstance(attention_mask, torch.Tensor)
+                or tuple(attention_mask.shape) != tuple(input_ids.shape)):
+            raise ValueError(
+                f"attention_mask must be a tensor of the ids' shape {tuple(input_ids.shape)}, got "
+                f"{tuple(getattr(attention_mask, 'shape', ())) or type(attention_mask).__name__}")
+        if (attention_mask.is_floating_point()
+                or bool(((attention_mask != 0) & (attention_mask != 1)).any())):
+            raise ValueError("attention_mask must hold only 0 (padding) and 1 (a token), as a "
+                             f"tokenizer makes it; got {attention_mask.dtype} values "
+                             f"{sorted(set(attention_mask.flatten().tolist()))[:6]}")
         padded = (attention_mask == 0).sum(dim=1)
         if bool(padded.any()):
             rows = [(i, int(n)) for i, n in enumerate(padded.tolist()) if n]
             raise ValueError(
-                f"padded rows (row, padding tokens): {rows}. kvlab's strategies decode prompts of one length and would "
-                "read the padding as prompt text. Decode each prompt alone, or batch prompts of equal length."
+                f"padded rows (row, padding tokens): {rows}. kvlab's strategies decode prompts of "
+                "one length and would read the padding as prompt text. Decode each prompt alone, "
+                "or batch prompts of equal length."
             )
     return input_ids
 
 
 def first_mismatch(a: torch.Tensor, b: torch.Tensor) -> int | None:
-    """Index of the first step where any sequence differs, None if identical. [batch, n] each (0 if shapes differ)."""
+    """Index of the first step where any sequence differs, None if identical. [batch, n] each (0 if
+    shapes differ)."""
     if a.shape != b.shape:
         return 0
     diff = (a != b).any(dim=0).nonzero()

@@ -1,33 +1,40 @@
-"""What a captured graph or a fused/compiled copy freezes of a model, and a cheap check that none of it moved.
+"""What a captured graph or a fused/compiled copy freezes of a model, and a cheap check that
+none of it moved.
 
-A graph replays the kernels it recorded: it reads every weight and buffer by address, runs the layers that were
-there, and bakes in every plain-Python number a step read (an RMSNorm's ``variance_epsilon``, the attention's
-``scaling``, the RoPE type). A fused copy holds the weights as they were. Either one keeps decoding the old model
-after an edit, so whoever holds one takes ``before = frozen_state(model)`` when it freezes the model (for a fused
-copy: of the source model and of the copy) and calls ``check_unchanged(before, model, "this decoder")`` before
-every decode; it raises ``GraphSafeError`` naming what moved. ``unchanged(before, model)`` is its fast path (a
-bool) and ``changes(before, model)`` the list of what moved, by name. ``layer_problem(model)`` says what is wrong
-with a model whose decoder layers disagree with its config (``kvlab.decoding.check_inputs`` refuses it).
+A graph replays the kernels it recorded: it reads every weight and buffer by address, runs the
+layers that were there, and bakes in every plain-Python number a step read (an RMSNorm's
+``variance_epsilon``, the attention's ``scaling``, the RoPE type). A fused copy holds the weights as
+they were. Either one keeps decoding the old model after an edit, so whoever holds one takes
+``before = frozen_state(model)`` when it freezes the model (for a fused copy: of the source model
+and of the copy) and calls ``check_unchanged(before, model, "this decoder")`` before every decode;
+it raises ``GraphSafeError`` naming what moved. ``unchanged(before, model)`` is its fast path (a
+bool) and ``changes(before, model)`` the list of what moved, by name. ``layer_problem(model)`` says
+what is wrong with a model whose decoder layers disagree with its config
+(``kvlab.decoding.check_inputs`` refuses it).
 
-What the snapshot holds (the check is one walk of the modules' own ``_parameters``/``_buffers``/``_modules`` dicts;
-it reads no tensor's data, so it never waits for a device):
+What the snapshot holds (the check is one walk of the modules' own
+``_parameters``/``_buffers``/``_modules`` dicts; it reads no tensor's data, so it never
+waits for a device):
 
-- every module, by identity (a submodule replaced, added or removed is seen), its instance ``forward`` if one was
-  set on it (a patched forward) and its number of forward (pre-)hooks, plus the process's global forward hooks;
-- every parameter and buffer, by identity, address, shape, dtype, device and in-place version (``tensor._version``:
-  an in-place edit under ``torch.no_grad()`` or ``torch.inference_mode()``, ``copy_``, ``load_state_dict`` all bump
-  it);
+- every module, by identity (a submodule replaced, added or removed is seen), its instance
+  ``forward`` if one was set on it (a patched forward) and its number of forward (pre-)hooks, plus
+  the process's global forward hooks;
+- every parameter and buffer, by identity, address, shape, dtype, device and in-place version
+  (``tensor._version``: an in-place edit under ``torch.no_grad()`` or ``torch.inference_mode()``,
+  ``copy_``, ``load_state_dict`` all bump it);
 - the decoder layers configured (``config.num_hidden_layers``) and present (``model.model.layers``);
-- each module's public scalar attributes (float, int, bool, str, None), and the config fields a forward reads
-  (``CONFIG_READ``). ``training`` is left out: kvlab decodes the same tokens in train mode (a model with live
-  dropout is refused by ``check_inputs``) and toggling ``model.eval()`` is common. Private attributes (``_name``)
-  are left out. The snapshot holds weak references only: it keeps no old weight alive.
+- each module's public scalar attributes (float, int, bool, str, None), and the config fields a
+  forward reads (``CONFIG_READ``). ``training`` is left out: kvlab decodes the same tokens in train
+  mode (a model with live dropout is refused by ``check_inputs``) and toggling ``model.eval()`` is
+  common. Private attributes (``_name``) are left out. The snapshot holds weak references only: it
+  keeps no old weight alive.
 
-What it cannot see: a weight edited through ``tensor.data`` (``p.data.mul_(2)``: ``.data`` has its own version
-counter), through a raw ``data_ptr``, by another process or by a CUDA kernel of someone else's; a tensor held in a
-plain attribute (not a parameter or buffer); a method patched on the class (``LlamaMLP.forward = ...``) or a
-module-level function a forward calls; a setting held in a container (a list or dict attribute) or in a private
-attribute; a config field outside ``CONFIG_READ``; an int setting turned into the equal bool (``1`` -> ``True``).
+What it cannot see: a weight edited through ``tensor.data`` (``p.data.mul_(2)``: ``.data`` has its
+own version counter), through a raw ``data_ptr``, by another process or by a CUDA kernel of someone
+else's; a tensor held in a plain attribute (not a parameter or buffer); a method patched on the
+class (``LlamaMLP.forward = ...``) or a module-level function a forward calls; a setting held in a
+container (a list or dict attribute) or in a private attribute; a config field outside
+``CONFIG_READ``; an int setting turned into the equal bool (``1`` -> ``True``).
 """
 
 from __future__ import annotations
@@ -40,12 +47,14 @@ from .graph_safe_cache import GraphSafeError
 
 SCALARS = (float, int, bool, str, type(None))
 CONFIG_READ = ("num_hidden_layers", "_attn_implementation", "sliding_window", "use_sliding_window",
-               "max_window_layers", "layer_types", "attention_chunk_size")  # read by a forward's masks and loop
+               "max_window_layers", "layer_types",
+               "attention_chunk_size")  # read by a forward's masks and loop
 _MISSING = object()
 
 
 def decoder_layers(model) -> tuple[int, int | None]:
-    """(configured, present): ``config.num_hidden_layers`` and ``len(model.model.layers)`` (None if not found)."""
+    """(configured, present): ``config.num_hidden_layers`` and ``len(model.model.layers)`` (None
+    if not found)."""
     configured = model.config.get_text_config().num_hidden_layers
     base = getattr(model, "model", model)
     layers = getattr(base, "layers", None)
@@ -54,28 +63,32 @@ def decoder_layers(model) -> tuple[int, int | None]:
 
 def layer_problem(model) -> str | None:
     """What is wrong when the config and the model's decoder layers disagree (a forward runs
-    ``layers[:config.num_hidden_layers]`` and a cache has one layer per configured one), or a layer's attention
-    writes another position's cache layer (``self_attn.layer_idx``: a layer moved or copied), else None."""
+    ``layers[:config.num_hidden_layers]`` and a cache has one layer per configured one), or a
+    layer's attention writes another position's cache layer (``self_attn.layer_idx``: a layer moved
+    or copied), else None."""
     configured, present = decoder_layers(model)
     if present is not None and present != configured:
-        return (f"model.config.num_hidden_layers is {configured} but the model has {present} decoder layers "
-                f"(model.model.layers): a forward would run {min(configured, present)} of them and a cache would "
-                f"hold {configured}; the layers or the config changed after the model was built. Set it "
-                f"(model.config.num_hidden_layers = {present}), or build a model of the layers you want from its "
-                "config")
+        return (f"model.config.num_hidden_layers is {configured} but the model has {present} "
+                "decoder layers (model.model.layers): a forward would run "
+                f"{min(configured, present)} of them and a cache would hold {configured}; the "
+                "layers or the config changed after the model was built. Set it "
+                f"(model.config.num_hidden_layers = {present}), or build a model of the layers you "
+                "want from its config")
     for i, layer in enumerate(getattr(getattr(model, "model", model), "layers", None) or ()):
         index = getattr(getattr(layer, "self_attn", None), "layer_idx", i)
         if index != i:
-            return (f"model.model.layers[{i}] reads and writes cache layer {index} (its self_attn.layer_idx): a "
-                    "layer was moved or copied from another position, and a cache would mix two layers' keys. Set "
-                    f"model.model.layers[{i}].self_attn.layer_idx = {i} (and so for each moved layer), or build a "
-                    "model of the layers you want from its config")
+            return (f"model.model.layers[{i}] reads and writes cache layer {index} (its "
+                    "self_attn.layer_idx): a layer was moved or copied from another position, and "
+                    "a cache would mix two layers' keys. Set "
+                    f"model.model.layers[{i}].self_attn.layer_idx = {i} (and so for each moved "
+                    "layer), or build a model of the layers you want from its config")
     return None
 
 
 def _walk(model) -> tuple[list, list, tuple]:
-    """Modules (depth first), their parameters and buffers (None slots dropped), and the per-module marks: the
-    modules with an instance ``forward`` (index, its id) and the number of forward (pre-)hooks of all of them."""
+    """Modules (depth first), their parameters and buffers (None slots dropped), and the per-module
+    marks: the modules with an instance ``forward`` (index, its id) and the number of forward
+    (pre-)hooks of all of them."""
     modules, tensors, patched, hooks = [], [], [], 0
     stack = [model]
     while stack:
@@ -94,8 +107,8 @@ def _walk(model) -> tuple[list, list, tuple]:
 
 
 def _signature(tensors: list, versions: bool = True) -> list:
-    """(address, in-place version, shape) per tensor: a new dtype or device needs new memory, so a new address.
-    Without ``versions`` the version is left out (0)."""
+    """(address, in-place version, shape) per tensor: a new dtype or device needs new memory, so a
+    new address. Without ``versions`` the version is left out (0)."""
     return [(t.data_ptr(), t._version if versions else 0, t.shape) for t in tensors]
 
 
@@ -121,7 +134,8 @@ def _named_modules(model) -> dict:
         if module is None:
             continue
         found[name] = module
-        children = [(f"{name}.{child}" if name else child, sub) for child, sub in module._modules.items()]
+        children = [(f"{name}.{child}" if name else child, sub)
+                    for child, sub in module._modules.items()]
         stack += reversed(children)  # popped in the model's order
     return found
 
@@ -154,38 +168,45 @@ def _settings(modules: list, plan: list) -> list:
 
 @dataclass(frozen=True, eq=False)
 class FrozenState:
-    """What ``frozen_state(model)`` saw; compare with ``check_unchanged``. Holds weak references only."""
+    """What ``frozen_state(model)`` saw; compare with ``check_unchanged``. Holds weak
+    references only."""
 
     model: weakref.ref
     config: tuple  # (configured, present) decoder layers, then the CONFIG_READ values
     modules: tuple  # weakref per module, walk order
-    marks: tuple  # ((module index, id of its instance forward), ...), forward (pre-)hook count of all modules
+    # ((module index, id of its instance forward), ...), forward (pre-)hook count of all modules
+    marks: tuple
     tensors: tuple  # weakref per parameter and buffer, walk order
     signature: list  # (data_ptr, _version, shape) per tensor (version 0 without ``versions``)
     plan: list  # (module index, itemgetter of its setting names)
     settings: list  # their values
     hooks: tuple  # the global forward (pre-)hook counts
-    named: dict  # by name, for messages: "modules", "tensors" (weakref, ptr, version, shape, dtype, device),
+    # by name, for messages: "modules", "tensors" (weakref, ptr, version, shape, dtype, device),
     # "settings" (value), "marks" (id of an instance forward or None, hook count)
+    named: dict
     versions: bool = True  # whether an in-place edit counts as a change
 
 
 def _config(model) -> tuple:
     config = model.config.get_text_config()
     layers = getattr(getattr(model, "model", model), "layers", None)
-    return (config.num_hidden_layers, None if layers is None else len(layers)), *_config_settings(config)
+    return ((config.num_hidden_layers, None if layers is None else len(layers)),
+            *_config_settings(config))
 
 
 def _marks(module) -> tuple:
     d = module.__dict__
-    return id(d["forward"]) if "forward" in d else None, len(d["_forward_hooks"]) + len(d["_forward_pre_hooks"])
+    return (id(d["forward"]) if "forward" in d else None,
+            len(d["_forward_hooks"]) + len(d["_forward_pre_hooks"]))
 
 
 def frozen_state(model, *, versions: bool = True) -> FrozenState:
-    """Snapshot what a captured graph or a fused copy of ``model`` freezes (see the module's docstring).
+    """Snapshot what a captured graph or a fused copy of ``model`` freezes (see the
+    module's docstring).
 
-    ``versions=False``: an in-place edit of a weight is not a change. That is right for a graph that reads the
-    model's own weights by address (its next replay reads the edited memory), wrong for a copy."""
+    ``versions=False``: an in-place edit of a weight is not a change. That is right for a graph that
+    reads the model's own weights by address (its next replay reads the edited memory),
+    wrong for a copy."""
     modules, tensors, marks = _walk(model)
     plan = _settings_plan(modules)
     named_modules = _named_modules(model)
@@ -193,7 +214,8 @@ def frozen_state(model, *, versions: bool = True) -> FrozenState:
         "modules": {n: weakref.ref(m) for n, m in named_modules.items()},
         "tensors": {n: (weakref.ref(t), t.data_ptr(), t._version, t.shape, t.dtype, t.device)
                     for n, t in _named_tensors(model).items()},
-        "settings": {f"{n}.{k}" if n else k: v for n, m in named_modules.items() for k, v in m.__dict__.items()
+        "settings": {f"{n}.{k}" if n else k: v
+                     for n, m in named_modules.items() for k, v in m.__dict__.items()
                      if type(v) in SCALARS and not k.startswith("_") and k != "training"},
         "marks": {n: _marks(m) for n, m in named_modules.items()},
     }
@@ -207,12 +229,16 @@ def _same_objects(refs: tuple, objects: list) -> bool:
 
 
 def unchanged(before: FrozenState, model) -> bool:
-    """True when nothing ``frozen_state`` records moved since ``before`` (the fast path of ``check_unchanged``)."""
-    if before.model() is not model or _config(model) != before.config or _global_hooks() != before.hooks:
+    """True when nothing ``frozen_state`` records moved since ``before`` (the fast path of
+    ``check_unchanged``)."""
+    if (before.model() is not model or _config(model) != before.config
+            or _global_hooks() != before.hooks):
+
         return False
     modules, tensors, marks = _walk(model)
     if not (marks == before.marks and _same_objects(before.modules, modules)
-            and _same_objects(before.tensors, tensors) and _signature(tensors, before.versions) == before.signature):
+            and _same_objects(before.tensors, tensors)
+            and _signature(tensors, before.versions) == before.signature):
         return False
     try:
         return _settings(modules, before.plan) == before.settings
@@ -235,8 +261,8 @@ def changes(before: FrozenState, model) -> list[str]:
     found = []
     configured, present = decoder_layers(model)
     if present is not None and present != configured:
-        found.append(f"{configured} decoder layers configured (config.num_hidden_layers), {present} present "
-                     "(model.model.layers)")
+        found.append(f"{configured} decoder layers configured (config.num_hidden_layers), "
+                     f"{present} present (model.model.layers)")
     elif (configured, present) != before.config[0]:
         found.append(f"the model had {before.config[0][1]} decoder layers, now {present}")
     now_modules, was_modules = _named_modules(model), before.named["modules"]
@@ -256,7 +282,8 @@ def changes(before: FrozenState, model) -> list[str]:
         if hooks != was[1]:
             found.append(f"{_path(name)} has {hooks} forward hooks, had {was[1]}")
     if _global_hooks() != before.hooks:
-        found.append("the global forward hooks (torch.nn.modules.module.register_module_forward_hook) changed")
+        found.append("the global forward hooks "
+                     "(torch.nn.modules.module.register_module_forward_hook) changed")
     now_tensors = _named_tensors(model)
     for name, (r, ptr, version, shape, dtype, device) in before.named["tensors"].items():
         t = now_tensors.get(name)
@@ -265,11 +292,12 @@ def changes(before: FrozenState, model) -> list[str]:
         elif t is not r():
             found.append(f"{_path(name)} was replaced by another tensor")
         elif (t.data_ptr(), t.shape, t.dtype, t.device) != (ptr, shape, dtype, device):
-            found.append(f"{_path(name)} now holds other memory ({tuple(t.shape)} {t.dtype} on {t.device}, was "
-                         f"{tuple(shape)} {dtype} on {device})")
+            found.append(f"{_path(name)} now holds other memory ({tuple(t.shape)} {t.dtype} on "
+                         f"{t.device}, was {tuple(shape)} {dtype} on {device})")
         elif before.versions and t._version != version:
             found.append(f"{_path(name)} was edited in place")
-    found += [f"{_path(name)} was added" for name in now_tensors if name not in before.named["tensors"]]
+    found += [f"{_path(name)} was added" for name in now_tensors
+              if name not in before.named["tensors"]]
     for name, was in before.named["settings"].items():
         module_name, _, key = name.rpartition(".")
         module = now_modules.get(module_name)
@@ -286,12 +314,13 @@ def changes(before: FrozenState, model) -> list[str]:
 
 
 def check_unchanged(before: FrozenState, model, what: str) -> None:
-    """Raise ``GraphSafeError`` naming what moved in ``model`` since ``before = frozen_state(model)`` was taken
-    when ``what`` (e.g. "this GraphSafeDecoder") froze it. Cheap when nothing moved: one walk of the modules."""
+    """Raise ``GraphSafeError`` naming what moved in ``model`` since
+    ``before = frozen_state(model)`` was taken when ``what`` (e.g. "this GraphSafeDecoder") froze
+    it. Cheap when nothing moved: one walk of the modules."""
     if unchanged(before, model):
         return
     found = changes(before, model) or ["its parameters, buffers or settings moved"]
     shown = "; ".join(found[:5]) + (f"; and {len(found) - 5} more" if len(found) > 5 else "")
-    raise GraphSafeError(f"the model changed after {what} was built: {shown}. {what} would decode the model as it "
-                         "was (its graphs or copy froze it). Build a new one from the model as it is now, or undo "
-                         "the change")
+    raise GraphSafeError(f"the model changed after {what} was built: {shown}. {what} would decode "
+                         "the model as it was (its graphs or copy froze it). Build a new one from "
+                         "the model as it is now, or undo the change")

@@ -4,7 +4,8 @@ prompt.
 ``GraphSafeDecoder`` owns one ``GraphSafeStaticCache`` (``kvlab.graph_safe_cache``) and one static
 token buffer. Its decode step is a plain function (gpt-fast's ``decode_one_token``), given to it:
 
-    step(model, cache, token) -> token    # reads token [batch, 1], writes the next one into it, in place
+    step(model, cache, token) -> token    # reads token [batch, 1], writes the next one into it,
+                                          # in place
 
 ``model_step`` (here: the transformers forward, then argmax) is lesson 05's; lesson 06's steps live
 beside the idea that owns them (``kvlab.compiled_step``: the forward compiled;
@@ -13,7 +14,8 @@ no host sync; ``kvlab.graphs.capture`` records ``steps`` of them in one graph (a
 a GPU, an emulation elsewhere), replayed for every ``steps`` tokens. ``prefill_bucket=T`` captures
 the prefill too, padded to T tokens:
 
-    prefill(model, cache, prompt, valid, token) -> token    # prompt [batch, T], its first ``valid`` count
+    prefill(model, cache, prompt, valid, token) -> token    # prompt [batch, T], its first
+                                                            # ``valid`` count
 
 (default ``model_prefill``: the forward with a causal mask from the counter, the cache's valid
 window).
@@ -38,7 +40,8 @@ from .graphs import capture
 from .runtime import count
 
 
-def prefill_mask(start: torch.Tensor, batch: int, bucket: int, slots: int, device=None) -> torch.Tensor:
+def prefill_mask(start: torch.Tensor, batch: int, bucket: int, slots: int,
+                 device=None) -> torch.Tensor:
     """The 4-D causal mask of a padded prefill: row ``i`` (position ``start + i``) may see slots
     ``0..start + i``.
 
@@ -49,19 +52,23 @@ def prefill_mask(start: torch.Tensor, batch: int, bucket: int, slots: int, devic
     outputs are never used and their keys go to the trash slot.
     """
     device = start.device if device is None else device
-    queries = start + torch.arange(bucket, device=device)  # [bucket] positions (a 0-dim CPU start broadcasts)
-    allowed = torch.arange(slots, device=device)[None, :] <= queries[:, None]  # [bucket, slots] causal
+    # [bucket] positions (a 0-dim CPU start broadcasts)
+    queries = start + torch.arange(bucket, device=device)
+    # [bucket, slots] causal
+    allowed = torch.arange(slots, device=device)[None, :] <= queries[:, None]
     return allowed[None, None].expand(batch, 1, bucket, slots)
 
 
 def forward_mask(model, cache, rows: torch.Tensor) -> torch.Tensor:
     """``prefill_mask`` of ``rows`` [batch, width] at the counter, in the form the model's attention
     takes: bool for ``"sdpa"``, additive (0 or the dtype's min) for the others."""
-    mask = prefill_mask(cache.cache_position, rows.shape[0], rows.shape[1], cache.max_cache_len, rows.device)
+    mask = prefill_mask(cache.cache_position, rows.shape[0], rows.shape[1], cache.max_cache_len,
+                        rows.device)
     if model.config._attn_implementation == "sdpa":
         return mask
     dtype = model.dtype
-    return torch.zeros((), dtype=dtype, device=rows.device).masked_fill(~mask, torch.finfo(dtype).min)
+    return (torch.zeros((), dtype=dtype, device=rows.device)
+            .masked_fill(~mask, torch.finfo(dtype).min))
 
 
 def read_addresses(model) -> tuple:
@@ -88,7 +95,8 @@ def model_step(model, cache, token: torch.Tensor) -> torch.Tensor:
     return token
 
 
-def model_prefill(model, cache, prompt: torch.Tensor, valid: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+def model_prefill(model, cache, prompt: torch.Tensor, valid: torch.Tensor,
+                  token: torch.Tensor) -> torch.Tensor:
     """A padded prefill through the model's forward: ``prompt`` [batch, T], of which the first
     ``valid`` (a 0-dim long tensor) count; writes the first new token into ``token`` [batch, 1] and
     advances the counter by ``valid`` (the cache's valid window). One graph captured at T serves
@@ -129,14 +137,17 @@ class GraphSafeDecoder:
         batch, steps = count(batch, "batch"), count(steps, "steps")
         for name, fn in (("step", step), ("prefill", prefill)):
             if fn is not None and not callable(fn):
-                raise TypeError(f"{name} must be a function ({name}(model, cache, ...)), got {type(fn).__name__}")
+                raise TypeError(f"{name} must be a function ({name}(model, cache, ...)), got "
+                                f"{type(fn).__name__}")
         if graph not in _GRAPH_SETTINGS:
             raise ValueError(f"graph must be True, False or 'emulate', got {graph!r}")
         cache = max_cache_len if isinstance(max_cache_len, GraphSafeStaticCache) else None
         length = cache.max_cache_len if cache is not None else max_cache_len
-        if prefill_bucket is not None and (not isinstance(prefill_bucket, int) or isinstance(prefill_bucket, bool)
+        if prefill_bucket is not None and (not isinstance(prefill_bucket, int)
+                                           or isinstance(prefill_bucket, bool)
                                            or not 1 <= prefill_bucket <= length):
-            raise ValueError(f"prefill_bucket must be in [1, max_cache_len={length}], got {prefill_bucket}")
+            raise ValueError(f"prefill_bucket must be in [1, max_cache_len={length}], got "
+                             f"{prefill_bucket}")
         param = next(model.parameters())
         self.model = self.source = model
         self.batch, self.steps, self.step_fn, self.prefill_fn = batch, steps, step, prefill
@@ -144,20 +155,25 @@ class GraphSafeDecoder:
         self.dtype, self.device = param.dtype, param.device
         self.prefill_bucket = prefill_bucket
         self.cache = self._own_cache(cache, length)
-        self._token = torch.zeros(batch, 1, dtype=torch.long, device=self.device)  # a step's static input AND output
-        self.valid = torch.zeros((), dtype=torch.long, device=self.device)  # valid prompt length, on the device
+        # a step's static input AND output
+        self._token = torch.zeros(batch, 1, dtype=torch.long, device=self.device)
+        # valid prompt length, on the device
+        self.valid = torch.zeros((), dtype=torch.long, device=self.device)
         if prefill_bucket is not None:
-            self.prompt = torch.zeros(batch, prefill_bucket, dtype=torch.long, device=self.device)  # [batch, T]
-        self.graphs: dict[int, object] = {}  # steps per replay -> captured graph (at most two: steps and the rest)
+            # [batch, T]
+            self.prompt = torch.zeros(batch, prefill_bucket, dtype=torch.long, device=self.device)
+        # steps per replay -> captured graph (at most two: steps and the rest)
+        self.graphs: dict[int, object] = {}
         self.prefill_graph = None
         self._fingerprint = None  # the cache's addresses at capture
-        self._frozen = frozen_state(model, versions=False)  # what the steps read: at build, again at capture
+        # what the steps read: at build, again at capture
+        self._frozen = frozen_state(model, versions=False)
         self._source_frozen = None  # frozen_state of the model a copy was made from (copied_from)
 
     def __reduce_ex__(self, protocol):
-        raise TypeError("a GraphSafeDecoder cannot be pickled or copied: it holds captured graphs bound to live "
-                        "memory (its cache and token buffer, read by address), which a copy would not own. Build "
-                        "a new GraphSafeDecoder instead")
+        raise TypeError("a GraphSafeDecoder cannot be pickled or copied: it holds captured graphs "
+                        "bound to live memory (its cache and token buffer, read by address), which "
+                        "a copy would not own. Build a new GraphSafeDecoder instead")
 
     @property
     def token(self) -> torch.Tensor:
@@ -167,8 +183,8 @@ class GraphSafeDecoder:
 
     @token.setter
     def token(self, value) -> None:
-        raise GraphSafeError("the captured graphs read decoder.token by address: a new tensor would never be read. "
-                             "Write into it instead: decoder.token.copy_(ids)")
+        raise GraphSafeError("the captured graphs read decoder.token by address: a new tensor "
+                             "would never be read. Write into it instead: decoder.token.copy_(ids)")
 
     def _own_cache(self, cache, max_cache_len: int) -> GraphSafeStaticCache:
         layers = self.model.config.get_text_config().num_hidden_layers
@@ -177,18 +193,19 @@ class GraphSafeDecoder:
             cache.owner = weakref.ref(self)
             return cache
         if cache.frozen:
-            raise GraphSafeError("this cache is already bound to a captured graph: use the GraphSafeDecoder that "
-                                 "captured it, or a fresh cache")
+            raise GraphSafeError("this cache is already bound to a captured graph: use the "
+                                 "GraphSafeDecoder that captured it, or a fresh cache")
         if len(cache.layers) != layers:
-            raise GraphSafeError(f"the cache has {len(cache.layers)} layers; this decoder needs the model's {layers} "
-                                 "layers: build the cache from model.config")
+            raise GraphSafeError(f"the cache has {len(cache.layers)} layers; this decoder needs "
+                                 f"the model's {layers} layers: build the cache from model.config")
         if cache.is_initialized and int(cache.get_seq_length()):
-            raise GraphSafeError(f"the cache already holds {int(cache.get_seq_length())} tokens: pass an empty one "
-                                 "(`with torch.inference_mode(): cache.reset()`)")
+            raise GraphSafeError(f"the cache already holds {int(cache.get_seq_length())} tokens: "
+                                 "pass an empty one (`with torch.inference_mode(): cache.reset()`)")
         owner = getattr(cache, "owner", None)
         if owner is not None and owner() is not None:
-            raise GraphSafeError("this cache already belongs to another GraphSafeDecoder: two decoders on one cache "
-                                 "would each continue the other's sequence. Give each decoder a cache of its own")
+            raise GraphSafeError("this cache already belongs to another GraphSafeDecoder: two "
+                                 "decoders on one cache would each continue the other's sequence. "
+                                 "Give each decoder a cache of its own")
         cache.owner = weakref.ref(self)
         return cache
 
@@ -212,7 +229,8 @@ class GraphSafeDecoder:
     def multi_step(self, n: int):
         """A function of the static token that runs ``n`` steps and returns their tokens ``[batch,
         n]``."""
-        out = torch.zeros(self.batch, n, dtype=torch.long, device=self.device)  # static output of the graph
+        # static output of the graph
+        out = torch.zeros(self.batch, n, dtype=torch.long, device=self.device)
 
         def run(token: torch.Tensor) -> torch.Tensor:
             for k in range(n):
@@ -225,7 +243,8 @@ class GraphSafeDecoder:
     def padded_prefill(self, prompt: torch.Tensor) -> torch.Tensor:
         """The prefill of ``prompt`` [batch, T], of which ``self.valid`` tokens count; writes the
         first new token."""
-        return (self.prefill_fn or model_prefill)(self.model, self.cache, prompt, self.valid, self.token)
+        return (self.prefill_fn or model_prefill)(self.model, self.cache, prompt, self.valid,
+                                                  self.token)
 
     # ---- host-side checks, all before any tensor is written
     # ----------------------------------------
@@ -233,40 +252,46 @@ class GraphSafeDecoder:
         check_inputs(self.model, input_ids, max_new_tokens)
         batch, prompt_len = input_ids.shape
         if batch != self.batch:
-            raise GraphSafeError(f"this decoder was built (and its graph captured) for batch {self.batch}, got "
-                                 f"batch {batch}: build another GraphSafeDecoder for that batch size")
+            raise GraphSafeError("this decoder was built (and its graph captured) for batch "
+                                 f"{self.batch}, got batch {batch}: build another GraphSafeDecoder "
+                                 "for that batch size")
         dtype = next(self.model.parameters()).dtype
         if dtype != self.dtype:
-            raise GraphSafeError(f"the model is now {dtype} but the decoder was built for {self.dtype}: its graph "
-                                 f"and cache hold {self.dtype} tensors. Build a new GraphSafeDecoder.")
+            raise GraphSafeError(f"the model is now {dtype} but the decoder was built for "
+                                 f"{self.dtype}: its graph and cache hold {self.dtype} tensors. "
+                                 "Build a new GraphSafeDecoder.")
         need = prompt_len + max_new_tokens - 1  # the last new token is never written
         if need > self.max_cache_len:
             raise GraphSafeError(
-                f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) - 1 = {need} tokens do not fit in "
-                f"max_cache_len={self.max_cache_len}: build the decoder with max_cache_len >= {need}"
+                f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) - 1 = {need} tokens do "
+                f"not fit in max_cache_len={self.max_cache_len}: build the decoder with "
+                f"max_cache_len >= {need}"
             )
         if self.prefill_bucket is not None and prompt_len > self.prefill_bucket:
             raise GraphSafeError(f"the prompt ({prompt_len} tokens) is longer than prefill_bucket="
-                                 f"{self.prefill_bucket}, the captured prefill's length: build the decoder for the "
-                                 "longest prompt it will serve (or with a larger prefill_bucket)")
+                                 f"{self.prefill_bucket}, the captured prefill's length: build the "
+                                 "decoder for the longest prompt it will serve (or with a larger "
+                                 "prefill_bucket)")
         if self._fingerprint is not None and self.cache.fingerprint() != self._fingerprint:
             raise GraphSafeError(
-                "the cache's buffers were reallocated or rebound since the graph was captured: replay would write "
-                "into the old buffers. Never rebind cache tensors; use cache.reset(). Build a new GraphSafeDecoder."
+                "the cache's buffers were reallocated or rebound since the graph was captured: "
+                "replay would write into the old buffers. Never rebind cache tensors; use "
+                "cache.reset(). Build a new GraphSafeDecoder."
             )
         self._check_weights()
 
     def copied_from(self, source) -> None:
-        """Say that ``self.model`` is a copy of ``source`` (a builder's fused copy): ``kvlab.decode``
-        then holds the decoder against ``source``, and any edit of ``source``, in place too, is
-        refused, since the copy would not see it."""
+        """Say that ``self.model`` is a copy of ``source`` (a builder's fused copy):
+        ``kvlab.decode`` then holds the decoder against ``source``, and any edit of ``source``, in
+        place too, is refused, since the copy would not see it."""
         self.source = source
         self._source_frozen = frozen_state(source)
 
     def _check_weights(self) -> None:
-        """Refuse a decode after anything the graphs or the copy froze moved (``kvlab.frozen_state``).
-        The graphs read the model's weights by address, so an in-place edit of them reaches the
-        next replay and is allowed; what this cannot see is listed in ``kvlab.frozen_state``."""
+        """Refuse a decode after anything the graphs or the copy froze moved
+        (``kvlab.frozen_state``). The graphs read the model's weights by address, so an in-place
+        edit of them reaches the next replay and is allowed; what this cannot see is listed in
+        ``kvlab.frozen_state``."""
         if self._frozen is not None:
             check_unchanged(self._frozen, self.model, "this GraphSafeDecoder")
         if self._source_frozen is not None:
@@ -282,11 +307,13 @@ class GraphSafeDecoder:
         try:
             graph = capture(fn, static, warmup=self.warmup, emulate=self.emulate)
         finally:
-            self.cache.set_position(position)  # warm-ups advanced the counter: put it back, in place
+            # warm-ups advanced the counter: put it back, in place
+            self.cache.set_position(position)
             self.token.copy_(token)
             start = int(position)
             end = self.max_cache_len  # the trash slot keeps its garbage: nothing reads it
-            for layer in self.cache.layers:  # and erase what they wrote past it (the mask hid it; now it is gone)
+            # and erase what they wrote past it (the mask hid it; now it is gone)
+            for layer in self.cache.layers:
                 layer.keys[:, :, start:end].zero_()
                 layer.values[:, :, start:end].zero_()
         self.cache.frozen = True
@@ -319,7 +346,8 @@ class GraphSafeDecoder:
             self.valid.fill_(input_ids.shape[1])
             return self.padded_prefill(input_ids)  # unpadded: every row is valid
         if self.prefill_bucket is None:
-            logits = self.model(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=1).logits
+            logits = self.model(input_ids=input_ids, cache=self.cache, use_cache=True,
+                                logits_to_keep=1).logits
             self.token.copy_(greedy(logits))
             return self.token
         self.prompt.zero_()
@@ -336,19 +364,22 @@ class GraphSafeDecoder:
         return self.token
 
     @torch.inference_mode()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None) -> torch.Tensor:
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *,
+                 on_token: OnToken = None) -> torch.Tensor:
         """Greedy-decode ``max_new_tokens`` after ``input_ids`` [batch, prompt_len]; returns
         ``[batch, max_new_tokens]``."""
         self._check(input_ids, max_new_tokens)
         out = torch.empty(self.batch, max_new_tokens, dtype=torch.long, device=self.device)
-        with self.cache.unchecked():  # room was checked above, once for every step: no host sync per step
+        # room was checked above, once for every step: no host sync per step
+        with self.cache.unchecked():
             out[:, :1].copy_(self._prefill(input_ids))
             if on_token is not None:
                 on_token(0, out[:, :1].clone())  # the caller's copy
             done = 1
             while done < max_new_tokens:
                 n = min(self.steps, max_new_tokens - done)
-                out[:, done : done + n].copy_(self.next_tokens(n))  # replay: n new tokens, no host sync
+                # replay: n new tokens, no host sync
+                out[:, done : done + n].copy_(self.next_tokens(n))
                 if on_token is not None:
                     for k in range(done, done + n):
                         on_token(k, out[:, k : k + 1].clone())  # the caller's copy
@@ -365,8 +396,9 @@ class GraphSafeDecoder:
         used = int(self.cache.cache_position)
         if used + n > self.max_cache_len:
             raise GraphSafeError(
-                f"the cache holds {used} of {self.max_cache_len} tokens: {n} more steps would decode garbage. "
-                "prefill a prompt again, or build the decoder with a larger max_cache_len."
+                f"the cache holds {used} of {self.max_cache_len} tokens: {n} more steps would "
+                "decode garbage. prefill a prompt again, or build the decoder with a larger "
+                "max_cache_len."
             )
         out = torch.empty(self.batch, n, dtype=torch.long, device=self.device)
         with self.cache.unchecked():
@@ -386,7 +418,8 @@ class GraphSafeDecoder:
         graphs = [f"{n}-step graph: {g.describe()}" for n, g in sorted(self.graphs.items())]
         if self.prefill_graph is not None:
             graphs.insert(0, f"prefill graph: {self.prefill_graph.describe()}")
-        how = "; ".join(graphs) if graphs else ("not captured yet" if self.use_graph else "eager (no graph)")
+        how = "; ".join(graphs) if graphs else ("not captured yet" if self.use_graph
+                                                else "eager (no graph)")
         return (f"GraphSafeDecoder(batch={self.batch}, max_cache_len={self.max_cache_len}, "
                 f"step={_function_name(self.step_fn)}, steps={self.steps}): {how}")
 
@@ -404,8 +437,9 @@ def cache_length(input_ids: torch.Tensor, max_new_tokens: int, max_cache_len: in
     ``cache``, else ``max_cache_len``, else prompt + new tokens."""
     if cache is not None:
         if not isinstance(cache, GraphSafeStaticCache):
-            raise TypeError(f"cache must be a kvlab GraphSafeStaticCache, got {type(cache).__name__}: a vanilla "
-                            "StaticCache is lesson 04's 'static-graph' strategy")
+            raise TypeError("cache must be a kvlab GraphSafeStaticCache, got "
+                            f"{type(cache).__name__}: a vanilla StaticCache is lesson 04's "
+                            "'static-graph' strategy")
         return cache
     return input_ids.shape[1] + max_new_tokens if max_cache_len is None else max_cache_len
 
@@ -417,17 +451,20 @@ def prompt_bucket(prompt_len: int, max_cache_len: int) -> int:
     return min(1 << (prompt_len - 1).bit_length(), max_cache_len)
 
 
-def graph_safe_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, max_cache_len: int | None = None,
+def graph_safe_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *,
+                       max_cache_len: int | None = None,
                        cache: GraphSafeStaticCache | None = None, graph: bool | str = True,
                        prefill_bucket: int | None = None) -> GraphSafeDecoder:
     """The decoder ``decode_graph_safe`` builds for one call: batch and cache from the call
     (``cache_length``), lesson 05's step. Pass it back as ``decoder=`` to replay its graphs in later
     calls."""
     length = cache_length(input_ids, max_new_tokens, max_cache_len, cache)
-    return GraphSafeDecoder(model, length, input_ids.shape[0], graph=graph, prefill_bucket=prefill_bucket)
+    return GraphSafeDecoder(model, length, input_ids.shape[0], graph=graph,
+                            prefill_bucket=prefill_bucket)
 
 
-def decode_graph_safe(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None,
+def decode_graph_safe(model, input_ids: torch.Tensor, max_new_tokens: int, *,
+                      on_token: OnToken = None,
                       decoder: GraphSafeDecoder | None = None, **settings) -> torch.Tensor:
     """The ``"graph-safe"`` strategy: eager prefill, the decode step captured once (one step per
     graph), replayed.
@@ -448,6 +485,7 @@ def decoder_for(decoder: GraphSafeDecoder, model) -> GraphSafeDecoder:
         raise TypeError(f"decoder= takes a GraphSafeDecoder (STRATEGIES[name].state(...)), got "
                         f"{type(decoder).__name__}")
     if decoder.source is not model:
-        raise GraphSafeError("this decoder was built for another model: its graphs would decode with that model's "
-                             "weights. Pass the decoder built for this model, or none (one is built for the call)")
+        raise GraphSafeError("this decoder was built for another model: its graphs would decode "
+                             "with that model's weights. Pass the decoder built for this model, or "
+                             "none (one is built for the call)")
     return decoder

@@ -43,8 +43,8 @@ def _check_draft_settings(k: int, max_ngram: int, min_ngram: int) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if min_ngram > max_ngram:
-        raise ValueError(f"min_ngram ({min_ngram}) must be <= max_ngram ({max_ngram}): the lookup tries n-grams from "
-                         "max_ngram down to min_ngram")
+        raise ValueError(f"min_ngram ({min_ngram}) must be <= max_ngram ({max_ngram}): the lookup "
+                         "tries n-grams from max_ngram down to min_ngram")
 
 
 def _check_draft_input(tokens, k: int, max_ngram: int, min_ngram: int) -> list[int]:
@@ -53,7 +53,8 @@ def _check_draft_input(tokens, k: int, max_ngram: int, min_ngram: int) -> list[i
     _check_draft_settings(k, max_ngram, min_ngram)
     if isinstance(tokens, torch.Tensor):
         if tokens.dim() != 1:
-            raise ValueError(f"tokens must be 1-D (one row of ids), got shape {tuple(tokens.shape)}: draft each row apart")
+            raise ValueError("tokens must be 1-D (one row of ids), got shape "
+                             f"{tuple(tokens.shape)}: draft each row apart")
         return tokens.tolist()
     return list(tokens)
 
@@ -72,7 +73,8 @@ def prompt_lookup_draft(tokens, k: int, max_ngram: int = 3, min_ngram: int = 1) 
     tokens = _check_draft_input(tokens, k, max_ngram, min_ngram)  # a list of ints
     for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
         suffix = tokens[-n:]
-        for start in range(len(tokens) - n):  # windows ending before the last token: each has a token after it
+        # windows ending before the last token: each has a token after it
+        for start in range(len(tokens) - n):
             if tokens[start : start + n] == suffix:
                 return tokens[start + n : start + n + k]
     return []
@@ -95,7 +97,8 @@ def kept_drafts(rows: torch.Tensor, verified: torch.Tensor) -> torch.Tensor:
     the batch keeps the fewest of any row (one counter). A 0-d tensor, computed on the device: no
     host sync, so it can be captured."""
     right = rows[:, 1:] == verified[:, :-1]  # [batch, k]
-    return right.long().cumprod(dim=-1).sum(dim=-1).min()  # a False stops the cumprod: the right prefix's length
+    # a False stops the cumprod: the right prefix's length
+    return right.long().cumprod(dim=-1).sum(dim=-1).min()
 
 
 def model_verify(model, cache, rows: torch.Tensor, verified: torch.Tensor) -> torch.Tensor:
@@ -103,7 +106,8 @@ def model_verify(model, cache, rows: torch.Tensor, verified: torch.Tensor) -> to
     positions, causal; writes the model's greedy token after each row into ``verified`` [batch, k +
     1] and advances the counter by k + 1 (the caller rolls back the rejected drafts)."""
     mask = forward_mask(model, cache, rows)  # [batch, 1, k + 1, slots] causal from the counter
-    logits = model(input_ids=rows, cache=cache, attention_mask=mask, use_cache=True).logits  # counter += k+1
+    # counter += k+1
+    logits = model(input_ids=rows, cache=cache, attention_mask=mask, use_cache=True).logits
     verified.copy_(logits.argmax(dim=-1))  # [batch, k + 1]: verified[:, i] follows rows[:, i]
     return verified
 
@@ -117,7 +121,8 @@ class SpeculativeStats:
     new_tokens: int  # per row, the first one (made by the prefill) included
     verify_steps: int  # replays of the verify graph: one host sync each
     drafted: int  # draft tokens the lookup found, all rows together (the padding is not counted)
-    accepted: int  # of those, kept: equal to the model's greedy token, and kept by every row (the min, batch > 1)
+    # of those, kept: equal to the model's greedy token, and kept by every row (the min, batch > 1)
+    accepted: int
 
     @property
     def acceptance_rate(self) -> float:
@@ -148,19 +153,23 @@ class SpeculativeDecoder(GraphSafeDecoder):
     the end.
     """
 
-    def __init__(self, model, max_cache_len: int | GraphSafeStaticCache, batch: int = 1, *, k: int = 4,
-                 max_ngram: int = 3, min_ngram: int = 1, verify=model_verify, step=model_step, prefill=None,
-                 prefill_bucket: int | None = None, graph: bool | str = True):
+    def __init__(self, model, max_cache_len: int | GraphSafeStaticCache, batch: int = 1, *,
+                 k: int = 4, max_ngram: int = 3, min_ngram: int = 1, verify=model_verify,
+                 step=model_step, prefill=None, prefill_bucket: int | None = None,
+                 graph: bool | str = True):
         _check_draft_settings(k, max_ngram, min_ngram)
         if not callable(verify):
-            raise TypeError(f"verify must be a function (verify(model, cache, rows, verified)), got "
+            raise TypeError("verify must be a function (verify(model, cache, rows, verified)), got "
                             f"{type(verify).__name__}")
-        super().__init__(model, max_cache_len, batch, step=step, prefill=prefill, prefill_bucket=prefill_bucket,
-                         graph=graph)
+        super().__init__(model, max_cache_len, batch, step=step, prefill=prefill,
+                         prefill_bucket=prefill_bucket, graph=graph)
         self.k, self.max_ngram, self.min_ngram, self.verify_fn = k, max_ngram, min_ngram, verify
-        self.rows = torch.zeros(batch, k + 1, dtype=torch.long, device=self.device)  # static: last token, k drafts
-        self.verified = torch.zeros(batch, k + 1, dtype=torch.long, device=self.device)  # static: token after each
-        self.accepted = torch.zeros((), dtype=torch.long, device=self.device)  # static: drafts every row accepted
+        # static: last token, k drafts
+        self.rows = torch.zeros(batch, k + 1, dtype=torch.long, device=self.device)
+        # static: token after each
+        self.verified = torch.zeros(batch, k + 1, dtype=torch.long, device=self.device)
+        # static: drafts every row accepted
+        self.accepted = torch.zeros((), dtype=torch.long, device=self.device)
         self.verify_graph = None
         self.last_stats: SpeculativeStats | None = None
 
@@ -174,7 +183,8 @@ class SpeculativeDecoder(GraphSafeDecoder):
         width = rows.shape[1]  # k + 1
         self.verify_fn(self.model, self.cache, rows, self.verified)  # the counter advanced by k + 1
         self.accepted.copy_(kept_drafts(rows, self.verified))
-        self.cache.cache_position.sub_(width - 1 - self.accepted)  # roll back in place: drop the rejected drafts
+        # roll back in place: drop the rejected drafts
+        self.cache.cache_position.sub_(width - 1 - self.accepted)
         return self.verified
 
     def verify_step(self) -> torch.Tensor:
@@ -189,7 +199,8 @@ class SpeculativeDecoder(GraphSafeDecoder):
     # ---- generation
     # --------------------------------------------------------------------------------
     @torch.inference_mode()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None) -> torch.Tensor:
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *,
+                 on_token: OnToken = None) -> torch.Tensor:
         """Greedy-decode ``max_new_tokens`` after ``input_ids`` [batch, prompt_len]; returns
         ``[batch, max_new_tokens]``, the tokens of ``kvlab.decode(model, input_ids,
         max_new_tokens)``. ``on_token`` gets each verify step's tokens one by one, after its replay.
@@ -197,22 +208,29 @@ class SpeculativeDecoder(GraphSafeDecoder):
         self._check(input_ids, max_new_tokens)
         k = self.k
         out = torch.empty(self.batch, max_new_tokens, dtype=torch.long, device=self.device)
-        history = input_ids.tolist()  # per row: prompt + output so far, on the host, where drafting happens
+        # per row: prompt + output so far, on the host, where drafting happens
+        history = input_ids.tolist()
         verify_steps = drafted = accepted_drafts = 0
-        with self.cache.unchecked():  # room was checked above; rows past the end go to the trash slot
-            out[:, :1].copy_(self._prefill(input_ids))  # counter = prompt_len: the first token's position
+        # room was checked above; rows past the end go to the trash slot
+        with self.cache.unchecked():
+            # counter = prompt_len: the first token's position
+            out[:, :1].copy_(self._prefill(input_ids))
             for row, token in zip(history, out[:, 0].tolist(), strict=True):
                 row.append(token)
             if on_token is not None:
                 on_token(0, out[:, :1].clone())  # the caller's copy
             done = 1
             while done < max_new_tokens:
-                drafts = [prompt_lookup_draft(row, k, self.max_ngram, self.min_ngram) for row in history]
-                rows = [[row[-1], *padded_draft(draft, k, row[-1])] for row, draft in zip(history, drafts, strict=True)]
-                self.rows.copy_(torch.tensor(rows))  # in place: the graph reads the buffer by address
+                drafts = [prompt_lookup_draft(row, k, self.max_ngram, self.min_ngram)
+                          for row in history]
+                rows = [[row[-1], *padded_draft(draft, k, row[-1])]
+                        for row, draft in zip(history, drafts, strict=True)]
+                # in place: the graph reads the buffer by address
+                self.rows.copy_(torch.tensor(rows))
                 self.verify_step()
                 accepted = int(self.accepted)  # the one host sync of a verify step
-                take = min(accepted + 1, max_new_tokens - done)  # trim at the end: never more than asked for
+                # trim at the end: never more than asked for
+                take = min(accepted + 1, max_new_tokens - done)
                 out[:, done : done + take].copy_(self.verified[:, :take])
                 for row, tokens in zip(history, self.verified[:, :take].tolist(), strict=True):
                     row.extend(tokens)
@@ -227,15 +245,17 @@ class SpeculativeDecoder(GraphSafeDecoder):
         # in `token`, as GraphSafeDecoder.generate leaves them (decode_steps continues from here).
         self.cache.set_position(input_ids.shape[1] + max_new_tokens - 1)
         self.token.copy_(out[:, -1:])
-        self.last_stats = SpeculativeStats(batch=self.batch, k=k, new_tokens=max_new_tokens, verify_steps=verify_steps,
-                                           drafted=drafted, accepted=accepted_drafts)
+        self.last_stats = SpeculativeStats(batch=self.batch, k=k, new_tokens=max_new_tokens,
+                                           verify_steps=verify_steps, drafted=drafted,
+                                           accepted=accepted_drafts)
         return out
 
     def describe(self) -> str:
-        verify = f"verify graph: {self.verify_graph.describe()}" if self.verify_graph is not None else (
-            "verify graph not captured yet" if self.use_graph else "verify eager (no graph)")
-        return (f"SpeculativeDecoder(batch={self.batch}, max_cache_len={self.max_cache_len}, k={self.k}, "
-                f"ngrams={self.min_ngram}..{self.max_ngram}): {verify}")
+        verify = (f"verify graph: {self.verify_graph.describe()}" if self.verify_graph is not None
+                  else ("verify graph not captured yet" if self.use_graph
+                        else "verify eager (no graph)"))
+        return (f"SpeculativeDecoder(batch={self.batch}, max_cache_len={self.max_cache_len}, "
+                f"k={self.k}, ngrams={self.min_ngram}..{self.max_ngram}): {verify}")
 
 
 def speculative_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, k: int = 4,
@@ -253,10 +273,12 @@ def speculative_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, 
     return SpeculativeDecoder(model, length, input_ids.shape[0], k=k, **settings)
 
 
-def decode_speculative(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None,
-                       decoder: SpeculativeDecoder | None = None, k: int | None = None, max_ngram: int | None = None,
-                       min_ngram: int | None = None, max_cache_len: int | None = None, graph: bool | None = None,
-                       prefill_bucket: int | None = None, cache: GraphSafeStaticCache | None = None) -> torch.Tensor:
+def decode_speculative(model, input_ids: torch.Tensor, max_new_tokens: int, *,
+                       on_token: OnToken = None, decoder: SpeculativeDecoder | None = None,
+                       k: int | None = None, max_ngram: int | None = None,
+                       min_ngram: int | None = None, max_cache_len: int | None = None,
+                       graph: bool | None = None, prefill_bucket: int | None = None,
+                       cache: GraphSafeStaticCache | None = None) -> torch.Tensor:
     """The ``"graph-safe-speculative"`` strategy: eager prefill, then prompt-lookup drafts verified
     ``k`` (default 4) at a time in one captured graph (``SpeculativeDecoder``).
 
@@ -264,18 +286,23 @@ def decode_speculative(model, input_ids: torch.Tensor, max_new_tokens: int, *, o
     for this call (``speculative_decoder``; ``max_ngram`` default 3, ``min_ngram`` 1, ``graph``
     True).
     """
-    settings = {"k": k, "max_ngram": max_ngram, "min_ngram": min_ngram, "graph": graph, "prefill_bucket": prefill_bucket}
+    settings = {"k": k, "max_ngram": max_ngram, "min_ngram": min_ngram, "graph": graph,
+                "prefill_bucket": prefill_bucket}
     settings = {name: value for name, value in settings.items() if value is not None}
     if decoder is not None:
         if not isinstance(decoder, SpeculativeDecoder):
-            raise TypeError(f"decoder must be a SpeculativeDecoder, got {type(decoder).__name__}: build one with "
-                            "kvlab.speculative.speculative_decoder(model, input_ids, max_new_tokens)")
+            raise TypeError(f"decoder must be a SpeculativeDecoder, got {type(decoder).__name__}: "
+                            "build one with kvlab.speculative.speculative_decoder(model, "
+                            "input_ids, max_new_tokens)")
         if settings or cache is not None or max_cache_len is not None:
-            given = ", ".join(f"{name}=" for name in [*settings, *(["cache"] if cache is not None else []),
-                                                      *(["max_cache_len"] if max_cache_len is not None else [])])
-            raise GraphSafeError(f"pass decoder= or {given}, not both: a SpeculativeDecoder keeps the settings and "
-                                 "cache it was built with. Drop them to reuse the decoder, or drop decoder= to build one")
+            given = ", ".join(f"{name}=" for name in [
+                *settings, *(["cache"] if cache is not None else []),
+                *(["max_cache_len"] if max_cache_len is not None else [])])
+
+            raise GraphSafeError(f"pass decoder= or {given}, not both: a SpeculativeDecoder keeps "
+                                 "the settings and cache it was built with. Drop them to reuse the "
+                                 "decoder, or drop decoder= to build one")
         return decoder_for(decoder, model).generate(input_ids, max_new_tokens, on_token=on_token)
-    decoder = speculative_decoder(model, input_ids, max_new_tokens, max_cache_len=max_cache_len, cache=cache,
-                                  **settings)
+    decoder = speculative_decoder(model, input_ids, max_new_tokens, max_cache_len=max_cache_len,
+                                  cache=cache, **settings)
     return decoder.generate(input_ids, max_new_tokens, on_token=on_token)
