@@ -140,8 +140,7 @@ def skip_reason(strategy, device, quick: bool, elapsed: float, budget: float | N
         return f"time budget spent ({elapsed:.0f} s > --time-budget {budget:.0f} s)"
     if strategy.cuda_only and device.type != "cuda":
         return ("needs CUDA: kvlab captures the compiled step in a real CUDA graph; on CPU there "
-                "is no graph to "
-                "capture it into (see graph-safe, emulated)")
+                "is no graph to capture it into (see graph-safe, emulated)")
     if strategy.compiled and device.type != "cuda" and quick:
         return ("torch.compile on a 2-core CPU takes minutes; quick mode skips it (run without "
                 "--quick to include it)")
@@ -221,8 +220,7 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
             except OSError as e:  # the rows stay in memory; the next strategy's write tries again
                 write_failed[:] = [f"{type(e).__name__}: {e}"]
                 bar.write(f"  could not write {out!r} ({write_failed[0]}): the results are kept in "
-                          "memory and "
-                          "written again after the next strategy")
+                          "memory and written again after the next strategy")
         return record
 
     bar = tqdm(total=len(batches) * len(strategies), desc="kvlab.lab.bench", disable=not progress)

@@ -196,8 +196,7 @@ class Run:
     def __post_init__(self):
         if not isinstance(self.recorder, CacheRecorder):
             raise TypeError("recorder must be a kvlab.cache_view.CacheRecorder (the on_token "
-                            "callback of the decode), "
-                            f"got {type(self.recorder).__name__}")
+                            f"callback of the decode), got {type(self.recorder).__name__}")
         for name in ("prompt_len", "bucket"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
@@ -485,8 +484,7 @@ class CacheInspector:
 
         if not isinstance(inspection, Inspection):
             raise TypeError("CacheInspector shows a kvlab.lab.inspector.Inspection, got "
-                            f"{type(inspection).__name__}: "
-                            "wrap your runs first, "
+                            f"{type(inspection).__name__}: wrap your runs first, "
                             "Inspection([Run(label, recorder, prompt_len=p)])")
         self.inspection = inspection
         last = inspection.steps - 1

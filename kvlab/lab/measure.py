@@ -197,8 +197,7 @@ def _timing(label, tokens, new_tokens, warmup, prefills, totals, steps, peak,
             f"{label or 'the decode'}: T({new_tokens}) = {1e3 * total:.3f} ms is not above "
             f"T(1) = {1e3 * prefill:.3f} ms, "
             "so (T(n) - T(1)) / (n - 1) would be meaningless: the machine was busy, or n is too "
-            "small for its clock. "
-            "Time more tokens or more repeats, with nothing else running.")
+            "small for its clock. Time more tokens or more repeats, with nothing else running.")
     return DecodeTiming(label=label, batch=int(tokens.shape[0]), new_tokens=int(tokens.shape[1]),
                         tokens=tokens, warmup_seconds=warmup, prefill_seconds=prefill,
                         total_seconds=total, step_seconds=steps, peak_memory_bytes=peak,
@@ -216,10 +215,9 @@ def time_strategy(model, input_ids: torch.Tensor, new_tokens: int, *, strategy: 
 
     if per_step and strategy_named(strategy).steps_per_replay > 1:
         raise ValueError(f"{strategy!r} replays {strategy_named(strategy).steps_per_replay} steps "
-                         "per graph: its "
-                         "tokens reach on_token in a burst after each replay, so per-step times "
-                         "would mean nothing. "
-                         "Time it with per_step=False (the rule needs no per-token clock)")
+                         "per graph: its tokens reach on_token in a burst after each replay, so "
+                         "per-step times would mean nothing. Time it with per_step=False (the "
+                         "rule needs no per-token clock)")
     input_ids = unpadded_ids(input_ids, kwargs.pop("attention_mask", None))
     if not {"decoder", "cache", "compiled_step"} & kwargs.keys():
         check_inputs(model, input_ids, new_tokens)
