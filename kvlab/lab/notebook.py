@@ -1,10 +1,11 @@
 """What the lessons' cells share, so that no notebook copies another's code.
 
-- ``lesson_setup()``: the set-up cell of every lesson on the course model: the device, the real model (or labelled
-  random weights of its shape), what it runs on, printed; a ``Lesson`` holds them.
+- ``lesson_setup()``: the set-up cell of every lesson on the course model: the device, the real
+  model (or labelled random weights of its shape), what it runs on, printed; a ``Lesson`` holds
+  them.
 - ``course_model()``: the one way the lessons load the course model, with its offline fallback.
-- ``show_source``, ``show_doc``, ``show_diff``: the installed package's own code, docstrings and the diff of two
-  functions, displayed (never a copy that could drift from what runs).
+- ``show_source``, ``show_doc``, ``show_diff``: the installed package's own code, docstrings and the
+  diff of two functions, displayed (never a copy that could drift from what runs).
 - ``release()``: free what a section left and print what is still held.
 """
 
@@ -38,12 +39,14 @@ class CourseModel:
         return self.tokenizer is None
 
     def encode(self, question: str, *, max_random_tokens: int | None = None) -> torch.Tensor:
-        """The chat prompt of ``question`` as ids ``[1, prompt_len]``; with random weights, its UTF-8 bytes."""
+        """The chat prompt of ``question`` as ids ``[1, prompt_len]``; with random weights, its
+        UTF-8 bytes."""
         device = next(self.model.parameters()).device
         if self.random:
             return torch.tensor([list(question.encode())[:max_random_tokens]], device=device)
         chat = [{"role": "user", "content": question}]
-        return self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt")["input_ids"].to(device)
+        return self.tokenizer.apply_chat_template(chat, add_generation_prompt=True,
+                                                  return_tensors="pt")["input_ids"].to(device)
 
     def text(self, ids: torch.Tensor) -> str:
         """Decoded text; with random weights (meaningless text), the first and last few ids."""
@@ -52,34 +55,40 @@ class CourseModel:
             return self.tokenizer.decode(ids)
         if ids.numel() <= 12:
             return " ".join(str(int(i)) for i in ids)
-        return " ".join(str(int(i)) for i in ids[:6]) + " ... " + " ".join(str(int(i)) for i in ids[-6:])
+        return (" ".join(str(int(i)) for i in ids[:6]) + " ... "
+                + " ".join(str(int(i)) for i in ids[-6:]))
 
 
 def course_model(device=None, dtype: torch.dtype = torch.float32) -> CourseModel:
-    """The real SmolLM2-135M-Instruct, or random weights of its shape when ``KVLAB_RANDOM_WEIGHTS=1`` or the real
-    one cannot be had (a GPU machine without network): the mechanics and timings stay real, the text does not."""
+    """The real SmolLM2-135M-Instruct, or random weights of its shape when
+    ``KVLAB_RANDOM_WEIGHTS=1`` or the real one cannot be had (a GPU machine without network): the
+    mechanics and timings stay real, the text does not."""
     dtype_name = str(dtype).removeprefix("torch.")
     if os.environ.get(RANDOM_ENV) != "1":
         try:
             model, tokenizer = load_model(device=device, dtype=dtype)
             return CourseModel(model, tokenizer, f"SmolLM2-135M-Instruct, {dtype_name}")
         except ModelUnavailableError as e:
-            print(f"the real model is not available here ({str(e).splitlines()[0]}); using random weights")
+            print(f"the real model is not available here ({str(e).splitlines()[0]}); "
+                  "using random weights")
     return CourseModel(
         random_smollm2(device=device, dtype=dtype),
         None,
-        f"RANDOM WEIGHTS in SmolLM2-135M's shape, {dtype_name}: the text is meaningless, the mechanics and timings are real",
+        f"RANDOM WEIGHTS in SmolLM2-135M's shape, {dtype_name}: the text is meaningless, "
+        "the mechanics and timings are real",
     )
 
 
 @dataclass
 class Lesson:
-    """What a lesson's set-up cell gives its cells: where it runs and the course model it runs on."""
+    """What a lesson's set-up cell gives its cells: where it runs and the course model it runs
+    on."""
 
     device: torch.device
     env: dict  # kvlab.environment(device): the hardware and versions printed beside every plot
     course: CourseModel
-    max_random_tokens: int | None = None  # with random weights, ``encode`` keeps this many bytes of a question
+    # with random weights, ``encode`` keeps this many bytes of a question
+    max_random_tokens: int | None = None
 
     @property
     def gpu(self) -> bool:
@@ -107,7 +116,8 @@ class Lesson:
         return self.course.label
 
     def encode(self, question: str) -> torch.Tensor:
-        """The chat prompt of ``question`` as ids ``[1, prompt_len]`` (random weights: its UTF-8 bytes)."""
+        """The chat prompt of ``question`` as ids ``[1, prompt_len]`` (random weights: its UTF-8
+        bytes)."""
         return self.course.encode(question, max_random_tokens=self.max_random_tokens)
 
     def text(self, ids: torch.Tensor) -> str:
@@ -116,24 +126,26 @@ class Lesson:
 
 CAPTURE_HERE = {
     True: "real CUDA graphs on {hardware}",
-    False: "EMULATED (no CUDA: kvlab.graphs records the step's aten operations once and replays them; same "
-           "contract, same tokens, no speedup)",
+    False: "EMULATED (no CUDA: kvlab.graphs records the step's aten operations once and replays "
+           "them; same contract, same tokens, no speedup)",
 }
 
 
 def lesson_setup(dtype: torch.dtype = torch.float32, *, device=None, graphs: bool = False,
                  max_random_tokens: int | None = None) -> Lesson:
-    """The set-up of every lesson on the course model, printed: the device (a GPU if there is one), the course
-    model in ``dtype`` (float32 by default: the lessons compare tokens, and lesson 00 shows why that needs it),
-    or random weights of its shape where the real ones cannot be had (``course_model``), quick mode, the model's
-    sizes, and with ``graphs=True`` whether a captured graph is a real CUDA graph here or kvlab's emulation."""
+    """The set-up of every lesson on the course model, printed: the device (a GPU if there is one),
+    the course model in ``dtype`` (float32 by default: the lessons compare tokens, and lesson 00
+    shows why that needs it), or random weights of its shape where the real ones cannot be had
+    (``course_model``), quick mode, the model's sizes, and with ``graphs=True`` whether a captured
+    graph is a real CUDA graph here or kvlab's emulation."""
     device = pick_device(device)
     lesson = Lesson(device, environment(device), course_model(device, dtype), max_random_tokens)
     s = model_sizes(lesson.config)
     print(lesson.label)
-    print(f"hardware: {lesson.env['hardware']} | quick mode: {'on (shortened runs)' if quick_mode() else 'off'}")
-    print(f"model: {s.layers} layers, hidden {s.hidden}, {s.heads} query heads, {s.kv_heads} kv heads, "
-          f"head_dim {s.head_dim}")
+    print(f"hardware: {lesson.env['hardware']} | "
+          f"quick mode: {'on (shortened runs)' if quick_mode() else 'off'}")
+    print(f"model: {s.layers} layers, hidden {s.hidden}, {s.heads} query heads, "
+          f"{s.kv_heads} kv heads, head_dim {s.head_dim}")
     if graphs:
         print("capture here:", CAPTURE_HERE[lesson.gpu].format(hardware=hardware(device)))
     return lesson
@@ -148,28 +160,34 @@ def show_source(*objects) -> None:
 
 
 def show_doc(obj) -> None:
-    """Display the docstring of a module, class or function of the installed package, as plain text."""
+    """Display the docstring of a module, class or function of the installed package, as plain
+    text."""
     from IPython.display import Markdown, display
 
-    display(Markdown("```text\n" + (inspect.getdoc(obj) or f"({obj.__name__} has no docstring)") + "\n```"))
+    display(Markdown("```text\n" + (inspect.getdoc(obj) or f"({obj.__name__} has no docstring)")
+                     + "\n```"))
 
 
 def show_diff(old, new, *, context: int = 1) -> None:
-    """Display what changes from the source of ``old`` to the source of ``new`` (two functions), as a unified diff."""
+    """Display what changes from the source of ``old`` to the source of ``new`` (two functions), as
+    a unified diff."""
     from IPython.display import Code, display
 
-    diff = difflib.unified_diff(inspect.getsource(old).splitlines(), inspect.getsource(new).splitlines(),
+    diff = difflib.unified_diff(inspect.getsource(old).splitlines(),
+                                inspect.getsource(new).splitlines(),
                                 old.__qualname__, new.__qualname__, lineterm="", n=context)
     display(Code("\n".join(diff), language="diff"))
 
 
 def release(device) -> dict:
-    """Free what the previous section left: collect garbage, return CUDA's cached blocks, print what is still held.
+    """Free what the previous section left: collect garbage, return CUDA's cached blocks, print what
+    is still held.
 
-    Call it after ``del`` of the section's models, caches and graphs; a CUDA graph keeps its memory pool until the
-    graph object itself is gone. Returns ``kvlab.lab.measure.memory_held(device)``.
+    Call it after ``del`` of the section's models, caches and graphs; a CUDA graph keeps its memory
+    pool until the graph object itself is gone. Returns ``kvlab.lab.measure.memory_held(device)``.
     """
     free_unreferenced(device)
     held = memory_held(device)
-    print("memory held now: " + ", ".join(f"{k.removesuffix('_mb').replace('_', ' ')} {v:,.0f} MB" for k, v in held.items()))
+    print("memory held now: " + ", ".join(f"{k.removesuffix('_mb').replace('_', ' ')} {v:,.0f} MB"
+                                          for k, v in held.items()))
     return held

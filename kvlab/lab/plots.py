@@ -1,7 +1,7 @@
-"""Every plot of the course, in one look, each stamped with the hardware it was measured on: the styled ``figure``,
-lesson 03's cache heatmaps and memory lines, and lesson 06's plots of ``kvlab.lab.bench`` records (strategies side by
-side, the bandwidth floor, profiler timelines, tokens/s against batch size, peak memory per strategy, the tile
-sweep of the matmul kernels)."""
+"""Every plot of the course, in one look, each stamped with the hardware it was measured on: the
+styled ``figure``, lesson 03's cache heatmaps and memory lines, and lesson 06's plots of
+``kvlab.lab.bench`` records (strategies side by side, the bandwidth floor, profiler timelines,
+tokens/s against batch size, peak memory per strategy, the tile sweep of the matmul kernels)."""
 
 from __future__ import annotations
 
@@ -25,10 +25,13 @@ STYLE = {
 }
 
 
-def figure(title: str, xlabel: str, ylabel: str, *, env: dict | None = None, ncols: int = 1, figsize=None):
-    """A styled figure with one or more axes; ``env`` (from ``kvlab.runtime.environment``) stamps the hardware."""
+def figure(title: str, xlabel: str, ylabel: str, *, env: dict | None = None, ncols: int = 1,
+           figsize=None):
+    """A styled figure with one or more axes; ``env`` (from ``kvlab.runtime.environment``) stamps
+    the hardware."""
     with plt.rc_context(STYLE):
-        fig, axes = plt.subplots(1, ncols, figsize=figsize or (STYLE["figure.figsize"][0] * (1 if ncols == 1 else 0.75 * ncols), 4.0))
+        fig, axes = plt.subplots(1, ncols, figsize=figsize or (
+            STYLE["figure.figsize"][0] * (1 if ncols == 1 else 0.75 * ncols), 4.0))
         axes_list = [axes] if ncols == 1 else list(axes)
         for ax in axes_list:
             ax.set_xlabel(xlabel)
@@ -43,16 +46,20 @@ def figure(title: str, xlabel: str, ylabel: str, *, env: dict | None = None, nco
                 stamp += " | quick mode (shortened)"
             fig.text(0.99, 0.005, stamp, ha="right", va="bottom", fontsize=7, color="0.4")
         fig.tight_layout(rect=(0, 0.03, 1, 1))
-        interactive = plt.isinteractive()  # the first figure may load a backend (Jupyter's inline) that turns it on
-    plt.interactive(interactive)  # rc_context would reset it, and later figures would then never be shown
+        # the first figure may load a backend (Jupyter's inline) that turns it on
+        interactive = plt.isinteractive()
+    # rc_context would reset it, and later figures would then never be shown
+    plt.interactive(interactive)
     return fig, axes
 
 
-def plot_cache_heatmaps(panels: dict, *, title: str, env=None, frontier=None, max_slots: int | None = None):
-    """Heatmaps side by side: for each ``label -> [steps, slots]`` matrix, which slot held how much key, step by step.
+def plot_cache_heatmaps(panels: dict, *, title: str, env=None, frontier=None,
+                        max_slots: int | None = None):
+    """Heatmaps side by side: for each ``label -> [steps, slots]`` matrix, which slot held how much
+    key, step by step.
 
-    ``frontier``: a list of ints, per step the number of slots a correct cache has filled: drawn as a line, so
-    writes right of it (padding, warm-up copies) and holes left of it stand out.
+    ``frontier``: a list of ints, per step the number of slots a correct cache has filled: drawn as
+    a line, so writes right of it (padding, warm-up copies) and holes left of it stand out.
     """
     fig, axes = figure(title, "cache slot", "decode step", env=env, ncols=len(panels),
                        figsize=(5.0 * len(panels), 4.0))
@@ -60,8 +67,8 @@ def plot_cache_heatmaps(panels: dict, *, title: str, env=None, frontier=None, ma
     vmax = max(float(m.max()) for m in panels.values() if m.numel()) or 1.0
     for ax, (label, matrix) in zip(axes, panels.items(), strict=True):
         shown = matrix[:, :max_slots] if max_slots else matrix
-        im = ax.imshow(shown.numpy(), aspect="auto", origin="lower", cmap="magma", vmin=0, vmax=vmax,
-                       interpolation="nearest")
+        im = ax.imshow(shown.numpy(), aspect="auto", origin="lower", cmap="magma", vmin=0,
+                       vmax=vmax, interpolation="nearest")
         ax.set_title(label, fontsize=10)
         ax.grid(False)
         if frontier is not None:
@@ -85,7 +92,8 @@ KIND_COLORS = {"eager": "tab:gray", "compiled": "tab:orange", "graph": "tab:blue
 
 
 def kind(strategy: str) -> str:
-    """eager (Python launches every kernel), compiled (torch.compile, incl. its own graphs), graph (kvlab captures)."""
+    """eager (Python launches every kernel), compiled (torch.compile, incl. its own graphs), graph
+    (kvlab captures)."""
     return STRATEGIES[strategy].kind
 
 
@@ -93,10 +101,12 @@ ORDER = DEFAULT_STRATEGIES  # the course's order: naive first, the fastest graph
 
 
 def rows(record: dict, batch: int = 1) -> list[dict]:
-    """The results at one batch size, in the course's order (naive first, the fastest graph-safe path last)."""
+    """The results at one batch size, in the course's order (naive first, the fastest graph-safe
+    path last)."""
     data = [r for r in record["results"] if r["batch"] == batch]
     rank = {name: i for i, name in enumerate(ORDER)}
-    return sorted(data, key=lambda r: (rank.get(r["strategy"].split("/")[0], len(ORDER)), r["strategy"]))
+    return sorted(data, key=lambda r: (rank.get(r["strategy"].split("/")[0], len(ORDER)),
+                                       r["strategy"]))
 
 
 def _label(record: dict) -> str:
@@ -105,30 +115,37 @@ def _label(record: dict) -> str:
 
 
 def plot_strategies(*records, batch: int = 1, titles=None):
-    """Tokens/s of every strategy (log scale), one panel per record; skipped strategies are listed, not drawn."""
-    fig, axes = figure("Decode speed, every path of the course", "tokens / s (log scale)", "", env=records[0]["env"],
-                       ncols=len(records), figsize=(6.5 * len(records), 4.2))
+    """Tokens/s of every strategy (log scale), one panel per record; skipped strategies are listed,
+    not drawn."""
+    fig, axes = figure("Decode speed, every path of the course", "tokens / s (log scale)", "",
+                       env=records[0]["env"], ncols=len(records),
+                       figsize=(6.5 * len(records), 4.2))
     axes = axes if len(records) > 1 else [axes]
     for i, (ax, record) in enumerate(zip(axes, records, strict=True)):
         data = rows(record, batch)
         names = [r["strategy"] for r in data]
-        ax.barh(names, [r["tokens_per_s"] for r in data], color=[KIND_COLORS[kind(n)] for n in names])
+        ax.barh(names, [r["tokens_per_s"] for r in data],
+                color=[KIND_COLORS[kind(n)] for n in names])
         for y, r in enumerate(data):
-            ax.text(r["tokens_per_s"], y, f" {r['tokens_per_s']:,.1f}" if r["tokens_per_s"] < 100 else f" {r['tokens_per_s']:,.0f}",
+            ax.text(r["tokens_per_s"], y,
+                    f" {r['tokens_per_s']:,.1f}" if r["tokens_per_s"] < 100
+                    else f" {r['tokens_per_s']:,.0f}",
                     va="center", fontsize=8)
         ax.set_xscale("log")
         ax.set_xlim(right=max(r["tokens_per_s"] for r in data) * 4)
         ax.invert_yaxis()
-        ax.set_title((titles[i] if titles else "") + f"\n{_label(record)}, batch {batch}", fontsize=10)
+        ax.set_title((titles[i] if titles else "") + f"\n{_label(record)}, batch {batch}",
+                     fontsize=10)
     fig.tight_layout()
     return fig
 
 
 def plot_floor(record: dict, batch: int = 1):
-    """Each path's time per step against the bandwidth floor (weights + KV cache read once per step)."""
+    """Each path's time per step against the bandwidth floor (weights + KV cache read once per
+    step)."""
     data = rows(record, batch)
-    fig, ax = figure("Where each path sits against the memory-bandwidth floor", "ms per decode step (log scale)", "",
-                     env=record["env"])
+    fig, ax = figure("Where each path sits against the memory-bandwidth floor",
+                     "ms per decode step (log scale)", "", env=record["env"])
     names = [r["strategy"] for r in data]
     ax.barh(names, [r["ms_per_token"] for r in data], color=[KIND_COLORS[kind(n)] for n in names])
     floor = data[0]["floor_ms_per_token"]
@@ -138,20 +155,24 @@ def plot_floor(record: dict, batch: int = 1):
     ax.set_xscale("log")
     ax.set_xlim(floor / 2, max(r["ms_per_token"] for r in data) * 6)
     ax.invert_yaxis()
-    ax.set_title(f"{_label(record)}; red: floor {floor:.3f} ms at {record['copy_bandwidth_gbps']:,.0f} GB/s", fontsize=10)
+    ax.set_title(f"{_label(record)}; red: floor {floor:.3f} ms at "
+                 f"{record['copy_bandwidth_gbps']:,.0f} GB/s", fontsize=10)
     fig.tight_layout()
     return fig
 
 
 def plot_timelines(record: dict, strategies, batch: int = 1):
-    """One decode step's kernels (GPU) or ops (CPU) on a time axis: the white between bars is the device idling."""
-    fig, ax = figure("One decode step under the profiler", "time from the step's first kernel (ms)", "",
-                     env=record["env"], figsize=(9, 1.2 + 0.8 * len(strategies)))
+    """One decode step's kernels (GPU) or ops (CPU) on a time axis: the white between bars is the
+    device idling."""
+    fig, ax = figure("One decode step under the profiler", "time from the step's first kernel (ms)",
+                     "", env=record["env"], figsize=(9, 1.2 + 0.8 * len(strategies)))
     for y, name in enumerate(strategies):
         trace = record["traces"][f"{name}@{batch}"]["timeline"]  # [[start µs, duration µs], ...]
-        ax.broken_barh([(s / 1e3, max(d, 0.5) / 1e3) for s, d in trace], (y - 0.35, 0.7), color=KIND_COLORS[kind(name)])
+        ax.broken_barh([(s / 1e3, max(d, 0.5) / 1e3) for s, d in trace], (y - 0.35, 0.7),
+                       color=KIND_COLORS[kind(name)])
         row = next(r for r in rows(record, batch) if r["strategy"] == name)
-        ax.text(0, y + 0.45, f"{name}: {row['ms_per_token']:.2f} ms/step, busy {row['busy_ms_per_step']:.2f} ms, "
+        ax.text(0, y + 0.45, f"{name}: {row['ms_per_token']:.2f} ms/step, "
+                f"busy {row['busy_ms_per_step']:.2f} ms, "
                 f"{row['kernels_per_step']:.0f} ops, idle {row['idle_fraction']:.0%}", fontsize=8)
     ax.set_yticks([])
     ax.set_ylim(-0.6, len(strategies) - 0.1)
@@ -164,9 +185,11 @@ def plot_timelines(record: dict, strategies, batch: int = 1):
 def plot_batch_sweep(record: dict, strategies=None):
     """Tokens/s (all sequences) against batch size, one line per strategy."""
     strategies = strategies or list(dict.fromkeys(r["strategy"] for r in record["results"]))
-    fig, ax = figure("Tokens/s against batch size", "batch size", "tokens / s (log scale)", env=record["env"])
+    fig, ax = figure("Tokens/s against batch size", "batch size", "tokens / s (log scale)",
+                     env=record["env"])
     for name in strategies:
-        data = sorted((r["batch"], r["tokens_per_s"]) for r in record["results"] if r["strategy"] == name)
+        data = sorted((r["batch"], r["tokens_per_s"]) for r in record["results"]
+                      if r["strategy"] == name)
         if data:
             ax.plot(*zip(*data, strict=True), marker="o", label=name)
     ax.set_xscale("log", base=2)
@@ -178,15 +201,16 @@ def plot_batch_sweep(record: dict, strategies=None):
 
 
 def plot_tile_sweep(record: dict):
-    """µs per call against batch size for each projection of a tile-sweep record (``kvlab.lab.bench.tile_sweep``):
-    the GEMV kernel, the PyTorch form (cuBLAS, fusions unfused) and ``tile_kernel``'s best configuration."""
+    """µs per call against batch size for each projection of a tile-sweep record
+    (``kvlab.lab.bench.tile_sweep``): the GEMV kernel, the PyTorch form (cuBLAS, fusions unfused)
+    and ``tile_kernel``'s best configuration."""
     from .bench import tile_sweep
 
     table = tile_sweep(record)
     sweep = record["sweeps"][0]
     env = {"hardware": sweep["gpu"], "torch": sweep["torch"], "transformers": "(not used)"}
-    fig, axes = figure("One projection, three kernels, as the batch grows", "batch size (rows)", "µs per call",
-                       env=env, ncols=len(table), figsize=(3.0 * len(table), 3.6))
+    fig, axes = figure("One projection, three kernels, as the batch grows", "batch size (rows)",
+                       "µs per call", env=env, ncols=len(table), figsize=(3.0 * len(table), 3.6))
     for ax, (name, by_rows) in zip(axes, table.items(), strict=True):
         sizes = sorted(by_rows)
         for key, label, color in (("gemv", "GEMV kernel (a weight read per row)", "tab:blue"),
@@ -206,7 +230,8 @@ def plot_tile_sweep(record: dict):
 
 
 def plot_memory(record: dict, batch: int = 1):
-    """Peak device memory of every strategy's timed run (``peak_memory_mb``), with the model's weight bytes marked."""
+    """Peak device memory of every strategy's timed run (``peak_memory_mb``), with the model's
+    weight bytes marked."""
     data = rows(record, batch)
     fig, ax = figure("Peak memory of each path", "peak memory (MB)", "", env=record["env"])
     names = [r["strategy"] for r in data]
@@ -217,22 +242,25 @@ def plot_memory(record: dict, batch: int = 1):
     ax.axvline(weights_mb, color="tab:red", linestyle="--")
     ax.set_xlim(0, max(r["peak_memory_mb"] for r in data) * 1.2)
     ax.invert_yaxis()
-    ax.set_title(f"{_label(record)}, batch {batch}; red: the weights, {weights_mb:,.0f} MB", fontsize=10)
+    ax.set_title(f"{_label(record)}, batch {batch}; red: the weights, {weights_mb:,.0f} MB",
+                 fontsize=10)
     fig.tight_layout()
     return fig
 
 
-# ------------------------------------------------------------------------------ lesson 07 (kvlab.lab.serving records)
+# ------------------------------------------------------------ lesson 07 (kvlab.lab.serving records)
 
 def _where(record: dict) -> str:
     return f"{record['env']['hardware']}" + (f", {record['dtype']}" if "dtype" in record else "")
 
 
 def plot_speculation(*records, titles=None):
-    """Tokens/s of each path on each prompt (``serving.speculation_runs`` records), one panel per record, the
-    speculative decoder's acceptance rate and tokens per verify written above its bar."""
-    fig, axes = figure("Speculative decoding against one token per step", "prompt", "tokens / s (whole decode)",
-                       env=records[0]["env"], ncols=len(records), figsize=(6.5 * len(records), 4.4))
+    """Tokens/s of each path on each prompt (``serving.speculation_runs`` records), one panel per
+    record, the speculative decoder's acceptance rate and tokens per verify written above its
+    bar."""
+    fig, axes = figure("Speculative decoding against one token per step", "prompt",
+                       "tokens / s (whole decode)", env=records[0]["env"], ncols=len(records),
+                       figsize=(6.5 * len(records), 4.4))
     axes = axes if len(records) > 1 else [axes]
     for i, (ax, record) in enumerate(zip(axes, records, strict=True)):
         runs = record["runs"]
@@ -243,7 +271,8 @@ def plot_speculation(*records, titles=None):
             ax.bar(xs, [r["tokens_per_s"][path] for r in runs], width, label=path)
             if path == "graph-safe-speculative":
                 for x, r in zip(xs, runs, strict=True):
-                    ax.text(x, r["tokens_per_s"][path], f"{r['acceptance_rate']:.0%}\n{r['tokens_per_verify']:.1f}/verify",
+                    ax.text(x, r["tokens_per_s"][path],
+                            f"{r['acceptance_rate']:.0%}\n{r['tokens_per_verify']:.1f}/verify",
                             ha="center", va="bottom", fontsize=7)
         ax.set_xticks(range(len(runs)), [r["prompt"] for r in runs], fontsize=8)
         ax.set_ylim(top=max(v for r in runs for v in r["tokens_per_s"].values()) * 1.25)
@@ -255,10 +284,10 @@ def plot_speculation(*records, titles=None):
 
 
 def plot_k_sweep(*records, titles=None):
-    """Against the draft length k (``serving.k_sweep`` records): tokens per verify step (left) and the speedup over
-    graph-safe (right), one line per record."""
-    fig, (left, right) = figure("How many drafts per verify step?", "drafts per verify step (k)", "tokens per verify step",
-                                env=records[0]["env"], ncols=2)
+    """Against the draft length k (``serving.k_sweep`` records): tokens per verify step (left) and
+    the speedup over graph-safe (right), one line per record."""
+    fig, (left, right) = figure("How many drafts per verify step?", "drafts per verify step (k)",
+                                "tokens per verify step", env=records[0]["env"], ncols=2)
     for i, record in enumerate(records):
         ks = [r["k"] for r in record["rows"]]
         label = titles[i] if titles else _where(record)
@@ -275,30 +304,38 @@ def plot_k_sweep(*records, titles=None):
 
 
 def plot_paged(record: dict, title: str = ""):
-    """A ``serving.paged_runs`` record: the paged cache's bytes step by step against a static cache (left, with the
-    rows running), each request's bytes paged against a static row (middle), tokens/s of each way to serve (right)."""
-    fig, (mem, per, speed) = figure("A paged cache under arriving requests" + (f" ({title})" if title else ""),
+    """A ``serving.paged_runs`` record: the paged cache's bytes step by step against a static cache
+    (left, with the rows running), each request's bytes paged against a static row (middle),
+    tokens/s of each way to serve (right)."""
+    fig, (mem, per, speed) = figure("A paged cache under arriving requests"
+                                    + (f" ({title})" if title else ""),
                                     "scheduler step", "KV cache (MiB)", env=record["env"], ncols=3,
                                     figsize=(16, 4.4))
     steps = [s["step"] for s in record["timeline"]]
-    mem.plot(steps, [s["paged_bytes"] / 2**20 for s in record["timeline"]], label="paged: blocks handed out")
+    mem.plot(steps, [s["paged_bytes"] / 2**20 for s in record["timeline"]],
+             label="paged: blocks handed out")
     mem.axhline(record["static_bytes"] / 2**20, color="tab:red", linestyle="--",
                 label=f"static: {record['max_batch']} rows x the longest request")
     rows = mem.twinx()
-    rows.step(steps, [s["rows"] for s in record["timeline"]], color="0.6", where="post", linewidth=1)
+    rows.step(steps, [s["rows"] for s in record["timeline"]], color="0.6", where="post",
+              linewidth=1)
     rows.set_ylabel("requests running", color="0.4")
     mem.legend(fontsize=8, loc="upper left")
     static_row = record["static_bytes"] / record["max_batch"]
     index = range(len(record["per_request"]["per_request"]))
-    per.bar(index, [b / 2**20 for b in record["per_request"]["per_request"]], label="paged (its blocks)")
-    per.axhline(static_row / 2**20, color="tab:red", linestyle="--", label="a static row (the longest request)")
+    per.bar(index, [b / 2**20 for b in record["per_request"]["per_request"]],
+            label="paged (its blocks)")
+    per.axhline(static_row / 2**20, color="tab:red", linestyle="--",
+                label="a static row (the longest request)")
     per.set_xlabel("request")
     per.set_ylabel("KV cache held (MiB)")
     per.legend(fontsize=8)
     ways = list(record["tokens_per_s"])
-    speed.barh(ways, [record["tokens_per_s"][w] for w in ways], color=["tab:blue", "tab:gray", "tab:green"][: len(ways)])
+    speed.barh(ways, [record["tokens_per_s"][w] for w in ways],
+               color=["tab:blue", "tab:gray", "tab:green"][: len(ways)])
     for y, w in enumerate(ways):
-        speed.text(record["tokens_per_s"][w], y, f" {record['tokens_per_s'][w]:,.0f}", va="center", fontsize=8)
+        speed.text(record["tokens_per_s"][w], y, f" {record['tokens_per_s'][w]:,.0f}",
+                   va="center", fontsize=8)
     speed.set_xlabel("tokens / s, all requests")
     speed.set_ylabel("")
     speed.set_xlim(right=max(record["tokens_per_s"].values()) * 1.3)
