@@ -36,7 +36,7 @@ def speculation_pairs(model) -> tuple[dict[str, str], dict[str, str], str]:
     from kvlab.kernels.common import available
     from kvlab.kernels.step import check_supported
 
-    form = ("Triton kernels" if available(torch.empty(0, device="cuda"))
+    form = ("Triton" if available(torch.empty(0, device="cuda"))
             else "PyTorch form (kvlab's Triton kernels need compute capability 8.0 and Triton)")
     try:
         check_supported(model)
