@@ -10,16 +10,34 @@ def looping_prompt(n: int = 24) -> torch.Tensor:
     return torch.tensor([[5, 6, 7, 8, 9] * (n // 5) + [5, 6]])
 
 
-def test_speculation_runs_are_exact_and_count_what_the_decoder_did():
+def test_speculation_runs_compare_each_speculative_step_with_its_base_exactly():
+    """Both pairs (over the model's forward; over the kernels step, its PyTorch form on a CPU), every
+    path token-exact, the drafts' counts what the decoder did; a record of one pair holds only it."""
     model = tiny_model("tiny-llama")
-    prompts = {"loop": looping_prompt(), "random": torch.randint(3, 200, (1, 9), generator=torch.Generator().manual_seed(1))}
+    prompts = {"loop": looping_prompt(),
+               "random": torch.randint(3, 200, (1, 9), generator=torch.Generator().manual_seed(1))}
     record = serving.speculation_runs(model, prompts, 12, k=3, rounds=1, device="cpu")
-    assert record["k"] == 3 and record["max_cache_len"] == looping_prompt().shape[1] + 12 + 2 and [r["prompt"] for r in record["runs"]] == list(prompts)
+    assert record["k"] == 3 and record["max_cache_len"] == looping_prompt().shape[1] + 12 + 2
+    assert record["pairs"] == serving.PAIRS and [r["prompt"] for r in record["runs"]] == list(prompts)
+    paths = {*serving.PAIRS, *serving.PAIRS.values()}
+    assert paths == {"graph-safe", "graph-safe-kernels", "graph-safe-speculative",
+                     "graph-safe-speculative/kernels"}
     for run in record["runs"]:
-        assert all(run["exact"].values()), run["exact"]
-        assert set(run["seconds"]) == {*serving.ONE_TOKEN, serving.SPECULATIVE} and all(s > 0 for s in run["seconds"].values())
+        assert set(run["exact"]) == paths and all(run["exact"].values()), run["exact"]
+        assert set(run["seconds"]) == paths and all(s > 0 for s in run["seconds"].values())
+        for speculative, base in serving.PAIRS.items():
+            assert run["speedup"][speculative] == run["seconds"][base] / run["seconds"][speculative]
+            assert run["tokens_per_s"][speculative] == 12 / run["seconds"][speculative]
         assert 1 <= run["tokens_per_verify"] <= 4 and run["verify_steps"] >= 11 / 4
         assert run["accepted"] <= run["drafted"] and len(run["tokens"]) == 12
+    loop = record["runs"][0]
+    assert loop["accepted"] > 0 and loop["tokens_per_verify"] > 1  # the loop's drafts are kept
+    one = serving.speculation_runs(model, {"loop": looping_prompt()}, 6, k=2, rounds=1,
+                                   pairs={"graph-safe-speculative": "graph-safe"}, device="cpu")
+    assert one["pairs"] == {"graph-safe-speculative": "graph-safe"}
+    assert set(one["runs"][0]["seconds"]) == {"graph-safe", "graph-safe-speculative"}
+    assert all(one["runs"][0]["exact"].values()) and set(one["runs"][0]["speedup"]) == {
+        "graph-safe-speculative"}
 
 
 def test_k_sweep_rows_are_exact_and_timed():

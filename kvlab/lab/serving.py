@@ -1,11 +1,13 @@
 """Lesson 07's measurements, shared by its notebook and ``tools/record_lesson07_gpu.py``.
 
-``speculation_runs``: prompt-lookup speculative decoding (``kvlab.speculative``) against the one-token graph
-decoders, on the same prompts, model and machine: tokens checked against ``"naive"``, acceptance and tokens per
-verify from ``SpeculativeDecoder.last_stats``, whole decodes (prefill included) timed in turns. ``k_sweep``: the
-same on one prompt for several draft lengths. ``paged_runs``: requests of mixed lengths arriving over time, served
-by ``kvlab.continuous_batching.ContinuousBatcher`` (graphs, and eagerly) and one at a time by lesson 05's decoder:
-tokens checked per request, memory held step by step against a static cache, tokens per second of each.
+``speculation_runs``: prompt-lookup speculative decoding (``kvlab.speculative``) over the model's
+forward and over lesson 06's kernels step, each against the one-token graph decoder of the same
+step, on the same prompts, model and machine: tokens checked against ``"naive"``, acceptance and
+tokens per verify from ``SpeculativeDecoder.last_stats``, whole decodes (prefill included) timed in
+turns. ``k_sweep``: the same on one prompt for several draft lengths. ``paged_runs``: requests of
+mixed lengths arriving over time, served by ``kvlab.continuous_batching.ContinuousBatcher``
+(graphs, and eagerly) and one at a time by lesson 05's decoder: tokens checked per request, memory
+held step by step against a static cache, tokens per second of each.
 """
 
 from __future__ import annotations
@@ -24,96 +26,114 @@ from .measure import time_interleaved, wall
 
 # Our own passage (about this course's subject), so that a grounded prompt has something to quote.
 PASSAGE = (
-    "A decoder makes one token per forward pass. Without a cache, every step recomputes the keys and values of "
-    "the whole sequence, so the work grows with the square of its length. A key-value cache keeps them: each "
-    "step computes the keys and values of the new token only, appends them, and attends over what is stored. "
-    "A static cache reserves its slots once, so its tensors never move, and that is what lets a captured CUDA "
-    "graph replay the same step again and again: the graph reads memory by address, and the addresses stay."
+    "A decoder makes one token per forward pass. Without a cache, every step recomputes the keys "
+    "and values of the whole sequence, so the work grows with the square of its length. A "
+    "key-value cache keeps them: each step computes the keys and values of the new token only, "
+    "appends them, and attends over what is stored. A static cache reserves its slots once, so its "
+    "tensors never move, and that is what lets a captured CUDA graph replay the same step again "
+    "and again: the graph reads memory by address, and the addresses stay."
 )
 PROMPTS = {  # kind -> the question asked (in the model's chat template)
     "copy the passage": f"Repeat the following passage exactly, word for word.\n\n{PASSAGE}",
-    "quote from the passage": f"{PASSAGE}\n\nWhich sentence of the passage says why a static cache suits a captured "
-                              "CUDA graph? Quote it exactly.",
+    "quote from the passage": f"{PASSAGE}\n\nWhich sentence of the passage says why a static "
+                              "cache suits a captured CUDA graph? Quote it exactly.",
     "open-ended": "Write a short poem about the sea at night.",
 }
-GROUNDED = ("copy the passage", "quote from the passage")  # the output repeats the input: lookup finds drafts
-ONE_TOKEN = ("graph-safe", "graph-safe-kernels")  # the decoders the speculative one is compared with
+GROUNDED = ("copy the passage", "quote from the passage")  # the output repeats the input
 SPECULATIVE = "graph-safe-speculative"
+# speculative strategy -> the one-token decoder of the same step, its base
+PAIRS = {SPECULATIVE: "graph-safe", "graph-safe-speculative/kernels": "graph-safe-kernels"}
 
 
-def speculation_runs(model, prompts: dict[str, torch.Tensor], new_tokens: int, *, k: int = 4, rounds: int = 3,
+def speculation_runs(model, prompts: dict[str, torch.Tensor], new_tokens: int, *,
+                     pairs: dict[str, str] = PAIRS, k: int = 4, rounds: int = 3,
                      check_tokens: int | None = None, device=None) -> dict:
-    """Decode each prompt (``name -> ids [1, prompt_len]``) with ``ONE_TOKEN`` and ``SPECULATIVE`` (``k`` drafts).
+    """Decode each prompt (``name -> ids [1, prompt_len]``) with each speculative strategy of
+    ``pairs`` (``k`` drafts) and its one-token base (``PAIRS``: over the model's forward against
+    ``"graph-safe"``, over lesson 06's kernels step against ``"graph-safe-kernels"``).
 
-    Every decoder is built once, for the longest prompt, and serves every prompt (its graphs replayed). Per prompt:
-    ``exact`` (each path's first ``check_tokens`` tokens, default all, equal to ``"naive"``'s, and all paths equal
-    over ``new_tokens``), the speculative decoder's ``acceptance_rate``, ``tokens_per_verify`` and ``verify_steps``,
-    and ``seconds`` of a whole decode (prefill included) per path: medians of ``rounds`` taken in turns."""
+    Every decoder is built once, for the longest prompt, and serves every prompt (its graphs
+    replayed). Per prompt: ``exact`` (each path's first ``check_tokens`` tokens, default all,
+    equal to ``"naive"``'s, and all paths equal over ``new_tokens``), ``seconds`` of a whole
+    decode (prefill included) per path, medians of ``rounds`` taken in turns, ``tokens_per_s``,
+    ``speedup`` of each speculative path over its base, and the drafts' ``acceptance_rate``,
+    ``tokens_per_verify``, ``verify_steps``, ``drafted`` and ``accepted`` (one set for every
+    speculative path: the drafts follow the tokens, which are exact)."""
     device = pick_device(device)
-    longest = max(ids.shape[1] for ids in prompts.values())
-    max_cache_len = longest + new_tokens + k - 1  # the last verify step's k drafts fit
-    longest_ids = max(prompts.values(), key=lambda ids: ids.shape[1])  # a captured prefill serves shorter prompts
-    built = {name: STRATEGIES[name].state(model, longest_ids, new_tokens, max_cache_len=max_cache_len,
-                                          **({"k": k} if name == SPECULATIVE else {}))
-             for name in (*ONE_TOKEN, SPECULATIVE)}
+    longest = max(prompts.values(), key=lambda ids: ids.shape[1])  # its prefill serves shorter
+    max_cache_len = longest.shape[1] + new_tokens + k - 1  # the last verify step's k drafts fit
+    built = {name: STRATEGIES[name].state(model, longest, new_tokens, max_cache_len=max_cache_len,
+                                          **({"k": k} if name in pairs else {}))
+             for name in [*pairs.values(), *pairs]}  # the bases, then the speculative paths
     check_tokens = new_tokens if check_tokens is None else check_tokens
     runs = []
     for prompt, ids in prompts.items():
-        paths = {name: (lambda name=name, ids=ids: decode(model, ids, new_tokens, strategy=name, **built[name]))
+        paths = {name: (lambda name=name, ids=ids: decode(model, ids, new_tokens, strategy=name,
+                                                          **built[name]))
                  for name in built}
         naive = decode(model, ids, check_tokens, strategy="naive")
         tokens = {name: run() for name, run in paths.items()}
-        stats = built[SPECULATIVE]["decoder"].last_stats
+        stats = built[next(iter(pairs))]["decoder"].last_stats
         seconds = time_interleaved(paths, rounds=rounds, device=device, collect_garbage=True)
-        first = tokens[SPECULATIVE]
+        first = tokens[next(iter(pairs))]
         runs.append({
-            "prompt": prompt, "prompt_len": ids.shape[1], "new_tokens": new_tokens, "check_tokens": check_tokens,
-            "exact": {name: torch.equal(t[:, :check_tokens], naive) and torch.equal(t, first) for name, t in tokens.items()},
+            "prompt": prompt, "prompt_len": ids.shape[1], "new_tokens": new_tokens,
+            "check_tokens": check_tokens,
+            "exact": {name: torch.equal(t[:, :check_tokens], naive) and torch.equal(t, first)
+                      for name, t in tokens.items()},
             "acceptance_rate": stats.acceptance_rate, "tokens_per_verify": stats.tokens_per_verify,
-            "verify_steps": stats.verify_steps, "drafted": stats.drafted, "accepted": stats.accepted,
-            "seconds": seconds, "tokens_per_s": {name: new_tokens / s for name, s in seconds.items()},
-            "speedup": {name: seconds[name] / seconds[SPECULATIVE] for name in ONE_TOKEN},
+            "verify_steps": stats.verify_steps, "drafted": stats.drafted,
+            "accepted": stats.accepted, "seconds": seconds,
+            "tokens_per_s": {name: new_tokens / s for name, s in seconds.items()},
+            "speedup": {name: seconds[base] / seconds[name] for name, base in pairs.items()},
             "tokens": first[0].tolist(),
         })
-    return {"k": k, "max_cache_len": max_cache_len, "runs": runs, "env": environment(device),
-            "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return {"pairs": dict(pairs), "k": k, "max_cache_len": max_cache_len, "runs": runs,
+            "env": environment(device), "dtype": dtype}
 
 
-def k_sweep(model, ids: torch.Tensor, new_tokens: int, ks=(1, 2, 4, 8), *, rounds: int = 3, device=None) -> dict:
-    """Speculative decoding of one prompt with each draft length of ``ks``, beside ``"graph-safe"`` (k = 0): tokens
-    per verify and seconds of a whole decode (medians of ``rounds`` in turns), every output equal to graph-safe's."""
+def k_sweep(model, ids: torch.Tensor, new_tokens: int, ks=(1, 2, 4, 8), *, rounds: int = 3,
+            device=None) -> dict:
+    """Speculative decoding of one prompt with each draft length of ``ks``, beside
+    ``"graph-safe"`` (k = 0): tokens per verify and seconds of a whole decode (medians of
+    ``rounds`` in turns), every output equal to graph-safe's."""
     device = pick_device(device)
     cache_len = ids.shape[1] + new_tokens + max(ks) - 1
     decoders = {0: GraphSafeDecoder(model, cache_len)} | {
-        k: STRATEGIES[SPECULATIVE].build(model, ids, new_tokens, k=k, max_cache_len=cache_len) for k in ks}
+        k: STRATEGIES[SPECULATIVE].build(model, ids, new_tokens, k=k, max_cache_len=cache_len)
+        for k in ks}
     paths = {k: (lambda d=d: d.generate(ids, new_tokens)) for k, d in decoders.items()}
     want = paths[0]()
     rows = []
     for k in ks:
         got = paths[k]()
         stats = decoders[k].last_stats
-        rows.append({"k": k, "exact": torch.equal(got, want), "tokens_per_verify": stats.tokens_per_verify,
+        rows.append({"k": k, "exact": torch.equal(got, want),
+                     "tokens_per_verify": stats.tokens_per_verify,
                      "acceptance_rate": stats.acceptance_rate})
     seconds = time_interleaved(paths, rounds=rounds, device=device, collect_garbage=True)
     for row in rows:
         row["seconds"] = seconds[row["k"]]
         row["speedup"] = seconds[0] / seconds[row["k"]]
-    return {"new_tokens": new_tokens, "prompt_len": ids.shape[1], "graph_safe_seconds": seconds[0], "rows": rows,
-            "env": environment(device)}
+    return {"new_tokens": new_tokens, "prompt_len": ids.shape[1], "graph_safe_seconds": seconds[0],
+            "rows": rows, "env": environment(device)}
 
 
-def arriving_requests(count: int, vocab_size: int, *, prompt_lens=(8, 96), new_tokens=(8, 64), every: int = 2,
-                      seed: int = 0, device=None) -> list[Request]:
-    """``count`` requests with random prompts of ``prompt_lens`` tokens (inclusive range) wanting ``new_tokens``
-    (inclusive range), one arriving every ``every`` scheduler steps: mixed lengths, as a server sees them."""
+def arriving_requests(count: int, vocab_size: int, *, prompt_lens=(8, 96), new_tokens=(8, 64),
+                      every: int = 2, seed: int = 0, device=None) -> list[Request]:
+    """``count`` requests with random prompts of ``prompt_lens`` tokens (inclusive range) wanting
+    ``new_tokens`` (inclusive range), one arriving every ``every`` scheduler steps: mixed lengths,
+    as a server sees them."""
     count, vocab_size = whole_number("count", count, 1), whole_number("vocab_size", vocab_size, 1)
     every, seed = whole_number("every", every, 0), whole_number("seed", seed, 0)
     for name, pair in (("prompt_lens", prompt_lens), ("new_tokens", new_tokens)):
         if (not isinstance(pair, list | tuple) or len(pair) != 2
-                or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in pair)
+                or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
+                           for v in pair)
                 or not 1 <= pair[0] <= pair[1]):
-            raise ValueError(f"{name} must be an inclusive range (low, high) of ints with 1 <= low <= high, got "
-                             f"{pair!r:.80}")
+            raise ValueError(f"{name} must be an inclusive range (low, high) of ints with "
+                             f"1 <= low <= high, got {pair!r:.80}")
     gen = torch.Generator().manual_seed(seed)
 
     def pick(low_high):
@@ -122,36 +142,46 @@ def arriving_requests(count: int, vocab_size: int, *, prompt_lens=(8, 96), new_t
 
     requests = []
     for i in range(count):
-        prompt = torch.randint(0, vocab_size, (pick(prompt_lens),), generator=gen).to(pick_device(device))
-        requests.append(Request(prompt, pick(new_tokens), arrival=i * every))
+        prompt = torch.randint(0, vocab_size, (pick(prompt_lens),), generator=gen)
+        requests.append(Request(prompt.to(pick_device(device)), pick(new_tokens),
+                                arrival=i * every))
     return requests
 
 
 def _paged_runs_inputs(requests, max_batch, block_size) -> tuple[int, int]:
-    """``paged_runs``' door: a non-empty list of Requests, and whole numbers of rows and block slots."""
-    if not isinstance(requests, list | tuple) or not requests or not all(isinstance(r, Request) for r in requests):
-        raise TypeError(f"paged_runs takes a non-empty list of Requests (arriving_requests(...)), got {requests!r:.80}")
+    """``paged_runs``' door: a non-empty list of Requests, and whole numbers of rows and block
+    slots."""
+    if (not isinstance(requests, list | tuple) or not requests
+            or not all(isinstance(r, Request) for r in requests)):
+        raise TypeError("paged_runs takes a non-empty list of Requests "
+                        f"(arriving_requests(...)), got {requests!r:.80}")
     return whole_number("max_batch", max_batch, 1), whole_number("block_size", block_size, 1)
 
 
-def paged_runs(model, requests: list[Request], *, max_batch: int = 8, block_size: int = 16, device=None) -> dict:
-    """Serve ``requests`` with a ``ContinuousBatcher`` (captured graphs, then eagerly) and one at a time with a
-    ``GraphSafeDecoder`` of batch 1; check every request's tokens against its own ``"naive"`` decode.
+def paged_runs(model, requests: list[Request], *, max_batch: int = 8, block_size: int = 16,
+               device=None) -> dict:
+    """Serve ``requests`` with a ``ContinuousBatcher`` (captured graphs, then eagerly) and one at a
+    time with a ``GraphSafeDecoder`` of batch 1; check every request's tokens against its own
+    ``"naive"`` decode.
 
-    The pool holds ``max_batch`` requests of the longest length. Returns ``exact`` (per request), ``seconds`` and
-    ``tokens_per_s`` of each way (the first, capturing serve is untimed), ``timeline`` (per scheduler step: rows
-    running, bucket replayed, bytes the paged cache holds) with ``static_bytes`` (a static cache of ``max_batch``
-    rows sized for the longest request), and ``per_request`` memory (``kvlab.paged_cache.memory_accounting``)."""
+    The pool holds ``max_batch`` requests of the longest length. Returns ``exact`` (per request),
+    ``seconds`` and ``tokens_per_s`` of each way (the first, capturing serve is untimed),
+    ``timeline`` (per scheduler step: rows running, bucket replayed, bytes the paged cache holds)
+    with ``static_bytes`` (a static cache of ``max_batch`` rows sized for the longest request),
+    and ``per_request`` memory (``kvlab.paged_cache.memory_accounting``)."""
     device = pick_device(device)
     max_batch, block_size = _paged_runs_inputs(requests, max_batch, block_size)
-    lengths = [r.prompt.shape[0] + r.max_new_tokens - 1 for r in requests]  # slots each request writes
+    lengths = [r.prompt.shape[0] + r.max_new_tokens - 1 for r in requests]  # slots each writes
     width = blocks_for(max(lengths), block_size)  # a block-table row: the longest request
     num_blocks = max_batch * width
-    batchers = {graph: ContinuousBatcher(model, num_blocks=num_blocks, block_size=block_size, max_batch=max_batch,
-                                         max_blocks_per_request=width, graph=graph) for graph in (True, False)}
+    batchers = {graph: ContinuousBatcher(model, num_blocks=num_blocks, block_size=block_size,
+                                         max_batch=max_batch, max_blocks_per_request=width,
+                                         graph=graph)
+                for graph in (True, False)}
     served = batchers[True].serve(requests)  # captures a graph per bucket it meets
     single = GraphSafeDecoder(model, max(lengths) + 1)
-    exact = [torch.equal(tokens, decode(model, r.prompt[None], r.max_new_tokens, strategy="naive")[0])
+    exact = [torch.equal(tokens, decode(model, r.prompt[None], r.max_new_tokens,
+                                        strategy="naive")[0])
              for r, tokens in zip(requests, served.tokens, strict=True)]
 
     def one_at_a_time():
@@ -165,11 +195,12 @@ def paged_runs(model, requests: list[Request], *, max_batch: int = 8, block_size
     total = sum(r.max_new_tokens for r in requests)
     token_bytes = bytes_per_token(model.config, next(model.parameters()).dtype)
     return {
-        "requests": [{"prompt_len": r.prompt.shape[0], "new_tokens": r.max_new_tokens, "arrival": r.arrival}
-                     for r in requests],
+        "requests": [{"prompt_len": r.prompt.shape[0], "new_tokens": r.max_new_tokens,
+                      "arrival": r.arrival} for r in requests],
         "max_batch": max_batch, "block_size": block_size, "num_blocks": num_blocks, "exact": exact,
         "seconds": seconds, "tokens_per_s": {way: total / s for way, s in seconds.items()},
-        "timeline": [{key: step[key] for key in ("step", "rows", "bucket", "paged_bytes")} for step in served.timeline],
+        "timeline": [{key: step[key] for key in ("step", "rows", "bucket", "paged_bytes")}
+                     for step in served.timeline],
         "static_bytes": served.static_bytes, "token_bytes": token_bytes,
         "per_request": memory_accounting(lengths, block_size, token_bytes),
         "buckets_captured": sorted(batchers[True].graphs), "env": environment(device),
