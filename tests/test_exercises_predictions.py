@@ -105,3 +105,54 @@ def test_measurements_given_as_tensors_and_numpy_scalars_are_read():
     assert verdict.startswith("correct") and "x3.00" in verdict
     assert lesson00.check_gqa_prediction("10%", gqa_parameters=np.int64(100),
                                          mha_parameters=torch.tensor(110)).startswith("correct")
+
+
+# ---- the number checkers: every spelling of a number is read at the door (common.real_number) ----------------------
+
+
+def number_cases():
+    from kvlab.lab.models import tiny_model
+    from kvlab.sizes import kv_cache_bytes
+
+    config = tiny_model("tiny-llama").config
+    record = {"eager_ms_per_token": 3.0, "replay_ms_per_token": 0.5,
+              "work_per_step": {"eager": {"kernel_launch_calls": 1000}, "replay": {"kernel_launch_calls": 0}}}
+    return {  # name -> (check(answer) -> verdict, the right number)
+        "cache bytes": (lambda a: lesson02.check_cache_bytes(a, config=config, tokens=10, dtype=torch.float32),
+                        kv_cache_bytes(config, 10, torch.float32)),
+        "cached positions": (lambda a: lesson02.check_cached_positions(a, prompt_len=9, new_tokens=6), 14),
+        "static cache bytes": (lambda a: lesson03.check_static_cache_bytes(
+            a, config=config, max_cache_len=64, dtype=torch.float32), kv_cache_bytes(config, 64, torch.float32)),
+        "launch cost": (lambda a: lesson05.check_launch_cost_us(a, record=record), 2.5),
+        "padding rows": (lesson06.check_padding_rows, 3),
+        "blocks held": (lesson07.check_blocks_held, 13),
+        "check_number": (lambda a: common.check_number(a, 5120, what="x", hint="h"), 5120),
+    }
+
+
+def number_spellings(value):
+    spelled = [value, float(value), [value], (value,), str(value), f" {value} ", f"'{value}'", f"{value:,}",
+               [str(value)], np.float64(value), torch.tensor(value), torch.tensor([float(value)]),
+               np.array([value])]
+    if float(value) == int(value):
+        spelled += [f"{int(value):_}", f"{float(value):e}", np.int64(value), f"{int(value):,}.0"]
+    return spelled
+
+
+def test_every_number_checker_reads_every_spelling_of_a_number_and_says_what_form_to_give():
+    for name, (check, right) in number_cases().items():
+        for spelled in number_spellings(right):
+            verdict = check(spelled)
+            assert verdict.startswith("correct"), (name, spelled, verdict)
+        for odd in ("1,5", "5 120", "13 blocks", "", [right, right], [[right]], {"a": right}, b"5", "nan", "inf",
+                    float("nan"), -float("inf"), True, 1 + 0j, object()):
+            verdict = check(odd)
+            assert verdict.startswith("not quite:") and "a number" in verdict, (name, odd, verdict)
+            if not isinstance(odd, float | str) or odd in ("1,5", "5 120", "13 blocks", ""):
+                assert "give one number, e.g. 5120" in verdict or "one value" in verdict, (name, odd, verdict)
+
+
+def test_a_measurement_spelled_as_text_or_a_list_of_one_is_read():
+    verdict = lesson02.check_cache_vs_weights_prediction("1,000", weight_bytes="1,000,000", cache_bytes_per_token=[1000])
+    assert verdict.startswith("correct"), verdict
+    assert lesson01.check_doubling_prediction(["2x-4x"], seconds="1.0", doubled_seconds=(3,)).startswith("correct")

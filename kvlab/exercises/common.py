@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import decimal
 import functools
 import inspect
 import math
 import numbers
 import os
+import re
 
 import torch
 
@@ -19,11 +21,18 @@ class NotANumber(ValueError):
     """An answer that is not one finite real number; the message says what it is instead."""
 
 
-def real_number(answer) -> numbers.Real:
+def real_number(answer, *, spelled: bool = True) -> numbers.Real:
     """The one finite real number ``answer`` holds, as a Python int or float (or another ``numbers.Real``): a number,
-    a NumPy scalar, or a tensor or array of one element (0-d, ``[1]``, ``[1, 1]``, ...). Raises :class:`NotANumber`
-    for anything else (a bool, a complex number, several elements, text, NaN or infinity)."""
-    if hasattr(answer, "item") and not isinstance(answer, numbers.Number):  # a tensor, an array, a NumPy scalar
+    a NumPy scalar, a tensor or array of one element (0-d, ``[1]``, ``[1, 1]``, ...), a list or tuple of one
+    number, or text that spells one (``"5120"``, ``" 5,120 "``, ``"5_120"``, ``"5.1e3"``). Raises
+    :class:`NotANumber` for anything else (a bool, a complex number, several elements, other text, NaN or
+    infinity), with what it is and the form to give. ``spelled=False`` for a value the student's code returns:
+    text and lists are refused there (code that uses the value needs a number)."""
+    if spelled and isinstance(answer, list | tuple) and len(answer) == 1 and not isinstance(answer[0], list | tuple):
+        answer = answer[0]  # [5120] or (5120,): the one number inside
+    if spelled and isinstance(answer, str):
+        answer = number_in_text(answer)
+    elif hasattr(answer, "item") and not isinstance(answer, numbers.Number):  # a tensor, an array, a NumPy scalar
         size = answer.numel() if callable(getattr(answer, "numel", None)) else getattr(answer, "size", None)
         if size != 1:
             shape = tuple(getattr(answer, "shape", ()))
@@ -32,11 +41,31 @@ def real_number(answer) -> numbers.Real:
         answer = answer.item()
     elif hasattr(answer, "item") and not isinstance(answer, int | float):  # numpy's float64, int64, bool_, ...
         answer = answer.item()
+    elif isinstance(answer, decimal.Decimal) and answer.is_finite():
+        answer = int(answer) if answer == answer.to_integral_value() else float(answer)
     if isinstance(answer, bool) or not isinstance(answer, numbers.Real):
-        raise NotANumber(f"a {type(answer).__name__} ({answer!r:.80}), not a number")
+        forms = NUMBER_FORMS if spelled else "return one number (an int, a float, or x.item() of a tensor)"
+        raise NotANumber(f"a {type(answer).__name__} ({answer!r:.80}), not a number: {forms}")
     if isinstance(answer, float) and not math.isfinite(answer):
         raise NotANumber(f"{answer}, which is not a finite number: a division by zero or an overflow on the way?")
     return answer
+
+
+NUMBER_FORMS = "give one number, e.g. 5120, 5120.0, \"5,120\" or a one-element tensor"
+_THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d*)?([eE][+-]?\d+)?")
+
+
+def number_in_text(text: str) -> numbers.Real:
+    """The number ``text`` spells (``"5120"``, ``"5,120"`` with commas between thousands, ``"5_120"``, ``"5.1e3"``,
+    spaces or quotes around), as an int where it is one; else :class:`NotANumber`."""
+    spelled = text.strip().strip("'\"").strip()
+    digits = spelled.replace(",", "") if _THOUSANDS.fullmatch(spelled) else spelled
+    for parse in (int, float):
+        try:
+            return parse(digits)  # int and float both read "5_120"; float reads "nan" and "inf" (refused after)
+        except ValueError:
+            pass
+    raise NotANumber(f"the text {text!r:.80}, which is not a number: {NUMBER_FORMS}")
 
 
 def as_number(answer):
@@ -149,65 +178,128 @@ def _same(a, b) -> bool:
         return False
 
 
+class ModeChange(str):
+    """An entry of ``model_kept``'s list that is a mode flag only (``training``, ``requires_grad``): it changes no
+    token the model computes, and the check puts it back."""
+
+
+def _shown(value) -> str:
+    """``value`` for a message: a plain number, text, bool or None as itself, anything else by its type."""
+    return repr(value) if value is None or isinstance(value, bool | int | float | str) else type(value).__name__
+
+
+def _mode_entries(training: dict, grads: dict) -> list[ModeChange]:
+    """One entry for the modules whose ``training`` flag flipped (name -> new value) and one for the parameters
+    whose ``requires_grad`` did (name -> new value)."""
+    entries = []
+    if training:
+        now = set(training.values())
+        mode = ("train mode (model.train())" if now == {True} else "eval mode (model.eval())" if now == {False}
+                else f"a mixed train/eval mode ({len(training)} modules' .training flags)")
+        entries.append(ModeChange(f"it switched the model to {mode}"))
+    if grads:
+        flag = next(iter(grads.values())) if len(set(grads.values())) == 1 else "mixed"
+        entries.append(ModeChange(f"it set requires_grad={flag} on {len(grads)} parameter"
+                                  f"{'s' if len(grads) > 1 else ''} (requires_grad_())"))
+    return entries
+
+
 @contextlib.contextmanager
 def model_kept(model):
     """Run student code on ``model`` inside; on the way out (any way out) every change it made is listed in the
     yielded list and undone: weights and buffers edited in place, replaced (``.data =``, a new Parameter) or
-    removed, modules replaced or removed, module settings (``variance_epsilon``, ``training``, hooks) and the
-    config. Costs one copy of the weights."""
+    removed, modules replaced or removed, module settings (``variance_epsilon``, hooks) and the config, each
+    named by its path from ``model`` (``model.model.norm.variance_epsilon``); the mode flags (``training``,
+    ``requires_grad``) as one :class:`ModeChange` entry each. Costs one copy of the weights."""
     modules = dict(model.named_modules())
     states = {name: _module_state(m) for name, m in modules.items()}
-    tensors = {}  # id -> (name, tensor, its values, data_ptr)
+    tensors = {}  # id -> (name, tensor, its values, data_ptr, requires_grad)
     with torch.no_grad():
         for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
             if id(t) not in tensors:
-                tensors[id(t)] = (name, t, t.detach().clone(), t.data_ptr())
+                tensors[id(t)] = (name, t, t.detach().clone(), t.data_ptr(), t.requires_grad)
     config = getattr(model, "config", None)
     config_state = copy.deepcopy(vars(config)) if config is not None else None
     changed: list[str] = []
     try:
         yield changed
     finally:
+        path = {name: f"model.{name}" if name else "model" for name in modules.keys() | dict(model.named_modules())}
         now = dict(model.named_modules())
-        changed += [f"module {name or 'model'} {'replaced' if name in now else 'removed'}"
+        changed += [f"module {path[name]} {'replaced' if name in now else 'removed'}"
                     for name, m in modules.items() if now.get(name) is not m]
-        changed += [f"module {name} added" for name in now if name not in modules]
+        changed += [f"module {path[name]} added" for name in now if name not in modules]
+        training = {}  # module path -> its new training flag
         for name, m in modules.items():
             before, after = states[name], vars(m)
-            changed += [f"{name or 'model'}.{key} changed" for key in before.keys() | after.keys()
-                        if key not in before or not _same(before[key][1] if before[key][1] is not None
-                                                          else before[key][0], after.get(key))]
+            for key in sorted(before.keys() | after.keys()):
+                if key not in before or key not in after:
+                    changed.append(f"{path[name]}.{key} {'added' if key not in before else 'removed'}")
+                    continue
+                old = before[key][1] if before[key][1] is not None else before[key][0]
+                if _same(old, after[key]) or key == "_modules":  # modules: listed above, by path
+                    continue
+                if key == "training":
+                    training[path[name]] = after[key]
+                elif key in ("_parameters", "_buffers") and isinstance(after[key], dict):
+                    for k in sorted(old.keys() | after[key].keys()):
+                        how = "added" if k not in old else "removed" if k not in after[key] else "replaced"
+                        changed += [f"{path[name]}.{k} {how}"] if old.get(k) is not after[key].get(k) else []
+                elif isinstance(old, dict):
+                    changed.append(f"{path[name]}.{key} changed (an entry added, removed or replaced)")
+                else:
+                    changed.append(f"{path[name]}.{key} changed from {_shown(old)} to {_shown(after[key])}")
             _restore(m, before)
+        grads = {}  # parameter name -> its new requires_grad
         with torch.no_grad():
-            for name, t, values, ptr in tensors.values():
+            for name, t, values, ptr, requires_grad in tensors.values():
                 if t.data_ptr() != ptr or t.shape != values.shape or t.dtype != values.dtype:
-                    changed.append(f"{name} replaced (.data)")
+                    changed.append(f"model.{name} replaced (.data)")
                     t.data = values
                 elif not torch.equal(t, values) and not (t.is_floating_point() and torch.allclose(
                         t, values, rtol=0, atol=0, equal_nan=True)):
-                    changed.append(f"{name} edited in place")
+                    changed.append(f"model.{name} edited in place")
                     t.copy_(values)
+                if t.requires_grad != requires_grad:
+                    grads[f"model.{name}"] = t.requires_grad
+                    t.requires_grad_(requires_grad)
         if config is not None and vars(config) != config_state:
-            changed.append("model.config changed")
+            keys = sorted(k for k in vars(config).keys() | config_state.keys()
+                          if k not in config_state or k not in vars(config) or vars(config)[k] != config_state[k])
+            changed += [f"model.config.{k} changed from {_shown(config_state.get(k))} to {_shown(vars(config).get(k))}"
+                        for k in keys]
             vars(config).clear()
             vars(config).update(config_state)
+        changed += _mode_entries(training, grads)
 
 
 def kept(model, run) -> str:
     """``run()``'s verdict, with ``model`` kept (``model_kept``): student code that changed the model is "not
-    quite" whatever ``run`` found (its reference may have run on the changed model), and the model is put back."""
+    quite" whatever ``run`` found (its reference may have run on the changed model), and the model is put back.
+    A change of mode flags alone (``model.train()``, ``requires_grad_()``) changes no token: the verdict stands,
+    with a note on it."""
     with model_kept(model) as changed:
         verdict = run()
-    return model_changed(changed) or verdict
+    return model_changed(changed) or verdict + mode_note(changed)
 
 
 def model_changed(changed: list[str]) -> str | None:
-    """The verdict for student code that changed the model (``model_kept``'s list), else None."""
-    if not changed:
+    """The verdict for student code that changed the model (``model_kept``'s list), else None; mode flags alone
+    (:class:`ModeChange`) are no verdict (``mode_note``)."""
+    if all(isinstance(c, ModeChange) for c in changed):
         return None
     more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-    return (f"not quite: your code changed the model ({', '.join(changed[:3])}{more}); the check put it back as it "
+    return (f"not quite: your code changed the model ({'; '.join(changed[:3])}{more}); the check put it back as it "
             "was. Hint: decoding only reads the model: leave its weights, modules and settings alone.")
+
+
+def mode_note(changed: list[str]) -> str:
+    """A note for mode flags changed (``model_kept``'s :class:`ModeChange` entries), else ""."""
+    modes = [c for c in changed if isinstance(c, ModeChange)]
+    if not modes:
+        return ""
+    return (f" (note: your code changed the caller's model: {'; '.join(modes)}; the check put it back. Leave the "
+            "mode to the caller: a decode function needs no model.train(), model.eval() or requires_grad_().)")
 
 
 def code_checker(solution):
@@ -251,6 +343,8 @@ def choice_of(prediction, choices):
     ``prediction`` (a list is not an error)."""
     if isinstance(prediction, list | tuple) and len(prediction) == 1:
         prediction = prediction[0]
+    if isinstance(prediction, list | tuple):  # several elements, or a list in a list
+        return None
     numeric = [k for k in choices if isinstance(k, numbers.Real) and not isinstance(k, bool)]
     if isinstance(prediction, str):
         text = prediction.strip().strip("'\"").strip()
@@ -258,10 +352,6 @@ def choice_of(prediction, choices):
         if "".join(text.split()).casefold() in spelled:
             return spelled["".join(text.split()).casefold()]
         if not numeric:
-            return None
-        try:
-            prediction = float(text.replace(",", "").replace("_", ""))
-        except ValueError:
             return None
     try:
         value = real_number(prediction)

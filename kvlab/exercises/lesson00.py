@@ -89,7 +89,7 @@ def check_parameter_count(student, *, config=None) -> str:
     for cfg in configs:
         got, right = call_student(student, copy.deepcopy(cfg)), llama_parameter_count(cfg)
         try:
-            got = real_number(got)
+            got = real_number(got, spelled=False)
         except NotANumber as e:
             return f"not quite: parameter_count should return a number, got {e}"
         if got != right:

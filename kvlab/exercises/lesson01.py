@@ -170,7 +170,7 @@ def check_step_flops(student, *, config=None, length: int = 1000) -> str:
         for L in lengths:
             got, right = call_student(student, copy.deepcopy(cfg), L), forward_flops(cfg, L)
             try:
-                got = real_number(got)
+                got = real_number(got, spelled=False)
             except NotANumber as e:
                 return f"not quite: step_flops should return a number, got {e}"
             if abs(got - right) > 0.01 * right:

@@ -91,7 +91,7 @@ def check_tokens_per_s(fn) -> str:
         want = tokens_per_s_solution(t1, tn, n, batch)
         case = f"n={n}, batch={batch}, {repeats} repeats"
         try:
-            got = float(real_number(call_student(fn, list(t1), list(tn), n, batch)))
+            got = float(real_number(call_student(fn, list(t1), list(tn), n, batch), spelled=False))
         except NotANumber as e:
             return f"not quite: for {case} your function returned no number ({e}); return tokens per second as a float"
         if not _close(got, want):
@@ -164,7 +164,7 @@ def check_step_floor_ms(fn) -> str:
     for label, config, weight_bytes, dtype, batch, context, gbps in floor_cases():
         want = step_floor_ms_solution(config, weight_bytes, dtype, batch, context, gbps)
         try:
-            got = float(real_number(call_student(fn, config, weight_bytes, dtype, batch, context, gbps)))
+            got = float(real_number(call_student(fn, config, weight_bytes, dtype, batch, context, gbps), spelled=False))
         except NotANumber as e:
             return f"not quite: for {label} your function returned no number ({e}); return the floor in milliseconds"
         if not _close(got, want):
