@@ -156,3 +156,18 @@ def test_a_measurement_spelled_as_text_or_a_list_of_one_is_read():
     verdict = lesson02.check_cache_vs_weights_prediction("1,000", weight_bytes="1,000,000", cache_bytes_per_token=[1000])
     assert verdict.startswith("correct"), verdict
     assert lesson01.check_doubling_prediction(["2x-4x"], seconds="1.0", doubled_seconds=(3,)).startswith("correct")
+
+
+def test_checker_settings_given_as_numpy_or_0d_tensor_integers_are_read():
+    from kvlab.lab.models import tiny_model
+
+    config = tiny_model("tiny-llama").config
+    for n in (np.int64(16), torch.tensor(16), np.array(16)):
+        assert lesson07.check_blocks_held(13, block_size=n).startswith("correct"), n
+        assert lesson02.check_cached_positions(14, prompt_len=np.int64(9), new_tokens=n - 10).startswith("correct")
+        assert "x 16 tokens" in lesson02.check_cache_bytes(1, config=config, tokens=n, dtype=torch.float32)
+    assert lesson01.check_step_flops(lesson01.check_step_flops.solution, length=np.int64(100)).startswith("correct")
+    verdict = lesson05.check_counters_prediction("x", prompt_len=np.int64(21), bucket=torch.tensor(32))
+    assert verdict.startswith("not quite") and "21-token prompt padded to 32" in verdict, verdict
+    assert common.plain_setting(torch.tensor([[5]])).shape == (1, 1)  # prompt ids stay a tensor
+    assert common.plain_setting(np.float64(0.5)) == 0.5 and type(common.plain_setting(np.float64(0.5))) is np.float64

@@ -94,11 +94,34 @@ def check_number(answer, expected: float, *, what: str, hint: str, rel_tol: floa
     return f"not quite: you gave {answer:,} for {what}, which is {off}. Hint: {hint}"
 
 
+def plain_setting(value):
+    """``value`` with an integer held by a NumPy scalar or a 0-d integer tensor or array (``np.int64(4)``,
+    ``torch.tensor(4)``) made a Python int, in a list or tuple too; anything else unchanged (the code that uses a
+    setting refuses a wrong one with its own message)."""
+    if isinstance(value, list | tuple):
+        return type(value)(plain_setting(v) for v in value) if type(value) in (list, tuple) else value
+    dtype = getattr(value, "dtype", None)
+    integral = dtype is not None and not isinstance(value, bool) and (
+        (isinstance(dtype, torch.dtype) and not dtype.is_floating_point and not dtype.is_complex
+         and dtype != torch.bool) or getattr(dtype, "kind", "") in ("i", "u"))
+    return int(value.item()) if integral and getattr(value, "ndim", None) == 0 else value
+
+
+def settings_read(fn):
+    """Make ``fn``'s keyword settings plain (:func:`plain_setting`) before it runs: the door of every checker."""
+    @functools.wraps(fn)
+    def read(*args, **kwargs):
+        return fn(*args, **{k: plain_setting(v) for k, v in kwargs.items()})
+
+    return read
+
+
 def checker(fn):
     """Make ``fn`` a checker that always returns a verdict: ``None`` as the answer is "not answered yet", and an
     answer the comparison cannot even handle (a wrong type, a tensor on another device, ...) gets "not quite" with
     what went wrong, never a traceback."""
     @functools.wraps(fn)
+    @settings_read
     def check(answer=None, *args, **kwargs) -> str:
         if answer is None:
             return NOT_ANSWERED
@@ -313,6 +336,7 @@ def code_checker(solution):
     """
     def wrap(check):
         @functools.wraps(check)
+        @settings_read
         def checked(student=None, *args, **kwargs) -> str:
             filled = ""
             if student is None:

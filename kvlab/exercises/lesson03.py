@@ -24,6 +24,7 @@ from .common import (
     choice_of,
     code_checker,
     kept,
+    settings_read,
     solutions_filled_in,
 )
 
@@ -346,6 +347,7 @@ def crop_experiment(model=None, prompt_ids=None, *, extra: int = 6, k: int = 3) 
             "max |logit difference| vs a cache that never held them": diff, "outcome": outcome}
 
 
+@settings_read
 def check_crop_prediction(prediction, *, model=None, prompt_ids=None, extra: int = 6, k: int = 3) -> str:
     """"Predict, then run": what does ``StaticCache.crop(-k)`` do to the buffers? ``prediction`` is a key of
     :data:`CROP_CHOICES`; the experiment runs only once a prediction is given. The verdict, then what it measured."""

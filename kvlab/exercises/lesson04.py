@@ -26,6 +26,7 @@ from .common import (
     choice_of,
     code_checker,
     kept,
+    settings_read,
     solutions_filled_in,
 )
 from .lesson03 import check_model, check_prompt, first_token_note
@@ -57,6 +58,7 @@ def no_warmup_run(model=None, prompt_ids=None, new_tokens: int = 12) -> dict:
             "outcome": "none" if first is None else "first" if first == 1 else "later"}
 
 
+@settings_read
 def check_no_warmup_prediction(prediction, *, model=None, prompt_ids=None, new_tokens: int = 12) -> str:
     """"Predict, then run": the first attempt of section 2 with ``warmup=0``: which token first differs from the
     eager loop? ``prediction`` is a key of :data:`NO_WARMUP_CHOICES`; the run happens once a prediction is given."""

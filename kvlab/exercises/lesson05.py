@@ -15,7 +15,16 @@ import torch
 from ..cache_view import counters
 from ..graph_safe_cache import GraphSafeStaticCache
 from ..graphs import CapturedStep
-from .common import as_number, call_student, check_number, check_prediction, checker, code_checker, kept
+from .common import (
+    as_number,
+    call_student,
+    check_number,
+    check_prediction,
+    checker,
+    code_checker,
+    kept,
+    settings_read,
+)
 
 
 @functools.cache
@@ -96,6 +105,7 @@ COUNTER_WHY = ("vanilla StaticLayer.update adds T, the padded length, so the pad
                "update adds the valid count, a device tensor")
 
 
+@settings_read
 def check_counters_prediction(prediction=None, *, prompt_len: int = 21, bucket: int = 32, steps: int = 3) -> str:
     """Predict, then run: a ``prompt_len``-token prompt padded to ``bucket`` is prefilled, then ``steps`` tokens are
     decoded, once on a vanilla StaticCache and once on a GraphSafeStaticCache (valid window = the prompt). Which of

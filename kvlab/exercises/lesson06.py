@@ -27,6 +27,7 @@ from .common import (
     checker,
     code_checker,
     real_number,
+    settings_read,
 )
 
 
@@ -190,6 +191,7 @@ def rates_at(record: dict, batch: int) -> dict[str, float]:
     return rates
 
 
+@settings_read
 def check_fastest_prediction(prediction=None, record: dict | None = None, *, batch: int = 64) -> str:
     """Predict, then read: which strategy of ``record`` makes the most tokens/s at ``batch``?"""
     if record is None:
@@ -216,6 +218,7 @@ TILE_PATHS = {"gemv": "the GEMV kernel, one weight read per row",
               "tile": "the tile kernel, one weight read per tile of rows"}
 
 
+@settings_read
 def check_tile_prediction(prediction=None, record: dict | None = None, *, projection: str = "down",
                           rows: int = 64) -> str:
     """Predict, then read: in the recorded tile sweep (``kvlab.lab.bench.tile_sweep``), which of ``TILE_PATHS`` is
