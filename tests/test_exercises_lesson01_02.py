@@ -352,7 +352,8 @@ def test_ill_typed_answers_get_a_verdict_not_an_exception(bad):
 
 @pytest.mark.parametrize("spelled", ["12", [12], (12.0,), " 12 ", "1_2"])
 def test_a_number_spelled_as_text_or_a_list_of_one_is_read(spelled):
-    assert lesson02.check_cached_positions(spelled, prompt_len=10, new_tokens=3).startswith("correct")
+    verdict = lesson02.check_cached_positions(spelled, prompt_len=10, new_tokens=3)
+    assert verdict.startswith("correct"), verdict
 
 
 def test_cache_vs_weights_prediction(monkeypatch):
