@@ -32,7 +32,7 @@ def test_check_number_verdicts():
     assert check_number(torch.tensor(5), 5, what="x", hint="h").startswith("correct")
     wrong = check_number(6, 5, what="x", hint="think again")
     assert wrong.startswith("not quite") and "20.0% off" in wrong and "think again" in wrong
-    assert check_number("5", 5, what="x", hint="h").startswith("not quite")
+    assert check_number("6", 5, what="x", hint="h").startswith("not quite: you gave 6 for x")
     assert check_number(True, 1, what="x", hint="h").startswith("not quite")
     assert check_number(104, 100, what="x", hint="h", rel_tol=0.05).startswith("correct")
     assert check_number(1, 0, what="x", hint="h").startswith("not quite")
@@ -345,9 +345,15 @@ def test_cached_positions():
     assert lesson02.check_cached_positions(None, prompt_len=10, new_tokens=3) == NOT_ANSWERED
 
 
-@pytest.mark.parametrize("bad", ["12", [12], {"a": 1}])
+@pytest.mark.parametrize("bad", ["twelve", [12, 12], {"a": 1}, {12}])
 def test_ill_typed_answers_get_a_verdict_not_an_exception(bad):
     assert lesson02.check_cached_positions(bad, prompt_len=10, new_tokens=3).startswith("not quite")
+
+
+@pytest.mark.parametrize("spelled", ["12", [12], (12.0,), " 12 ", "1_2"])
+def test_a_number_spelled_as_text_or_a_list_of_one_is_read(spelled):
+    verdict = lesson02.check_cached_positions(spelled, prompt_len=10, new_tokens=3)
+    assert verdict.startswith("correct"), verdict
 
 
 def test_cache_vs_weights_prediction(monkeypatch):

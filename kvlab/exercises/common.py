@@ -1,14 +1,17 @@
-"""The verdict every exercise checker returns: "not answered yet", "correct: ..." or "not quite: ... Hint: ..."."""
+"""The verdict every exercise checker returns: "not answered yet", "correct: ..." or "not quite: ...
+Hint: ..."."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import decimal
 import functools
 import inspect
 import math
 import numbers
 import os
+import re
 
 import torch
 
@@ -19,30 +22,67 @@ class NotANumber(ValueError):
     """An answer that is not one finite real number; the message says what it is instead."""
 
 
-def real_number(answer) -> numbers.Real:
-    """The one finite real number ``answer`` holds, as a Python int or float (or another ``numbers.Real``): a number,
-    a NumPy scalar, or a tensor or array of one element (0-d, ``[1]``, ``[1, 1]``, ...). Raises :class:`NotANumber`
-    for anything else (a bool, a complex number, several elements, text, NaN or infinity)."""
-    if hasattr(answer, "item") and not isinstance(answer, numbers.Number):  # a tensor, an array, a NumPy scalar
-        size = answer.numel() if callable(getattr(answer, "numel", None)) else getattr(answer, "size", None)
+def real_number(answer, *, spelled: bool = True) -> numbers.Real:
+    """The one finite real number ``answer`` holds, as a Python int or float (or another
+    ``numbers.Real``): a number, a NumPy scalar, a tensor or array of one element (0-d, ``[1]``,
+    ``[1, 1]``, ...), a list or tuple of one number, or text that spells one (``"5120"``,
+    ``" 5,120 "``, ``"5_120"``, ``"5.1e3"``). Raises :class:`NotANumber` for anything else (a bool,
+    a complex number, several elements, other text, NaN or infinity), with what it is and the form
+    to give. ``spelled=False`` for a value the student's code returns: text and lists are refused
+    there (code that uses the value needs a number)."""
+    if (spelled and isinstance(answer, list | tuple) and len(answer) == 1
+        and not isinstance(answer[0], list | tuple)):
+        answer = answer[0]  # [5120] or (5120,): the one number inside
+    if spelled and isinstance(answer, str):
+        answer = number_in_text(answer)
+    elif hasattr(answer, "item") and not isinstance(answer, numbers.Number):
+        # a tensor, an array, a NumPy scalar
+        size = (answer.numel() if callable(getattr(answer, "numel", None))
+                else getattr(answer, "size", None))
         if size != 1:
             shape = tuple(getattr(answer, "shape", ()))
-            raise NotANumber(f"a {type(answer).__name__} of shape {shape} ({size} elements), not one number: return "
-                             "one value (x.item() of a one-element tensor or array)")
+            raise NotANumber(f"a {type(answer).__name__} of shape {shape} ({size} elements), not "
+                             "one number: return one value (x.item() of a one-element tensor or "
+                             "array)")
         answer = answer.item()
-    elif hasattr(answer, "item") and not isinstance(answer, int | float):  # numpy's float64, int64, bool_, ...
+    elif hasattr(answer, "item") and not isinstance(answer, int | float):
+        # numpy's float64, int64, bool_, ...
         answer = answer.item()
+    elif isinstance(answer, decimal.Decimal) and answer.is_finite():
+        answer = int(answer) if answer == answer.to_integral_value() else float(answer)
     if isinstance(answer, bool) or not isinstance(answer, numbers.Real):
-        raise NotANumber(f"a {type(answer).__name__} ({answer!r:.80}), not a number")
+        forms = NUMBER_FORMS if spelled else ("return one number (an int, a float, or x.item() of "
+                                              "a tensor)")
+        raise NotANumber(f"a {type(answer).__name__} ({answer!r:.80}), not a number: {forms}")
     if isinstance(answer, float) and not math.isfinite(answer):
-        raise NotANumber(f"{answer}, which is not a finite number: a division by zero or an overflow on the way?")
+        raise NotANumber(f"{answer}, which is not a finite number: a division by zero or an "
+                         "overflow on the way?")
     return answer
 
 
+NUMBER_FORMS = "give one number, e.g. 5120, 5120.0, \"5,120\" or a one-element tensor"
+_THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d*)?([eE][+-]?\d+)?")
+
+
+def number_in_text(text: str) -> numbers.Real:
+    """The number ``text`` spells (``"5120"``, ``"5,120"`` with commas between thousands,
+    ``"5_120"``, ``"5.1e3"``, spaces or quotes around), as an int where it is one; else
+    :class:`NotANumber`."""
+    spelled = text.strip().strip("'\"").strip()
+    digits = spelled.replace(",", "") if _THOUSANDS.fullmatch(spelled) else spelled
+    for parse in (int, float):
+        try:
+            # int and float both read "5_120"; float reads "nan" and "inf" (refused after)
+            return parse(digits)
+        except ValueError:
+            pass
+    raise NotANumber(f"the text {text!r:.80}, which is not a number: {NUMBER_FORMS}")
+
+
 def as_number(answer):
-    """``real_number(answer)`` where ``answer`` holds one finite real number, else ``answer`` unchanged: what a
-    number checker's entry does, so that its own comparisons see a Python number (``check_number`` then refuses the
-    rest with what it is)."""
+    """``real_number(answer)`` where ``answer`` holds one finite real number, else ``answer``
+    unchanged: what a number checker's entry does, so that its own comparisons see a Python number
+    (``check_number`` then refuses the rest with what it is)."""
     try:
         return real_number(answer)
     except NotANumber:
@@ -50,8 +90,9 @@ def as_number(answer):
 
 
 def check_number(answer, expected: float, *, what: str, hint: str, rel_tol: float = 0.0) -> str:
-    """Compare a numeric ``answer`` with ``expected`` (exactly, or within ``rel_tol``); return the verdict. Any one
-    real number is accepted (``real_number``: a tensor or array of one element too); NaN and infinity are wrong."""
+    """Compare a numeric ``answer`` with ``expected`` (exactly, or within ``rel_tol``); return the
+    verdict. Any one real number is accepted (``real_number``: a tensor or array of one element
+    too); NaN and infinity are wrong."""
     if answer is None:
         return NOT_ANSWERED
     try:
@@ -65,24 +106,56 @@ def check_number(answer, expected: float, *, what: str, hint: str, rel_tol: floa
     return f"not quite: you gave {answer:,} for {what}, which is {off}. Hint: {hint}"
 
 
-def checker(fn):
-    """Make ``fn`` a checker that always returns a verdict: ``None`` as the answer is "not answered yet", and an
-    answer the comparison cannot even handle (a wrong type, a tensor on another device, ...) gets "not quite" with
-    what went wrong, never a traceback."""
+def plain_setting(value):
+    """``value`` with an integer held by a NumPy scalar or a 0-d integer tensor or array
+    (``np.int64(4)``, ``torch.tensor(4)``) made a Python int, in a list or tuple too; anything else
+    unchanged (the code that uses a setting refuses a wrong one with its own message)."""
+    if isinstance(value, list | tuple):
+        return (type(value)(plain_setting(v) for v in value) if type(value) in (list, tuple)
+                else value)
+    dtype = getattr(value, "dtype", None)
+    integral = dtype is not None and not isinstance(value, bool) and (
+        (isinstance(dtype, torch.dtype) and not dtype.is_floating_point and not dtype.is_complex
+         and dtype != torch.bool) or getattr(dtype, "kind", "") in ("i", "u"))
+    return int(value.item()) if integral and getattr(value, "ndim", None) == 0 else value
+
+
+def settings_read(fn):
+    """Make ``fn``'s keyword settings plain (:func:`plain_setting`) before it runs: the door of
+    every checker."""
     @functools.wraps(fn)
+    def read(*args, **kwargs):
+        return fn(*args, **{k: plain_setting(v) for k, v in kwargs.items()})
+
+    return read
+
+
+def summary(fn) -> str:
+    """The first paragraph of ``fn``'s docstring on one line (a checker's hint; a docstring wraps at
+    100)."""
+    return " ".join((fn.__doc__ or "").strip().split("\n\n")[0].split())
+
+
+def checker(fn):
+    """Make ``fn`` a checker that always returns a verdict: ``None`` as the answer is "not answered
+    yet", and an answer the comparison cannot even handle (a wrong type, a tensor on another device,
+    ...) gets "not quite" with what went wrong, never a traceback."""
+    @functools.wraps(fn)
+    @settings_read
     def check(answer=None, *args, **kwargs) -> str:
         if answer is None:
             return NOT_ANSWERED
         try:
             return fn(answer, *args, **kwargs)
-        except Exception as e:  # the answer's shape or type, or a setting the checker cannot use: say so
-            return (f"not quite: this answer could not be checked ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "
-                    f"Hint: {(fn.__doc__ or '').strip().splitlines()[0]}")
+        except Exception as e:
+            # the answer's shape or type, or a setting the checker cannot use: say so
+            return (f"not quite: this answer could not be checked ({type(e).__name__}: "
+                    f"{str(e).splitlines()[0][:200]}). Hint: {summary(fn)}")
 
     return check
 
 
-# ---- exercises where the student writes code (issue 14's shape; every lesson uses it) ----------------------------
+# ---- exercises where the student writes code (issue 14's shape; every lesson uses it) ------------
 #
 # A code exercise in a notebook is a cell tagged ``exercise`` holding a stub the student replaces:
 #
@@ -91,13 +164,14 @@ def checker(fn):
 #     print(lesson02.check_attend(attend))  # a verdict, never a traceback
 #     # lesson02.check_attend.show_solution()  <- a solution, only on request
 #
-# With ``KVLAB_SOLUTIONS=1`` in the environment (the test suite sets it), a stub that is still unattempted is
-# replaced by the reference solution, so nbmake runs every checker's full path against the reference.
+# With ``KVLAB_SOLUTIONS=1`` in the environment (the test suite sets it), a stub that is still
+# unattempted is replaced by the reference solution, so nbmake runs every checker's full path
+# against the reference.
 
 
 SOLUTIONS_ENV = "KVLAB_SOLUTIONS"
-NOT_ATTEMPTED = ("not attempted: replace the `raise NotImplementedError` line with your code and run the cell "
-                 "again (the lesson runs on without it)")
+NOT_ATTEMPTED = ("not attempted: replace the `raise NotImplementedError` line with your code and "
+                 "run the cell again (the lesson runs on without it)")
 
 
 class NotAttempted(Exception):
@@ -105,29 +179,32 @@ class NotAttempted(Exception):
 
 
 def solutions_filled_in() -> bool:
-    """True where ``KVLAB_SOLUTIONS=1``: unattempted exercises are checked with the reference solution."""
+    """True where ``KVLAB_SOLUTIONS=1``: unattempted exercises are checked with the reference
+    solution."""
     return os.environ.get(SOLUTIONS_ENV, "") == "1"
 
 
 def call_student(fn, *args, **kwargs):
-    """Call the student's ``fn``; a NotImplementedError becomes NotAttempted, any other error propagates."""
+    """Call the student's ``fn``; a NotImplementedError becomes NotAttempted, any other error
+    propagates."""
     try:
         return fn(*args, **kwargs)
     except NotImplementedError as e:
         raise NotAttempted from e
 
 
-# ---- the caller's model is the caller's: student code runs on it, then it is put back ----------------------------
+# ---- the caller's model is the caller's: student code runs on it, then it is put back ------------
 
 
 def _module_state(module) -> dict:
-    """A module's attributes: name -> (value, a copy of it where it is a dict: the parameters', buffers',
-    submodules' and hooks' dicts, so that adding or replacing an entry shows)."""
+    """A module's attributes: name -> (value, a copy of it where it is a dict: the parameters',
+    buffers', submodules' and hooks' dicts, so that adding or replacing an entry shows)."""
     return {k: (v, copy.copy(v) if isinstance(v, dict) else None) for k, v in vars(module).items()}
 
 
 def _restore(module, state: dict) -> None:
-    """Put back ``_module_state``'s attributes; a dict is refilled in place (hook handles hold it weakly)."""
+    """Put back ``_module_state``'s attributes; a dict is refilled in place (hook handles hold it
+    weakly)."""
     vars(module).clear()
     for key, (value, entries) in state.items():
         if entries is not None:
@@ -141,7 +218,8 @@ def _same(a, b) -> bool:
         return True
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
-    if isinstance(a, (torch.Tensor, torch.nn.Module)) or isinstance(b, (torch.Tensor, torch.nn.Module)):
+    if (isinstance(a, (torch.Tensor, torch.nn.Module))
+        or isinstance(b, (torch.Tensor, torch.nn.Module))):
         return False
     try:
         return bool(a == b)
@@ -149,93 +227,176 @@ def _same(a, b) -> bool:
         return False
 
 
+class ModeChange(str):
+    """An entry of ``model_kept``'s list that is a mode flag only (``training``, ``requires_grad``):
+    it changes no token the model computes, and the check puts it back."""
+
+
+def _shown(value) -> str:
+    """``value`` for a message: a plain number, text, bool or None as itself, anything else by its
+    type."""
+    return (repr(value) if value is None or isinstance(value, bool | int | float | str)
+            else type(value).__name__)
+
+
+def _mode_entries(training: dict, grads: dict) -> list[ModeChange]:
+    """One entry for the modules whose ``training`` flag flipped (name -> new value) and one for the
+    parameters whose ``requires_grad`` did (name -> new value)."""
+    entries = []
+    if training:
+        now = set(training.values())
+        mode = ("train mode (model.train())" if now == {True} else "eval mode (model.eval())"
+                if now == {False}
+                else f"a mixed train/eval mode ({len(training)} modules' .training flags)")
+        entries.append(ModeChange(f"it switched the model to {mode}"))
+    if grads:
+        flag = next(iter(grads.values())) if len(set(grads.values())) == 1 else "mixed"
+        entries.append(ModeChange(f"it set requires_grad={flag} on {len(grads)} parameter"
+                                  f"{'s' if len(grads) > 1 else ''} (requires_grad_())"))
+    return entries
+
+
 @contextlib.contextmanager
 def model_kept(model):
-    """Run student code on ``model`` inside; on the way out (any way out) every change it made is listed in the
-    yielded list and undone: weights and buffers edited in place, replaced (``.data =``, a new Parameter) or
-    removed, modules replaced or removed, module settings (``variance_epsilon``, ``training``, hooks) and the
-    config. Costs one copy of the weights."""
+    """Run student code on ``model`` inside; on the way out (any way out) every change it made is
+    listed in the yielded list and undone: weights and buffers edited in place, replaced
+    (``.data =``, a new Parameter) or removed, modules replaced or removed, module settings
+    (``variance_epsilon``, hooks) and the config, each named by its path from ``model``
+    (``model.model.norm.variance_epsilon``); the mode flags (``training``, ``requires_grad``) as one
+    :class:`ModeChange` entry each. Costs one copy of the weights."""
     modules = dict(model.named_modules())
     states = {name: _module_state(m) for name, m in modules.items()}
-    tensors = {}  # id -> (name, tensor, its values, data_ptr)
+    tensors = {}  # id -> (name, tensor, its values, data_ptr, requires_grad)
     with torch.no_grad():
-        for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        for name, t in [*model.named_parameters(remove_duplicate=False),
+                        *model.named_buffers(remove_duplicate=False)]:
             if id(t) not in tensors:
-                tensors[id(t)] = (name, t, t.detach().clone(), t.data_ptr())
+                tensors[id(t)] = (name, t, t.detach().clone(), t.data_ptr(), t.requires_grad)
     config = getattr(model, "config", None)
     config_state = copy.deepcopy(vars(config)) if config is not None else None
     changed: list[str] = []
     try:
         yield changed
     finally:
+        path = {name: f"model.{name}" if name else "model"
+                for name in modules.keys() | dict(model.named_modules())}
         now = dict(model.named_modules())
-        changed += [f"module {name or 'model'} {'replaced' if name in now else 'removed'}"
+        changed += [f"module {path[name]} {'replaced' if name in now else 'removed'}"
                     for name, m in modules.items() if now.get(name) is not m]
-        changed += [f"module {name} added" for name in now if name not in modules]
+        changed += [f"module {path[name]} added" for name in now if name not in modules]
+        training = {}  # module path -> its new training flag
         for name, m in modules.items():
             before, after = states[name], vars(m)
-            changed += [f"{name or 'model'}.{key} changed" for key in before.keys() | after.keys()
-                        if key not in before or not _same(before[key][1] if before[key][1] is not None
-                                                          else before[key][0], after.get(key))]
+            for key in sorted(before.keys() | after.keys()):
+                if key not in before or key not in after:
+                    changed.append(f"{path[name]}.{key} "
+                                   f"{'added' if key not in before else 'removed'}")
+                    continue
+                old = before[key][1] if before[key][1] is not None else before[key][0]
+                if _same(old, after[key]) or key == "_modules":  # modules: listed above, by path
+                    continue
+                if key == "training":
+                    training[path[name]] = after[key]
+                elif key in ("_parameters", "_buffers") and isinstance(after[key], dict):
+                    for k in sorted(old.keys() | after[key].keys()):
+                        how = ("added" if k not in old else "removed" if k not in after[key]
+                               else "replaced")
+                        changed += ([f"{path[name]}.{k} {how}"]
+                                    if old.get(k) is not after[key].get(k) else [])
+                elif isinstance(old, dict):
+                    changed.append(f"{path[name]}.{key} changed (an entry added, removed or "
+                                   "replaced)")
+                else:
+                    changed.append(f"{path[name]}.{key} changed from {_shown(old)} to "
+                                   f"{_shown(after[key])}")
             _restore(m, before)
+        grads = {}  # parameter name -> its new requires_grad
         with torch.no_grad():
-            for name, t, values, ptr in tensors.values():
+            for name, t, values, ptr, requires_grad in tensors.values():
                 if t.data_ptr() != ptr or t.shape != values.shape or t.dtype != values.dtype:
-                    changed.append(f"{name} replaced (.data)")
+                    changed.append(f"model.{name} replaced (.data)")
                     t.data = values
                 elif not torch.equal(t, values) and not (t.is_floating_point() and torch.allclose(
                         t, values, rtol=0, atol=0, equal_nan=True)):
-                    changed.append(f"{name} edited in place")
+                    changed.append(f"model.{name} edited in place")
                     t.copy_(values)
+                if t.requires_grad != requires_grad:
+                    grads[f"model.{name}"] = t.requires_grad
+                    t.requires_grad_(requires_grad)
         if config is not None and vars(config) != config_state:
-            changed.append("model.config changed")
+            keys = sorted(k for k in vars(config).keys() | config_state.keys()
+                          if k not in config_state or k not in vars(config)
+                          or vars(config)[k] != config_state[k])
+            changed += [f"model.config.{k} changed from {_shown(config_state.get(k))} to "
+                        f"{_shown(vars(config).get(k))}"
+                        for k in keys]
             vars(config).clear()
             vars(config).update(config_state)
+        changed += _mode_entries(training, grads)
 
 
 def kept(model, run) -> str:
-    """``run()``'s verdict, with ``model`` kept (``model_kept``): student code that changed the model is "not
-    quite" whatever ``run`` found (its reference may have run on the changed model), and the model is put back."""
+    """``run()``'s verdict, with ``model`` kept (``model_kept``): student code that changed the
+    model is "not quite" whatever ``run`` found (its reference may have run on the changed model),
+    and the model is put back. A change of mode flags alone (``model.train()``,
+    ``requires_grad_()``) changes no token: the verdict stands, with a note on it."""
     with model_kept(model) as changed:
         verdict = run()
-    return model_changed(changed) or verdict
+    return model_changed(changed) or verdict + mode_note(changed)
 
 
 def model_changed(changed: list[str]) -> str | None:
-    """The verdict for student code that changed the model (``model_kept``'s list), else None."""
-    if not changed:
+    """The verdict for student code that changed the model (``model_kept``'s list), else None; mode
+    flags alone (:class:`ModeChange`) are no verdict (``mode_note``)."""
+    if all(isinstance(c, ModeChange) for c in changed):
         return None
     more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-    return (f"not quite: your code changed the model ({', '.join(changed[:3])}{more}); the check put it back as it "
-            "was. Hint: decoding only reads the model: leave its weights, modules and settings alone.")
+    return (f"not quite: your code changed the model ({'; '.join(changed[:3])}{more}); the check "
+            "put it back as it was. Hint: decoding only reads the model: leave its weights, "
+            "modules and settings alone.")
+
+
+def mode_note(changed: list[str]) -> str:
+    """A note for mode flags changed (``model_kept``'s :class:`ModeChange` entries), else ""."""
+    modes = [c for c in changed if isinstance(c, ModeChange)]
+    if not modes:
+        return ""
+    return (f" (note: your code changed the caller's model: {'; '.join(modes)}; the check put it "
+            "back. Leave the mode to the caller: a decode function needs no model.train(), "
+            "model.eval() or requires_grad_().)")
 
 
 def code_checker(solution):
-    """Make ``check(student_fn, **settings) -> verdict`` a checker of code written against ``solution``.
+    """Make ``check(student_fn, **settings) -> verdict`` a checker of code written against
+    ``solution``.
 
-    The verdict is "not attempted" while the student's function still raises NotImplementedError (or is None),
-    "not quite: your code raised ..." with the error's first line when it fails otherwise, and whatever ``check``
-    says when it runs. ``check`` calls the student's code through :func:`call_student`. Under
-    ``KVLAB_SOLUTIONS=1`` an unattempted function is replaced by ``solution`` and the verdict says so. The
-    checker gets ``.solution`` and ``.show_solution()`` (prints the reference source: on request only).
+    The verdict is "not attempted" while the student's function still raises NotImplementedError (or
+    is None), "not quite: your code raised ..." with the error's first line when it fails otherwise,
+    and whatever ``check`` says when it runs. ``check`` calls the student's code through
+    :func:`call_student`. Under ``KVLAB_SOLUTIONS=1`` an unattempted function is replaced by
+    ``solution`` and the verdict says so. The checker gets ``.solution`` and ``.show_solution()``
+    (prints the reference source: on request only).
     """
     def wrap(check):
         @functools.wraps(check)
+        @settings_read
         def checked(student=None, *args, **kwargs) -> str:
             filled = ""
             if student is None:
                 if not solutions_filled_in():
                     return NOT_ATTEMPTED
-                student, filled = solution, f"(the reference solution, filled in by {SOLUTIONS_ENV}=1) "
+                student, filled = solution, ("(the reference solution, filled in by "
+                                             f"{SOLUTIONS_ENV}=1) ")
             try:
                 return filled + check(student, *args, **kwargs)
             except NotAttempted:
                 if not solutions_filled_in() or filled:
                     return NOT_ATTEMPTED
-                return f"(the reference solution, filled in by {SOLUTIONS_ENV}=1) " + check(solution, *args, **kwargs)
+                return (f"(the reference solution, filled in by {SOLUTIONS_ENV}=1) "
+                        + check(solution, *args, **kwargs))
             except Exception as e:  # the student's code failed: say how, and where to look
-                return (f"not quite: your code raised {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}. "
-                        f"Hint: {(check.__doc__ or '').strip().splitlines()[0]}")
+                return (f"not quite: your code raised {type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:200] if str(e) else ''}. Hint: {summary(check)}")
 
         checked.solution = solution
         checked.show_solution = lambda: print(inspect.getsource(solution))
@@ -245,12 +406,14 @@ def code_checker(solution):
 
 
 def choice_of(prediction, choices):
-    """The key of ``choices`` that ``prediction`` names, else None. Any reasonable spelling of a key names it: a
-    list or tuple of one element, text in any case with spaces or quotes around (``" b "``, ``"'B'"``), a number
-    key as text (``"1000"``, ``"1,000"``, ``"1e3"``), a NumPy scalar or a one-element tensor. Never hashes
-    ``prediction`` (a list is not an error)."""
+    """The key of ``choices`` that ``prediction`` names, else None. Any reasonable spelling of a key
+    names it: a list or tuple of one element, text in any case with spaces or quotes around
+    (``" b "``, ``"'B'"``), a number key as text (``"1000"``, ``"1,000"``, ``"1e3"``), a NumPy
+    scalar or a one-element tensor. Never hashes ``prediction`` (a list is not an error)."""
     if isinstance(prediction, list | tuple) and len(prediction) == 1:
         prediction = prediction[0]
+    if isinstance(prediction, list | tuple):  # several elements, or a list in a list
+        return None
     numeric = [k for k in choices if isinstance(k, numbers.Real) and not isinstance(k, bool)]
     if isinstance(prediction, str):
         text = prediction.strip().strip("'\"").strip()
@@ -258,10 +421,6 @@ def choice_of(prediction, choices):
         if "".join(text.split()).casefold() in spelled:
             return spelled["".join(text.split()).casefold()]
         if not numeric:
-            return None
-        try:
-            prediction = float(text.replace(",", "").replace("_", ""))
-        except ValueError:
             return None
     try:
         value = real_number(prediction)
@@ -274,32 +433,33 @@ RUN_AGAIN = "run the cell that measures it again, then this check"
 
 
 def bad_measurement(measured: dict, fix: str = RUN_AGAIN) -> str | None:
-    """The verdict for a measurement of ``measured`` (name -> value) that cannot decide a prediction (NaN,
-    infinity, zero or below, not a number), else None: a checker never calls a prediction right against such a
-    number. ``fix``: what to do about it."""
+    """The verdict for a measurement of ``measured`` (name -> value) that cannot decide a prediction
+    (NaN, infinity, zero or below, not a number), else None: a checker never calls a prediction
+    right against such a number. ``fix``: what to do about it."""
     for name, value in measured.items():
         try:
             number = real_number(value)
         except NotANumber as e:
             return f"not checked: the measurement {name} is {e}; {fix}"
         if number <= 0:
-            return (f"not checked: the measurement {name} = {number} is not a positive number, so it cannot decide "
-                    f"the question; {fix}")
+            return (f"not checked: the measurement {name} = {number} is not a positive number, so "
+                    f"it cannot decide the question; {fix}")
     return None
 
 
 def check_prediction(prediction, *, measured, choices: dict, what: str) -> str:
-    """A "predict, then run" question: ``prediction`` names one key of ``choices`` (key -> what it would mean;
-    any spelling :func:`choice_of` reads), ``measured`` the key the run just showed. Under ``KVLAB_SOLUTIONS=1`` a
-    missing prediction is filled in."""
+    """A "predict, then run" question: ``prediction`` names one key of ``choices`` (key -> what it
+    would mean; any spelling :func:`choice_of` reads), ``measured`` the key the run just showed.
+    Under ``KVLAB_SOLUTIONS=1`` a missing prediction is filled in."""
     if prediction is None:
         if not solutions_filled_in():
-            return "not predicted: write your prediction (one of " + ", ".join(map(repr, choices)) + ") before running"
+            return ("not predicted: write your prediction (one of " + ", ".join(map(repr, choices))
+                    + ") before running")
         prediction = measured
     given, prediction = prediction, choice_of(prediction, choices)
     if prediction is None:
         return f"not quite: {what} is one of {', '.join(map(repr, choices))}, got {given!r:.80}"
     if prediction == measured:
         return f"correct: {what} is {measured!r}: {choices[measured]}"
-    return (f"not quite: you predicted {prediction!r} ({choices[prediction]}), but the run shows {measured!r}: "
-            f"{choices[measured]}")
+    return (f"not quite: you predicted {prediction!r} ({choices[prediction]}), but the run shows "
+            f"{measured!r}: {choices[measured]}")

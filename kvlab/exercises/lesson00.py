@@ -1,9 +1,11 @@
 """Checkers for lesson 00 (setup and model anatomy): code the student writes, and one prediction.
 
-- ``check_parameter_count(parameter_count, config=...)``: a Llama-style parameter count from a config, checked
-  against ``kvlab.sizes.llama_parameter_count`` on the config, its other tie setting and a small GQA config;
+- ``check_parameter_count(parameter_count, config=...)``: a Llama-style parameter count from a
+  config, checked against ``kvlab.sizes.llama_parameter_count`` on the config, its other tie setting
+  and a small GQA config;
 - ``check_chat_ids(chat_ids, tokenizer=...)``: a question turned into the chat template's ids;
-- ``check_gqa_prediction(prediction, ...)``: how many more parameters the model would have without GQA.
+- ``check_gqa_prediction(prediction, ...)``: how many more parameters the model would have without
+  GQA.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from .common import (
 )
 from .mistakes import first_match
 
-# ---- exercise 1: the parameter count of a Llama-style model, from its config ------------------------------------
+# ---- exercise 1: the parameter count of a Llama-style model, from its config ---------------------
 
 
 def small_gqa_config():
@@ -47,71 +49,86 @@ def with_changes(config, **changes):
 def describe(config) -> str:
     s = model_sizes(config)
     tied = "tied" if getattr(config, "tie_word_embeddings", False) else "untied"
-    return (f"a config of {s.layers} layers, hidden {s.hidden}, {s.heads} query / {s.kv_heads} kv heads, MLP "
-            f"{s.intermediate}, vocab {s.vocab}, {tied} lm_head")
+    return (f"a config of {s.layers} layers, hidden {s.hidden}, {s.heads} query / {s.kv_heads} kv "
+            f"heads, MLP {s.intermediate}, vocab {s.vocab}, {tied} lm_head")
 
 
 def parameter_mistakes(config) -> list[tuple[int | None, str]]:
-    """``(count, hint)`` of the typical wrong counts for ``config`` (None where a mistake cannot show)."""
+    """``(count, hint)`` of the typical wrong counts for ``config`` (None where a mistake cannot
+    show)."""
     s = model_sizes(config)
     right = llama_parameter_count(config)
     tied = bool(getattr(config, "tie_word_embeddings", False))
     per_layer = llama_parameter_count(with_changes(config, num_hidden_layers=s.layers + 1)) - right
     return [
-        (llama_parameter_count(with_changes(config, num_key_value_heads=s.heads)) if s.kv_heads != s.heads else None,
-         "k_proj and v_proj are hidden x (num_key_value_heads x head_dim): with grouped-query attention there are "
-         "fewer kv heads than query heads."),
+        (llama_parameter_count(with_changes(config, num_key_value_heads=s.heads))
+         if s.kv_heads != s.heads else None,
+         "k_proj and v_proj are hidden x (num_key_value_heads x head_dim): with grouped-query "
+         "attention there are fewer kv heads than query heads."),
         (llama_parameter_count(with_changes(config, tie_word_embeddings=not tied)),
          "with tie_word_embeddings=True the lm_head IS the embedding matrix: count it once."
-         if tied else "with tie_word_embeddings=False the lm_head is a matrix of its own, vocab x hidden: count it."),
+         if tied else "with tie_word_embeddings=False the lm_head is a matrix of its own, vocab x "
+                      "hidden: count it."),
         (right - s.vocab * s.hidden if tied else None, "the embedding matrix, vocab x hidden."),
         (right - (2 * s.layers + 1) * s.hidden,
-         "the norms: two RMSNorm weight vectors of hidden per layer (before attention, before the MLP) and a final one."),
+         "the norms: two RMSNorm weight vectors of hidden per layer (before attention, before the "
+         "MLP) and a final one."),
         (right - 2 * s.layers * s.hidden, "each layer's two RMSNorm weight vectors (hidden each)."),
         (right - s.layers * s.hidden, "each layer has two norms, not one."),
         (right - s.hidden, "the final norm after the last layer (one vector of hidden)."),
         (right - s.layers * s.hidden * s.intermediate,
-         "the MLP has three matrices: gate_proj and up_proj (hidden x MLP size) and down_proj (back)."),
-        (right - s.layers * s.hidden * s.heads * s.head_dim, "the output projection o_proj, (heads x head_dim) x hidden."),
-        (right - (s.layers - 1) * per_layer, "every layer has its own weights: multiply one layer's count by num_hidden_layers."),
+         "the MLP has three matrices: gate_proj and up_proj (hidden x MLP size) and down_proj "
+         "(back)."),
+        (right - s.layers * s.hidden * s.heads * s.head_dim, "the output projection o_proj, (heads "
+                                                             "x head_dim) x hidden."),
+        (right - (s.layers - 1) * per_layer, "every layer has its own weights: multiply one "
+                                             "layer's count by num_hidden_layers."),
     ]
 
 
 @code_checker(llama_parameter_count)
 def check_parameter_count(student, *, config=None) -> str:
-    """Per layer q/k/v/o projections, 3 MLP matrices, 2 norms; then embedding, final norm, lm_head if untied.
+    """Per layer q/k/v/o projections, 3 MLP matrices, 2 norms; then embedding, final norm, lm_head
+    if untied.
 
-    Checks ``parameter_count(config) -> int`` on ``config`` (default: a small GQA config), the same config with the
-    other ``tie_word_embeddings`` and a small untied GQA config, and names the mistake behind a wrong count."""
+    Checks ``parameter_count(config) -> int`` on ``config`` (default: a small GQA config), the same
+    config with the other ``tie_word_embeddings`` and a small untied GQA config, and names the
+    mistake behind a wrong count."""
     base = small_gqa_config() if config is None else config
-    configs = [base, with_changes(base, tie_word_embeddings=not getattr(base, "tie_word_embeddings", False)),
+    configs = [base,
+               with_changes(base,
+                            tie_word_embeddings=not getattr(base, "tie_word_embeddings", False)),
                small_gqa_config()]
     for cfg in configs:
         got, right = call_student(student, copy.deepcopy(cfg)), llama_parameter_count(cfg)
         try:
-            got = real_number(got)
+            got = real_number(got, spelled=False)
         except NotANumber as e:
             return f"not quite: parameter_count should return a number, got {e}"
         if got != right:
             hint = first_match(got, parameter_mistakes(cfg)) or (
-                "go part by part: per layer q_proj and o_proj (hidden x heads x head_dim), k_proj and v_proj (hidden x "
-                "kv_heads x head_dim), three MLP matrices, two norms; then embedding, final norm, lm_head if untied.")
+                "go part by part: per layer q_proj and o_proj (hidden x heads x head_dim), k_proj "
+                "and v_proj (hidden x kv_heads x head_dim), three MLP matrices, two norms; then "
+                "embedding, final norm, lm_head if untied.")
             return (f"not quite: for {describe(cfg)} you count {got:,}, the model has {right:,} "
                     f"({got - right:+,}). Hint: {hint}")
-    return f"correct: your count matches kvlab.sizes.llama_parameter_count on {len(configs)} configs, tied and untied"
+    return (f"correct: your count matches kvlab.sizes.llama_parameter_count on {len(configs)} "
+            "configs, tied and untied")
 
 
-# ---- exercise 2: a question as the chat template's ids ---------------------------------------------------------
+# ---- exercise 2: a question as the chat template's ids -------------------------------------------
 
 # SmolLM2's chat format without its default system prompt: what the stand-in tokenizer writes.
-STAND_IN_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
-                     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+STAND_IN_TEMPLATE = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ "
+                     "message['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt "
+                     "%}<|im_start|>assistant\n{% endif %}")
 
 
 @functools.cache
 def stand_in_chat_tokenizer():
-    """A small chat tokenizer for where the real one is missing (random weights, tests): one id per byte, the
-    special tokens ``<|im_start|>`` and ``<|im_end|>``, and SmolLM2's chat format without a system prompt."""
+    """A small chat tokenizer for where the real one is missing (random weights, tests): one id per
+    byte, the special tokens ``<|im_start|>`` and ``<|im_end|>``, and SmolLM2's chat format without
+    a system prompt."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -119,36 +136,46 @@ def stand_in_chat_tokenizer():
     core = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(byte_chars)}, merges=[]))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, extra_special_tokens=["<|im_start|>", "<|im_end|>"])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core,
+                                        extra_special_tokens=["<|im_start|>", "<|im_end|>"])
     tokenizer.chat_template = STAND_IN_TEMPLATE
     return tokenizer
 
 
 def chat_ids(tokenizer, question: str) -> torch.Tensor:
-    """The ids the model reads for ``question``: one user turn in the chat template, then the opening of the
-    assistant's turn (``add_generation_prompt=True``), as a LongTensor ``[1, prompt_len]``."""
+    """The ids the model reads for ``question``: one user turn in the chat template, then the
+    opening of the assistant's turn (``add_generation_prompt=True``), as a LongTensor
+    ``[1, prompt_len]``."""
     chat = [{"role": "user", "content": question}]
-    return tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt")["input_ids"]
+    return tokenizer.apply_chat_template(chat, add_generation_prompt=True,
+                                         return_tensors="pt")["input_ids"]
 
 
-def template_ids(tokenizer, question: str, *, role: str = "user", generation_prompt: bool = True) -> torch.Tensor:
+def template_ids(tokenizer, question: str, *, role: str = "user",
+                 generation_prompt: bool = True) -> torch.Tensor:
     chat = [{"role": role, "content": question}]
-    return tokenizer.apply_chat_template(chat, add_generation_prompt=generation_prompt, return_tensors="pt")["input_ids"]
+    return tokenizer.apply_chat_template(chat, add_generation_prompt=generation_prompt,
+                                         return_tensors="pt")["input_ids"]
 
 
 def chat_mistakes(tokenizer, question: str) -> list[tuple[object, str]]:
     """``(ids, hint)`` of the typical wrong answers for ``question``."""
     return [
         (template_ids(tokenizer, question, generation_prompt=False),
-         "pass add_generation_prompt=True: without it the prompt ends after your turn, and the model's likeliest "
-         "continuation is not the assistant's answer (the opening of its turn is missing)."),
+         "pass add_generation_prompt=True: without it the prompt ends after your turn, and the "
+         "model's likeliest continuation is not the assistant's answer (the opening of its turn is "
+         "missing)."),
         (tokenizer(question, return_tensors="pt")["input_ids"],
-         "that is the question alone: the model was trained on the chat format, so use tokenizer.apply_chat_template "
-         "with a list of messages [{'role': 'user', 'content': question}]."),
+         "that is the question alone: the model was trained on the chat format, so use "
+         "tokenizer.apply_chat_template with a list of messages [{'role': 'user', 'content': "
+         "question}]."),
         (tokenizer(question, add_special_tokens=False, return_tensors="pt")["input_ids"],
-         "that is the question alone: use tokenizer.apply_chat_template with [{'role': 'user', 'content': question}]."),
-        (template_ids(tokenizer, question, role="system"), "the question is the user's turn: role 'user', not 'system'."),
-        (template_ids(tokenizer, question, role="assistant"), "the question is the user's turn: role 'user'."),
+         "that is the question alone: use tokenizer.apply_chat_template with [{'role': 'user', "
+         "'content': question}]."),
+        (template_ids(tokenizer, question, role="system"), "the question is the user's turn: role "
+                                                           "'user', not 'system'."),
+        (template_ids(tokenizer, question, role="assistant"), "the question is the user's turn: "
+                                                              "role 'user'."),
     ]
 
 
@@ -157,19 +184,21 @@ def chat_problem(got, right: torch.Tensor, tokenizer, question: str) -> str | No
     if isinstance(got, str):
         return "you returned text (tokenize=False?): return the ids, a LongTensor [1, prompt_len]."
     if hasattr(got, "keys") and "input_ids" in got:
-        return ("you returned the whole encoding (input_ids and attention_mask; apply_chat_template returns a dict "
-                "on transformers 5): return its ['input_ids'].")
+        return ("you returned the whole encoding (input_ids and attention_mask; "
+                "apply_chat_template returns a dict on transformers 5): return its ['input_ids'].")
     if isinstance(got, list | tuple):
         flat = got[0] if len(got) == 1 and isinstance(got[0], list | tuple) else got
         if list(flat) == right[0].tolist():
-            return "the ids are right, but as a list: return a tensor [1, prompt_len] (return_tensors='pt')."
+            return ("the ids are right, but as a list: return a tensor [1, prompt_len] "
+                    "(return_tensors='pt').")
         return "return a LongTensor [1, prompt_len] (return_tensors='pt')."
     if not isinstance(got, torch.Tensor):
         return f"return a LongTensor [1, prompt_len], not a {type(got).__name__}."
     if got.dim() == 1 and torch.equal(got.cpu(), right[0]):
         return "the ids are right, but keep the batch dimension: shape [1, prompt_len]."
     if got.is_floating_point():
-        return "token ids are integers: return a LongTensor (torch.long), as the tokenizer makes it."
+        return ("token ids are integers: return a LongTensor (torch.long), as the tokenizer makes "
+                "it.")
     got = got.cpu()
     if torch.equal(got, right):
         return None
@@ -180,17 +209,21 @@ def chat_problem(got, right: torch.Tensor, tokenizer, question: str) -> str | No
         return f"return shape [1, prompt_len] = (1, {right.shape[1]}), got {tuple(got.shape)}."
     n = min(got.shape[1], right.shape[1])
     k = next((i for i in range(n) if got[0, i] != right[0, i]), n)
-    return (f"your {got.shape[1]} ids differ from the template's {right.shape[1]} from position {k} on "
-            f"(expected {tokenizer.decode(right[0, k:k + 4])!r}): use tokenizer.apply_chat_template(chat, "
+    return (f"your {got.shape[1]} ids differ from the template's {right.shape[1]} from position "
+            f"{k} on (expected {tokenizer.decode(right[0, k:k + 4])!r}): use "
+            "tokenizer.apply_chat_template(chat, "
             "add_generation_prompt=True, return_tensors='pt').")
 
 
 @code_checker(chat_ids)
-def check_chat_ids(student, *, tokenizer=None, question: str = "What is the capital of France?") -> str:
-    """tokenizer.apply_chat_template([{'role': 'user', 'content': question}], add_generation_prompt=True, ...).
+def check_chat_ids(student, *, tokenizer=None,
+                   question: str = "What is the capital of France?") -> str:
+    """tokenizer.apply_chat_template([{'role': 'user', 'content': question}],
+    add_generation_prompt=True, ...).
 
-    Checks ``chat_ids(tokenizer, question) -> LongTensor [1, prompt_len]`` on two questions with ``tokenizer`` (a
-    stand-in chat tokenizer where it is None or has no chat template) and names the mistake behind wrong ids."""
+    Checks ``chat_ids(tokenizer, question) -> LongTensor [1, prompt_len]`` on two questions with
+    ``tokenizer`` (a stand-in chat tokenizer where it is None or has no chat template) and names the
+    mistake behind wrong ids."""
     stand_in = tokenizer is None or not getattr(tokenizer, "chat_template", None)
     tok = stand_in_chat_tokenizer() if stand_in else tokenizer
     where = " (on a stand-in chat tokenizer: the real one is not loaded here)" if stand_in else ""
@@ -199,17 +232,18 @@ def check_chat_ids(student, *, tokenizer=None, question: str = "What is the capi
         problem = chat_problem(call_student(student, tok, q), right, tok, q)
         if problem:
             return f"not quite: for the question {q!r}{where}: {problem}"
-    return (f"correct: your ids equal the chat template's, generation prompt included ({right.shape[1]} ids for the "
-            f"second question){where}")
+    return ("correct: your ids equal the chat template's, generation prompt included "
+            f"({right.shape[1]} ids for the second question){where}")
 
 
-# ---- exercise 3 (predict, then run): the parameters grouped-query attention saves ---------------------------------
+# ---- exercise 3 (predict, then run): the parameters grouped-query attention saves ----------------
 
 GQA_CHOICES = {
     "1%": "about 1% more parameters",
     "10%": "about 10% more parameters: only k_proj and v_proj grow, a small part of each layer",
     "50%": "about 50% more parameters",
-    "3x": "about three times as many (the KV cache would grow 3x, lesson 02, but the weights do not)",
+    "3x": "about three times as many (the KV cache would grow 3x, lesson 02, but the weights do "
+          "not)",
 }
 GQA_RATIOS = {"1%": 1.01, "10%": 1.1, "50%": 1.5, "3x": 3.0}
 
@@ -220,13 +254,16 @@ def nearest_choice(ratio: float, ratios: dict[str, float]) -> str:
 
 
 def check_gqa_prediction(prediction, *, gqa_parameters: int, mha_parameters: int) -> str:
-    """Predict, then run: how many more parameters would the model have with one kv head per query head? The
-    measured counts (``model.parameters()`` of the model and of its multi-head twin) decide."""
+    """Predict, then run: how many more parameters would the model have with one kv head per query
+    head? The measured counts (``model.parameters()`` of the model and of its multi-head twin)
+    decide."""
     bad = bad_measurement({"gqa_parameters": gqa_parameters, "mha_parameters": mha_parameters})
     if bad:
         return bad
     gqa_parameters, mha_parameters = real_number(gqa_parameters), real_number(mha_parameters)
     ratio = mha_parameters / gqa_parameters
-    verdict = check_prediction(prediction, measured=nearest_choice(ratio, GQA_RATIOS), choices=GQA_CHOICES,
+    verdict = check_prediction(prediction, measured=nearest_choice(ratio, GQA_RATIOS),
+                               choices=GQA_CHOICES,
                                what="the growth without grouped-query attention")
-    return f"{verdict} (measured: {gqa_parameters:,} -> {mha_parameters:,} parameters, x{ratio:.3f})"
+    return (f"{verdict} (measured: {gqa_parameters:,} -> {mha_parameters:,} parameters, "
+            f"x{ratio:.3f})")

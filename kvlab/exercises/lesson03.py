@@ -1,8 +1,10 @@
-"""Checkers for lesson 03 (HuggingFace DynamicCache and StaticCache). Each returns a verdict string; print it.
+"""Checkers for lesson 03 (HuggingFace DynamicCache and StaticCache). Each returns a verdict string;
+print it.
 
-Two code exercises (a cached decode step whose position is a 0-dim tensor; an in-place reset of a ``StaticCache``),
-a "predict, then run" question (what ``StaticCache.crop`` does to the buffers) and one number. Every expected
-value is computed live on a tiny model, with transformers' own caches and kvlab's own loops.
+Two code exercises (a cached decode step whose position is a 0-dim tensor; an in-place reset of a
+``StaticCache``), a "predict, then run" question (what ``StaticCache.crop`` does to the buffers) and
+one number. Every expected value is computed live on a tiny model, with transformers' own caches and
+kvlab's own loops.
 """
 
 from __future__ import annotations
@@ -24,16 +26,18 @@ from .common import (
     choice_of,
     code_checker,
     kept,
+    settings_read,
     solutions_filled_in,
 )
 
-# The checkers' model: tiny and random, and (with its q/k norms) sensitive enough to RoPE positions that a
-# position off by one changes the greedy tokens within a few steps.
+# The checkers' model: tiny and random, and (with its q/k norms) sensitive enough to RoPE positions
+# that a position off by one changes the greedy tokens within a few steps.
 CHECK_MODEL = "tiny-qwen3"
 
 
 def check_model():
-    """The tiny model every lesson-03/04 checker runs on (built afresh: a student's code cannot spoil the next check)."""
+    """The tiny model every lesson-03/04 checker runs on (built afresh: a student's code cannot
+    spoil the next check)."""
     from ..lab.models import tiny_model
 
     return tiny_model(CHECK_MODEL)
@@ -54,39 +58,46 @@ def first_token_note(got: torch.Tensor, want: torch.Tensor) -> str:
     return f"token {i} is the first that differs: {got[0, i].item()} instead of {want[0, i].item()}"
 
 
-# ---------------------------------------------------------------------- a number: a StaticCache's bytes
+# ------------------------------------------------------------------ a number: a StaticCache's bytes
 
 
 @checker
 def check_static_cache_bytes(answer, *, config, max_cache_len: int, dtype, batch: int = 1) -> str:
-    """Exercise: bytes a StaticCache of ``max_cache_len`` slots holds, however few tokens were decoded."""
+    """Exercise: bytes a StaticCache of ``max_cache_len`` slots holds, however few tokens were
+    decoded."""
     answer = as_number(answer)
     expected = kv_cache_bytes(config, max_cache_len, dtype, batch=batch)
     sizes = model_sizes(config)
     slips = [  # (the answer a typical slip gives, what the slip was)
         (kv_cache_bytes(config, 1, dtype, batch=batch),
-         "you counted one token: a StaticCache holds all max_cache_len slots from its first step, written or not"),
+         "you counted one token: a StaticCache holds all max_cache_len slots from its first step, "
+         "written or not"),
         (expected // 2, "K alone: V is a second buffer of the same size (the factor 2)"),
         (expected // sizes.layers, "one layer: every layer has its own keys and values"),
         (expected * sizes.heads // sizes.kv_heads,
-         f"the {sizes.heads} query heads: the cache stores the {sizes.kv_heads} kv heads (grouped-query attention)"),
+         f"the {sizes.heads} query heads: the cache stores the {sizes.kv_heads} kv heads "
+         "(grouped-query attention)"),
         (expected * 8, "bits, not bytes"),
     ]
     if batch != 1:
-        slips.append((kv_cache_bytes(config, max_cache_len, dtype, batch=1), f"one sequence: the batch holds {batch}"))
+        slips.append((kv_cache_bytes(config, max_cache_len, dtype, batch=1),
+                      f"one sequence: the batch holds {batch}"))
     for other in (torch.float32, torch.float16, torch.bfloat16):
         if torch.finfo(other).bits != torch.finfo(dtype).bits:
             slips.append((kv_cache_bytes(config, max_cache_len, other, batch=batch),
-                          f"{torch.finfo(other).bits // 8} bytes per element: {dtype} has {torch.finfo(dtype).bits // 8}"))
+                          f"{torch.finfo(other).bits // 8} bytes per element: {dtype} has "
+                          f"{torch.finfo(dtype).bits // 8}"))
     what = f"StaticCache bytes for max_cache_len={max_cache_len}, batch {batch}, in {dtype}"
     if isinstance(answer, int | float) and not isinstance(answer, bool) and answer != expected:
-        matched = list(dict.fromkeys(why for value, why in slips if value == answer))  # several slips can agree
+        # several slips can agree
+        matched = list(dict.fromkeys(why for value, why in slips if value == answer))
         if matched:
-            return f"not quite: you gave {answer:,} for {what}. Hint: that is {' or '.join(matched)}."
+            return (f"not quite: you gave {answer:,} for {what}. Hint: that is "
+                    f"{' or '.join(matched)}.")
     return check_number(
         answer, expected, what=what,
-        hint="it is preallocated: 2 (K and V) x layers x kv_heads x head_dim x bytes per element x max_cache_len "
-             "x batch, whatever the number of tokens decoded so far.",
+        hint="it is preallocated: 2 (K and V) x layers x kv_heads x head_dim x bytes per element x "
+             "max_cache_len x batch, whatever the number of tokens decoded so far.",
     )
 
 
@@ -94,8 +105,9 @@ def check_static_cache_bytes(answer, *, config, max_cache_len: int, dtype, batch
 
 
 def reset_in_place(cache) -> None:
-    """Empty a vanilla ``StaticCache`` in place: zero every layer's ``keys``, ``values`` and ``cumulative_length``,
-    writing into the tensors the layers hold (no tensor is replaced, so a captured graph still sees them)."""
+    """Empty a vanilla ``StaticCache`` in place: zero every layer's ``keys``, ``values`` and
+    ``cumulative_length``, writing into the tensors the layers hold (no tensor is replaced, so a
+    captured graph still sees them)."""
     for layer in cache.layers:
         layer.keys.zero_()  # [batch, kv_heads, max_cache_len, head_dim], same address
         layer.values.zero_()
@@ -123,8 +135,9 @@ def builtin_reset_refused(cache):
 
 
 def filled_cache(model, prompt_len: int = 9, new_tokens: int = 6):
-    """A ``StaticCache`` after a real decode: buffers allocated (writable outside inference mode too), keys and values
-    written in slots ``0 .. prompt_len + new_tokens - 2``, every counter there."""
+    """A ``StaticCache`` after a real decode: buffers allocated (writable outside inference mode
+    too), keys and values written in slots ``0 .. prompt_len + new_tokens - 2``, every counter
+    there."""
     cache = make_static_cache(model, prompt_len + 2 * new_tokens)
     decode_static(model, check_prompt(prompt_len), new_tokens, cache=cache)
     return cache
@@ -132,7 +145,8 @@ def filled_cache(model, prompt_len: int = 9, new_tokens: int = 6):
 
 @code_checker(reset_in_place)
 def check_reset_in_place(reset) -> str:
-    """Write into the tensors the layers already hold (layer.keys.zero_(), ...): never assign layer.keys = ..."""
+    """Write into the tensors the layers already hold (layer.keys.zero_(), ...): never assign
+    layer.keys = ..."""
     model = check_model()
     cache = filled_cache(model)
     names = ("keys", "values", "cumulative_length")
@@ -143,32 +157,38 @@ def check_reset_in_place(reset) -> str:
         with builtin_reset_refused(cache):
             call_student(reset, cache)
     except UsedBuiltinReset:
-        return ("not quite: you called transformers' own reset() (the right tool in real code). Hint: here write the "
-                "in-place zeroing yourself, for every layer: keys, values and cumulative_length; afterwards compare "
+        return ("not quite: you called transformers' own reset() (the right tool in real code). "
+                "Hint: here write the in-place zeroing yourself, for every layer: keys, values and "
+                "cumulative_length; afterwards compare "
                 "with show_source(transformers.cache_utils.CacheLayerMixin.reset).")
     for i, (layer, held) in enumerate(zip(cache.layers, before, strict=True)):
         for name in names:
             now = getattr(layer, name, None)
-            if now is not held[name] or (isinstance(now, torch.Tensor) and now.data_ptr() != addresses[i][name]):
+            if now is not held[name] or (isinstance(now, torch.Tensor)
+                                         and now.data_ptr() != addresses[i][name]):
                 where = (f"now {type(now).__name__}" if not isinstance(now, torch.Tensor)
                          else f"data_ptr {hex(addresses[i][name])} -> {hex(now.data_ptr())}")
-                return (f"not quite: layer {i}'s {name} is a new object ({where}). Hint: a tensor rebound instead of "
-                        f"written in place: a captured graph would keep reading and writing the old one (lesson 04, "
+                return (f"not quite: layer {i}'s {name} is a new object ({where}). Hint: a tensor "
+                        "rebound instead of written in place: a captured graph would keep reading "
+                        "and writing the old one (lesson 04, "
                         f"scenario 4d). Write into it: layer.{name}.zero_().")
         if not getattr(layer, "is_initialized", True):
-            return (f"not quite: layer {i} is marked uninitialized. Hint: its next update would allocate new buffers "
-                    "(lazy_initialization), which rebinds every tensor a graph captured; leave is_initialized alone.")
+            return (f"not quite: layer {i} is marked uninitialized. Hint: its next update would "
+                    "allocate new buffers (lazy_initialization), which rebinds every tensor a "
+                    "graph captured; leave is_initialized alone.")
     counters = [int(layer.cumulative_length) for layer in cache.layers]
     left = {name: [i for i, layer in enumerate(cache.layers) if bool(getattr(layer, name).any())]
             for name in ("keys", "values")}
     if all(counters):
-        return (f"not quite: the counters still say {counters}. Hint: counters not reset: the next write would land at "
-                f"slot {old_position} (the old position), and the mask would open the old tokens' slots: "
+        return (f"not quite: the counters still say {counters}. Hint: counters not reset: the next "
+                f"write would land at slot {old_position} (the old position), and the mask would "
+                "open the old tokens' slots: "
                 "layer.cumulative_length.zero_().")
     if any(counters):
         stale = [i for i, c in enumerate(counters) if c]
-        return (f"not quite: layers {stale} keep their counters ({[counters[i] for i in stale]}). Hint: every layer has "
-                "its own cumulative_length (cache.get_seq_length() reads layer 0's only): reset each one.")
+        return (f"not quite: layers {stale} keep their counters ({[counters[i] for i in stale]}). "
+                "Hint: every layer has its own cumulative_length (cache.get_seq_length() reads "
+                "layer 0's only): reset each one.")
     if left["keys"] or left["values"]:
         if left["values"] and not left["keys"]:
             slip = "values forgotten (K without V)"
@@ -176,26 +196,30 @@ def check_reset_in_place(reset) -> str:
             slip = "keys forgotten (V without K)"
         else:
             slip = "the buffers were not emptied"
-        return (f"not quite: layers {sorted(set(left['keys']) | set(left['values']))} still hold the old sequence. Hint: "
-                f"{slip}: a reset empties both buffers of every layer (layer.keys.zero_(), layer.values.zero_()).")
+        return (f"not quite: layers {sorted(set(left['keys']) | set(left['values']))} still hold "
+                f"the old sequence. Hint: {slip}: a reset empties both buffers of every layer "
+                "(layer.keys.zero_(), layer.values.zero_()).")
     prompt = check_prompt(7, seed=1)
     tokens = decode_static(model, prompt, 5, cache=cache)
     expected = decode_static(model, prompt, 5)
     if not torch.equal(tokens, expected):
-        return f"not quite: a new prompt decoded into your reset cache goes wrong ({first_token_note(tokens, expected)})."
-    return (f"correct: every layer's keys, values and counter are zero, at the same addresses, and a new prompt decodes "
-            f"into the cache token-exact ({tokens.shape[1]} tokens). transformers' own cache.reset() does the same "
+        return ("not quite: a new prompt decoded into your reset cache goes wrong "
+                f"({first_token_note(tokens, expected)}).")
+    return ("correct: every layer's keys, values and counter are zero, at the same addresses, and "
+            f"a new prompt decodes into the cache token-exact ({tokens.shape[1]} tokens). "
+            "transformers' own cache.reset() does the same "
             "(CacheLayerMixin.reset): use that in real code.")
 
 
-# ---------------------------------------------------------------------- code 2: a step with a tensor position
+# ------------------------------------------------------------ code 2: a step with a tensor position
 
 
 def decode_step(model, cache, ids, position):
-    """One cached decode step: ``ids`` ``[batch, 1]`` sits at ``position``, a 0-dim long tensor (the number of tokens
-    the cache holds). Feeds it at that position, advances ``position`` by one in place and returns the greedy next
-    ids ``[batch, 1]``."""
-    positions = position.reshape(1, 1).expand(ids.shape[0], 1)  # [batch, 1]: a view of the tensor, never an int
+    """One cached decode step: ``ids`` ``[batch, 1]`` sits at ``position``, a 0-dim long tensor (the
+    number of tokens the cache holds). Feeds it at that position, advances ``position`` by one in
+    place and returns the greedy next ids ``[batch, 1]``."""
+    # [batch, 1]: a view of the tensor, never an int
+    positions = position.reshape(1, 1).expand(ids.shape[0], 1)
     logits = model(ids, cache=cache, position_ids=positions).logits  # [batch, 1, vocab]
     position.add_(1)  # in place: the caller (and a captured graph) holds this very tensor
     return greedy(logits)  # [batch, 1]
@@ -203,7 +227,8 @@ def decode_step(model, cache, ids, position):
 
 @contextmanager
 def watch_positions(model):
-    """Inside: every forward of ``model`` appends the ``position_ids`` it was given (a list of ints, or None)."""
+    """Inside: every forward of ``model`` appends the ``position_ids`` it was given (a list of ints,
+    or None)."""
     signature = inspect.signature(model.forward)
     seen: list = []
 
@@ -219,14 +244,16 @@ def watch_positions(model):
 
 
 def host_read_in(step) -> str | None:
-    """What kvlab's capture (emulated) says when it records one call of ``step(ids)``, if it refuses a host read."""
+    """What kvlab's capture (emulated) says when it records one call of ``step(ids)``, if it refuses
+    a host read."""
     from ..graphs import CaptureError, capture
 
     ids = torch.ones(1, 1, dtype=torch.long)
     try:
         capture(step, ids, warmup=0, emulate=True)
     except CaptureError as e:
-        if "host synchronization" in str(e):  # "...during capture: Tensor.item() reads ... . A captured graph ..."
+        if "host synchronization" in str(e):
+            # "...during capture: Tensor.item() reads ... . A captured graph ..."
             return str(e).split("during capture: ", 1)[-1].split(". A captured graph", 1)[0][:160]
         raise
     return None
@@ -234,7 +261,8 @@ def host_read_in(step) -> str | None:
 
 @code_checker(decode_step)
 def check_decode_step(step, *, prompt_len: int = 9, new_tokens: int = 10) -> str:
-    """Feed ids with position_ids=position.reshape(1, 1), advance it with position.add_(1), return greedy(logits)."""
+    """Feed ids with position_ids=position.reshape(1, 1), advance it with position.add_(1), return
+    greedy(logits)."""
     model = check_model()
     return kept(model, lambda: decode_step_verdict(step, model, prompt_len, new_tokens))
 
@@ -242,7 +270,8 @@ def check_decode_step(step, *, prompt_len: int = 9, new_tokens: int = 10) -> str
 def decode_step_verdict(step, model, prompt_len: int, new_tokens: int) -> str:
     """``check_decode_step``'s run on ``model``."""
     prompt = check_prompt(prompt_len)
-    expected = decode_static(model, prompt, new_tokens)  # kvlab's own cached loop, positions from the cache
+    # kvlab's own cached loop, positions from the cache
+    expected = decode_static(model, prompt, new_tokens)
     cache = make_static_cache(model, prompt_len + new_tokens)
     with torch.inference_mode():
         ids = greedy(model(prompt, cache=cache).logits)  # the prefill: [1, 1]
@@ -253,73 +282,88 @@ def decode_step_verdict(step, model, prompt_len: int, new_tokens: int) -> str:
                 start = len(seen)
                 ids = call_student(step, model, cache, ids, position)
                 calls.append(seen[start:])
-                if not isinstance(ids, torch.Tensor) or tuple(ids.shape) != (1, 1) or ids.is_floating_point():
+                if (not isinstance(ids, torch.Tensor) or tuple(ids.shape) != (1, 1)
+                    or ids.is_floating_point()):
                     got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
-                    return (f"not quite: step {i} returned {got}. Hint: return the next token ids as [batch, 1] "
-                            "integers: greedy(logits), i.e. logits[:, -1:].argmax(-1).")
+                    return (f"not quite: step {i} returned {got}. Hint: return the next token ids "
+                            "as [batch, 1] integers: greedy(logits), i.e. logits[:, "
+                            "-1:].argmax(-1).")
                 out.append(ids)
     for i, made in enumerate(calls, start=1):
         if len(made) != 1:
-            return (f"not quite: step {i} called the model {len(made)} times. Hint: one forward per step; every call "
-                    "writes the cache and moves its counter.")
+            return (f"not quite: step {i} called the model {len(made)} times. Hint: one forward "
+                    "per step; every call writes the cache and moves its counter.")
     fed = [made[0] for made in calls]  # position_ids per step: a list of ints, or None
     want = [prompt_len + i - 1 for i in range(1, new_tokens)]
     tokens = torch.cat(out, dim=1)
     note = first_token_note(tokens, expected)
     note = f" ({note})" if note else " (the tokens happen to agree here, the positions do not)"
     if any(f is None for f in fed):
-        return ("not quite: you passed no position_ids, so the model took the positions from the cache's counter. "
-                "Hint: pass your own: model(ids, cache=cache, position_ids=position.reshape(1, 1)).")
+        return ("not quite: you passed no position_ids, so the model took the positions from the "
+                "cache's counter. Hint: pass your own: model(ids, cache=cache, "
+                "position_ids=position.reshape(1, 1)).")
     got = [f[0] for f in fed]
     if got != want:
         if len(set(got)) == 1:
-            return (f"not quite: every step fed position {got[0]}{note}. Hint: advance position in place after the call: "
-                    "position.add_(1) (`position = position + 1` makes a new tensor that the caller never sees).")
+            return (f"not quite: every step fed position {got[0]}{note}. Hint: advance position in "
+                    "place after the call: position.add_(1) (`position = position + 1` makes a "
+                    "new tensor that the caller never sees).")
         shift = {g - w for g, w in zip(got, want, strict=True)}
         if len(shift) == 1:
             (d,) = shift
             by = 'one position' if abs(d) == 1 else f'{abs(d)} positions'
-            why = "you advanced it before the call" if d == 1 else "the new token sits at the count of tokens cached"
-            return (f"not quite: off by {by} ({d:+d}): the first step fed {got[0]}, but the token after a "
-                    f"{prompt_len}-token prompt is at position {prompt_len}{note}. Hint: {why}; feed position, then add 1.")
+            why = "you advanced it before the call" if d == 1 else ("the new token sits at the "
+                                                                    "count of tokens cached")
+            return (f"not quite: off by {by} ({d:+d}): the first step fed {got[0]}, but the token "
+                    f"after a {prompt_len}-token prompt is at position {prompt_len}{note}. Hint: "
+                    f"{why}; feed position, then add 1.")
         j = next(k for k, (g, w) in enumerate(zip(got, want, strict=True)) if g != w)
-        return f"not quite: step {j + 1} fed position {got[j]}, expected {want[j]}{note}. Hint: feed position, then add 1."
+        return (f"not quite: step {j + 1} fed position {got[j]}, expected {want[j]}{note}. Hint: "
+                "feed position, then add 1.")
     if int(position) != prompt_len + new_tokens - 1:
-        return (f"not quite: the positions fed were right, but position ends at {int(position)}, not "
-                f"{prompt_len + new_tokens - 1}. Hint: the tensor itself must move (position.add_(1)): the caller, "
+        return (f"not quite: the positions fed were right, but position ends at {int(position)}, "
+                f"not {prompt_len + new_tokens - 1}. Hint: the tensor itself must move "
+                "(position.add_(1)): the caller, "
                 "and a graph captured over it, read that tensor.")
     if not torch.equal(tokens, expected):
-        return f"not quite: {first_token_note(tokens, expected)}. Hint: feed ids at position, then greedy(logits)."
-    # the same step, recorded by kvlab's capture (emulated): a read of position on the host is refused there
+        return (f"not quite: {first_token_note(tokens, expected)}. Hint: feed ids at position, "
+                "then greedy(logits).")
+    # the same step, recorded by kvlab's capture (emulated): a read of position on the host is
+    # refused there
     spare = make_static_cache(model, prompt_len + 4)
     with torch.inference_mode():
         model(prompt, cache=spare)
         read = host_read_in(lambda t: call_student(step, model, spare, t, torch.tensor(prompt_len)))
     if read is not None:
-        return (f"not quite: the tokens are right, but you read position on the host ({read}). Hint: position as a "
-                "Python int: compiled code recompiles for every new value (section 2 counted it) and a CUDA graph "
-                "cannot capture the read at all (lesson 04); build position_ids from the tensor: position.reshape(1, 1).")
-    return (f"correct: {new_tokens} tokens, token-exact against kvlab's own StaticCache loop; positions "
-            f"{want[0]}..{want[-1]} came from one 0-dim tensor advanced in place, and the step captures as a graph.")
+        return (f"not quite: the tokens are right, but you read position on the host ({read}). "
+                "Hint: position as a Python int: compiled code recompiles for every new value "
+                "(section 2 counted it) and a CUDA graph "
+                "cannot capture the read at all (lesson 04); build position_ids from the tensor: "
+                "position.reshape(1, 1).")
+    return (f"correct: {new_tokens} tokens, token-exact against kvlab's own StaticCache loop; "
+            f"positions {want[0]}..{want[-1]} came from one 0-dim tensor advanced in place, and "
+            "the step captures as a graph.")
 
 
-# ---------------------------------------------------------------------- predict, then run: what crop does
+# ---------------------------------------------------------------- predict, then run: what crop does
 
 CROP_CHOICES = {
     "zeroed": "crop(-k) zeroes the last k slots and moves the counter back",
-    "kept-hidden": "crop(-k) only moves the counter back: the k slots keep their keys, the mask hides them and the "
-                   "next writes overwrite them",
+    "kept-hidden": "crop(-k) only moves the counter back: the k slots keep their keys, the mask "
+                   "hides them and the next writes overwrite them",
     "kept-visible": "crop(-k) moves the counter back, but attention still reads the k stale slots",
 }
 
 
 @torch.inference_mode()
 def crop_experiment(model=None, prompt_ids=None, *, extra: int = 6, k: int = 3) -> dict:
-    """Write a prompt and ``extra`` more tokens into a StaticCache, ``crop(-k)``, then feed the first cropped token.
+    """Write a prompt and ``extra`` more tokens into a StaticCache, ``crop(-k)``, then feed the
+    first cropped token.
 
-    Returns the counter before and after the crop, the layer-0 key norms of the ``k`` cropped slots, the largest
-    difference between that step's logits and the same step over a cache that never held the cropped tokens, and
-    ``outcome``, the key of :data:`CROP_CHOICES` this shows. ``model`` and ``prompt_ids`` default to a tiny model.
+    Returns the counter before and after the crop, the layer-0 key norms of the ``k`` cropped slots,
+    the largest difference between that step's logits and the same step over a cache that never held
+    the cropped tokens, and ``outcome``, the key of :data:`CROP_CHOICES` this shows. ``model`` and
+    ``prompt_ids`` default to a tiny model.
     """
     from ..cache_view import slot_norms
 
@@ -328,31 +372,41 @@ def crop_experiment(model=None, prompt_ids=None, *, extra: int = 6, k: int = 3) 
     if not 1 <= k <= extra:
         raise ValueError(f"k must be in 1..extra ({extra}), got {k}")
     slots = prompt_ids.shape[1] + extra + 2
-    more = prompt_ids.repeat(1, extra // prompt_ids.shape[1] + 1)[:, :extra]  # [1, extra]: any ids do (the prompt again)
+    # [1, extra]: any ids do (the prompt again)
+    more = prompt_ids.repeat(1, extra // prompt_ids.shape[1] + 1)[:, :extra]
     cache = make_static_cache(model, slots)
     model(torch.cat([prompt_ids, more], dim=1), cache=cache)  # counter = prompt + extra
     before = int(cache.get_seq_length())
     cache.crop(-k)
     after = int(cache.get_seq_length())
-    norms = slot_norms(cache.layers[0])[after:before].tolist()  # the cropped slots, as crop left them
+    # the cropped slots, as crop left them
+    norms = slot_norms(cache.layers[0])[after:before].tolist()
     nxt = more[:, extra - k:extra - k + 1]  # the first cropped token, fed again: [1, 1]
     logits = model(nxt, cache=cache).logits
     clean = make_static_cache(model, slots)
-    model(torch.cat([prompt_ids, more[:, :extra - k]], dim=1), cache=clean)  # never held the cropped tokens
+    # never held the cropped tokens
+    model(torch.cat([prompt_ids, more[:, :extra - k]], dim=1), cache=clean)
     diff = float((logits - model(nxt, cache=clean).logits).abs().max())
-    same = diff <= 1e-3 * float(logits.abs().max())  # equal up to rounding (the two prefills had other lengths)
+    # equal up to rounding (the two prefills had other lengths)
+    same = diff <= 1e-3 * float(logits.abs().max())
     outcome = "zeroed" if not any(norms) else "kept-hidden" if same else "kept-visible"
-    return {"counter before": before, "counter after": after, "cropped slots' key norms": [round(n, 3) for n in norms],
+    return {"counter before": before, "counter after": after,
+            "cropped slots' key norms": [round(n, 3) for n in norms],
             "max |logit difference| vs a cache that never held them": diff, "outcome": outcome}
 
 
-def check_crop_prediction(prediction, *, model=None, prompt_ids=None, extra: int = 6, k: int = 3) -> str:
-    """"Predict, then run": what does ``StaticCache.crop(-k)`` do to the buffers? ``prediction`` is a key of
-    :data:`CROP_CHOICES`; the experiment runs only once a prediction is given. The verdict, then what it measured."""
+@settings_read
+def check_crop_prediction(prediction, *, model=None, prompt_ids=None, extra: int = 6,
+                          k: int = 3) -> str:
+    """"Predict, then run": what does ``StaticCache.crop(-k)`` do to the buffers? ``prediction`` is
+    a key of :data:`CROP_CHOICES`; the experiment runs only once a prediction is given. The verdict,
+    then what it measured."""
     what = f"what crop(-{k}) does"
     if (prediction is None and not solutions_filled_in()) or (
             prediction is not None and choice_of(prediction, CROP_CHOICES) is None):
         return check_prediction(prediction, measured=None, choices=CROP_CHOICES, what=what)
     seen = crop_experiment(model, prompt_ids, extra=extra, k=k)
-    verdict = check_prediction(prediction, measured=seen["outcome"], choices=CROP_CHOICES, what=what)
-    return "\n".join([verdict] + [f"  {key}: {value}" for key, value in seen.items() if key != "outcome"])
+    verdict = check_prediction(prediction, measured=seen["outcome"], choices=CROP_CHOICES,
+                               what=what)
+    return "\n".join([verdict]
+                     + [f"  {key}: {value}" for key, value in seen.items() if key != "outcome"])

@@ -1,8 +1,9 @@
 """Checkers for lesson 06 (benchmarks). Each returns a verdict string; print it.
 
-The code exercises run the student's function beside the package's own (``kvlab.lab.measure``'s decode rule,
-``kvlab.sizes``' bandwidth floor, ``kvlab.kernels.gemv``) on inputs made here, and name the typical mistake they
-find. The other answers come from the benchmark record the student is looking at (recorded or live), never typed in.
+The code exercises run the student's function beside the package's own (``kvlab.lab.measure``'s
+decode rule, ``kvlab.sizes``' bandwidth floor, ``kvlab.kernels.gemv``) on inputs made here, and name
+the typical mistake they find. The other answers come from the benchmark record the student is
+looking at (recorded or live), never typed in.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .common import (
     checker,
     code_checker,
     real_number,
+    settings_read,
 )
 
 
@@ -39,13 +41,16 @@ def _first_match(got: float, variants: dict[str, float], rel: float = 1e-6) -> s
     return next((hint for hint, value in variants.items() if _close(got, value, rel)), None)
 
 
-# ---- 1 · tokens per second by the course's rule ---------------------------------------------------------------------
+# ---- 1 · tokens per second by the course's rule --------------------------------------------------
 
 def tokens_per_s_solution(t1, tn, n: int, batch: int) -> float:
-    """The course's decode rule (``kvlab.lab.measure``): T(1) and T(n) are medians over repeats, as ``time_decode`` takes
-    them; ``DecodeTiming`` then makes one step ``(T(n) - T(1)) / (n - 1)`` and ``batch`` tokens per step."""
-    timing = DecodeTiming(label="exercise", batch=batch, new_tokens=n, tokens=torch.empty(batch, n, dtype=torch.long),
-                          warmup_seconds=0.0, prefill_seconds=statistics.median(t1), total_seconds=statistics.median(tn),
+    """The course's decode rule (``kvlab.lab.measure``): T(1) and T(n) are medians over repeats, as
+    ``time_decode`` takes them; ``DecodeTiming`` then makes one step ``(T(n) - T(1)) / (n - 1)`` and
+    ``batch`` tokens per step."""
+    timing = DecodeTiming(label="exercise", batch=batch, new_tokens=n,
+                          tokens=torch.empty(batch, n, dtype=torch.long),
+                          warmup_seconds=0.0, prefill_seconds=statistics.median(t1),
+                          total_seconds=statistics.median(tn),
                           step_seconds=None, peak_memory_bytes=0, env={})
     return timing.tokens_per_s
 
@@ -54,8 +59,8 @@ RATE_CASES = [(16, 4, 5), (64, 1, 3), (9, 8, 3)]  # (n new tokens, batch, repeat
 
 
 def timing_case(n: int, batch: int, repeats: int, seed: int) -> tuple[list[float], list[float]]:
-    """Made-up repeats of T(1) and T(n) in seconds: a prefill, n - 1 steps, small noise, and one slow repeat of each
-    (a busy machine), in another position for T(1) and T(n)."""
+    """Made-up repeats of T(1) and T(n) in seconds: a prefill, n - 1 steps, small noise, and one
+    slow repeat of each (a busy machine), in another position for T(1) and T(n)."""
     rng = random.Random(seed)
     prefill, step = rng.uniform(3e-3, 8e-3), rng.uniform(0.5e-3, 3e-3)
     t1 = [prefill * rng.uniform(0.97, 1.03) for _ in range(repeats)]
@@ -68,60 +73,76 @@ def timing_case(n: int, batch: int, repeats: int, seed: int) -> tuple[list[float
 def _rate_variants(t1, tn, n: int, batch: int) -> dict[str, float]:
     med1, medn = statistics.median(t1), statistics.median(tn)
     return {
-        "you divided by n: T(n) holds the prefill too (T(1)), so the prefill's time was counted as decoding; subtract "
-        "T(1) and divide by the n - 1 steps that follow it": batch * n / medn,
-        "off by one: T(n) - T(1) holds n - 1 steps (the first token comes with the prefill), so divide by n - 1, "
-        "not n": batch * n / (medn - med1),
-        "you took the mean of the repeats: one slow repeat (a busy machine) drags a mean along; the rule takes the "
-        "median": batch * (n - 1) / (statistics.fmean(tn) - statistics.fmean(t1)),
-        "you took the fastest repeat (min): the rule takes the median, the typical run": batch * (n - 1) / (min(tn) - min(t1)),
-        "you paired repeat i of T(1) with repeat i of T(n): they are separate runs; take the median of each first": (
+        "you divided by n: T(n) holds the prefill too (T(1)), so the prefill's time was counted as "
+        "decoding; subtract T(1) and divide by the n - 1 steps that follow it": batch * n / medn,
+        "off by one: T(n) - T(1) holds n - 1 steps (the first token comes with the prefill), so "
+        "divide by n - 1, not n": batch * n / (medn - med1),
+        "you took the mean of the repeats: one slow repeat (a busy machine) drags a mean along; "
+        "the rule takes the median": (
+            batch * (n - 1) / (statistics.fmean(tn) - statistics.fmean(t1))),
+        "you took the fastest repeat (min): the rule takes the median, the typical run": (
+            batch * (n - 1) / (min(tn) - min(t1))),
+        "you paired repeat i of T(1) with repeat i of T(n): they are separate runs; take the "
+        "median of each first": (
             statistics.median(batch * (n - 1) / (b - a) for a, b in zip(t1, tn, strict=True))),
-        "each step makes one token for every sequence of the batch: multiply by batch": (n - 1) / (medn - med1),
-        "that is seconds per step; tokens per second is batch / seconds per step": (medn - med1) / (n - 1),
-        "that is milliseconds per step; tokens per second is batch / seconds per step": 1e3 * (medn - med1) / (n - 1),
+        "each step makes one token for every sequence of the batch: multiply by batch": (
+            (n - 1) / (medn - med1)),
+        "that is seconds per step; tokens per second is batch / seconds per step": (
+            (medn - med1) / (n - 1)),
+        "that is milliseconds per step; tokens per second is batch / seconds per step": (
+            1e3 * (medn - med1) / (n - 1)),
     }
 
 
 @code_checker(tokens_per_s_solution)
 def check_tokens_per_s(fn) -> str:
-    """Exercise: tokens_per_s(t1, tn, n, batch) = batch / ((median T(n) - median T(1)) / (n - 1)), times in seconds."""
+    """Exercise: tokens_per_s(t1, tn, n, batch) = batch / ((median T(n) - median T(1)) / (n - 1)),
+    times in seconds."""
     for seed, (n, batch, repeats) in enumerate(RATE_CASES):
         t1, tn = timing_case(n, batch, repeats, seed)
         want = tokens_per_s_solution(t1, tn, n, batch)
         case = f"n={n}, batch={batch}, {repeats} repeats"
         try:
-            got = float(real_number(call_student(fn, list(t1), list(tn), n, batch)))
+            got = float(real_number(call_student(fn, list(t1), list(tn), n, batch), spelled=False))
         except NotANumber as e:
-            return f"not quite: for {case} your function returned no number ({e}); return tokens per second as a float"
+            return (f"not quite: for {case} your function returned no number ({e}); return tokens "
+                    "per second as a float")
         if not _close(got, want):
             hint = _first_match(got, _rate_variants(t1, tn, n, batch))
-            return (f"not quite: for {case} you gave {got:,.6g} tokens/s, the rule gives {want:,.6g}. Hint: "
-                    + (hint or "medians of T(1) and of T(n) over the repeats, then batch * (n - 1) / (T(n) - T(1))"))
-    return (f"correct: all {len(RATE_CASES)} cases match kvlab.lab.measure's rule (medians over repeats, the prefill "
-            "subtracted, n - 1 steps, batch tokens per step)")
+            return (f"not quite: for {case} you gave {got:,.6g} tokens/s, the rule gives "
+                    f"{want:,.6g}. Hint: "
+                    + (hint or "medians of T(1) and of T(n) over the repeats, then batch * (n - 1) "
+                               "/ (T(n) - T(1))"))
+    return (f"correct: all {len(RATE_CASES)} cases match kvlab.lab.measure's rule (medians over "
+            "repeats, the prefill subtracted, n - 1 steps, batch tokens per step)")
 
 
-# ---- 2 · the bandwidth floor of a decode step -----------------------------------------------------------------------
+# ---- 2 · the bandwidth floor of a decode step ----------------------------------------------------
 
-def step_floor_ms_solution(config, weight_bytes: int, dtype, batch: int, context: float, gbps: float) -> float:
-    """The package's floor (``kvlab.sizes``): every weight read once per step, plus each sequence's cache of ``context``
-    tokens (``kv_bytes_per_token``: K and V of every layer and kv head), over the bandwidth, in milliseconds."""
-    return sizes.floor_ms(weight_bytes, sizes.kv_bytes_per_token(config, dtype), batch, context, gbps)
+def step_floor_ms_solution(config, weight_bytes: int, dtype, batch: int, context: float,
+                           gbps: float) -> float:
+    """The package's floor (``kvlab.sizes``): every weight read once per step, plus each sequence's
+    cache of ``context`` tokens (``kv_bytes_per_token``: K and V of every layer and kv head), over
+    the bandwidth, in milliseconds."""
+    return sizes.floor_ms(weight_bytes, sizes.kv_bytes_per_token(config, dtype), batch, context,
+                          gbps)
 
 
 def floor_cases() -> list[tuple]:
-    """(label, config, weight_bytes, dtype, batch, context, gbps): SmolLM2-135M's shape (GQA: 9 query heads, 3 kv
-    heads) and a tiny config whose head_dim is not hidden / heads."""
+    """(label, config, weight_bytes, dtype, batch, context, gbps): SmolLM2-135M's shape (GQA: 9
+    query heads, 3 kv heads) and a tiny config whose head_dim is not hidden / heads."""
     from transformers import LlamaConfig
 
     from ..lab.models import SMOLLM2_SHAPE, TINY_COMMON
 
     smol, odd = LlamaConfig(**SMOLLM2_SHAPE), LlamaConfig(**{**TINY_COMMON, "head_dim": 24})
     return [
-        ("SmolLM2-135M's shape, bfloat16, batch 64", smol, 2 * sizes.llama_parameter_count(smol), torch.bfloat16, 64, 400.5, 4000.0),
-        ("a tiny Llama with head_dim 24, float64, batch 8", odd, 8 * sizes.llama_parameter_count(odd), torch.float64, 8, 100.0, 50.0),
-        ("SmolLM2-135M's shape, float16, batch 1", smol, 2 * sizes.llama_parameter_count(smol), torch.float16, 1, 95.5, 3000.0),
+        ("SmolLM2-135M's shape, bfloat16, batch 64", smol, 2 * sizes.llama_parameter_count(smol),
+         torch.bfloat16, 64, 400.5, 4000.0),
+        ("a tiny Llama with head_dim 24, float64, batch 8", odd,
+         8 * sizes.llama_parameter_count(odd), torch.float64, 8, 100.0, 50.0),
+        ("SmolLM2-135M's shape, float16, batch 1", smol, 2 * sizes.llama_parameter_count(smol),
+         torch.float16, 1, 95.5, 3000.0),
     ]
 
 
@@ -133,17 +154,21 @@ def _floor_variants(config, weight_bytes, dtype, batch, context, gbps) -> dict[s
         kv = sizes.kv_bytes_per_token(config, dtype) if kv is None else kv
         return scale * (weights + b * context * kv) / bandwidth
 
-    kv_of = lambda heads=s.kv_heads, head_dim=s.head_dim, layers=s.layers, each=element, k_and_v=2: (  # noqa: E731
-        k_and_v * layers * heads * head_dim * each)
+    def kv_of(heads=s.kv_heads, head_dim=s.head_dim, layers=s.layers, each=element, k_and_v=2):
+        return k_and_v * layers * heads * head_dim * each
+
     variants = {
-        "the cache holds kv_heads heads per layer, not the query heads (grouped-query attention shares each kv head "
-        "among several query heads)": floor(kv=kv_of(heads=s.heads)),
-        "K without V: a cached token holds a key AND a value per kv head and layer (2 x layers x kv_heads x head_dim "
-        "x bytes)": floor(kv=kv_of(k_and_v=1)),
-        "a cached token is stored in every layer: multiply by the number of layers": floor(kv=kv_of(layers=1)),
-        "use the config's head_dim (model_sizes(config).head_dim): here it is not hidden_size / heads": floor(
+        "the cache holds kv_heads heads per layer, not the query heads (grouped-query attention "
+        "shares each kv head among several query heads)": floor(kv=kv_of(heads=s.heads)),
+        "K without V: a cached token holds a key AND a value per kv head and layer (2 x layers x "
+        "kv_heads x head_dim x bytes)": floor(kv=kv_of(k_and_v=1)),
+        "a cached token is stored in every layer: multiply by the number of layers": floor(
+            kv=kv_of(layers=1)),
+        "use the config's head_dim (model_sizes(config).head_dim): here it is not hidden_size / "
+        "heads": floor(
             kv=kv_of(head_dim=s.hidden // s.heads)),
-        "every sequence of the batch has its own cache: multiply the cache term by batch": floor(b=1),
+        "every sequence of the batch has its own cache: multiply the cache term by batch": (
+            floor(b=1)),
         "the weights are read once per step for the whole batch, not once per sequence": floor(
             weights=batch * weight_bytes),
         "a step also reads the cache: add batch x context x KV bytes per token": floor(kv=0),
@@ -153,27 +178,34 @@ def _floor_variants(config, weight_bytes, dtype, batch, context, gbps) -> dict[s
     }
     for each in (1, 2, 4, 8):
         if each != element:
-            variants.setdefault(f"an element of {dtype} is {element} bytes, not {each}: read it from the dtype "
-                                "(torch.empty((), dtype=dtype).element_size())", floor(kv=kv_of(each=each)))
+            variants.setdefault(f"an element of {dtype} is {element} bytes, not {each}: read it "
+                                "from the dtype (torch.empty((), dtype=dtype).element_size())",
+                                floor(kv=kv_of(each=each)))
     return variants
 
 
 @code_checker(step_floor_ms_solution)
 def check_step_floor_ms(fn) -> str:
-    """Exercise: floor ms = 1e3 x (weight_bytes + batch x context x KV bytes per token) / (gbps x 1e9), KV from config."""
+    """Exercise: floor ms = 1e3 x (weight_bytes + batch x context x KV bytes per token) / (gbps x
+    1e9), KV from config."""
     for label, config, weight_bytes, dtype, batch, context, gbps in floor_cases():
         want = step_floor_ms_solution(config, weight_bytes, dtype, batch, context, gbps)
         try:
-            got = float(real_number(call_student(fn, config, weight_bytes, dtype, batch, context, gbps)))
+            got = float(real_number(call_student(fn, config, weight_bytes, dtype, batch, context,
+                                                 gbps), spelled=False))
         except NotANumber as e:
-            return f"not quite: for {label} your function returned no number ({e}); return the floor in milliseconds"
+            return (f"not quite: for {label} your function returned no number ({e}); return the "
+                    "floor in milliseconds")
         if not _close(got, want):
-            hint = _first_match(got, _floor_variants(config, weight_bytes, dtype, batch, context, gbps))
-            return (f"not quite: for {label}, context {context}, {gbps:g} GB/s you gave {got:.6g} ms, expected "
-                    f"{want:.6g} ms. Hint: " + (hint or "KV bytes per token = 2 x layers x kv_heads x head_dim x bytes "
-                                                "per element; floor = 1e3 x (weights + batch x context x KV) / (gbps x 1e9)"))
-    return ("correct: your floor equals kvlab.sizes.floor_ms with kv_bytes_per_token for every case (GQA, an explicit "
-            "head_dim, three dtypes, batch 1 to 64)")
+            hint = _first_match(got,
+                                _floor_variants(config, weight_bytes, dtype, batch, context, gbps))
+            return (f"not quite: for {label}, context {context}, {gbps:g} GB/s you gave {got:.6g} "
+                    f"ms, expected {want:.6g} ms. Hint: "
+                    + (hint or "KV bytes per token = 2 x layers x kv_heads x head_dim x bytes "
+                                                "per element; floor = 1e3 x (weights + batch x "
+                                                "context x KV) / (gbps x 1e9)"))
+    return ("correct: your floor equals kvlab.sizes.floor_ms with kv_bytes_per_token for every "
+            "case (GQA, an explicit head_dim, three dtypes, batch 1 to 64)")
 
 
 # ---- 3 · predict, then read: the fastest strategy of a record ------------------------------------
@@ -183,20 +215,24 @@ BROKEN_RECORD = "the record holds a broken number: record it again on a GPU"
 
 def rates_at(record: dict, batch: int) -> dict[str, float]:
     """tokens/s of every token-exact strategy of ``record`` at ``batch``, in the record's order."""
-    rates = {r["strategy"]: r["tokens_per_s"] for r in record["results"] if r["batch"] == batch and r["exact"]}
+    rates = {r["strategy"]: r["tokens_per_s"] for r in record["results"] if r["batch"] == batch
+             and r["exact"]}
     if not rates:
-        raise ValueError(f"the record has no token-exact result at batch {batch}; its batch sizes are "
-                         f"{sorted({r['batch'] for r in record['results']})}")
+        raise ValueError(f"the record has no token-exact result at batch {batch}; its batch sizes "
+                         f"are {sorted({r['batch'] for r in record['results']})}")
     return rates
 
 
-def check_fastest_prediction(prediction=None, record: dict | None = None, *, batch: int = 64) -> str:
+@settings_read
+def check_fastest_prediction(prediction=None, record: dict | None = None, *,
+                             batch: int = 64) -> str:
     """Predict, then read: which strategy of ``record`` makes the most tokens/s at ``batch``?"""
     if record is None:
         return ("no record here: there is nothing to check a prediction against; record one with "
                 "`python -m kvlab.lab.bench` on a GPU")
     rates = rates_at(record, batch)
-    bad = bad_measurement({f"tokens_per_s of {name}": rate for name, rate in rates.items()}, BROKEN_RECORD)
+    bad = bad_measurement({f"tokens_per_s of {name}": rate for name, rate in rates.items()},
+                          BROKEN_RECORD)
     if bad:
         return bad
     fastest = max(rates, key=rates.get)
@@ -209,64 +245,75 @@ def check_fastest_prediction(prediction=None, record: dict | None = None, *, bat
     return verdict
 
 
-# ---- predict, then read: the fastest kernel for one projection (the tile sweep) --------------------------------------
+# ---- predict, then read: the fastest kernel for one projection (the tile sweep) ------------------
 
 TILE_PATHS = {"gemv": "the GEMV kernel, one weight read per row",
               "torch": "cuBLAS, with the norm, SiLU and residual as kernels of their own",
               "tile": "the tile kernel, one weight read per tile of rows"}
 
 
+@settings_read
 def check_tile_prediction(prediction=None, record: dict | None = None, *, projection: str = "down",
                           rows: int = 64) -> str:
-    """Predict, then read: in the recorded tile sweep (``kvlab.lab.bench.tile_sweep``), which of ``TILE_PATHS`` is
-    fastest for ``projection`` (the first word of its name) at ``rows`` rows?"""
+    """Predict, then read: in the recorded tile sweep (``kvlab.lab.bench.tile_sweep``), which of
+    ``TILE_PATHS`` is fastest for ``projection`` (the first word of its name) at ``rows`` rows?"""
     if record is None:
-        return ("no recorded tile sweep (data/h200_tile_sweep.json) here: there is nothing to check a prediction "
-                "against; record one with `python tools/time_kernels.py --parts tiles` on a GPU")
+        return ("no recorded tile sweep (data/h200_tile_sweep.json) here: there is nothing to "
+                "check a prediction against; record one with `python tools/time_kernels.py --parts "
+                "tiles` on a GPU")
     from ..lab.bench import tile_sweep
 
     table = {name.split()[0]: by_rows for name, by_rows in tile_sweep(record).items()}
     if projection not in table or rows not in table[projection]:
-        raise ValueError(f"the sweep has projections {sorted(table)} at rows {sorted(next(iter(table.values())))}")
+        raise ValueError(f"the sweep has projections {sorted(table)} at rows "
+                         f"{sorted(next(iter(table.values())))}")
     cell = table[projection][rows]
-    bad = bad_measurement({f"{path} µs": cell[path] for path in TILE_PATHS if path in cell}, BROKEN_RECORD)
+    bad = bad_measurement({f"{path} µs": cell[path] for path in TILE_PATHS if path in cell},
+                          BROKEN_RECORD)
     if bad:
         return bad
     verdict = check_prediction(prediction, measured=cell["path"], choices=TILE_PATHS,
-                               what=f"the fastest kernel for {projection} at {rows} rows in the recorded sweep")
+                               what=f"the fastest kernel for {projection} at {rows} rows in the "
+                                    "recorded sweep")
     if verdict.startswith(("correct", "not quite: you predicted")):
-        verdict += (f" (GEMV kernel {cell['gemv']:.1f} µs, cuBLAS {cell['torch']:.1f} µs, best tile "
-                    f"{cell['tile']:.1f} µs)")
+        verdict += (f" (GEMV kernel {cell['gemv']:.1f} µs, cuBLAS {cell['torch']:.1f} µs, best "
+                    f"tile {cell['tile']:.1f} µs)")
     return verdict
 
 
 # ---- 5 · padded rows of a batch bucket -----------------------------------------------------------
 
 def bucket_for(n: int, buckets) -> int:
-    """The smallest captured batch size that holds ``n`` sequences (what a serving engine pads to)."""
+    """The smallest captured batch size that holds ``n`` sequences (what a serving engine pads
+    to)."""
     fitting = [b for b in sorted(buckets) if b >= n]
     if not fitting:
-        raise ValueError(f"{n} sequences do not fit in any bucket {sorted(buckets)}: run them eagerly or split them")
+        raise ValueError(f"{n} sequences do not fit in any bucket {sorted(buckets)}: run them "
+                         "eagerly or split them")
     return fitting[0]
 
 
 @checker
 def check_padding_rows(answer, *, running: int = 5, buckets=(1, 2, 4, 8, 16, 32)) -> str:
-    """Exercise: ``running`` sequences decode together; graphs were captured for ``buckets`` batch sizes. How many
-    padded (wasted) rows does each replay compute?"""
+    """Exercise: ``running`` sequences decode together; graphs were captured for ``buckets`` batch
+    sizes. How many padded (wasted) rows does each replay compute?"""
     if answer is None:
         return NOT_ANSWERED
     answer = as_number(answer)
     bucket = bucket_for(running, buckets)
     verdict = check_number(
-        answer, bucket - running, what=f"the padded rows ({running} sequences in the bucket of {bucket})",
-        hint="the engine replays the smallest captured batch size >= the running count; the rest of its rows are padding.",
+        answer, bucket - running, what=f"the padded rows ({running} sequences in the bucket of "
+                                       f"{bucket})",
+        hint="the engine replays the smallest captured batch size >= the running count; the rest "
+             "of its rows are padding.",
     )
     if verdict.startswith("correct"):
-        verdict += ": their writes must not enter the cache, which is what override 1 (the valid window) guarantees"
+        verdict += (": their writes must not enter the cache, which is what override 1 (the valid "
+                    "window) guarantees")
     elif verdict.startswith("not quite: you gave") and answer in (bucket, running):
         verdict = verdict.split(" Hint:")[0] + (
-            f" Hint: {answer} is the {'bucket the engine replays' if answer == bucket else 'number of real rows'}; the "
+            f" Hint: {answer} is the "
+            f"{'bucket the engine replays' if answer == bucket else 'number of real rows'}; the "
             "padded rows are the bucket's rows that no running sequence fills.")
     return verdict
 
@@ -274,25 +321,31 @@ def check_padding_rows(answer, *, running: int = 5, buckets=(1, 2, 4, 8, 16, 32)
 # ---- 4 · the first kernel of a layer: RMSNorm + matmul -------------------------------------------
 
 def norm_matmul_solution(x, norm_weight, weight, eps):
-    """The package's own: ``kvlab.kernels.gemv.gemv`` with the norm prologue (the PyTorch form on a CPU)."""
+    """The package's own: ``kvlab.kernels.gemv.gemv`` with the norm prologue (the PyTorch form on a
+    CPU)."""
     return kernels_gemv.gemv(x, weight, norm=norm_weight, eps=eps)
 
 
-NORM_CASES = [(1, 64, 48, 1e-6, 3.0), (3, 576, 96, 1e-5, 3.0), (2, 64, 32, 0.5, 0.3)]  # rows, K, N, eps, scale of x
+# rows, K, N, eps, scale of x
 # the last case makes eps matter: mean(x^2) is about 0.09 there, so leaving eps out is off by far
+NORM_CASES = [(1, 64, 48, 1e-6, 3.0), (3, 576, 96, 1e-5, 3.0), (2, 64, 32, 0.5, 0.3)]
 
 
 def _norm_variants(x, norm_weight, weight, eps) -> dict[str, torch.Tensor]:
     ms = x.pow(2).mean(-1, keepdim=True)
     return {
-        "no normalization: divide each row of x by its rms, sqrt(mean(x^2) + eps), before the matmul": (x * norm_weight) @ weight.T,
-        "norm_weight left out: the normalized row is scaled by norm_weight (elementwise) before the matmul": (
+        "no normalization: divide each row of x by its rms, sqrt(mean(x^2) + eps), before the "
+        "matmul": (x * norm_weight) @ weight.T,
+        "norm_weight left out: the normalized row is scaled by norm_weight (elementwise) before "
+        "the matmul": (
             x * torch.rsqrt(ms + eps)) @ weight.T,
-        "eps left out: rms = sqrt(mean(x^2) + eps), eps inside the square root": (x * torch.rsqrt(ms) * norm_weight) @ weight.T,
+        "eps left out: rms = sqrt(mean(x^2) + eps), eps inside the square root": (
+            x * torch.rsqrt(ms) * norm_weight) @ weight.T,
         "eps goes inside the square root: sqrt(mean(x^2) + eps), not sqrt(mean(x^2)) + eps": (
             x / (ms.sqrt() + eps) * norm_weight) @ weight.T,
         "that is a LayerNorm (mean subtracted): RMSNorm only divides by the root mean square": (
-            (x - x.mean(-1, keepdim=True)) * torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + eps) * norm_weight) @ weight.T,
+            (x - x.mean(-1, keepdim=True))
+            * torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + eps) * norm_weight) @ weight.T,
         "the mean is over the last dimension (each row's K numbers), not over the rows": (
             x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + eps) * norm_weight) @ weight.T,
     }
@@ -300,24 +353,32 @@ def _norm_variants(x, norm_weight, weight, eps) -> dict[str, torch.Tensor]:
 
 @code_checker(norm_matmul_solution)
 def check_norm_matmul(fn) -> str:
-    """Exercise: norm_matmul = RMSNorm of each row of x [rows, K] (norm_weight, eps), then @ weight.T ([N, K]) -> [rows, N]."""
+    """Exercise: norm_matmul = RMSNorm of each row of x [rows, K] (norm_weight, eps), then @
+    weight.T ([N, K]) -> [rows, N]."""
     gen = torch.Generator().manual_seed(6)
     for rows, k, n, eps, scale in NORM_CASES:
-        x, weight = torch.randn(rows, k, generator=gen) * scale, torch.randn(n, k, generator=gen) / k**0.5
+        x, weight = (torch.randn(rows, k, generator=gen) * scale,
+                     torch.randn(n, k, generator=gen) / k**0.5)
         norm_weight = torch.rand(k, generator=gen) + 0.5
         expected = norm_matmul_solution(x, norm_weight, weight, eps)
         got = call_student(fn, x.clone(), norm_weight.clone(), weight.clone(), eps)
         if not isinstance(got, torch.Tensor):
-            return f"not quite: norm_matmul returned a {type(got).__name__}; return a tensor [rows, N]"
+            return (f"not quite: norm_matmul returned a {type(got).__name__}; return a tensor "
+                    "[rows, N]")
         if not got.dtype.is_floating_point:
-            return f"not quite: norm_matmul returned a {got.dtype} tensor; the result of a norm and a matmul is a float"
+            return (f"not quite: norm_matmul returned a {got.dtype} tensor; the result of a norm "
+                    "and a matmul is a float")
         if got.device.type != "cpu" or got.shape != expected.shape:
-            return (f"not quite: for x {list(x.shape)} and weight {list(weight.shape)} you returned shape {list(got.shape)} "
-                    f"on {got.device}, expected {list(expected.shape)}. Hint: weight is [N, K]: multiply by weight.T")
+            return (f"not quite: for x {list(x.shape)} and weight {list(weight.shape)} you "
+                    f"returned shape {list(got.shape)} on {got.device}, expected "
+                    f"{list(expected.shape)}. Hint: weight is [N, K]: multiply by weight.T")
         if not torch.allclose(got.double(), expected.double(), rtol=1e-4, atol=1e-5):
             hint = next((h for h, v in _norm_variants(x, norm_weight, weight, eps).items()
                          if torch.allclose(got.double(), v.double(), rtol=1e-4, atol=1e-5)), None)
-            return (f"not quite: for x {list(x.shape)}, eps {eps} your result differs from the kernel's. Hint: "
-                    + (hint or "rms = sqrt(mean(x^2 over the last dim) + eps); (x / rms * norm_weight) @ weight.T"))
-    return ("correct: your norm + matmul equals kvlab.kernels.gemv.gemv(..., norm=...). In the kernel each program recomputes "
-            "the row's rms itself, so the normed x never goes to memory and no separate norm kernel runs")
+            return (f"not quite: for x {list(x.shape)}, eps {eps} your result differs from the "
+                    "kernel's. Hint: "
+                    + (hint or "rms = sqrt(mean(x^2 over the last dim) + eps); (x / rms * "
+                               "norm_weight) @ weight.T"))
+    return ("correct: your norm + matmul equals kvlab.kernels.gemv.gemv(..., norm=...). In the "
+            "kernel each program recomputes the row's rms itself, so the normed x never goes to "
+            "memory and no separate norm kernel runs")
