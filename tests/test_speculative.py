@@ -115,6 +115,7 @@ def test_speculation_over_the_kernels_step_is_token_exact_with_the_same_stats(mo
     model, k = models[name], 4
     decoder = speculative_kernels_decoder(model, repeating(batch), N, k=k)
     assert decoder.verify_fn is kernel_verify
+    assert decoder.prefill_bucket is not None  # its prefill is captured, as graph-safe-kernels' is
     for ids in (repeating(batch), torch.randint(1, 256, (batch, 9), generator=torch.Generator().manual_seed(k))):
         reference = kvlab.decode(model, ids, N)
         assert torch.equal(decoder.generate(ids, N), reference), (name, batch)

@@ -76,13 +76,21 @@ def speculative_kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: 
     """The decoder ``decode_speculative_kernels`` builds for one call:
     ``kvlab.speculative.speculative_decoder`` (its ``settings``: ``k``, ``max_ngram``,
     ``min_ngram``, ``max_cache_len``, ``graph``, ``prefill_bucket``) over the kernels: its prefill
-    ``kernel_prefill``, its verify ``kernel_verify`` (the prefill's kernels over k + 1 rows), its
-    plain steps ``kernel_step``."""
+    ``kernel_prefill``, captured like ``kernels_decoder``'s (``prefill_bucket`` default
+    ``prompt_bucket`` of this prompt), its verify ``kernel_verify`` (the prefill's kernels over
+    k + 1 rows), its plain steps ``kernel_step``."""
     check_supported(model)
-    counters = arrival_counters(model, input_ids.shape[0], input_ids.device)
-    step = partial(kernel_step, counters=counters)
+    batch = input_ids.shape[0]
+    if prefill_bucket is None:
+        if max_cache_len is None:  # speculative_decoder's default: the last verify's drafts fit
+            max_cache_len = input_ids.shape[1] + max_new_tokens + k - 1
+        length = cache_length(input_ids, max_new_tokens, max_cache_len)  # refuses a bad length
+        prefill_bucket = prompt_bucket(input_ids.shape[1], length)
+    through_kernels = batch * prefill_bucket <= KERNEL_PREFILL_MAX_ROWS
+    step = partial(kernel_step, counters=arrival_counters(model, batch, input_ids.device))
     return speculative_decoder(model, input_ids, max_new_tokens, step=step,
-                               prefill=kernel_prefill, verify=kernel_verify, k=k,
+                               prefill=kernel_prefill if through_kernels else None,
+                               verify=kernel_verify, k=k,
                                max_ngram=max_ngram, min_ngram=min_ngram,
                                max_cache_len=max_cache_len, graph=graph,
                                prefill_bucket=prefill_bucket)
