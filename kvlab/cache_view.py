@@ -39,14 +39,14 @@ def slot_norms(layer, batch: int = 0) -> torch.Tensor:
     return keys.detach().float().norm(dim=(0, 2)).cpu()
 
 
-def head_norms(layer, batch: int = 0) -> torch.Tensor:
+def _head_norms(layer, batch: int = 0) -> torch.Tensor:
     """L2 norm of the stored key of each kv head in each cache slot, over head_dim: ``[kv_heads,
     slots]`` (0 = empty)."""
     keys = layer.keys[batch]  # [kv_heads, slots, head_dim]
     return keys.detach().float().norm(dim=-1).cpu()
 
 
-def buffer_lengths(cache) -> list[int]:
+def _buffer_lengths(cache) -> list[int]:
     """Every layer's buffer length in slots (0 before allocation): ``max_cache_len`` for a
     StaticCache (plus the trash slot for a graph-safe one), the tokens held for a cache grown by
     ``torch.cat``."""
@@ -130,9 +130,9 @@ class CacheRecorder:
         self._check_layers()
         for i in self.layers:
             self.rows[i].append(slot_norms(self.cache.layers[i]))
-            self.heads[i].append(head_norms(self.cache.layers[i]))
+            self.heads[i].append(_head_norms(self.cache.layers[i]))
         self.counters.append(counters(self.cache))
-        self.lengths.append(buffer_lengths(self.cache))
+        self.lengths.append(_buffer_lengths(self.cache))
         self.token_counts.append(len(self.tokens))
         self.seconds.append(None)
 
