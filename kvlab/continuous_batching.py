@@ -93,7 +93,7 @@ class Served:
     static_bytes: int = 0  # a static cache of max_batch rows, each sized for the longest request
 
 
-def positive_int(name: str, value) -> int:
+def _positive_int(name: str, value) -> int:
     """``value`` as a Python int where it is a positive integer (a NumPy or 0-d tensor one too),
     else a ValueError naming ``name``."""
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
@@ -103,7 +103,7 @@ def positive_int(name: str, value) -> int:
     return int(value)
 
 
-def refuse_settings(settings: dict, accepted, where: str, fixed: dict | None = None) -> None:
+def _refuse_settings(settings: dict, accepted, where: str, fixed: dict | None = None) -> None:
     """Refuse keywords ``where`` does not take, by the caller's names: a TypeError listing what it
     takes; a keyword of ``fixed`` (name -> why it is set for the caller) says how to set it
     instead."""
@@ -117,7 +117,7 @@ def refuse_settings(settings: dict, accepted, where: str, fixed: dict | None = N
                         f"{', '.join(f'{n}=' for n in accepted)}")
 
 
-BATCHER_SETTINGS = ("num_blocks", "block_size", "max_batch", "max_blocks_per_request", "buckets",
+_BATCHER_SETTINGS = ("num_blocks", "block_size", "max_batch", "max_blocks_per_request", "buckets",
                     "graph", "warmup", "emulate")
 
 
@@ -142,11 +142,11 @@ class ContinuousBatcher:
                  max_blocks_per_request: int | None = None, buckets=None, graph: bool = True,
                  warmup: int = 2, emulate: bool | None = None):
         check_model(model)
-        max_batch = positive_int("max_batch", max_batch)
+        max_batch = _positive_int("max_batch", max_batch)
         if buckets is not None:
             if isinstance(buckets, str | bytes) or not hasattr(buckets, "__iter__"):
                 raise ValueError(f"buckets must be a list of batch sizes, got {buckets!r:.80}")
-            buckets = [positive_int("each of buckets", b) for b in buckets]
+            buckets = [_positive_int("each of buckets", b) for b in buckets]
         buckets = default_buckets(max_batch) if buckets is None else sorted(set(buckets))
         if not buckets or buckets[-1] != max_batch:
             raise ValueError("buckets must be positive batch sizes whose largest is "
@@ -154,10 +154,10 @@ class ContinuousBatcher:
         if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
             raise ValueError("warmup must be an int >= 0 (eager calls before capture), got "
                              f"{warmup!r}")
-        num_blocks, block_size = (positive_int("num_blocks", num_blocks),
-                                  positive_int("block_size", block_size))
+        num_blocks, block_size = (_positive_int("num_blocks", num_blocks),
+                                  _positive_int("block_size", block_size))
         if max_blocks_per_request is not None:
-            max_blocks_per_request = positive_int("max_blocks_per_request", max_blocks_per_request)
+            max_blocks_per_request = _positive_int("max_blocks_per_request", max_blocks_per_request)
         param = next(model.parameters())
         self.model, self.device, self.dtype = model, param.device, param.dtype
         if graph not in (True, False):
@@ -402,7 +402,7 @@ class ContinuousBatcher:
 def serve(model, requests: list[Request], *, on_token=None, **settings) -> Served:
     """Build a ``ContinuousBatcher(model, **settings)`` and serve ``requests`` with it (see its
     docstring)."""
-    refuse_settings(settings, BATCHER_SETTINGS, "serve")
+    _refuse_settings(settings, _BATCHER_SETTINGS, "serve")
     return ContinuousBatcher(model, **settings).serve(requests, on_token=on_token)
 
 
@@ -415,20 +415,20 @@ def paged_batcher(model, input_ids: torch.Tensor, max_new_tokens: int, *,
     ``max_cache_len`` (default prompt + new tokens). ``settings``: ``graph``, ``warmup``,
     ``emulate``, ``buckets`` of ``ContinuousBatcher`` (its pool and rows are sized here, from the
     batch and ``max_cache_len``)."""
-    refuse_settings(settings, ("max_cache_len", "block_size", "graph", "warmup", "emulate",
+    _refuse_settings(settings, ("max_cache_len", "block_size", "graph", "warmup", "emulate",
                                "buckets"),
                     "the paged strategy", fixed={
                         "num_blocks": "batch x blocks of max_cache_len: pass max_cache_len=",
                         "max_batch": "the batch of input_ids",
                         "max_blocks_per_request": "from max_cache_len=",
                         "max_batch_size": "the batch of input_ids"})
-    block_size = positive_int("block_size", block_size)
+    block_size = _positive_int("block_size", block_size)
     # slots a row writes (the last token is never written)
     written = input_ids.shape[1] + max_new_tokens - 1
     if max_cache_len is None:
         length = input_ids.shape[1] + max_new_tokens
     else:
-        length = positive_int("max_cache_len", max_cache_len)
+        length = _positive_int("max_cache_len", max_cache_len)
         if length < written:
             raise ValueError(f"max_cache_len={max_cache_len} is too short for a prompt of "
                              f"{input_ids.shape[1]} tokens and {max_new_tokens} new tokens: the "
