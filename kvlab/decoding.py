@@ -56,7 +56,7 @@ def check_model(model) -> None:
                         "(transformers.AutoModelForCausalLM, or kvlab.load_model(...))")
 
 
-def random_in_training(model) -> str | None:
+def _random_in_training(model) -> str | None:
     """A dropout that would change tokens at random, in a model left in train mode, else None."""
     if not model.training:
         return None
@@ -109,7 +109,7 @@ def check_inputs(model, input_ids: torch.Tensor, max_new_tokens: int) -> int:
     if input_ids.device != device:
         raise ValueError(f"input_ids are on {input_ids.device} but the model is on {device}: call "
                          f"input_ids.to({str(device)!r})")
-    dropout = random_in_training(model)
+    dropout = _random_in_training(model)
     if dropout is not None:
         raise ValueError(dropout)
     # a forward runs layers[:num_hidden_layers]; a cache has num_hidden_layers
@@ -164,7 +164,7 @@ def decode_naive(model, input_ids: torch.Tensor, max_new_tokens: int, *,
 
 
 # a tokenizer's output; token types: unread
-READ_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+_READ_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def unpadded_ids(input_ids, attention_mask=None) -> torch.Tensor:
@@ -180,7 +180,7 @@ def unpadded_ids(input_ids, attention_mask=None) -> torch.Tensor:
         if "input_ids" not in input_ids:
             raise ValueError("a mapping of inputs needs 'input_ids' (a tokenizer's output has it); "
                              f"got keys {list(input_ids)}")
-        unread = [k for k in input_ids if k not in READ_KEYS]
+        unread = [k for k in input_ids if k not in _READ_KEYS]
         if unread:
             raise ValueError(f"the inputs hold {unread}, which kvlab's strategies would not read: "
                              "they decode from input_ids (and check attention_mask) only. Pass "
