@@ -440,7 +440,7 @@ def cache_recreated(
     )
 
 
-def old_recipe_reset(cache) -> None:
+def _old_recipe_reset(cache) -> None:
     """The old override recipe's reset, literally: zero the layers, then set every counter to
     ``max_cache_len``."""
     for layer in cache.layers:
@@ -472,7 +472,7 @@ def reset_out_of_range(
         model, prompt_ids, 4, runner, state, warmup
     )
     cache = state["cache"]
-    old_recipe_reset(cache)
+    _old_recipe_reset(cache)
     rec = CacheRecorder(cache, LAYERS)
     rec.snapshot()  # the cache as the reset left it: empty, every counter at max_cache_len
     after_reset = list(rec.counters[0])
@@ -630,7 +630,7 @@ class StepView:
 
 
 @torch.inference_mode()
-def watch_step(model, ids, cache, position_ids=None, *, layer: int = 0) -> StepView:
+def _watch_step(model, ids, cache, position_ids=None, *, layer: int = 0) -> StepView:
     """Run one eager decode step of ``ids`` ``[batch, 1]`` over ``cache`` and say what it did.
 
     The mask and the positions are built the way ``LlamaModel.forward`` builds them on transformers
@@ -692,7 +692,7 @@ def watch_drift(
         views[name] = []
         for step in range(1, steps + 1):
             pos = torch.full_like(host, p + step - 1) if name == "drift" else None
-            view = watch_step(model, ids, cache, pos)
+            view = _watch_step(model, ids, cache, pos)
             views[name].append(view)
             ids = view.next_ids
     return views["drift"], views["correct"]
