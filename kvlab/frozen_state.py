@@ -24,7 +24,7 @@ waits for a device):
   ``copy_``, ``load_state_dict`` all bump it);
 - the decoder layers configured (``config.num_hidden_layers``) and present (``model.model.layers``);
 - each module's public scalar attributes (float, int, bool, str, None), and the config fields a
-  forward reads (``CONFIG_READ``). ``training`` is left out: kvlab decodes the same tokens in train
+  forward reads (``_CONFIG_READ``). ``training`` is left out: kvlab decodes the same tokens in train
   mode (a model with live dropout is refused by ``check_inputs``) and toggling ``model.eval()`` is
   common. Private attributes (``_name``) are left out. The snapshot holds weak references only: it
   keeps no old weight alive.
@@ -34,7 +34,7 @@ own version counter), through a raw ``data_ptr``, by another process or by a CUD
 else's; a tensor held in a plain attribute (not a parameter or buffer); a method patched on the
 class (``LlamaMLP.forward = ...``) or a module-level function a forward calls; a setting held in a
 container (a list or dict attribute) or in a private attribute; a config field outside
-``CONFIG_READ``; an int setting turned into the equal bool (``1`` -> ``True``).
+``_CONFIG_READ``; an int setting turned into the equal bool (``1`` -> ``True``).
 """
 
 from __future__ import annotations
@@ -45,14 +45,14 @@ from operator import itemgetter
 
 from .graph_safe_cache import GraphSafeError
 
-SCALARS = (float, int, bool, str, type(None))
-CONFIG_READ = ("num_hidden_layers", "_attn_implementation", "sliding_window", "use_sliding_window",
+_SCALARS = (float, int, bool, str, type(None))
+_CONFIG_READ = ("num_hidden_layers", "_attn_implementation", "sliding_window", "use_sliding_window",
                "max_window_layers", "layer_types",
                "attention_chunk_size")  # read by a forward's masks and loop
 _MISSING = object()
 
 
-def decoder_layers(model) -> tuple[int, int | None]:
+def _decoder_layers(model) -> tuple[int, int | None]:
     """(configured, present): ``config.num_hidden_layers`` and ``len(model.model.layers)`` (None
     if not found)."""
     configured = model.config.get_text_config().num_hidden_layers
@@ -66,7 +66,7 @@ def layer_problem(model) -> str | None:
     ``layers[:config.num_hidden_layers]`` and a cache has one layer per configured one), or a
     layer's attention writes another position's cache layer (``self_attn.layer_idx``: a layer moved
     or copied), else None."""
-    configured, present = decoder_layers(model)
+    configured, present = _decoder_layers(model)
     if present is not None and present != configured:
         return (f"model.config.num_hidden_layers is {configured} but the model has {present} "
                 "decoder layers (model.model.layers): a forward would run "
@@ -120,7 +120,7 @@ def _global_hooks() -> tuple:
 
 def _config_settings(config) -> list:
     values = []
-    for name in CONFIG_READ:
+    for name in _CONFIG_READ:
         value = getattr(config, name, None)
         values.append(tuple(value) if isinstance(value, list) else value)
     return values
@@ -155,7 +155,7 @@ def _settings_plan(modules: list) -> list:
     plan = []
     for i, module in enumerate(modules):
         names = tuple(k for k, v in module.__dict__.items()
-                      if type(v) in SCALARS and not k.startswith("_") and k != "training")
+                      if type(v) in _SCALARS and not k.startswith("_") and k != "training")
         if names:
             plan.append((i, itemgetter(*names)))
     return plan
@@ -172,7 +172,7 @@ class FrozenState:
     references only."""
 
     model: weakref.ref
-    config: tuple  # (configured, present) decoder layers, then the CONFIG_READ values
+    config: tuple  # (configured, present) decoder layers, then the _CONFIG_READ values
     modules: tuple  # weakref per module, walk order
     # ((module index, id of its instance forward), ...), forward (pre-)hook count of all modules
     marks: tuple
@@ -216,7 +216,7 @@ def frozen_state(model, *, versions: bool = True) -> FrozenState:
                     for n, t in _named_tensors(model).items()},
         "settings": {f"{n}.{k}" if n else k: v
                      for n, m in named_modules.items() for k, v in m.__dict__.items()
-                     if type(v) in SCALARS and not k.startswith("_") and k != "training"},
+                     if type(v) in _SCALARS and not k.startswith("_") and k != "training"},
         "marks": {n: _marks(m) for n, m in named_modules.items()},
     }
     return FrozenState(weakref.ref(model), _config(model), tuple(map(weakref.ref, modules)), marks,
@@ -259,7 +259,7 @@ def changes(before: FrozenState, model) -> list[str]:
     if before.model() is not model:
         return ["it is another model object than the one snapshotted"]
     found = []
-    configured, present = decoder_layers(model)
+    configured, present = _decoder_layers(model)
     if present is not None and present != configured:
         found.append(f"{configured} decoder layers configured (config.num_hidden_layers), "
                      f"{present} present (model.model.layers)")
@@ -307,7 +307,7 @@ def changes(before: FrozenState, model) -> list[str]:
         if now != was or type(now) is not type(was):
             found.append(f"{_path(name)} changed from {_fmt(was)} to {_fmt(now)}")
     now_config = _config_settings(model.config.get_text_config())
-    for name, was, now in zip(CONFIG_READ, before.config[1:], now_config, strict=True):
+    for name, was, now in zip(_CONFIG_READ, before.config[1:], now_config, strict=True):
         if now != was and name != "num_hidden_layers":
             found.append(f"model.config.{name} changed from {was!r} to {now!r}")
     return found
