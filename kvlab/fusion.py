@@ -36,9 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ATTENTION_NAME = "kvlab-decode"
-TRITON_ATTENTION_NAME = "kvlab-decode-triton"
-ATTENTIONS = {True: ATTENTION_NAME, "triton": TRITON_ATTENTION_NAME}
+_ATTENTION_NAME = "kvlab-decode"
+_TRITON_ATTENTION_NAME = "kvlab-decode-triton"
+ATTENTIONS = {True: _ATTENTION_NAME, "triton": _TRITON_ATTENTION_NAME}
 
 
 def packed_sdpa_attention(
@@ -66,7 +66,7 @@ def packed_sdpa_attention(
     return out.reshape(b, heads, 1, d).transpose(1, 2), None  # [b, 1, heads, d]
 
 
-def triton_attention(
+def _triton_attention(
     module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs
 ):
     """One query token: ``kvlab.kernels.attention``'s split-K Triton kernel, reading the cache in
@@ -84,13 +84,13 @@ def triton_attention(
     return attention.decode_attention(query, key, value, attention_mask, scaling), None
 
 
-def register_decode_attention() -> None:
+def _register_decode_attention() -> None:
     """Make ``"kvlab-decode"`` and ``"kvlab-decode-triton"`` transformers attention implementations
     (their masks are built as for ``"sdpa"``)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    functions = {ATTENTION_NAME: packed_sdpa_attention, TRITON_ATTENTION_NAME: triton_attention}
+    functions = {_ATTENTION_NAME: packed_sdpa_attention, _TRITON_ATTENTION_NAME: _triton_attention}
     for name, fn in functions.items():
         AttentionInterface.register(name, fn)
         AttentionMaskInterface.register(name, sdpa_mask)
@@ -205,7 +205,7 @@ def fused_copy(model, *, fuse: bool = True, attention: bool | str = True, gemv: 
     if fuse:
         fuse_projections(fast)
     if attention:
-        register_decode_attention()
+        _register_decode_attention()
         fast.config._attn_implementation = ATTENTIONS[attention]
     if gemv:
         use_gemv(fast)
