@@ -51,7 +51,7 @@ from .runtime import collector_paused
 
 # Operations that need the host to see a tensor's value (or a data-dependent shape): CUDA refuses
 # them while a stream is capturing, and the emulation refuses them too.
-HOST_SYNC_OPS = {
+_HOST_SYNC_OPS = {
     "aten::_local_scalar_dense": "reads a tensor's value on the host (.item(), int(t), bool(t), "
                                  "`if t:`, t.tolist())",
     "aten::is_nonzero": "reads a tensor's truth value on the host (`if tensor:` or bool(tensor))",
@@ -65,12 +65,12 @@ HOST_SYNC_OPS = {
     "aten::equal": "hands a comparison's result to Python as a bool (torch.equal)",
     "aten::allclose": "hands a comparison's result to Python as a bool (torch.allclose)",
 }
-DATA_SHAPED = {  # operations whose output shape depends on the data only for some arguments
+_DATA_SHAPED = {  # operations whose output shape depends on the data only for some arguments
     "aten::repeat_interleave": "with tensor repeats has an output shape that depends on the data "
                                "(repeat_interleave)",
 }
 
-DEVICE_ASSERT_NOTE = (
+_DEVICE_ASSERT_NOTE = (
     "On a GPU, an index out of range inside a kernel (for example a StaticCache write past "
     "max_cache_len) is a device-side assert: the CUDA context is poisoned, every later CUDA call "
     "in this process fails, and only restarting the Python process (Kernel > Restart) recovers. "
@@ -120,7 +120,7 @@ def _host_sync(what: str, why: str) -> CaptureError:
 
 
 # Python-level reads of a tensor's value: a capture refuses them, with the same words on CPU and GPU
-HOST_READS = {
+_HOST_READS = {
     "item": "reads a tensor's value on the host",
     "tolist": "reads a tensor's values on the host",
     "numpy": "hands a tensor's values to NumPy",
@@ -144,12 +144,12 @@ class _Recording:
     kept: list = []
 
 
-def is_recording() -> bool:
+def _is_recording() -> bool:
     """Whether this thread is recording a capture right now (a real CUDA graph or the emulation)."""
     return _Recording.thread == threading.get_ident()
 
 
-FREED_DURING_CAPTURE = (
+_FREED_DURING_CAPTURE = (
     "a raw graph was freed while this capture recorded ({what}): destroying a CUDA graph during a "
     "capture invalidates the capture (CUDA: 'operation failed due to a previous error during "
     "capture'), and the emulation refuses it the same way. kvlab's captured steps are kept until "
@@ -194,7 +194,7 @@ def _recording():
 
 @contextmanager
 def _no_host_reads(device: torch.device | None = None):
-    """Refuse ``HOST_READS`` in the capturing thread while a step is captured: on a GPU each copies
+    """Refuse ``_HOST_READS`` in the capturing thread while a step is captured: on a GPU each copies
     the device's data to the host, which a capture refuses (``.numpy()`` of a CUDA tensor even
     raises a TypeError of its own), and some run no aten operation, so the emulation's recorder
     cannot see them. ``device``: refuse only tensors there (a real capture: CPU tensors may still be
@@ -204,12 +204,12 @@ def _no_host_reads(device: torch.device | None = None):
 
     def refuse(name, why, inherited):
         def method(self, *args, **kwargs):
-            if not is_recording() or (device is not None and self.device.type != device.type):
+            if not _is_recording() or (device is not None and self.device.type != device.type):
                 return inherited(self, *args, **kwargs)
             raise _host_sync(f"Tensor.{name}()", why)
         return method
 
-    for name, why in HOST_READS.items():
+    for name, why in _HOST_READS.items():
         patched[name] = torch.Tensor.__dict__.get(name)
         setattr(torch.Tensor, name, refuse(name, why, getattr(torch.Tensor, name)))
     try:
@@ -246,10 +246,10 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func._schema.name
-        if name in HOST_SYNC_OPS:
-            raise _host_sync(str(func), HOST_SYNC_OPS[name])
-        if name in DATA_SHAPED and "Tensor" in func._overloadname:
-            raise _host_sync(str(func), DATA_SHAPED[name])
+        if name in _HOST_SYNC_OPS:
+            raise _host_sync(str(func), _HOST_SYNC_OPS[name])
+        if name in _DATA_SHAPED and "Tensor" in func._overloadname:
+            raise _host_sync(str(func), _DATA_SHAPED[name])
         if name in ("aten::index", "aten::index_put", "aten::index_put_",
                     "aten::_index_put_impl_") and any(
                 isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
@@ -410,7 +410,7 @@ class CapturedStep:
                 # static inputs are read where they live, like every other tensor
                 fresh = self.traced()
             except (IndexError, RuntimeError) as e:
-                raise ReplayError(f"replay failed: {e}\n{DEVICE_ASSERT_NOTE}") from e
+                raise ReplayError(f"replay failed: {e}\n{_DEVICE_ASSERT_NOTE}") from e
             for out, new in zip(self.static_outputs, fresh, strict=True):
                 if out.data_ptr() != new.data_ptr():
                     out.copy_(new)
@@ -419,7 +419,7 @@ class CapturedStep:
                 self.graph.replay()
             except RuntimeError as e:
                 if "device-side assert" in str(e):
-                    raise ReplayError(f"{e}\n{DEVICE_ASSERT_NOTE}") from e
+                    raise ReplayError(f"{e}\n{_DEVICE_ASSERT_NOTE}") from e
                 raise
         self.replays += 1
         return self.outputs
@@ -439,7 +439,7 @@ def _refused(e: BaseException) -> CaptureError:
                             "branch on a tensor's value; keep such work outside the captured "
                             "function), or a graph destroyed while it recorded. If the step "
                             "syncs nothing: "
-                            + FREED_DURING_CAPTURE.format(what="CUDA does not say which"))
+                            + _FREED_DURING_CAPTURE.format(what="CUDA does not say which"))
     return CaptureError(
         f"CUDA refused the capture: {e}\nUsually a host synchronization inside the step (.item(), "
         "bool(tensor), a branch on a tensor's value, a CPU tensor created from GPU data). Keep "
@@ -519,7 +519,7 @@ def _libraries_see_a_capture():
         return
     original = utils.is_cuda_stream_capturing
     # this thread's capture only
-    utils.is_cuda_stream_capturing = lambda: is_recording() or original()
+    utils.is_cuda_stream_capturing = lambda: _is_recording() or original()
     try:
         yield
     finally:
@@ -543,7 +543,7 @@ def _capture_emulated(fn, static_inputs, warmup, before_replay, device) -> Captu
                 # recording ran, so capturing has no side effect
                 recorder.undo()
             if freed:
-                raise CaptureError(FREED_DURING_CAPTURE.format(what="; ".join(freed)))
+                raise CaptureError(_FREED_DURING_CAPTURE.format(what="; ".join(freed)))
     traced = RecordedOps(recorder.nodes, outputs)
     del recorder, leaves  # the recording call's intermediates are not needed any more
     # Like a CUDA graph's outputs right after capture,
@@ -568,14 +568,14 @@ def capture(fn: Callable, *static_inputs: torch.Tensor, warmup: int = 3,
     a host-side check run before every replay, e.g. to refuse a write past the end of a cache before
     it becomes a device-side assert.
     """
-    real = check_capture(static_inputs, warmup, emulate)  # the refusals, all in one place (below)
+    real = _check_capture(static_inputs, warmup, emulate)  # the refusals, all in one place (below)
     device = static_inputs[0].device
     if real:
         return _capture_cuda(fn, static_inputs, warmup, before_replay, device)
     return _capture_emulated(fn, static_inputs, warmup, before_replay, device)
 
 
-def check_capture(static_inputs: tuple, warmup: int, emulate: bool | None) -> bool:
+def _check_capture(static_inputs: tuple, warmup: int, emulate: bool | None) -> bool:
     """The door of ``capture``: at least one tensor input, all on one device, ``warmup`` an
     int >= 0, and no ``emulate=False`` (a real CUDA graph) for inputs that are not on a CUDA device.
     Returns whether the capture is a real CUDA graph."""
@@ -644,7 +644,7 @@ def _emulated_graph(g: EmulatedCUDAGraph):
         finally:
             recorder.undo()
         if freed:
-            raise CaptureError(FREED_DURING_CAPTURE.format(what="; ".join(freed)))
+            raise CaptureError(_FREED_DURING_CAPTURE.format(what="; ".join(freed)))
     # tensors the block read or wrote that existed before it
     before = {id(x) for _, args, kwargs in recorder.nodes
               for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)}
