@@ -24,7 +24,7 @@ from .decoding import OnToken, greedy
 from .sizes import kv_bytes_per_token
 
 
-def check_states(key_states, value_states, keys=None) -> None:
+def _check_states(key_states, value_states, keys=None) -> None:
     """Refuse K/V that cannot belong together (or to what ``keys`` already holds) before anything is
     written."""
     if not (isinstance(key_states, torch.Tensor) and isinstance(value_states, torch.Tensor)
@@ -68,7 +68,7 @@ class HandwrittenLayer:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new tokens' K and V ``[batch, kv_heads, new, head_dim]``; return all of them so
         far."""
-        check_states(key_states, value_states, self.keys)
+        _check_states(key_states, value_states, self.keys)
         if self.keys is None:  # first call: start from an empty sequence of the right shape
             batch, kv_heads, _, head_dim = key_states.shape
             # [batch, kv_heads, 0, head_dim]
