@@ -81,7 +81,7 @@ def _sliding_windows(config, layers: int) -> list[int | None]:
     return windows if len(windows) == layers else [None] * layers
 
 
-def check_cache_for(model, cache, kind=None, *, batch: int | None = None) -> None:
+def _check_cache_for(model, cache, kind=None, *, batch: int | None = None) -> None:
     """Refuse a cache that cannot belong to ``model`` before anything is written: another class than
     ``kind``, other layer counts, or (layers already allocated) other kv heads, head_dim, dtype or
     device."""
@@ -166,7 +166,7 @@ def decode_dynamic(
     """Own loop over ``transformers.DynamicCache``: each layer's keys/values grow by one token per
     step (torch.cat)."""
     cache = DynamicCache(config=model.config) if cache is None else cache
-    check_cache_for(model, cache, DynamicCache, batch=input_ids.shape[0])
+    _check_cache_for(model, cache, DynamicCache, batch=input_ids.shape[0])
     require_empty(cache)
     return cached_loop(model, input_ids, max_new_tokens, cache, on_token=on_token)
 
@@ -183,7 +183,7 @@ def decode_static(model, input_ids, max_new_tokens, *, on_token: OnToken = None,
         cache = make_static_cache(
             model, input_ids.shape[1] + max_new_tokens if max_cache_len is None else max_cache_len
         )
-    check_cache_for(model, cache, StaticCache, batch=input_ids.shape[0])
+    _check_cache_for(model, cache, StaticCache, batch=input_ids.shape[0])
     require_empty(cache)
     check_room(cache, input_ids.shape[1], max_new_tokens, config=model.config)
     # allocate the buffers outside inference mode: then cache.reset() works anywhere
