@@ -35,7 +35,7 @@ from .attention import rope_cache_attention, rope_cache_prefill_attention
 from .gemv import gemv, greedy_head
 
 # RMSNorm, rotate-half RoPE, SiLU-gated MLP, no per-head norms
-SUPPORTED = ("llama", "mistral", "qwen2")
+_SUPPORTED = ("llama", "mistral", "qwen2")
 
 
 def check_supported(model) -> None:
@@ -62,8 +62,8 @@ def check_supported(model) -> None:
             "course's default), or use the 'graph-safe' strategy, which runs any "
             "attention")
     why = None
-    if config.model_type not in SUPPORTED:
-        why = f"model_type {config.model_type!r} (supported: {', '.join(SUPPORTED)})"
+    if config.model_type not in _SUPPORTED:
+        why = f"model_type {config.model_type!r} (supported: {', '.join(_SUPPORTED)})"
     elif getattr(config, "hidden_act", "silu") != "silu":
         why = f"hidden_act {config.hidden_act!r} (the kernel fuses SiLU)"
     elif getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
