@@ -102,7 +102,7 @@ def bytes_per_token(config, dtype: torch.dtype = torch.float32) -> int:
     """Bytes one token's keys and values take in every layer: 2 x layers x kv_heads x head_dim x
     element size."""
     text = config.get_text_config(decoder=True)
-    kv_heads, head_dim = kv_shape(text)
+    kv_heads, head_dim = _kv_shape(text)
     return (2 * text.num_hidden_layers * kv_heads * head_dim
             * torch.empty((), dtype=dtype).element_size())
 
@@ -138,7 +138,7 @@ def memory_accounting(lengths, block_size: int, token_bytes: int, batch: int | N
 
 # ---------------------------------------------------------------------------------- the device side
 
-def kv_shape(text_config) -> tuple[int, int]:
+def _kv_shape(text_config) -> tuple[int, int]:
     """(kv_heads, head_dim) of a text config."""
     heads = text_config.num_attention_heads
     kv_heads = getattr(text_config, "num_key_value_heads", None) or heads
@@ -199,10 +199,10 @@ class PagedLayer(CacheLayerMixin):
                               "mapping), not a layer's")
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        raise PagedCacheError(NO_LENGTH)
+        raise PagedCacheError(_NO_LENGTH)
 
     def get_seq_length(self) -> int:
-        raise PagedCacheError(NO_LENGTH)
+        raise PagedCacheError(_NO_LENGTH)
 
     def get_max_length(self) -> int:
         return -1
@@ -212,7 +212,7 @@ class PagedLayer(CacheLayerMixin):
                               "by address")
 
 
-NO_LENGTH = ("a paged cache has one length per row (seq_lens), not one for the cache: pass "
+_NO_LENGTH = ("a paged cache has one length per row (seq_lens), not one for the cache: pass "
              "position_ids and a 4-D attention_mask (kvlab.paged_cache.paged_mask) to the model's "
              "forward")
 
@@ -240,7 +240,7 @@ class PagedKVCache(Cache):
             raise ValueError("PagedKVCache supports full-attention layers only; this config also "
                              f"has {others}. Use a model without sliding-window/linear layers "
                              "(e.g. Mistral with sliding_window=None)")
-        self.kv_heads, self.head_dim = kv_shape(text)
+        self.kv_heads, self.head_dim = _kv_shape(text)
         self.num_blocks, self.block_size = num_blocks, block_size
         self.max_blocks_per_request = max_blocks_per_request
         self.max_len = max_blocks_per_request * block_size  # logical slots one row sees
