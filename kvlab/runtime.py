@@ -103,7 +103,7 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     return device
 
 
-DTYPES = {"fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
+_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
           "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
           "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 
@@ -114,10 +114,10 @@ def as_dtype(dtype: torch.dtype | str) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
     name = str(dtype).strip().lower().removeprefix("torch.")
-    found = DTYPES.get(name, getattr(torch, name, None))
+    found = _DTYPES.get(name, getattr(torch, name, None))
     if not isinstance(found, torch.dtype):
         raise ValueError(f"unknown dtype {dtype!r}: use a torch.dtype or one of "
-                         f"{', '.join(DTYPES)}")
+                         f"{', '.join(_DTYPES)}")
     return found
 
 
@@ -125,7 +125,7 @@ def check_dtype(device: torch.device | str, dtype: torch.dtype) -> None:
     """Refuse bfloat16 on a GPU that does not compute it natively (a T4: compute capability
     7.5 < 8.0): torch would emulate it slowly in eager mode, and torch.compile's Triton kernels
     cannot use it at all."""
-    if dtype == torch.bfloat16 and torch.device(device).type == "cuda" and not native_bf16(device):
+    if dtype == torch.bfloat16 and torch.device(device).type == "cuda" and not _native_bf16(device):
         raise ValueError(
             "bfloat16 was asked for, but this GPU has no native bfloat16 (that needs compute "
             "capability 8.0, Ampere or newer; a T4 is 7.5). Use dtype=torch.float16 ('fp16'), what "
@@ -145,7 +145,7 @@ def pick_dtype(device: torch.device | str, dtype: torch.dtype | str | None = Non
         check_dtype(device, dtype)
         return dtype
     if device.type == "cuda":
-        return torch.bfloat16 if native_bf16(device) else torch.float16
+        return torch.bfloat16 if _native_bf16(device) else torch.float16
     return torch.float32
 
 
@@ -165,7 +165,7 @@ GPU_AS_ENV = "KVLAB_GPU_AS"
 GPU_PROXIES = {"t4": {"name": "Tesla T4", "capability": (7, 5), "multiprocessors": 40}}
 
 
-def gpu_proxy() -> dict | None:
+def _gpu_proxy() -> dict | None:
     """The GPU that ``KVLAB_GPU_AS`` names (``GPU_PROXIES``), or None when unset or empty."""
     name = os.environ.get(GPU_AS_ENV, "").strip().lower()
     if not name:
@@ -176,7 +176,7 @@ def gpu_proxy() -> dict | None:
     return GPU_PROXIES[name]
 
 
-def native_bf16(device: torch.device | str) -> bool:
+def _native_bf16(device: torch.device | str) -> bool:
     """True on a CUDA GPU that computes bfloat16 natively (``BF16``); False on a CPU and on a T4."""
     return gpu_supports(device, BF16)
 
@@ -204,7 +204,7 @@ def gpu_capability(index: int | None = None) -> tuple[int, int] | None:
     per GPU; None without CUDA. Under ``KVLAB_GPU_AS`` the proxied GPU's."""
     if not torch.cuda.is_available():
         return None
-    proxy = gpu_proxy()
+    proxy = _gpu_proxy()
     if proxy is not None:
         return proxy["capability"]
     index = torch.cuda.current_device() if index is None else index
@@ -217,7 +217,7 @@ def gpu_name(device: torch.device | str | None = None) -> str:
     """The GPU's name as a number is recorded under: the real name, and under ``KVLAB_GPU_AS`` what
     it answers as, e.g. 'NVIDIA H100 80GB HBM3 as a Tesla T4 (KVLAB_GPU_AS=t4)'."""
     name = torch.cuda.get_device_name(device)
-    proxy = gpu_proxy()
+    proxy = _gpu_proxy()
     if proxy is None:
         return name
     return f"{name} as a {proxy['name']} ({GPU_AS_ENV}={os.environ[GPU_AS_ENV].strip().lower()})"
@@ -225,7 +225,7 @@ def gpu_name(device: torch.device | str | None = None) -> str:
 
 def multiprocessors(device: torch.device | str) -> int:
     """The GPU's streaming multiprocessors (the proxied GPU's under ``KVLAB_GPU_AS``)."""
-    proxy = gpu_proxy()
+    proxy = _gpu_proxy()
     if proxy is not None:
         return proxy["multiprocessors"]
     return torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
@@ -274,7 +274,7 @@ def environment(device: torch.device | str | None = None) -> dict:
         "platform": platform.platform(),
         "quick_mode": quick_mode(),
     }
-    if device.type == "cuda" and gpu_proxy() is not None:
+    if device.type == "cuda" and _gpu_proxy() is not None:
         env["gpu_as"] = os.environ[GPU_AS_ENV].strip().lower()
     if device.type == "cuda":
         env["cuda"] = torch.version.cuda
