@@ -173,7 +173,7 @@ def llama_parameter_count(config) -> int:
 
 
 # < 1 byte each
-PACKED = {name for name in ("float4_e2m1fn_x2", "quint4x2", "quint2x4") if hasattr(torch, name)}
+_PACKED = {name for name in ("float4_e2m1fn_x2", "quint4x2", "quint2x4") if hasattr(torch, name)}
 
 
 def _element_bytes(dtype) -> int:
@@ -183,7 +183,7 @@ def _element_bytes(dtype) -> int:
             f"{dtype!r}"
         )
     dtype = as_dtype(dtype)
-    if str(dtype).removeprefix("torch.") in PACKED:
+    if str(dtype).removeprefix("torch.") in _PACKED:
         raise ValueError(
             f"{dtype} packs several elements into one byte: these formulas count whole bytes per "
             "element"
