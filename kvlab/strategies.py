@@ -27,7 +27,7 @@ from .graph_decoder import GraphSafeDecoder
 KINDS = ("eager", "compiled", "graph")
 
 
-def resolved(where: str | Callable) -> Callable:
+def _resolved(where: str | Callable) -> Callable:
     """The function at ``where`` (``"module:function"``, imported now), or ``where`` itself if a
     function."""
     if callable(where):
@@ -62,12 +62,12 @@ class Strategy:
     @property
     def function(self) -> Callable:
         """The function that decodes (its module imported on first use)."""
-        return resolved(self.decodes)
+        return _resolved(self.decodes)
 
     @property
     def build(self) -> Callable | None:
         """What builds this strategy's state for one call (``state``), or None."""
-        return None if self.builds is None else resolved(self.builds)
+        return None if self.builds is None else _resolved(self.builds)
 
     def keywords(self) -> set[str] | None:
         """The keywords a caller may pass: the function's own, and where it passes the rest on
