@@ -375,15 +375,15 @@ class GraphSafeDecoder:
             out[:, :1].copy_(self._prefill(input_ids))
             if on_token is not None:
                 on_token(0, out[:, :1].clone())  # the caller's copy
-            done = 1
-            while done < max_new_tokens:
-                n = min(self.steps, max_new_tokens - done)
+            made = 1
+            while made < max_new_tokens:
+                n = min(self.steps, max_new_tokens - made)
                 # replay: n new tokens, no host sync
-                out[:, done : done + n].copy_(self.next_tokens(n))
+                out[:, made : made + n].copy_(self.next_tokens(n))
                 if on_token is not None:
-                    for k in range(done, done + n):
+                    for k in range(made, made + n):
                         on_token(k, out[:, k : k + 1].clone())  # the caller's copy
-                done += n
+                made += n
         return out
 
     @torch.inference_mode()
@@ -402,11 +402,11 @@ class GraphSafeDecoder:
             )
         out = torch.empty(self.batch, n, dtype=torch.long, device=self.device)
         with self.cache.unchecked():
-            done = 0
-            while done < n:
-                k = min(self.steps, n - done)
-                out[:, done : done + k].copy_(self.next_tokens(k))
-                done += k
+            made = 0
+            while made < n:
+                k = min(self.steps, n - made)
+                out[:, made : made + k].copy_(self.next_tokens(k))
+                made += k
         return out
 
     def step(self) -> torch.Tensor:
