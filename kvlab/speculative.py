@@ -219,8 +219,8 @@ class SpeculativeDecoder(GraphSafeDecoder):
                 row.append(token)
             if on_token is not None:
                 on_token(0, out[:, :1].clone())  # the caller's copy
-            done = 1
-            while done < max_new_tokens:
+            made = 1
+            while made < max_new_tokens:
                 drafts = [prompt_lookup_draft(row, k, self.max_ngram, self.min_ngram)
                           for row in history]
                 rows = [[row[-1], *padded_draft(draft, k, row[-1])]
@@ -230,17 +230,17 @@ class SpeculativeDecoder(GraphSafeDecoder):
                 self.verify_step()
                 accepted = int(self.accepted)  # the one host sync of a verify step
                 # trim at the end: never more than asked for
-                take = min(accepted + 1, max_new_tokens - done)
-                out[:, done : done + take].copy_(self.verified[:, :take])
+                take = min(accepted + 1, max_new_tokens - made)
+                out[:, made : made + take].copy_(self.verified[:, :take])
                 for row, tokens in zip(history, self.verified[:, :take].tolist(), strict=True):
                     row.extend(tokens)
                 verify_steps += 1
                 drafted += sum(len(draft) for draft in drafts)
                 accepted_drafts += sum(min(take - 1, len(draft)) for draft in drafts)
                 if on_token is not None:
-                    for i in range(done, done + take):
+                    for i in range(made, made + take):
                         on_token(i, out[:, i : i + 1].clone())  # the caller's copy
-                done += take
+                made += take
         # A trimmed last step left the counter past the last token: put it there, and the last token
         # in `token`, as GraphSafeDecoder.generate leaves them (decode_steps continues from here).
         self.cache.set_position(input_ids.shape[1] + max_new_tokens - 1)
