@@ -350,9 +350,9 @@ class ContinuousBatcher:
         if keep:
             # condense: one gather
             self.tokens[: len(keep)] = self.tokens[torch.tensor(keep, device=self.device)]
-        done = [run for run in running if run.made >= run.wants]
+        finished = [run for run in running if run.made >= run.wants]
         running[:] = [running[row] for row in keep]
-        for run in done:
+        for run in finished:
             self.allocator.free(run.blocks)
             left.append(run.index)
 
