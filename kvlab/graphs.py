@@ -698,15 +698,15 @@ def emulation_memory(step: CapturedStep, existing=()) -> dict[str, int]:
                          "keeps a memory pool instead: measure it with "
                          "torch.cuda.memory_reserved() before and after capture")
     known = {t.untyped_storage().data_ptr() for t in existing}
-    held: dict[int, int] = {}
+    storage_bytes: dict[int, int] = {}
     for _func, args, kwargs in step.traced.nodes:
         for leaf in pytree.tree_leaves((args, kwargs)):
             if isinstance(leaf, torch.Tensor):
-                held[leaf.untyped_storage().data_ptr()] = leaf.untyped_storage().nbytes()
+                storage_bytes[leaf.untyped_storage().data_ptr()] = leaf.untyped_storage().nbytes()
     for t in step.static_outputs:
-        held[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    shared = sum(n for ptr, n in held.items() if ptr in known)
-    return {"shared": shared, "own": sum(held.values()) - shared}
+        storage_bytes[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    shared = sum(n for ptr, n in storage_bytes.items() if ptr in known)
+    return {"shared": shared, "own": sum(storage_bytes.values()) - shared}
 
 
 class EagerStep:
