@@ -38,7 +38,7 @@ from torch import nn
 
 _ATTENTION_NAME = "kvlab-decode"
 _TRITON_ATTENTION_NAME = "kvlab-decode-triton"
-ATTENTIONS = {True: _ATTENTION_NAME, "triton": _TRITON_ATTENTION_NAME}
+_ATTENTIONS = {True: _ATTENTION_NAME, "triton": _TRITON_ATTENTION_NAME}
 
 
 def packed_sdpa_attention(
@@ -199,14 +199,16 @@ def fused_copy(model, *, fuse: bool = True, attention: bool | str = True, gemv: 
     """A new copy of ``model`` with fused projections, a decode attention (``True``:
     ``"kvlab-decode"``, ``"triton"``: ``"kvlab-decode-triton"``) and/or GEMV reductions. A copy: it
     holds the weights as they are now (as much memory again)."""
-    if attention is not False and attention not in ATTENTIONS:
-        raise ValueError(f"attention must be False or one of {list(ATTENTIONS)}, got {attention!r}")
+    if attention is not False and attention not in _ATTENTIONS:
+        raise ValueError(
+            f"attention must be False or one of {list(_ATTENTIONS)}, got {attention!r}"
+        )
     fast = copy.deepcopy(model)
     if fuse:
         fuse_projections(fast)
     if attention:
         _register_decode_attention()
-        fast.config._attn_implementation = ATTENTIONS[attention]
+        fast.config._attn_implementation = _ATTENTIONS[attention]
     if gemv:
         use_gemv(fast)
     return fast
