@@ -90,9 +90,6 @@ def multiprocessors(device: torch.device) -> int:
     return count or 1
 
 
-units = multiprocessors  # the former name: notebooks/06_benchmarks.ipynb calls common.units
-
-
 def fill_splits(pairs: int, device: torch.device) -> int:
     """The most programs per (batch row, kv head) that one wave of an attention launch needs to give
     every multiprocessor one (``fill_splits=True`` of ``attention.rope_cache_attention``): one from
