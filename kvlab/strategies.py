@@ -204,7 +204,6 @@ assert all(s.kind in KINDS for s in STRATEGIES.values())
 DEFAULT_STRATEGIES = [name for name, s in STRATEGIES.items()
                       if s.exact and not s.ablation and s.lesson <= 6]
 BENCHMARKED = [name for name, s in STRATEGIES.items() if s.exact]  # what the benchmark accepts
-GRAPH_SAFE = [name for name in DEFAULT_STRATEGIES if STRATEGIES[name].lesson >= 5]
 
 
 def strategy_named(name: str) -> Strategy:
