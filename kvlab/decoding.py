@@ -83,7 +83,7 @@ def _check_ids(input_ids) -> None:
         )
 
 
-def vocabulary(model) -> int:
+def _vocabulary(model) -> int:
     """How many token ids the model can read: its input embedding's rows (``config.vocab_size`` can
     be edited without resizing it)."""
     embedding = getattr(model, "get_input_embeddings", lambda: None)()
@@ -117,7 +117,7 @@ def check_inputs(model, input_ids: torch.Tensor, max_new_tokens: int) -> int:
     if layers is not None:
         raise ValueError(layers)
     config = model.config.get_text_config()
-    vocab = vocabulary(model)
+    vocab = _vocabulary(model)
     head = getattr(model.get_output_embeddings(), "out_features", vocab)
     if head > vocab:
         raise ValueError(f"the model's lm_head scores {head} token ids but its embedding reads "
