@@ -58,6 +58,7 @@ from .paged_cache import (
     slots_of,
     table_row,
 )
+from .runtime import one_call
 
 
 @dataclass
@@ -261,11 +262,16 @@ class ContinuousBatcher:
         return logits[0, -1:].argmax(dim=-1)
 
     # ---- the scheduler ---------------------------------------------------------------------------
-    @torch.inference_mode()
     def serve(self, requests: list[Request], *, on_token=None) -> Served:
         """Greedy-decode every request (see the module docstring);
         ``on_token(request_index, k, token [1])`` is called for each new token (a device tensor:
-        reading it on the host syncs). Returns ``Served``."""
+        reading it on the host syncs). Returns ``Served``. One call at a time (``on_token`` may
+        not call it again)."""
+        with one_call(self, PagedCacheError, "batcher", "serve"):
+            return self._serve(requests, on_token=on_token)
+
+    @torch.inference_mode()
+    def _serve(self, requests: list[Request], *, on_token=None) -> Served:
         arrivals = self.check(requests)
         waiting = deque(sorted(range(len(requests)), key=lambda i: (arrivals[i], i)))
         running: list[_Running] = []

@@ -37,7 +37,7 @@ from .decoding import OnToken, check_inputs, check_model, greedy
 from .frozen_state import check_unchanged, frozen_state
 from .graph_safe_cache import GraphSafeError, GraphSafeStaticCache
 from .graphs import capture
-from .runtime import count
+from .runtime import count, one_call
 
 
 def prefill_mask(start: torch.Tensor, batch: int, bucket: int, slots: int,
@@ -336,9 +336,10 @@ class GraphSafeDecoder:
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Reset the cache (in place) and prefill ``input_ids``; returns the first new token
         ``[batch, 1]`` (a copy: the static buffer ``token`` is overwritten by the next step)."""
-        self._check(input_ids, 1)
-        with self.cache.unchecked():  # room was checked above, once
-            return self._prefill(input_ids).clone()
+        with one_call(self, GraphSafeError, "decoder", "prefill"):
+            self._check(input_ids, 1)
+            with self.cache.unchecked():  # room was checked above, once
+                return self._prefill(input_ids).clone()
 
     def _prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         self.cache.reset()
@@ -363,11 +364,16 @@ class GraphSafeDecoder:
         self.prefill_graph.replay()
         return self.token
 
-    @torch.inference_mode()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *,
                  on_token: OnToken = None) -> torch.Tensor:
         """Greedy-decode ``max_new_tokens`` after ``input_ids`` [batch, prompt_len]; returns
-        ``[batch, max_new_tokens]``."""
+        ``[batch, max_new_tokens]``. One call at a time (``on_token`` may not call it again)."""
+        with one_call(self, GraphSafeError, "decoder", "generate"):
+            return self._generate(input_ids, max_new_tokens, on_token=on_token)
+
+    @torch.inference_mode()
+    def _generate(self, input_ids: torch.Tensor, max_new_tokens: int, *,
+                  on_token: OnToken = None) -> torch.Tensor:
         self._check(input_ids, max_new_tokens)
         out = torch.empty(self.batch, max_new_tokens, dtype=torch.long, device=self.device)
         # room was checked above, once for every step: no host sync per step
@@ -391,7 +397,10 @@ class GraphSafeDecoder:
         """``n`` more tokens ``[batch, n]`` after what the cache holds (after ``prefill``): one host
         read of the counter first, then replays with no sync. Refuses steps past ``max_cache_len``:
         their keys and values would go to the trash slot and the tokens be garbage."""
-        n = count(n, "n")
+        with one_call(self, GraphSafeError, "decoder", "decode_steps"):
+            return self._decode_steps(count(n, "n"))
+
+    def _decode_steps(self, n: int) -> torch.Tensor:
         self._check_weights()
         used = int(self.cache.cache_position)
         if used + n > self.max_cache_len:

@@ -323,3 +323,22 @@ def runtime_summary(device: torch.device | str | None = None) -> str:
                  "form runs instead, and graph-safe-compiled keeps SDPA attention")
     lines.append(line)
     return "\n".join(lines)
+
+
+
+@contextmanager
+def one_call(owner, error: type[Exception], what: str, entry: str):
+    """The body of one call of ``owner.entry``, an object that owns state a call resets or advances
+    (a decoder's cache, a batcher's pool): a second call while one runs, from a callback of the
+    first (``on_token``) or from another thread, is refused with ``error`` instead of corrupting
+    the first call's state."""
+    lock = vars(owner).setdefault("_one_call", threading.Lock())  # setdefault: atomic
+    if not lock.acquire(blocking=False):
+        raise error(f"this {what} is already decoding: {entry}() was called again from inside a "
+                    "call of it (an on_token callback) or from another thread, and would reset or "
+                    "advance the state the running call reads. Finish the first call before the "
+                    f"next, or give each thread (or nested decode) its own {what}")
+    try:
+        yield
+    finally:
+        lock.release()

@@ -199,8 +199,8 @@ class SpeculativeDecoder(GraphSafeDecoder):
     # ---- generation
     # --------------------------------------------------------------------------------
     @torch.inference_mode()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *,
-                 on_token: OnToken = None) -> torch.Tensor:
+    def _generate(self, input_ids: torch.Tensor, max_new_tokens: int, *,
+                  on_token: OnToken = None) -> torch.Tensor:
         """Greedy-decode ``max_new_tokens`` after ``input_ids`` [batch, prompt_len]; returns
         ``[batch, max_new_tokens]``, the tokens of ``kvlab.decode(model, input_ids,
         max_new_tokens)``. ``on_token`` gets each verify step's tokens one by one, after its replay.

@@ -12,6 +12,7 @@ token-exact against ``"naive"``.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,7 +23,9 @@ import torch
 
 from .decoding import check_inputs, unpadded_ids
 from .graph_decoder import GraphSafeDecoder
+from .runtime import count
 
+_DECODE_ONLY = {"on_token", "decoder", "batcher", "compiled_step", "tune"}  # what no builder takes
 # Python launches every kernel / torch.compile's graphs / kvlab captures
 KINDS = ("eager", "compiled", "graph")
 
@@ -66,8 +69,52 @@ class Strategy:
 
     @property
     def build(self) -> Callable | None:
-        """What builds this strategy's state for one call (``state``), or None."""
-        return None if self.builds is None else _resolved(self.builds)
+        """What builds this strategy's state for one call (``state``), or None; it checks its
+        inputs as ``kvlab.decode`` does."""
+        if self.builds is None:
+            return None
+        builder = _resolved(self.builds)
+
+        @functools.wraps(builder)
+        def build(model, input_ids, max_new_tokens, **kwargs):
+            input_ids, max_new_tokens = self.checked(model, input_ids, max_new_tokens, kwargs,
+                                                     self.build_keywords(), "build")
+            return builder(model, input_ids, max_new_tokens, **kwargs)
+
+        return build
+
+    def build_keywords(self) -> set[str] | None:
+        """The keywords ``build`` takes (the strategy's ``options`` too), or None where it passes
+        the rest on (it refuses what it does not take)."""
+        params = list(inspect.signature(_resolved(self.builds)).parameters.values())[3:]
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            passed_on = self.keywords()
+            return None if passed_on is None else (passed_on - _DECODE_ONLY) | set(self.options)
+        return {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+
+    def checked(self, model, input_ids, max_new_tokens, kwargs: dict, accepted: set[str] | None,
+                what: str = "decode", attention_mask=None) -> tuple[torch.Tensor, int]:
+        """The door of ``kvlab.decode``, ``state`` and ``build``: the ids (a tokenizer's output
+        unpacked) and ``max_new_tokens`` as an int, else a clear error; ``accepted``: the keywords
+        allowed (None: all)."""
+        input_ids = unpadded_ids(input_ids, attention_mask)
+        max_new_tokens = check_inputs(model, input_ids, max_new_tokens)
+        unknown = [] if accepted is None else sorted(set(kwargs) - accepted)
+        if unknown:
+            takes = ", ".join(f"{k}=" for k in sorted(accepted)) or "no options"
+            who = (f"strategy {self.name!r}" if what == "decode"
+                   else f"STRATEGIES[{self.name!r}].{what}")
+            raise TypeError(f"{who} takes no "
+                            f"{', '.join(f'{k}=' for k in unknown)}; it takes {takes}. Drop it, or "
+                            "pick a strategy that takes it (kvlab.STRATEGIES)")
+        on_token = kwargs.get("on_token")
+        if on_token is not None and not callable(on_token):
+            raise TypeError(f"on_token must be a function on_token(k, token), got "
+                            f"{type(on_token).__name__}")
+        check_options(kwargs)
+        if kwargs.get("max_cache_len") is not None:  # once here, before a builder computes with it
+            kwargs["max_cache_len"] = count(kwargs["max_cache_len"], "max_cache_len")
+        return input_ids, max_new_tokens
 
     def keywords(self) -> set[str] | None:
         """The keywords a caller may pass: the function's own, and where it passes the rest on
@@ -89,13 +136,19 @@ class Strategy:
         them)."""
         return self.function(model, input_ids, max_new_tokens, **self.options, **kwargs)
 
-    def state(self, model, input_ids: torch.Tensor, max_new_tokens: int, **kwargs) -> dict:
+    def state(self, model, input_ids: torch.Tensor, max_new_tokens: int, *, attention_mask=None,
+              **kwargs) -> dict:
         """What ``function`` would build for one call (``build``), as the keywords that hand it
         over: decode many times with ``strategy(model, ids, n, **state)`` and it is built once
         (empty if it builds none)."""
+        accepted = None if self.builds is None else self.build_keywords()
+        accepted = accepted if accepted is None else accepted - set(self.options)
+        input_ids, max_new_tokens = self.checked(model, input_ids, max_new_tokens, kwargs,
+                                                 accepted if self.builds else set(), "state",
+                                                 attention_mask)
         if self.builds is None:
             return {}
-        made = self.build(model, input_ids, max_new_tokens, **self.options, **kwargs)
+        made = _resolved(self.builds)(model, input_ids, max_new_tokens, **self.options, **kwargs)
         return {"decoder": made} if isinstance(made, GraphSafeDecoder) else made
 
 
@@ -224,19 +277,8 @@ def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str
     fp32); the course's checks assert it.
     """
     chosen = strategy_named(strategy)
-    input_ids = unpadded_ids(input_ids, attention_mask)
-    max_new_tokens = check_inputs(model, input_ids, max_new_tokens)
-    accepted = chosen.keywords()
-    unknown = [] if accepted is None else sorted(set(kwargs) - accepted)
-    if unknown:
-        takes = ", ".join(f"{k}=" for k in sorted(accepted)) or "no options"
-        raise TypeError(f"strategy {strategy!r} takes no {', '.join(f'{k}=' for k in unknown)}; it "
-                        f"takes {takes}. Drop it, or pick a strategy that takes it "
-                        "(kvlab.STRATEGIES)")
-    if kwargs.get("on_token") is not None and not callable(kwargs["on_token"]):
-        raise TypeError("on_token must be a function on_token(k, token), got "
-                        f"{type(kwargs['on_token']).__name__}")
-    check_options(kwargs)
+    input_ids, max_new_tokens = chosen.checked(model, input_ids, max_new_tokens, kwargs,
+                                               chosen.keywords(), attention_mask=attention_mask)
     return chosen(model, input_ids, max_new_tokens, **kwargs)
 
 
