@@ -409,6 +409,11 @@ def serve(model, requests: list[Request], *, on_token=None, **settings) -> Serve
     """Build a ``ContinuousBatcher(model, **settings)`` and serve ``requests`` with it (see its
     docstring)."""
     _refuse_settings(settings, _BATCHER_SETTINGS, "serve")
+    if "num_blocks" not in settings:
+        raise TypeError("serve needs num_blocks=, the blocks of the batcher's pool (block_size= "
+                        "tokens each): enough for the requests that run at once, e.g. "
+                        "num_blocks=sum(blocks_for(len(r.prompt) + r.max_new_tokens - 1, "
+                        "block_size) for r in requests)")
     return ContinuousBatcher(model, **settings).serve(requests, on_token=on_token)
 
 

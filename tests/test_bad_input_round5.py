@@ -103,7 +103,7 @@ def test_a_held_decoder_shared_by_two_threads_never_gives_wrong_tokens(strategy,
     def run(i):
         try:
             got[i] = kvlab.decode(model, ids[i], 5, strategy=strategy, on_token=hold if i == 0 else None, **state)
-        except Exception as e:  # noqa: BLE001: what the thread saw is the test's result
+        except Exception as e:  # what the thread saw is the test's result
             got[i] = e
 
     first = threading.Thread(target=run, args=(0,))
@@ -115,3 +115,17 @@ def test_a_held_decoder_shared_by_two_threads_never_gives_wrong_tokens(strategy,
     assert torch.equal(got[0], want[0])
     assert isinstance(got[1], GraphSafeError | PagedCacheError) and "another thread" in str(got[1])
     assert torch.equal(kvlab.decode(model, ids[1], 5, strategy=strategy, **state), want[1])
+
+
+def test_serve_without_num_blocks_says_what_to_pass(prompt):
+    """kvlab.continuous_batching.serve(model, requests) without num_blocks= raised Python's TypeError naming
+    ContinuousBatcher.__init__, which the caller never called."""
+    from kvlab.continuous_batching import Request, blocks_for, serve
+
+    model = tiny_model("tiny-llama")
+    requests = [Request(prompt(5)[0], 4)]
+    with pytest.raises(TypeError, match=r"serve needs num_blocks=") as refused:
+        serve(model, requests, block_size=4)
+    assert "__init__" not in str(refused.value)
+    served = serve(model, requests, block_size=4, num_blocks=blocks_for(5 + 4 - 1, 4))  # as the message says
+    assert torch.equal(served.tokens[0], kvlab.decode(model, prompt(5), 4)[0])
