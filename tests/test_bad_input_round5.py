@@ -129,3 +129,26 @@ def test_serve_without_num_blocks_says_what_to_pass(prompt):
     assert "__init__" not in str(refused.value)
     served = serve(model, requests, block_size=4, num_blocks=blocks_for(5 + 4 - 1, 4))  # as the message says
     assert torch.equal(served.tokens[0], kvlab.decode(model, prompt(5), 4)[0])
+
+
+@pytest.mark.parametrize("flags", [["--batch", "1,2,1"], ["--strategies", "naive,static,naive"]])
+def test_bench_refuses_a_batch_or_strategy_named_twice(flags, capsys):
+    """`--strategies naive,naive` timed naive twice (the second row a TimingError) and `--batch 1,1` wrote two
+    rows of one key."""
+    from kvlab.lab import bench
+
+    with pytest.raises(SystemExit) as exit_:
+        bench.parse_args(flags)
+    assert exit_.value.code == 2 and "given twice" in capsys.readouterr().err
+
+
+def test_bench_position_limit_names_the_check_tokens_when_they_are_the_longer(tmp_path, capsys):
+    """`--prompt-len 1020 --new-tokens 2 --check-tokens 8` was refused as 'new_tokens (8)', a number the user
+    never gave."""
+    from kvlab.lab import bench
+
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--model", "tiny-llama", "--prompt-len", "1020", "--new-tokens", "2", "--check-tokens", "8",
+                    "--strategies", "naive", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "check_tokens (8" in err and "new_tokens (8)" not in err

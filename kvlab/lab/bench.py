@@ -181,9 +181,10 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
         raise BenchArgumentError(f"--model {model!r}: {e}") from None
     limit = getattr(check_model.config.get_text_config(), "max_position_embeddings", None)
     if limit is not None and prompt_len + max(new_tokens, check_tokens) > limit:
+        longest = (f"new_tokens ({new_tokens})" if new_tokens >= check_tokens
+                   else f"check_tokens ({check_tokens}, the fp32 check's tokens)")
         raise BenchArgumentError(
-            f"prompt_len ({prompt_len}) + new_tokens ({max(new_tokens, check_tokens)}) passes "
-            f"{model}'s position limit "
+            f"prompt_len ({prompt_len}) + {longest} passes {model}'s position limit "
             f"(max_position_embeddings = {limit}): shorten one of them")
     timed_model = cast(check_model, dtype)
     facts = model_facts(timed_model, dtype)
@@ -510,7 +511,16 @@ def _batches(text: str) -> list[int]:
                                          "1,2,4") from None
     if any(b < 1 for b in sizes):
         raise argparse.ArgumentTypeError(f"{text!r}: batch sizes must be >= 1")
+    _once(text, sizes, "batch size")
     return sizes
+
+
+def _once(text: str, names: list, what: str) -> None:
+    """Refuse a list that names one item twice: it would be timed twice, in two rows of one key."""
+    twice = sorted({str(n) for n in names if names.count(n) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"{text!r}: {what} {', '.join(twice)} given twice: "
+                                         "name each once")
 
 
 def _strategies(text: str) -> list[str]:
@@ -521,6 +531,7 @@ def _strategies(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(
             f"{'unknown: ' + ', '.join(unknown) if unknown else 'no strategy named'}; "
             f"known: all, {', '.join(BENCHMARKED)}")
+    _once(text, names, "strategy")
     return names
 
 
