@@ -152,3 +152,14 @@ def test_bench_position_limit_names_the_check_tokens_when_they_are_the_longer(tm
                     "--strategies", "naive", "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "check_tokens (8" in err and "new_tokens (8)" not in err
+
+
+@pytest.mark.parametrize("strategy", ["graph-safe-kernels", "graph-safe-speculative/kernels"])
+def test_the_kernels_refuse_a_float64_model_by_its_dtype(strategy, prompt):
+    """A float64 model reached the prefill attention kernel, which sizes its tiles per element size, and died
+    with a raw KeyError: 8 (on a GPU, or on the CPU under TRITON_INTERPRET=1)."""
+    model = tiny_model("tiny-llama").to(torch.float64)
+    with pytest.raises(ValueError, match=r"the model is torch.float64.*model\.float\(\)"):
+        kvlab.decode(model, prompt(6), 5, strategy=strategy)
+    model.float()  # as the message says
+    assert torch.equal(kvlab.decode(model, prompt(6), 5, strategy=strategy), kvlab.decode(model, prompt(6), 5))

@@ -38,6 +38,9 @@ from .gemv import gemv, greedy_head
 _SUPPORTED = ("llama", "mistral", "qwen2")
 
 
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def check_supported(model) -> None:
     """Refuse, with what to do, a model whose layer is not the one the kernels compute."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -61,6 +64,11 @@ def check_supported(model) -> None:
             f"{registered}). Call model.set_attn_implementation('sdpa') first (the "
             "course's default), or use the 'graph-safe' strategy, which runs any "
             "attention")
+    dtype = next(model.parameters()).dtype
+    if dtype not in KERNEL_DTYPES:  # the tiles are sized per element size (attention.PREFILL_TILE)
+        runs = ", ".join(map(str, KERNEL_DTYPES))
+        raise ValueError(f"the model is {dtype}; kvlab's kernels run {runs}. Convert it "
+                         "(model.float()), or use the 'graph-safe' strategy, which runs any dtype")
     why = None
     if config.model_type not in _SUPPORTED:
         why = f"model_type {config.model_type!r} (supported: {', '.join(_SUPPORTED)})"
