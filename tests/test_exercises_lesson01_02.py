@@ -100,6 +100,9 @@ def test_naive_decode_shapes_and_batches():
     assert "2 prompts" in first_prompt_only and "(2, 6)" in first_prompt_only
     as_list = lesson01.check_naive_decode(lambda m, ids, n: decode_naive(m, ids, n).tolist())
     assert "LongTensor" in as_list
+    for dtype in (torch.float32, torch.bool):  # torch.equal compares values, not dtypes
+        verdict = lesson01.check_naive_decode(lambda m, ids, n: decode_naive(m, ids, n).to(dtype))
+        assert verdict.startswith("not quite") and str(dtype) in verdict, verdict
 
 
 def test_naive_decode_names_the_first_differing_token():

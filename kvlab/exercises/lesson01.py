@@ -77,6 +77,9 @@ def decode_problem(model, prompt: torch.Tensor, got, right: torch.Tensor) -> str
         return "the tokens are right, but keep the batch dimension: return shape [batch, n]."
     if got.dim() != 2 or got.shape[0] != batch:
         return f"return shape [batch, n] = ({batch}, {n}), got {tuple(got.shape)}."
+    if got.is_floating_point() or got.is_complex() or got.dtype == torch.bool:
+        return (f"token ids are integers: return a LongTensor, not {got.dtype} (argmax gives "
+                "torch.long; keep it, and build seq with torch.cat of long tensors).")
     returned_prompt = got.shape[1] > n and got.shape[1] >= p and torch.equal(got[:, :p], prompt)
     if returned_prompt:
         if torch.equal(got[:, p:], right):
