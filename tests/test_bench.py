@@ -1,8 +1,10 @@
-"""kvlab.lab.bench: the side-by-side benchmark, run as CI runs it (``python -m kvlab.lab.bench --quick``, tiny model).
+"""kvlab.lab.bench: the side-by-side benchmark, run as CI runs it (``python -m kvlab.lab.bench
+--quick``, tiny model).
 
-``python -m kvlab.lab.bench`` runs on CUDA when there is a GPU, so the expectations follow the device: on CPU the
-timing dtype is float32 and quick mode skips the compiled strategies (``kvlab.lab.bench.skip_reason``); on CUDA the
-timing dtype is ``pick_dtype(cuda)`` (bfloat16 on an H200) and every strategy runs and must be exact.
+``python -m kvlab.lab.bench`` runs on CUDA when there is a GPU, so the expectations follow the
+device: on CPU the timing dtype is float32 and quick mode skips the compiled strategies
+(``kvlab.lab.bench.skip_reason``); on CUDA the timing dtype is ``pick_dtype(cuda)`` (bfloat16 on an
+H200) and every strategy runs and must be exact.
 """
 
 import csv
@@ -25,15 +27,17 @@ CUDA = DEVICE.type == "cuda"
 TIMED_DTYPE = str(pick_dtype(DEVICE)).removeprefix("torch.")  # float32 on CPU
 COMPILED = ["reduce-overhead", "graph-safe-compiled"]  # skipped on CPU in quick mode, run on CUDA
 QUICK = ["--quick", "--model", "tiny-llama", "--strategies", "naive,static,graph-safe,reduce-overhead,graph-safe-compiled"]
-# On a GPU the suite runs beside other workers that load the host: quick mode's 16 tokens are one 16-step replay of
-# graph-safe-compiled, a smaller difference T(16) - T(1) than the noise of T(1)'s Python-launched prefill there (a
-# TimingError on the H200, 1 run of 3). 128 tokens (8 replays) and the median of 5 repeats stand above it.
+# On a GPU the suite runs beside other workers that load the host: quick mode's 16 tokens are one
+# 16-step replay of graph-safe-compiled, a smaller difference T(16) - T(1) than the noise of T(1)'s
+# Python-launched prefill there (a TimingError on the H200, 1 run of 3). 128 tokens (8 replays) and
+# the median of 5 repeats stand above it.
 if CUDA:
     QUICK += ["--new-tokens", "128", "--repeats", "5"]
 
 
-# The cases that read `record` go to one pytest-xdist worker under `--dist loadgroup` (tools/gpu_check.py), so the
-# benchmark runs once; CI's `--dist loadscope` keeps the module on one worker anyway.
+# The cases that read `record` go to one pytest-xdist worker under `--dist loadgroup`
+# (tools/gpu_check.py), so the benchmark runs once; CI's `--dist loadscope` keeps the module on one
+# worker anyway.
 SHARES_RECORD = pytest.mark.xdist_group("bench-record")
 
 
@@ -273,8 +277,9 @@ def test_complete_means_every_strategy_has_a_result():
 
 
 def test_each_strategy_is_freed_before_the_next_is_built(monkeypatch):
-    """A strategy's peak memory is its own: what was built before (the previous strategy's decoder, graphs and pools,
-    and this strategy's own float32 check) is gone when its timed state is built."""
+    """A strategy's peak memory is its own: what was built before (the previous strategy's decoder,
+    graphs and pools, and this strategy's own float32 check) is gone when its timed state is
+    built."""
     built, alive_at_build = [], []
     real = bench.prepared
 
@@ -287,8 +292,8 @@ def test_each_strategy_is_freed_before_the_next_is_built(monkeypatch):
 
     monkeypatch.setattr(bench, "prepared", spy)
     names = ["graph-safe", "graph-safe-kernels", "graph-safe-speculative", "reduce-overhead"]
-    # on a GPU beside other workers, 8 tokens timed once fell inside T(1)'s noise (a TimingError on the H200 at
-    # cd985b0): there, as QUICK above, 128 tokens and the median of 5
+    # on a GPU beside other workers, 8 tokens timed once fell inside T(1)'s noise (a TimingError on
+    # the H200 at cd985b0): there, as QUICK above, 128 tokens and the median of 5
     rec = bench.run_bench("tiny-llama", prompt_len=5, new_tokens=128 if CUDA else 8, strategies=names, check_tokens=2,
                           repeats=5 if CUDA else 1, profile_k=0, progress=False)
     assert [r["strategy"] for r in rec["results"]] == names and all(r["exact"] for r in rec["results"]), rec["skipped"]
@@ -303,12 +308,14 @@ SMALL = ["--model", "tiny-llama", "--quick", "--strategies", "naive,static", "--
 
 
 def strategies_of(rec) -> list[str]:
-    """Every strategy with a row: a result, or (a busy machine's TimingError, say) a skipped entry saying why."""
+    """Every strategy with a row: a result, or (a busy machine's TimingError, say) a skipped entry
+    saying why."""
     return sorted(r["strategy"] for r in rec["results"] + rec["skipped"])
 
 
 def after_first_strategy(monkeypatch, action):
-    """Run ``action`` once, when the second strategy starts timing (the first one's row is written by then)."""
+    """Run ``action`` once, when the second strategy starts timing (the first one's row is written
+    by then)."""
     real, calls = bench.time_decode, []
 
     def timed(*args, **kwargs):

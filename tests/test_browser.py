@@ -1,39 +1,47 @@
-"""A real browser on lessons 02 and 05: JupyterLab serves them, Debian's chromium (driven by Playwright) runs every
-cell, and the test checks what a student would see.
+"""A real browser on lessons 02 and 05: JupyterLab serves them, Debian's chromium (driven by
+Playwright) runs every cell, and the test checks what a student would see.
 
-One JupyterLab server for the module: 127.0.0.1, a free port, a random token, ``--allow-root`` only when running as
-root, its own settings, workspaces, runtime and IPython folders in a temporary directory. It serves a temporary copy
-of ``notebooks/`` (next to a link to ``data/``, which lesson 05 reads), so the outputs saved below never reach the
-repository's notebooks, which are stored without outputs. Its kernels get ``KVLAB_QUICK=1`` and, from
-tests/conftest.py, ``KVLAB_SOLUTIONS=1``: this run stands in for nbmake's run of the two lessons (where it runs,
-conftest deselects those two nbmake items, so each lesson runs once per session), so it runs them as nbmake would,
-every checker fed its reference solution, at CI's size. (The lessons as shipped, every exercise "not attempted",
-run to the end in tests/test_exercise_cells.py.) One headless chromium for the module, a fresh browser context per
-notebook.
+One JupyterLab server for the module: 127.0.0.1, a free port, a random token, ``--allow-root`` only
+when running as root, its own settings, workspaces, runtime and IPython folders in a temporary
+directory. It serves a temporary copy of ``notebooks/`` (next to a link to ``data/``, which lesson
+05 reads), so the outputs saved below never reach the repository's notebooks, which are stored
+without outputs. Its kernels get ``KVLAB_QUICK=1`` and, from tests/conftest.py,
+``KVLAB_SOLUTIONS=1``: this run stands in for nbmake's run of the two lessons (where it runs,
+conftest deselects those two nbmake items, so each lesson runs once per session), so it runs them as
+nbmake would, every checker fed its reference solution, at CI's size. (The lessons as shipped, every
+exercise "not attempted", run to the end in tests/test_exercise_cells.py.) One headless chromium for
+the module, a fresh browser context per notebook.
 
-For each notebook: open ``lab/tree/notebooks/<name>``, wait for the kernel to be idle, click Run > Run All Cells,
-wait until no cell is queued or running, save the copy (File > Save Notebook) and collect ``problems``:
+For each notebook: open ``lab/tree/notebooks/<name>``, wait for the kernel to be idle, click Run >
+Run All Cells, wait until no cell is queued or running, save the copy (File > Save Notebook) and
+collect ``problems``:
 
-- from the saved copy: a code cell with an error output, or one that never ran (Run All stops at an error);
-- on the page: every ``.kvlab-inspector`` (kvlab/lab/inspector.py) shows its slider and its image (an ``<img>`` with a
-  nonzero ``naturalWidth``), and pressing ArrowRight (ArrowLeft at the end) on the slider's handle turns the
-  caption's "step k" into the slider's new value, with the image still loaded (a key the slider never got, its
-  value unchanged after 3 s, is pressed again, at most 3 times, and the focus's holder noted in ``keys_lost``);
-- no modal JupyterLab dialog left open after the save (it would trap the focus; autosave is off for this reason);
+- from the saved copy: a code cell with an error output, or one that never ran (Run All stops at an
+error);
+- on the page: every ``.kvlab-inspector`` (kvlab/lab/inspector.py) shows its slider and its image
+(an ``<img>`` with a
+  nonzero ``naturalWidth``), and pressing ArrowRight (ArrowLeft at the end) on the slider's handle
+  turns the caption's "step k" into the slider's new value, with the image still loaded (a key the
+  slider never got, its value unchanged after 3 s, is pressed again, at most 3 times, and the
+  focus's holder noted in ``keys_lost``);
+- no modal JupyterLab dialog left open after the save (it would trap the focus; autosave is off for
+this reason);
 - at least one matplotlib figure (an ``image/png`` output whose ``<img>`` loaded);
 - no "Error displaying widget" anywhere, no console error and no uncaught page error.
 
 A screenshot per notebook, taken with the first inspector scrolled into view, goes to
 ``.kvlab-cache/screenshots/<notebook>.png`` (git-ignored; the path is printed).
-``test_the_checks_catch_a_broken_page`` runs the same checks on a scratch notebook with a working stand-in inspector
-beside one whose caption ignores its slider, no matplotlib figure, a console error and a failing cell: those five
-checks are seen to fail, and the working stand-in to pass. (Not provoked there: "Error displaying widget", an image
-that does not load.)
+``test_the_checks_catch_a_broken_page`` runs the same checks on a scratch notebook with a working
+stand-in inspector beside one whose caption ignores its slider, no matplotlib figure, a console
+error and a failing cell: those five checks are seen to fail, and the working stand-in to pass. (Not
+provoked there: "Error displaying widget", an image that does not load.)
 
-Run it alone: ``pytest -o addopts="" -m browser tests/test_browser.py``. Its time is the two lessons' own (the same
-cells nbmake runs in quick mode) plus about half a minute for JupyterLab, chromium and the self-test. It needs ``apt-get install -y chromium`` (or ``KVLAB_CHROMIUM=/path/to/chromium``) and ``pip install
-playwright``; never ``playwright install``, whose browser download cannot work here. Without them it is skipped
-with the command that fixes it; with ``KVLAB_REQUIRE_BROWSER=1`` (CI sets it) it fails instead.
+Run it alone: ``pytest -o addopts="" -m browser tests/test_browser.py``. Its time is the two
+lessons' own (the same cells nbmake runs in quick mode) plus about half a minute for JupyterLab,
+chromium and the self-test. It needs ``apt-get install -y chromium`` (or
+``KVLAB_CHROMIUM=/path/to/chromium``) and ``pip install playwright``; never ``playwright install``,
+whose browser download cannot work here. Without them it is skipped with the command that fixes it;
+with ``KVLAB_REQUIRE_BROWSER=1`` (CI sets it) it fails instead.
 """
 
 from __future__ import annotations
@@ -65,27 +73,31 @@ RUN_TIMEOUT_S = 900  # Run All Cells on one lesson: nbmake's limit per notebook 
 SERVER_TIMEOUT_S = 120  # until JupyterLab answers
 AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
-# Console messages of type "error" that are not a problem of the page, each with its reason. Nothing else is
-# excused: JupyterLab 4.6 with ipywidgets 8.1 logs no other error on these lessons (the news feed and update check,
-# which would fetch from the internet, are switched off in the server's settings below), and an external resource
-# that a lesson needs would break it for a student offline, so its failed load stays an error.
+# Console messages of type "error" that are not a problem of the page, each with its reason. Nothing
+# else is excused: JupyterLab 4.6 with ipywidgets 8.1 logs no other error on these lessons (the news
+# feed and update check, which would fetch from the internet, are switched off in the server's
+# settings below), and an external resource that a lesson needs would break it for a student
+# offline, so its failed load stays an error.
 CONSOLE_NOISE: list[tuple[str, str]] = [
     (r"^console\.error: Failed to load resource: net::ERR_[A-Z_]+ "
      r"\(https://colab\.research\.google\.com/assets/colab-badge\.svg\)$",
-     "every notebook's first cell shows the 'Open in Colab' badge, an image from colab.research.google.com: "
+     "every notebook's first cell shows the 'Open in Colab' badge, an image from "
+     "colab.research.google.com: "
      "offline (CI, the course's machines) it cannot load, which changes nothing in the lesson"),
 ]
 
-# JupyterLab's settings for the test server (its own JUPYTERLAB_SETTINGS_DIR): no news fetch, no update check
-# (both would reach the internet, which CI may not have, and pop up notifications over the page). No autosave: it
-# fires 120 s after the notebook opens, near when Run All ends on CI and the test clicks Save itself; two saves in
-# flight can open JupyterLab's modal "File changed" dialog, which would trap the focus the slider's key needs.
+# JupyterLab's settings for the test server (its own JUPYTERLAB_SETTINGS_DIR): no news fetch, no
+# update check (both would reach the internet, which CI may not have, and pop up notifications over
+# the page). No autosave: it fires 120 s after the notebook opens, near when Run All ends on CI and
+# the test clicks Save itself; two saves in flight can open JupyterLab's modal "File changed"
+# dialog, which would trap the focus the slider's key needs.
 LAB_SETTINGS = {"@jupyterlab/apputils-extension/notification.jupyterlab-settings":
                 {"fetchNews": "false", "checkForUpdates": False},
                 "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings": {"autosave": False}}
 
 CAPTION_STEP = re.compile(r"^\s*step (\d+)")
-# A key press that does not reach the slider is pressed again (and said in facts["keys_lost"]), at most this often
+# A key press that does not reach the slider is pressed again (and said in facts["keys_lost"]), at
+# most this often
 KEY_ATTEMPTS = 3
 
 
@@ -96,17 +108,20 @@ def _missing(why: str):
 
 
 def _chromium() -> str | None:
-    """The chromium to drive: ``$KVLAB_CHROMIUM``, else ``chromium`` or ``chromium-browser`` on PATH; None if none."""
+    """The chromium to drive: ``$KVLAB_CHROMIUM``, else ``chromium`` or ``chromium-browser`` on
+    PATH; None if none."""
     if os.environ.get(CHROMIUM_ENV):
         return shutil.which(os.environ[CHROMIUM_ENV])
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def unavailable() -> str | None:
-    """Why this module cannot run here, with the command that fixes it; None when it can (tests/conftest.py asks too)."""
+    """Why this module cannot run here, with the command that fixes it; None when it can
+    (tests/conftest.py asks too)."""
     if importlib.util.find_spec("playwright") is None:
         return ("Playwright for Python is not installed: `pip install playwright` (or `pip install -r "
-                "requirements.txt`); not `playwright install`: the test drives the system's chromium")
+                "requirements.txt`); not `playwright install`: the test drives the system's "
+                "chromium")
     if _chromium() is None:
         if os.environ.get(CHROMIUM_ENV):
             return f"{CHROMIUM_ENV}={os.environ[CHROMIUM_ENV]} is not an executable: point it at a chromium or unset it"
@@ -201,8 +216,8 @@ def lab(chromium_path, tmp_path_factory):
 def browser(chromium_path):
     from playwright.sync_api import sync_playwright
 
-    # --no-sandbox: chromium refuses to start as root with its sandbox on. --disable-dev-shm-usage: containers'
-    # small /dev/shm would crash the renderer.
+    # --no-sandbox: chromium refuses to start as root with its sandbox on. --disable-dev-shm-usage:
+    # containers' small /dev/shm would crash the renderer.
     args = ["--disable-dev-shm-usage"] + (["--no-sandbox"] if AS_ROOT else [])
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium_path, headless=True, args=args)
@@ -210,7 +225,8 @@ def browser(chromium_path):
         browser.close()
 
 
-# The first cell whose prompt says it is queued or running: "cell <index among all cells>: <its first line>"
+# The first cell whose prompt says it is queued or running: "cell <index among all cells>: <its
+# first line>"
 RUNNING_CELL = """() => {
     const cells = [...document.querySelectorAll('.jp-Notebook .jp-Cell')];
     const i = cells.findIndex(c => (c.querySelector('.jp-InputPrompt')?.textContent || '').includes('*'));
@@ -220,7 +236,8 @@ RUNNING_CELL = """() => {
 
 def _run_all_and_check(lab: Lab, browser, name: str, *, shot: Path | None = None,
                        caption_timeout_s: float = 15) -> tuple[list[str], dict]:
-    """Open ``notebooks/<name>`` in a new context, run every cell, save, and return (problems, facts)."""
+    """Open ``notebooks/<name>`` in a new context, run every cell, save, and return (problems,
+    facts)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
@@ -234,7 +251,8 @@ def _run_all_and_check(lab: Lab, browser, name: str, *, shot: Path | None = None
     facts: dict = {}
     t0 = time.monotonic()
     try:
-        # a workspace of its own: the default one would reopen the earlier tests' notebooks and start their kernels
+        # a workspace of its own: the default one would reopen the earlier tests' notebooks and
+        # start their kernels
         page.goto(lab.url(f"lab/workspaces/{Path(name).stem}/tree/notebooks/{name}"))
         page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
         page.wait_for_function("() => (document.querySelector('#jp-main-statusbar')?.textContent || '')"
@@ -260,9 +278,10 @@ def _run_all_and_check(lab: Lab, browser, name: str, *, shot: Path | None = None
         page.locator(".lm-Menu .lm-Menu-item[data-command='docmanager:save']").click()
         from jupyter_server.services.contents.fileio import path_to_intermediate
 
-        # jupyter_server's atomic write backs the file up to its intermediate (".~name"), then rewrites the file in
-        # place (a reader can see it empty, or half written) and removes the intermediate once the write is synced:
-        # a new mtime with no intermediate left is the whole file
+        # jupyter_server's atomic write backs the file up to its intermediate (".~name"), then
+        # rewrites the file in place (a reader can see it empty, or half written) and removes the
+        # intermediate once the write is synced: a new mtime with no intermediate left is the whole
+        # file
         intermediate = Path(path_to_intermediate(str(copy)))
         deadline = time.monotonic() + 30
         while ((copy.stat().st_mtime_ns == before or intermediate.exists() or not copy.stat().st_size)
@@ -302,11 +321,13 @@ def _run_all_and_check(lab: Lab, browser, name: str, *, shot: Path | None = None
 
 def _focused(page) -> str:
     return page.evaluate("() => { const e = document.activeElement;"
-                         " return e ? [e.tagName.toLowerCase(), ...e.classList].join('.') : 'nothing'; }")
+                         " return e ? [e.tagName.toLowerCase(), ...e.classList].join('.') : "
+                         "'nothing'; }")
 
 
 def _dialog_text(page) -> str:
-    """'' or ', a dialog open: <its text>': a modal JupyterLab dialog traps the focus, so no widget gets a key."""
+    """'' or ', a dialog open: <its text>': a modal JupyterLab dialog traps the focus, so no widget
+    gets a key."""
     dialogs = page.locator(".jp-Dialog")
     return f", a dialog open: {' '.join(dialogs.first.inner_text().split())[:160]!r}" if dialogs.count() else ""
 
@@ -425,15 +446,17 @@ display(stand_in(follows=True), stand_in(follows=False))'''
 
 
 def test_the_checks_catch_a_broken_page(lab, browser):
-    """A scratch notebook with a stand-in inspector that works, one whose caption ignores the slider, widget images
-    but no matplotlib output, a console error and a failing cell: exactly those problems, and none for the first."""
+    """A scratch notebook with a stand-in inspector that works, one whose caption ignores the
+    slider, widget images but no matplotlib output, a console error and a failing cell: exactly
+    those problems, and none for the first."""
     v4 = nbformat.v4
     nb = v4.new_notebook(cells=[v4.new_code_cell(STAND_IN),
                                 v4.new_code_cell("display(Javascript(\"console.error('kvlab self-test')\"))"),
                                 v4.new_code_cell("1 / 0"), v4.new_code_cell("print('never runs')")])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, lab.root / "notebooks" / "zz_browser_self_test.ipynb")
-    # 5 s for a caption to follow its slider: the working stand-in's, on the same page, follows in well under 1 s
+    # 5 s for a caption to follow its slider: the working stand-in's, on the same page, follows in
+    # well under 1 s
     problems, facts = _run_all_and_check(lab, browser, "zz_browser_self_test.ipynb", caption_timeout_s=5)
     text = "\n".join(problems)
     print(f"self-test: {facts}")

@@ -1,5 +1,5 @@
-"""The caller owns the state: kvlab stores nothing on a model, so every decode follows the model as it is now, and a
-decoder the caller holds refuses to replay graphs after what they froze moved."""
+"""The caller owns the state: kvlab stores nothing on a model, so every decode follows the model as
+it is now, and a decoder the caller holds refuses to replay graphs after what they froze moved."""
 
 import gc
 import weakref
@@ -24,7 +24,8 @@ GRAPH_SAFE = ["graph-safe", "graph-safe-kernels", "graph-safe-compiled"]
 
 
 def stored(model) -> dict:
-    """What an object holds in its own ``__dict__`` and in its modules', by name (what kvlab must not add to)."""
+    """What an object holds in its own ``__dict__`` and in its modules', by name (what kvlab must
+    not add to)."""
     return {name: set(m.__dict__) for name, m in model.named_modules()}
 
 
@@ -79,8 +80,8 @@ def test_a_changed_module_or_config_is_followed_by_the_next_decode(name, change)
 
 
 def test_read_addresses_lists_every_parameter_and_buffer_as_they_lie():
-    """What a held decoder compares before each decode: every parameter and buffer, a tied weight under each of its
-    names, a child slot set to None skipped."""
+    """What a held decoder compares before each decode: every parameter and buffer, a tied weight
+    under each of its names, a child slot set to None skipped."""
     model = kvlab.tiny_model("tiny-llama")
     model.model.register_module("unused", None)
     tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
@@ -103,8 +104,9 @@ def test_a_held_decoder_refuses_weights_that_moved():
 
 @pytest.mark.parametrize("edit", ["in-place", "replaced", "load_state_dict", "fewer-layers", "eps"])
 def test_a_held_compiled_decoder_refuses_any_edit_its_copy_would_not_see(edit):
-    """Its step reads a fused copy made when it was built: an edit of the original after that would not reach
-    it, so the next decode through the held decoder is refused, naming the edit (issue 48, finding 2)."""
+    """Its step reads a fused copy made when it was built: an edit of the original after that would
+    not reach it, so the next decode through the held decoder is refused, naming the edit (issue 48,
+    finding 2)."""
     model = kvlab.tiny_model("tiny-llama")
     decoder = compiled_decoder(model, IDS, 4, max_cache_len=32, steps=4, graph=True)  # CPU: emulated, not compiled
     assert torch.equal(kvlab.decode(model, IDS, 4, strategy="graph-safe-compiled", decoder=decoder),
@@ -130,8 +132,9 @@ def test_a_held_compiled_decoder_refuses_any_edit_its_copy_would_not_see(edit):
 
 @pytest.mark.parametrize("name", ["graph-safe", "graph-safe-kernels", "graph-safe-speculative", "paged"])
 def test_a_held_graph_refuses_a_module_setting_changed_after_capture(name):
-    """A graph bakes in the plain-Python numbers its step read (an RMSNorm's epsilon): a held decoder refuses a
-    decode after one changed, naming it, and a fresh decode follows the model (issue 48, finding 3)."""
+    """A graph bakes in the plain-Python numbers its step read (an RMSNorm's epsilon): a held
+    decoder refuses a decode after one changed, naming it, and a fresh decode follows the model
+    (issue 48, finding 3)."""
     model = kvlab.tiny_model("tiny-llama")
     state = kvlab.STRATEGIES[name].state(model, IDS, 4)
     assert torch.equal(kvlab.decode(model, IDS, 4, strategy=name, **state), kvlab.decode(model, IDS, 4))
@@ -180,8 +183,8 @@ def test_timing_a_strategy_builds_its_decoder_once():
 
 
 def test_no_lesson_path_module_imports_the_lab():
-    """kvlab/ is the lesson path; kvlab/lab/ is the bench behind it. Only kvlab/__init__ (which re-exports
-    load_model and tiny_model) and the exercise checkers may reach into the lab."""
+    """kvlab/ is the lesson path; kvlab/lab/ is the bench behind it. Only kvlab/__init__ (which
+    re-exports load_model and tiny_model) and the exercise checkers may reach into the lab."""
     import ast
     from pathlib import Path
 
@@ -200,15 +203,17 @@ def test_no_lesson_path_module_imports_the_lab():
                 names = [a.name for a in node.names]
             else:
                 continue
-            assert not any(n == "kvlab.lab" or n.startswith("kvlab.lab.") for n in names), \
-                f"{path.relative_to(root)} imports {names[0]}: the lesson path must not import kvlab.lab"
+            assert not any(n == "kvlab.lab" or n.startswith("kvlab.lab.") for n in names), (
+                f"{path.relative_to(root)} imports {names[0]}: the lesson path must not import "
+                "kvlab.lab")
 
 
 @pytest.mark.parametrize("name", ["graph-safe", "graph-safe-kernels"])
 def test_following_one_decode_enters_no_module_twice(name):
-    """On every call stack of one decode, each kvlab module is one run of frames: no module calls down into another
-    that calls back up into it. kvlab.graphs is left out: capture(fn) calls back the step it records (that is its
-    contract), and its emulation watches every operation of that step."""
+    """On every call stack of one decode, each kvlab module is one run of frames: no module calls
+    down into another that calls back up into it. kvlab.graphs is left out: capture(fn) calls back
+    the step it records (that is its contract), and its emulation watches every operation of that
+    step."""
     import sys
 
     model, seen = kvlab.tiny_model("tiny-llama"), set()
@@ -235,8 +240,8 @@ def test_following_one_decode_enters_no_module_twice(name):
 
 
 def test_a_kernels_decoder_without_a_copy_decodes_the_model_as_it_is_at_each_replay():
-    """The kernels read the model's own weights (q/k/v and gate/up as stacked parts), so the decoder holds no
-    second copy; an in-place edit reaches its next decode, a replaced weight is refused."""
+    """The kernels read the model's own weights (q/k/v and gate/up as stacked parts), so the decoder
+    holds no second copy; an in-place edit reaches its next decode, a replaced weight is refused."""
     model = kvlab.tiny_model("tiny-llama")
     decoder = kernels_decoder(model, IDS, 4, max_cache_len=32, steps=4)
     own = {p.data_ptr() for p in model.parameters()}

@@ -1,7 +1,8 @@
-"""The Colab path: every notebook's badge and set-up cell exactly as ``tools/write_colab_cells.py`` writes them, the set-up
-cell inert outside Colab, and a simulated Colab: a fresh virtual environment holding torch and an older transformers
-(Colab has 5.15.0), a stub ``google.colab``, and the set-up cell installing the course from a clone of this
-repository. The simulation clones the committed HEAD (CI runs in a fresh clone): commit before running it."""
+"""The Colab path: every notebook's badge and set-up cell exactly as ``tools/write_colab_cells.py``
+writes them, the set-up cell inert outside Colab, and a simulated Colab: a fresh virtual environment
+holding torch and an older transformers (Colab has 5.15.0), a stub ``google.colab``, and the set-up
+cell installing the course from a clone of this repository. The simulation clones the committed HEAD
+(CI runs in a fresh clone): commit before running it."""
 
 import importlib.metadata
 import importlib.util
@@ -43,14 +44,16 @@ def a_notebook_with_the_cells() -> Path:
     pytest.fail("no notebook has a Colab set-up cell: run python tools/write_colab_cells.py")
 
 
-# ------------------------------------------------------------------------------------------- the cells, as written
+# ------------------------------------------------------------------------------------------- the
+# cells, as written
 def test_the_repository_url_is_in_pyproject():
     assert REPOSITORY.startswith("https://github.com/") and REPOSITORY.count("/") == 4
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_has_the_colab_badge_and_setup_cells(path):
-    """Cell 0 the badge, the first code cell the set-up cell, both exactly as the tool writes them (no outputs)."""
+    """Cell 0 the badge, the first code cell the set-up cell, both exactly as the tool writes them
+    (no outputs)."""
     fix = f"run: python tools/write_colab_cells.py {path.relative_to(ROOT)}"
     nb = cells(path)
     assert colab_cells.BADGE_TAG in nb[0]["metadata"].get("tags", []), f"cell 0 is not the Colab badge; {fix}"
@@ -94,7 +97,8 @@ def test_check_mode_reports_a_stale_notebook(tmp_path, capsys, monkeypatch):
     assert [c["id"] for c in cells(stale)] == [colab_cells.BADGE_TAG, "t", colab_cells.SETUP_TAG]
 
 
-# --------------------------------------------------------------------------------------- the cell outside Colab
+# --------------------------------------------------------------------------------------- the cell
+# outside Colab
 def _forbid(*args, **kwargs):
     raise AssertionError(f"the set-up cell started a process outside Colab: {args}")
 
@@ -117,13 +121,15 @@ def test_the_setup_cell_is_six_lines_and_its_logic_is_one_file():
     assert "kvlab/lab/colab_setup.py" in source and (ROOT / "kvlab" / "lab" / "colab_setup.py").is_file()
 
 
-# ----------------------------------------------------- the cell on a faked Colab, pip and git faked (fast, here)
+# ----------------------------------------------------- the cell on a faked Colab, pip and git faked
+# (fast, here)
 @pytest.fixture
 def fake_colab(monkeypatch, tmp_path):
-    """google.colab imported, a course folder at $KVLAB_COLAB_HOME, subprocess.run recording what it is asked."""
+    """google.colab imported, a course folder at $KVLAB_COLAB_HOME, subprocess.run recording what it
+    is asked."""
     monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
-    # A fresh Colab kernel has not imported transformers (this test process has); the summary is tested elsewhere
-    # (test_gpu_rules.py) and would import it again.
+    # A fresh Colab kernel has not imported transformers (this test process has); the summary is
+    # tested elsewhere (test_gpu_rules.py) and would import it again.
     monkeypatch.delitem(sys.modules, "transformers", raising=False)
     monkeypatch.setattr(kvlab.runtime, "runtime_summary", lambda device=None: "<runtime summary>")
     monkeypatch.setattr(sys, "path", list(sys.path))
@@ -236,7 +242,8 @@ def test_on_colab_a_failed_pip_shows_pips_reasons(fake_colab, monkeypatch, capsy
         if "pip" in command:
             calls.append((command, None))
             return subprocess.CompletedProcess(command, 1, "Collecting transformers==5.24.0\n",
-                                               "ERROR: ResolutionImpossible: torch==9.9 conflicts with kvlab\n")
+                                               "ERROR: ResolutionImpossible: torch==9.9 conflicts "
+                                               "with kvlab\n")
         return fake_run(command, **kwargs)
 
     monkeypatch.setattr(subprocess, "run", run)
@@ -245,7 +252,8 @@ def test_on_colab_a_failed_pip_shows_pips_reasons(fake_colab, monkeypatch, capsy
     assert "torch==9.9 conflicts with kvlab" in capsys.readouterr().out
 
 
-# ------------------------------------------------------------------- Colab simulated in a fresh environment (slow)
+# ------------------------------------------------------------------- Colab simulated in a fresh
+# environment (slow)
 DRIVER = textwrap.dedent('''\
     """Run as Colab would: google.colab imported at start-up, then the notebook's set-up cell."""
     import contextlib, importlib.metadata, importlib.util, io, json, os, sys
@@ -305,9 +313,10 @@ def test_colab_install_in_a_fresh_environment(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     python = str(venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python"))
-    # Colab before the cell: its torch (any in the course's range) and an older transformers, nothing of the course.
-    # The torch is this interpreter's, linked in outside the venv's site-packages as Colab's sits in dist-packages
-    # (installing a second copy of torch took most of this test's time): pip sees it installed, as on Colab.
+    # Colab before the cell: its torch (any in the course's range) and an older transformers,
+    # nothing of the course. The torch is this interpreter's, linked in outside the venv's
+    # site-packages as Colab's sits in dist-packages (installing a second copy of torch took most of
+    # this test's time): pip sees it installed, as on Colab.
     site = _run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], env=env).strip()
     torch_dist = importlib.metadata.distribution("torch")
     preinstalled = tmp_path / "preinstalled"

@@ -1,4 +1,5 @@
-"""kvlab.decoding: input validation, the strategy table, and the naive loop against model.generate."""
+"""kvlab.decoding: input validation, the strategy table, and the naive loop against
+model.generate."""
 
 import pytest
 import torch

@@ -1,4 +1,5 @@
-"""The door (kvlab.decoding.check_inputs, unpadded_ids): issue 48's bad inputs, refused once, with what to do."""
+"""The door (kvlab.decoding.check_inputs, unpadded_ids): issue 48's bad inputs, refused once, with
+what to do."""
 
 import numpy as np
 import pytest
@@ -15,7 +16,8 @@ EAGER = [name for name, s in kvlab.STRATEGIES.items() if not s.compiled and s.ex
 
 @pytest.mark.parametrize("strategy", ALL)
 def test_removed_layers_are_refused_for_every_strategy(strategy, prompt):
-    """Finding 1: the shared counter of the graph-safe cache advanced only when the last configured layer ran."""
+    """Finding 1: the shared counter of the graph-safe cache advanced only when the last configured
+    layer ran."""
     model = tiny_model("tiny-llama")
     model.model.layers = model.model.layers[:1]  # the config still says 2
     with pytest.raises(ValueError, match=r"num_hidden_layers is 2 but the model has 1 decoder layers.*"
@@ -127,8 +129,8 @@ def test_a_model_without_a_head_or_with_live_dropout_is_refused(prompt):
 
 @pytest.mark.parametrize("name", list(kvlab.STRATEGIES))
 def test_an_unknown_keyword_is_refused_by_the_callers_name(name):
-    """Every strategy refuses a keyword it does not take, naming it as the caller wrote it, before any work (not a
-    Python TypeError naming kvlab's internals)."""
+    """Every strategy refuses a keyword it does not take, naming it as the caller wrote it, before
+    any work (not a Python TypeError naming kvlab's internals)."""
     model = kvlab.tiny_model("tiny-llama")
     with pytest.raises(TypeError, match=r"no_such_option") as caught:
         kvlab.decode(model, torch.tensor([[1, 2, 3]]), 2, strategy=name, no_such_option=1)
@@ -137,11 +139,12 @@ def test_an_unknown_keyword_is_refused_by_the_callers_name(name):
     assert accepted is None or "on_token" in accepted
 
 
-# ---- the second probe round of issue 48 -------------------------------------------------------------------------
+# ---- the second probe round of issue 48
+# -------------------------------------------------------------------------
 
 def test_stepping_a_held_decoder_by_hand_checks_the_model_too():
-    """decode_steps and step replay the graphs like generate: a model changed since is refused, not decoded as it
-    was."""
+    """decode_steps and step replay the graphs like generate: a model changed since is refused, not
+    decoded as it was."""
     model = tiny_model("tiny-llama")
     ids = torch.tensor([[3, 44, 90, 12, 200]])
     decoder = kvlab.STRATEGIES["graph-safe"].state(model, ids, 12)["decoder"]

@@ -1,4 +1,5 @@
-"""kvlab.frozen_state: a snapshot of what a captured graph or a fused copy freezes, and the check that names a change."""
+"""kvlab.frozen_state: a snapshot of what a captured graph or a fused copy freezes, and the check
+that names a change."""
 
 import pytest
 import torch
@@ -50,7 +51,8 @@ EDITS = {
     "setting": (lambda m: setattr(m.model.norm, "variance_epsilon", 1e-3),
                 r"model\.model\.norm\.variance_epsilon changed from [0-9.e-]+ to 0\.001"),
     "deleted setting": (lambda m: delattr(m.model.layers[1].self_attn, "scaling"),
-                        r"model\.model\.layers\.1\.self_attn\.scaling changed from 0\.25 to \(absent\)"),
+                        r"model\.model\.layers\.1\.self_attn\.scaling changed from 0\.25 to "
+                        r"\(absent\)"),
     "in place": (lambda m: m.model.layers[0].mlp.down_proj.weight.detach().mul_(2),
                  r"model\.model\.layers\.0\.mlp\.down_proj\.weight was edited in place"),
     "replaced": (lambda m: setattr(m.model.norm, "weight", torch.nn.Parameter(m.model.norm.weight.detach() + 1)),
@@ -106,7 +108,8 @@ def test_another_model_and_a_global_hook_are_refused():
 
 
 def test_what_it_cannot_see_is_what_its_docstring_says():
-    """``.data`` has its own version counter: an edit through it is invisible (documented, not caught)."""
+    """``.data`` has its own version counter: an edit through it is invisible (documented, not
+    caught)."""
     import kvlab.frozen_state as module
 
     model = tiny_model("tiny-llama")

@@ -1,5 +1,5 @@
-"""tools/gpu_check.py and tools/code_hash.py on a CPU: the code hash and what it leaves out, --status, merging a
-part into a record, and a pytest run read into per-file results."""
+"""tools/gpu_check.py and tools/code_hash.py on a CPU: the code hash and what it leaves out,
+--status, merging a part into a record, and a pytest run read into per-file results."""
 
 import inspect
 import json
@@ -55,7 +55,8 @@ def test_the_hash_is_stable_ignores_what_git_ignores_and_changes_with_a_file(tmp
 
 
 def test_the_hashed_files_are_the_files_git_keeps():
-    """On this checkout: what the walker hashes is what git lists, tracked or untracked, less what it ignores."""
+    """On this checkout: what the walker hashes is what git lists, tracked or untracked, less what
+    it ignores."""
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "--", *code_hash.FOLDERS], cwd=ROOT,
                             capture_output=True, text=True)
     if listed.returncode != 0:
@@ -158,7 +159,8 @@ def test_a_pytest_run_is_read_into_per_file_results(tmp_path):
         "import pytest\n\n"
         "def test_ok():\n    pass\n\n"
         "def test_bad():\n    assert 1 == 2, 'one is not two\\nsecond line'\n\n"
-        "class TestGroup:\n    @pytest.mark.parametrize('x', [1, 2])\n    def test_p(self, x):\n        assert x == 1\n\n"
+        "class TestGroup:\n    @pytest.mark.parametrize('x', [1, 2])\n    def test_p(self, x):\n  "
+        "      assert x == 1\n\n"
         "@pytest.fixture\ndef broken():\n    raise RuntimeError('fixture broke')\n\n"
         "def test_uses_broken(broken):\n    pass\n\n"
         "@pytest.mark.skip(reason='not here')\ndef test_skipped():\n    pass\n")
@@ -192,7 +194,8 @@ def test_a_junit_file_without_file_attributes_still_names_the_files(tmp_path):
     xml.write_text('<testsuites><testsuite name="pytest" tests="2">'
                    '<testcase classname="tests.test_m.TestK" name="test_a[x.y]" time="0.5">'
                    '<failure message="ValueError: bad&#10;more">trace</failure></testcase>'
-                   '<testcase classname="tests.test_m" name="test_b" time="0.25" /></testsuite></testsuites>')
+                   '<testcase classname="tests.test_m" name="test_b" time="0.25" '
+                   '/></testsuite></testsuites>')
     parsed = gpu_check.parse_junit(xml, tmp_path)
     assert [(f["file"], f["tests"], f["duration_s"]) for f in parsed["files"]] == [("tests/test_m.py", 2, 0.75)]
     assert parsed["failures"] == [{"id": "tests/test_m.py::TestK::test_a[x.y]", "message": "ValueError: bad"}]
@@ -265,8 +268,9 @@ def test_main_runs_the_tests_then_a_notebook_and_a_second_call_replaces_only_its
 
 
 def test_the_tests_part_refuses_to_start_while_generated_docs_are_out_of_date(tmp_path, monkeypatch):
-    """README's table of runs and INSTRUCTORS.md's schedule are written from data/notebook_runs.json, and the record
-    tests compare them: rows copied in without refreshing them made a GPU check of three test runs fail twice."""
+    """README's table of runs and INSTRUCTORS.md's schedule are written from
+    data/notebook_runs.json, and the record tests compare them: rows copied in without refreshing
+    them made a GPU check of three test runs fail twice."""
     readme, guide = tmp_path / "README.md", tmp_path / "INSTRUCTORS.md"
     shutil.copy(ROOT / "README.md", readme)
     shutil.copy(ROOT / "INSTRUCTORS.md", guide)
@@ -291,8 +295,9 @@ def test_the_tests_part_refuses_to_start_while_generated_docs_are_out_of_date(tm
 
 
 def test_the_probe_names_the_commit_of_this_checkout_or_the_one_it_is_told():
-    """A copy of the working tree carries no .git: $KVLAB_GIT_COMMIT names the commit; here git answers. The probe
-    once imported ``kvlab.lab.bench`` wrongly and recorded ``commit: null`` in every part."""
+    """A copy of the working tree carries no .git: $KVLAB_GIT_COMMIT names the commit; here git
+    answers. The probe once imported ``kvlab.lab.bench`` wrongly and recorded ``commit: null`` in
+    every part."""
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVLAB_GIT_")}
     found = gpu_check.probe(env)
@@ -341,7 +346,8 @@ def test_the_slowest_cases_run_first_each_beside_another(tmp_path):
     (tmp_path / "test_six.py").write_text("".join(f"def test_{x}():\n    pass\n\n" for x in ids))
     # a conftest that sorts last, as tests/conftest.py does: the slowest cases still lead
     (tmp_path / "conftest.py").write_text(
-        "import pytest\n\n@pytest.hookimpl(trylast=True)\ndef pytest_collection_modifyitems(items):\n"
+        "import pytest\n\n@pytest.hookimpl(trylast=True)\ndef "
+        "pytest_collection_modifyitems(items):\n"
         "    items.sort(key=lambda item: item.name != 'test_f')\n")
 
     def collected(slow):
@@ -405,8 +411,8 @@ def test_merge_joins_the_records_of_several_calls_and_refuses_mixed_code(tmp_pat
 
 
 def test_the_t4_proxy_is_a_mode_of_its_own(tmp_path, monkeypatch):
-    """``--gpu-as t4`` runs the same parts with KVLAB_GPU_AS=t4 in their environment, recorded beside (not over) the
-    native runs, and ``describe`` says which is which."""
+    """``--gpu-as t4`` runs the same parts with KVLAB_GPU_AS=t4 in their environment, recorded
+    beside (not over) the native runs, and ``describe`` says which is which."""
     folder, out = tmp_path / "nbs", tmp_path / "record.json"
     folder.mkdir()
     v4 = nbformat.v4

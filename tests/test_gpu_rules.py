@@ -1,6 +1,7 @@
-"""What runs on which GPU, with the GPU queries faked (no GPU here): bf16 only where it is native, kvlab's Triton
-kernels from compute capability 8.0 (Ampere), programmatic dependent launch from 9.0 (Hopper); a T4 (7.5) gets
-float16 and the PyTorch form of the kernels. One rule, ``runtime.gpu_supports``, decides for every caller."""
+"""What runs on which GPU, with the GPU queries faked (no GPU here): bf16 only where it is native,
+kvlab's Triton kernels from compute capability 8.0 (Ampere), programmatic dependent launch from 9.0
+(Hopper); a T4 (7.5) gets float16 and the PyTorch form of the kernels. One rule,
+``runtime.gpu_supports``, decides for every caller."""
 
 from types import SimpleNamespace
 
@@ -98,8 +99,9 @@ def test_the_capability_is_asked_once_per_gpu(gpu, monkeypatch):
 
 
 def test_the_rule_is_a_constant_under_torch_compile(monkeypatch):
-    """graph-safe-compiled asks it inside its compiled step (fullgraph=True): it must not break the graph. Faked one
-    level lower than the others, since dynamo itself calls torch.cuda.is_available."""
+    """graph-safe-compiled asks it inside its compiled step (fullgraph=True): it must not break the
+    graph. Faked one level lower than the others, since dynamo itself calls
+    torch.cuda.is_available."""
     capability = {"now": T4}
     monkeypatch.setattr(runtime, "gpu_capability", lambda index=None: capability["now"])
 
@@ -115,8 +117,9 @@ def test_the_rule_is_a_constant_under_torch_compile(monkeypatch):
 @pytest.mark.skipif(common.triton is None, reason="needs Triton (the course installs it on Linux)")
 @pytest.mark.parametrize(("capability", "kernels"), [(T4, False), (A100, True), (H200, True)])
 def test_triton_kernels_only_from_ampere(gpu, capability, kernels):
-    """kvlab.kernels.common.available is what graph-safe-compiled's attention and every kernel of graph-safe-kernels
-    ask: False on a T4, so the attention stays SDPA and the kernel step runs the PyTorch form of the same math."""
+    """kvlab.kernels.common.available is what graph-safe-compiled's attention and every kernel of
+    graph-safe-kernels ask: False on a T4, so the attention stays SDPA and the kernel step runs the
+    PyTorch form of the same math."""
     gpu(capability)
     query = SimpleNamespace(device=CUDA, shape=(1, 64))  # only its device (and rows, for the GEMV) are looked at
     assert common.available(query) is kernels
@@ -170,8 +173,8 @@ H100 = (9, 0)
 
 
 def test_the_t4_proxy_answers_as_a_t4_on_an_h100(gpu, monkeypatch):
-    """Every kvlab rule answers as a T4 would (float16, no Triton kernels, no PDL, 40 multiprocessors, the name a
-    number is recorded under) while torch still reports the real GPU."""
+    """Every kvlab rule answers as a T4 would (float16, no Triton kernels, no PDL, 40
+    multiprocessors, the name a number is recorded under) while torch still reports the real GPU."""
     gpu(H100)
     assert runtime.pick_dtype(CUDA) == torch.bfloat16 and runtime.gpu_supports(CUDA, runtime.PDL)
     monkeypatch.setenv(runtime.GPU_AS_ENV, "t4")

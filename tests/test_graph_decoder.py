@@ -1,5 +1,6 @@
-"""kvlab.fusion and kvlab.graph_decoder's multi-step graphs: fewer kernels, several steps per graph, the same tokens as
-naive; the decoder's constructor stays small, and ``import kvlab`` loads no Triton."""
+"""kvlab.fusion and kvlab.graph_decoder's multi-step graphs: fewer kernels, several steps per graph,
+the same tokens as naive; the decoder's constructor stays small, and ``import kvlab`` loads no
+Triton."""
 
 import inspect
 import subprocess
@@ -107,7 +108,8 @@ def test_prefill_mask_is_causal_from_the_counter():
 
 
 def test_the_decoder_takes_at_most_eight_parameters_and_its_step_as_a_function():
-    """gpt-fast's shape: the step is a function handed to the decoder, which owns only what every step shares."""
+    """gpt-fast's shape: the step is a function handed to the decoder, which owns only what every
+    step shares."""
     params = inspect.signature(GraphSafeDecoder).parameters
     assert len(params) <= 8, list(params)
     assert params["step"].default is model_step and params["graph"].default is True
@@ -145,13 +147,15 @@ IMPORT_CHECK = ("import kvlab, sys; assert 'triton' not in sys.modules and 'torc
 
 
 def test_import_kvlab_loads_no_triton_and_no_kernels():
-    """Lesson 00's first ``import kvlab`` does not pay for Triton: a strategy imports its module when it runs."""
+    """Lesson 00's first ``import kvlab`` does not pay for Triton: a strategy imports its module
+    when it runs."""
     done = subprocess.run([sys.executable, "-c", IMPORT_CHECK], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_a_kernels_strategy_loads_the_kernels_when_it_runs():
     code = ("import kvlab, sys, torch; m = kvlab.tiny_model('tiny-llama'); ids = torch.tensor([[1, 2, 3]]); "
-            "kvlab.decode(m, ids, 2, strategy='graph-safe-kernels'); assert 'kvlab.kernels.step' in sys.modules")
+            "kvlab.decode(m, ids, 2, strategy='graph-safe-kernels'); assert 'kvlab.kernels.step' "
+            "in sys.modules")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]

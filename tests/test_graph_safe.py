@@ -1,8 +1,9 @@
-"""GraphSafeStaticCache and the "graph-safe" strategy: token-exact against "naive" on several architectures,
-several prompts through one graph, batch > 1, and every bad input refused before a tensor is touched.
+"""GraphSafeStaticCache and the "graph-safe" strategy: token-exact against "naive" on several
+architectures, several prompts through one graph, batch > 1, and every bad input refused before a
+tensor is touched.
 
-The same tests run on a CUDA GPU with real CUDA graphs (``device`` is parametrized over what is present);
-on CPU the capture is kvlab.graphs' emulation.
+The same tests run on a CUDA GPU with real CUDA graphs (``device`` is parametrized over what is
+present); on CPU the capture is kvlab.graphs' emulation.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def model_on(name: str, device: str):
 
 
 def state(cache: GraphSafeStaticCache):
-    """Everything a bad input must leave untouched: counter, addresses, and a copy of every buffer."""
+    """Everything a bad input must leave untouched: counter, addresses, and a copy of every
+    buffer."""
     return int(cache.cache_position), cache.fingerprint(), [t.clone() for layer in cache.layers for t in (layer.keys, layer.values)]
 
 
@@ -50,7 +52,8 @@ def assert_unchanged(cache, before) -> None:
     assert all(torch.equal(a, b) for a, b in zip(buffers, now, strict=True))
 
 
-# ------------------------------------------------------------------------------ token-exact, many shapes
+# ------------------------------------------------------------------------------ token-exact, many
+# shapes
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -123,7 +126,8 @@ def test_a_held_decoder_serves_several_prompts_and_calls_on_token(device, prompt
     assert torch.equal(decode_graph_safe(model, b, 5, cache=fresh), kvlab.decode(model, b, 5))
 
 
-# ------------------------------------------------------------------------------ graphs freed at the right moment
+# ------------------------------------------------------------------------------ graphs freed at the
+# right moment
 
 
 def kernels_decoder(model):
@@ -140,7 +144,8 @@ DECODER_BUILDS = {"one-step": lambda model: GraphSafeDecoder(model, 40),
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("build", DECODER_BUILDS.values(), ids=DECODER_BUILDS.keys())
 def test_a_dropped_decoder_is_freed_at_once_with_its_graphs(device, build, prompt):
-    """No reference cycle holds a decoder's graphs: `del` frees them, whenever the garbage collector would run."""
+    """No reference cycle holds a decoder's graphs: `del` frees them, whenever the garbage collector
+    would run."""
     model = model_on("tiny-llama", device)
     gc.collect()
     gc.disable()
@@ -158,9 +163,10 @@ def test_a_dropped_decoder_is_freed_at_once_with_its_graphs(device, build, promp
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_dropped_decoder_collected_inside_the_next_capture_spoils_nothing(device, prompt):
-    """The H200's failure made deterministic: a collection inside the next decoder's capture. A dropped decoder whose
-    graphs sat in a reference cycle was freed there and CUDA invalidated the capture ('operation failed due to a
-    previous error during capture'); now nothing is left for the collector to free."""
+    """The H200's failure made deterministic: a collection inside the next decoder's capture. A
+    dropped decoder whose graphs sat in a reference cycle was freed there and CUDA invalidated the
+    capture ('operation failed due to a previous error during capture'); now nothing is left for the
+    collector to free."""
     model = model_on("tiny-llama", device)
     ids = prompt(9, device=device)
     expected = kvlab.decode(model, ids, NEW)
@@ -230,7 +236,8 @@ def test_reset_is_in_place_and_the_old_recipes_reset_is_out_of_range(prompt):
         cache.reset()
     assert cache.fingerprint() == before and cache.cache_position is counter and int(counter) == 0
     assert all(layer.keys.abs().sum() == 0 and layer.values.abs().sum() == 0 for layer in cache.layers)
-    # the old recipe's literal reset on a vanilla 5.24 StaticCache: the next write targets slot max_cache_len, which does not exist
+    # the old recipe's literal reset on a vanilla 5.24 StaticCache: the next write targets slot
+    # max_cache_len, which does not exist
     vanilla = StaticCache(config=model.config, max_cache_len=24)
     with torch.inference_mode():
         model(prompt(9), cache=vanilla)
@@ -258,8 +265,8 @@ def test_one_live_counter_shared_by_every_layer(prompt):
 
 @pytest.mark.parametrize("device", DEVICES)  # lesson 05 counts on the student's device: CUDA picks other SDPA kernels
 def test_shared_counter_removes_work_per_step(prompt, device):
-    """Counted on the decode step: vanilla computes positions and advances a counter in every layer, graph-safe
-    computes the positions once and advances its one counter once."""
+    """Counted on the decode step: vanilla computes positions and advances a counter in every layer,
+    graph-safe computes the positions once and advances its one counter once."""
     config = LlamaConfig(**{**TINY_COMMON, "num_hidden_layers": 4})
     model = AutoModelForCausalLM.from_config(config).eval().to(device)
     counts = {}
@@ -277,7 +284,8 @@ def test_shared_counter_removes_work_per_step(prompt, device):
     assert sum(safe.values()) < sum(vanilla.values())
 
 
-# ------------------------------------------------------------------------------ bad input, refused first
+# ------------------------------------------------------------------------------ bad input, refused
+# first
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -311,7 +319,8 @@ def test_capture_before_the_cache_is_initialized_is_refused(device, prompt):
     with pytest.raises(GraphSafeError, match="before the cache is initialized"):
         decoder.capture_graph(decoder.one_step, decoder.token)
     assert not decoder.cache.is_initialized
-    # a hand-made capture of a step over an empty cache: refused inside lazy_initialization, nothing allocated
+    # a hand-made capture of a step over an empty cache: refused inside lazy_initialization, nothing
+    # allocated
     cache = GraphSafeStaticCache(config=model.config, max_cache_len=24)
     ids = prompt(1, device=device)
     with pytest.raises(Exception, match="not initialized yet and a step is being captured"):
@@ -401,7 +410,8 @@ def test_cache_made_in_inference_mode_can_be_reset_outside_it(prompt):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_capture_leaves_no_trace(device, prompt):
-    """After capture the counter, the token and every slot past the prompt are as before the warm-up calls."""
+    """After capture the counter, the token and every slot past the prompt are as before the warm-up
+    calls."""
     model = model_on("tiny-qwen3", device)
     decoder = GraphSafeDecoder(model, max_cache_len=32)
     ids = prompt(6, device=device)

@@ -1,4 +1,5 @@
-"""kvlab.graphs: the capture/replay contract, emulated on CPU and (on a GPU) real, with the same results."""
+"""kvlab.graphs: the capture/replay contract, emulated on CPU and (on a GPU) real, with the same
+results."""
 
 import gc
 import threading
@@ -11,7 +12,8 @@ from kvlab.graphs import CaptureError, ReplayError, capture
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: run on Colab/GPU machine")
 
-# (device, emulate): the emulation everywhere; on a GPU also the real graph and the emulation on CUDA tensors.
+# (device, emulate): the emulation everywhere; on a GPU also the real graph and the emulation on
+# CUDA tensors.
 MODES = [("cpu", None)] + ([("cuda", False), ("cuda", True)] if CUDA else [])
 MODE_IDS = ["cpu-emulated"] + (["cuda-real", "cuda-emulated"] if CUDA else [])
 
@@ -210,8 +212,9 @@ def test_real_graph_is_labelled_and_refuses_host_sync():
 
 
 class FakeCuda:
-    """The few torch.cuda calls of ``graphs._capture_cuda``, on CPU. Like torch.cuda.graph, the fake capture's
-    exit restores the current stream only when capture_end() succeeds; ``end_error`` makes capture_end() fail."""
+    """The few torch.cuda calls of ``graphs._capture_cuda``, on CPU. Like torch.cuda.graph, the fake
+    capture's exit restores the current stream only when capture_end() succeeds; ``end_error`` makes
+    capture_end() fail."""
 
     class Stream(str):
         def wait_stream(self, other):
@@ -291,8 +294,9 @@ def test_cuda_capture_refusals_become_capture_errors(monkeypatch):
 
 @pytest.mark.parametrize("how", ["item", "bool", "int", "tolist", "numpy", "asarray", "index"])
 def test_a_host_read_is_refused_with_the_same_words_by_a_cuda_capture_and_the_emulation(monkeypatch, how):
-    """The CUDA path on CPU (FakeCuda): the same CaptureError and message as the emulation, not CUDA's own error (or,
-    for .numpy() of a CUDA tensor, torch's TypeError); a tensor on another device than the capture's may be read."""
+    """The CUDA path on CPU (FakeCuda): the same CaptureError and message as the emulation, not
+    CUDA's own error (or, for .numpy() of a CUDA tensor, torch's TypeError); a tensor on another
+    device than the capture's may be read."""
     import numpy as np
 
     from kvlab import graphs
@@ -315,7 +319,8 @@ def test_a_host_read_is_refused_with_the_same_words_by_a_cuda_capture_and_the_em
 
 @pytest.mark.parametrize("how", ["repeat_interleave", "bincount", "index_put_mask", "setitem_mask", "equal", "allclose"])
 def test_data_dependent_shapes_and_python_bools_are_refused_at_capture(how):
-    """Once captured, then failing at replay with a raw shape error (or frozen on one branch): refused at capture."""
+    """Once captured, then failing at replay with a raw shape error (or frozen on one branch):
+    refused at capture."""
     def set_masked(t):
         y = t.clone()
         y[t > 1] = 0.0
@@ -336,8 +341,9 @@ FREED = "a raw graph was freed while this capture recorded"
 
 
 def test_a_step_dropped_while_another_capture_records_keeps_its_graph_until_that_capture_ends(mode):
-    """CUDA invalidates a capture during which a graph is destroyed: a captured step dropped mid-capture (here by the
-    step itself; in lesson 05, by another thread or the garbage collector) keeps its graph until the capture ends."""
+    """CUDA invalidates a capture during which a graph is destroyed: a captured step dropped
+    mid-capture (here by the step itself; in lesson 05, by another thread or the garbage collector)
+    keeps its graph until the capture ends."""
     import weakref
 
     device, emulate = mode
@@ -360,7 +366,8 @@ def test_a_step_dropped_while_another_capture_records_keeps_its_graph_until_that
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
 def test_a_raw_graph_freed_while_a_step_records_spoils_that_capture_with_the_same_words(device):
-    """A raw CUDAGraph of your own is not kvlab's to keep: CUDA's rule holds, and the emulation refuses it alike."""
+    """A raw CUDAGraph of your own is not kvlab's to keep: CUDA's rule holds, and the emulation
+    refuses it alike."""
     from kvlab.graphs import cuda_or_emulation
 
     cuda = cuda_or_emulation(device)
@@ -392,7 +399,8 @@ def test_automatic_garbage_collection_pauses_while_a_step_records(mode):
 
 
 def test_a_capture_in_one_thread_leaves_other_threads_and_torch_unchanged():
-    """Host reads are refused in the capturing thread only, and torch.Tensor's methods are the same afterwards."""
+    """Host reads are refused in the capturing thread only, and torch.Tensor's methods are the same
+    afterwards."""
     originals = {name: torch.Tensor.__dict__.get(name) for name in ("item", "__int__", "__bool__", "tolist")}
     recording, other_thread_read = threading.Event(), threading.Event()
     reads = []
@@ -422,10 +430,11 @@ DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
 @pytest.mark.parametrize("other", ["graph-safe", "static"], ids=["both-capture", "one-eager"])
 @pytest.mark.parametrize("device", DEVICES)
 def test_two_threads_decoding_their_own_models_through_graphs_get_right_tokens(device, other):
-    """Each thread's captures wait for the other's (one at a time per process), and eager work in another thread
-    runs beside a capture. At 0aea04c most of these decodes raised CaptureError and afterwards int(tensor) raised it
-    in the main thread too; at cf5e8e4, on the H200, CUDA's "global" capture mode refused the other thread's work
-    (8 of 12 decodes raised), and the device-wide sync after one thread's warm-up spoiled the other's capture."""
+    """Each thread's captures wait for the other's (one at a time per process), and eager work in
+    another thread runs beside a capture. At 0aea04c most of these decodes raised CaptureError and
+    afterwards int(tensor) raised it in the main thread too; at cf5e8e4, on the H200, CUDA's
+    "global" capture mode refused the other thread's work (8 of 12 decodes raised), and the
+    device-wide sync after one thread's warm-up spoiled the other's capture."""
     import kvlab
     from kvlab.lab.models import tiny_model
 
@@ -453,7 +462,8 @@ def test_two_threads_decoding_their_own_models_through_graphs_get_right_tokens(d
 
 
 def test_a_capture_inside_a_warm_up_call_is_refused_not_a_deadlock():
-    """The capture lock is held from the first warm-up call: a step that captures inside itself gets an error."""
+    """The capture lock is held from the first warm-up call: a step that captures inside itself gets
+    an error."""
     def step(t):
         capture(lambda u: u * 2, t, warmup=0)
         return t + 1
@@ -463,10 +473,12 @@ def test_a_capture_inside_a_warm_up_call_is_refused_not_a_deadlock():
     assert capture(lambda t: t + 1, torch.ones(2), warmup=1).replay().tolist() == [2.0, 2.0]
 
 
-# ---- PyTorch's raw recipe, the same lines on every machine (lesson 04) ----------------------------------------------
+# ---- PyTorch's raw recipe, the same lines on every machine (lesson 04)
+# ----------------------------------------------
 
 def raw_recipe(cuda, device, step, static_x, warmup: int = 3):
-    """torch.cuda's documented capture recipe, written against ``cuda`` (torch.cuda or EMULATED_CUDA)."""
+    """torch.cuda's documented capture recipe, written against ``cuda`` (torch.cuda or
+    EMULATED_CUDA)."""
     side = cuda.Stream()
     side.wait_stream(cuda.current_stream())
     with cuda.stream(side):

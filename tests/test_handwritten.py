@@ -1,4 +1,5 @@
-"""kvlab.handwritten: token-exact with the naive loop on several architectures, bytes held, bytes copied."""
+"""kvlab.handwritten: token-exact with the naive loop on several architectures, bytes held, bytes
+copied."""
 
 import pytest
 import torch

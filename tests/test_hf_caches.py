@@ -1,4 +1,5 @@
-"""kvlab.hf_caches and kvlab.cache_view: HF caches in the course's loop, token-exact against the naive loop."""
+"""kvlab.hf_caches and kvlab.cache_view: HF caches in the course's loop, token-exact against the
+naive loop."""
 
 import matplotlib
 import pytest
@@ -169,8 +170,9 @@ def test_counted_compile_counts_a_recompile_per_python_int_and_none_for_a_tensor
         a(torch.tensor([i + 1.0]))
         b(torch.tensor([i + 1.0]))
         state["pos"] += 1
-    # the int costs recompiles (one per value for a global, as lesson 03 shows; from a closure, as here, Dynamo may
-    # make it symbolic after the first recompile): a recompile either way, never a frozen value
+    # the int costs recompiles (one per value for a global, as lesson 03 shows; from a closure, as
+    # here, Dynamo may make it symbolic after the first recompile): a recompile either way, never a
+    # frozen value
     assert a.compiles == 1 and a.calls == 4 and b.compiles >= 2
     assert buf_t.tolist()[:5] == buf_i.tolist()[:5] == [1.0, 2.0, 3.0, 4.0, 0.0]  # recompiled, never stale
 
@@ -186,8 +188,9 @@ def test_a_static_cache_kvlab_filled_can_be_reset_outside_inference_mode(llama, 
 
 
 def test_a_sliding_window_static_cache_needs_only_the_window():
-    """transformers 5.24's sliding-window StaticCache layers hold min(max_cache_len, window) slots and roll: any
-    max_cache_len >= min(prompt + new - 1, window) is token-exact, a smaller one is refused saying so."""
+    """transformers 5.24's sliding-window StaticCache layers hold min(max_cache_len, window) slots
+    and roll: any max_cache_len >= min(prompt + new - 1, window) is token-exact, a smaller one is
+    refused saying so."""
     import transformers
 
     from kvlab.lab.models import TINY_COMMON

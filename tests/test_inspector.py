@@ -1,6 +1,7 @@
-"""kvlab.lab.inspector, driven without a browser: what each frame says about a hand-written cache growing, a vanilla
-StaticCache under (emulated) replay beside eager, and the graph-safe cache serving two prompts through one graph;
-the widget's slider and dropdown redraw it; bad input is refused with a clear error."""
+"""kvlab.lab.inspector, driven without a browser: what each frame says about a hand-written cache
+growing, a vanilla StaticCache under (emulated) replay beside eager, and the graph-safe cache
+serving two prompts through one graph; the widget's slider and dropdown redraw it; bad input is
+refused with a clear error."""
 
 import re
 
@@ -98,7 +99,8 @@ def test_graph_safe_cache_over_two_prompts_in_one_graph(prompt):
     assert decoder.prefill_graph.replays == 2  # both prompts through the one captured prefill
     inspection = Inspection(runs)
     trash = decoder.max_cache_len
-    # layer 1: in layer 0 the pad id 0 has a zero embedding, so its key is zero and the trash slot looks empty
+    # layer 1: in layer 0 the pad id 0 has a zero embedding, so its key is zero and the trash slot
+    # looks empty
     for frame, length in zip(inspection.frames(0, 1), (11, 7), strict=True):
         assert frame.trash == trash and frame.trash_written  # the padded rows' keys went to the trash slot
         assert frame.padding == [] and frame.beyond == []  # nothing of the padding in the visible slots

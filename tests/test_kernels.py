@@ -1,10 +1,12 @@
-"""kvlab.kernels: each kernel equals its PyTorch form (or SDPA), the GEMM dispatch picks the path it says, both
-attention kernels share one online softmax and combine, and decodes through the kernels equal naive.
+"""kvlab.kernels: each kernel equals its PyTorch form (or SDPA), the GEMM dispatch picks the path it
+says, both attention kernels share one online softmax and combine, and decodes through the kernels
+equal naive.
 
-On CUDA the kernels run natively; on a CPU they run in Triton's interpreter (``TRITON_INTERPRET=1``), which
-needs the ``triton`` package (CUDA builds of torch bring it; on a CPU-only machine ``pip install triton``): the
-checks run once in a subprocess (the ``interpreted`` fixture). The tests below that fixture's checks run the PyTorch
-form in this process (what a CPU without the interpreter runs).
+On CUDA the kernels run natively; on a CPU they run in Triton's interpreter
+(``TRITON_INTERPRET=1``), which needs the ``triton`` package (CUDA builds of torch bring it; on a
+CPU-only machine ``pip install triton``): the checks run once in a subprocess (the ``interpreted``
+fixture). The tests below that fixture's checks run the PyTorch form in this process (what a CPU
+without the interpreter runs).
 """
 
 import importlib.util
@@ -40,13 +42,13 @@ CASES = {  # batch, heads, kv_heads, cache slots, head_dim, valid slots, dtype
 
 
 def tokens(cuda: int, cpu: int) -> int:
-    """A decode's length: shorter in the CPU interpreter (seconds per token there), still ending on a partial
-    multi-step call where the CUDA length does."""
+    """A decode's length: shorter in the CPU interpreter (seconds per token there), still ending on
+    a partial multi-step call where the CUDA length does."""
     return cuda if DEVICE == "cuda" else cpu
 
 
-# on CUDA every model with and without a real graph; in the CPU interpreter (about 10 s each, and "graph" is the
-# emulation there) each model once and each graph setting once
+# on CUDA every model with and without a real graph; in the CPU interpreter (about 10 s each, and
+# "graph" is the emulation there) each model once and each graph setting once
 # In the CPU interpreter only eagerly: its emulated capture records the kernel's PyTorch form (see
 # check_kernel_step_decode), so with a graph the tokens compared would not be the kernel's
 DECODES = ([(name, graph) for name in ("tiny-llama", "tiny-qwen2") for graph in (False, True)] if DEVICE == "cuda"
@@ -68,7 +70,8 @@ def check_kernel(case: str, with_mask: bool) -> None:
 
 def greedy_decode(model, ids: torch.Tensor, n: int, next_token) -> torch.Tensor:
     """Prefill ``ids`` through ``model`` into a fresh graph-safe cache, then ``n - 1`` calls of
-    ``next_token(cache, token)`` (each writes the next token into ``token [batch, 1]``) -> ``[batch, n]``."""
+    ``next_token(cache, token)`` (each writes the next token into ``token [batch, 1]``) -> ``[batch,
+    n]``."""
     from kvlab.graph_safe_cache import GraphSafeStaticCache
 
     cache = GraphSafeStaticCache(config=model.config, max_cache_len=48)
@@ -84,15 +87,16 @@ def greedy_decode(model, ids: torch.Tensor, n: int, next_token) -> torch.Tensor:
 
 
 def counting(module, name: str, calls: list, record=lambda *a: True):
-    """Replace ``module.name`` by a wrapper that appends ``record(*args)`` to ``calls``; returns the restorer."""
+    """Replace ``module.name`` by a wrapper that appends ``record(*args)`` to ``calls``; returns the
+    restorer."""
     run = getattr(module, name)
     setattr(module, name, lambda *a, **kw: calls.append(record(*a)) or run(*a, **kw))
     return lambda: setattr(module, name, run)
 
 
 def check_attention_decode(name: str) -> None:
-    """A decode whose attention is ``decode_attention`` (the fused copy with ``attention="triton"``), step by step
-    through the model's forward: token-exact against naive."""
+    """A decode whose attention is ``decode_attention`` (the fused copy with
+    ``attention="triton"``), step by step through the model's forward: token-exact against naive."""
     model = tiny_model(name).to(DEVICE)
     fast = fusion.fused_copy(model, attention="triton")
     calls = []
@@ -129,7 +133,8 @@ def check_decode(name: str, graph: bool) -> None:
 
 
 def check_compiled_decode() -> None:
-    """The kernel inside a torch.compile'd step (a custom op: inductor calls it as it is), several steps per call."""
+    """The kernel inside a torch.compile'd step (a custom op: inductor calls it as it is), several
+    steps per call."""
     from kvlab.graph_decoder import GraphSafeDecoder, model_step
 
     model = tiny_model("tiny-llama").to(DEVICE)
@@ -165,7 +170,8 @@ def dtype_of(gemv_case: tuple) -> torch.dtype:
 
 
 def gemv_inputs(case: str, rows: int | None = None):
-    """(x, weight, keyword arguments) of a GEMVS case, with ``rows`` rows instead of the case's if given."""
+    """(x, weight, keyword arguments) of a GEMVS case, with ``rows`` rows instead of the case's if
+    given."""
     case_rows, n, k, opts = GEMVS[case]
     rows = rows or case_rows
     dtype = opts.get("dtype", torch.float32)
@@ -191,9 +197,10 @@ def check_gemv(case: str, tiles: bool = False) -> None:
 
 
 def check_stacked_gemv(case: str, tiles: bool = False) -> None:
-    """A weight (and bias) given as parts stacked along N gives exactly the outputs of the concatenated weight: each
-    output is the same program's sum in the same order, its row only read from where the part lies. Parts of 3 and
-    2 (q/k/v, gate/up), cut off the block sizes; the PyTorch form of the parts equals the kernel's too."""
+    """A weight (and bias) given as parts stacked along N gives exactly the outputs of the
+    concatenated weight: each output is the same program's sum in the same order, its row only read
+    from where the part lies. Parts of 3 and 2 (q/k/v, gate/up), cut off the block sizes; the
+    PyTorch form of the parts equals the kernel's too."""
     x, w, kwargs = gemv_inputs(case, rows=TILE_ROWS if tiles else None)
     whole = gemv_module.gemv(x, w, **kwargs, tiles=tiles)
     n, k = w.shape
@@ -217,8 +224,8 @@ SPLIT_TILE = (16, 32, 32, 4, 3)  # K shared by 3 programs: uneven shares, and wi
 
 
 def split_k(check, *args) -> None:
-    """``check`` with every tile launch split along K (``SPLIT_TILE``): its sums published and added by the last
-    program to arrive."""
+    """``check`` with every tile launch split along K (``SPLIT_TILE``): its sums published and added
+    by the last program to arrive."""
     chosen = gemv_module.tile_choice
     gemv_module.tile_choice = lambda rows, n, k: SPLIT_TILE
     try:
@@ -228,8 +235,9 @@ def split_k(check, *args) -> None:
 
 
 def many_units(check, *args, count: int = 10_000) -> None:
-    """``check`` as on a GPU of ``count`` multiprocessors (``common.multiprocessors``); by default more than any launch here
-    has programs: what ``fill_splits`` and the prefill attention plan for a small batch on an H100 or H200."""
+    """``check`` as on a GPU of ``count`` multiprocessors (``common.multiprocessors``); by default
+    more than any launch here has programs: what ``fill_splits`` and the prefill attention plan for
+    a small batch on an H100 or H200."""
     saved = common.multiprocessors
     common.multiprocessors = lambda device: count
     try:
@@ -239,14 +247,15 @@ def many_units(check, *args, count: int = 10_000) -> None:
 
 
 def one_unit(check, *args) -> None:
-    """``check`` as on a GPU of one multiprocessor: the prefill attention keeps ``PREFILL_TILE``'s widest tiles."""
+    """``check`` as on a GPU of one multiprocessor: the prefill attention keeps ``PREFILL_TILE``'s
+    widest tiles."""
     many_units(check, *args, count=1)
 
 
 def check_split_counters(case: str) -> None:
-    """A split tile launch counting its arrivals in given counters (``gemv(counters=...)``) gives exactly the
-    outputs of one with counters made per call and leaves them at zero; counters too few for the launch are not
-    touched (it makes its own)."""
+    """A split tile launch counting its arrivals in given counters (``gemv(counters=...)``) gives
+    exactly the outputs of one with counters made per call and leaves them at zero; counters too few
+    for the launch are not touched (it makes its own)."""
     x, w, kwargs = gemv_inputs(case, rows=TILE_ROWS)
     alone = gemv_module.gemv(x, w, **kwargs, tiles=True)
     cells = -(-x.shape[0] // SPLIT_TILE[0]) * -(-w.shape[0] // SPLIT_TILE[1])
@@ -267,8 +276,9 @@ ATTENTIONS = {  # batch, heads, kv_heads, slots, head_dim, position (the counter
 FILL_CASES = ["three-splits", "long-bf16", "many-rows"]  # where fill_splits changes the split plan (on a GPU: many-rows)
 
 
-# Triton's CPU interpreter multiplies bfloat16 operands of tl.dot wrongly (triton-lang/triton#11584), so there the
-# tl.dot attention is checked in float32 only; on a GPU in both dtypes
+# Triton's CPU interpreter multiplies bfloat16 operands of tl.dot wrongly
+# (triton-lang/triton#11584), so there the tl.dot attention is checked in float32 only; on a GPU in
+# both dtypes
 DOT_DTYPES = (torch.float32, torch.bfloat16) if DEVICE == "cuda" else (torch.float32,)
 SPLIT_COUNTER_CASES = [case for case in ("rmsnorm-bias", "silu-mul-residual") if dtype_of(GEMVS[case]) in DOT_DTYPES]
 BF16_DOT_SKIP = ("Triton's CPU interpreter multiplies bfloat16 tl.dot operands wrongly (triton-lang/triton#11584); "
@@ -276,7 +286,8 @@ BF16_DOT_SKIP = ("Triton's CPU interpreter multiplies bfloat16 tl.dot operands w
 
 
 def on_tensor_cores(case: str, dtype: torch.dtype):
-    """``case``, skipped with the reason where Triton's interpreter cannot check a bfloat16 ``tl.dot``."""
+    """``case``, skipped with the reason where Triton's interpreter cannot check a bfloat16
+    ``tl.dot``."""
     return case if dtype in DOT_DTYPES else pytest.param(case, marks=pytest.mark.skip(reason=BF16_DOT_SKIP))
 
 
@@ -311,10 +322,11 @@ PREFILLS = {  # batch, heads, kv_heads, slots, head_dim, prompt rows T, valid ro
 
 
 def check_prefill_attention(case: str) -> None:
-    """``rope_cache_prefill_attention`` equals its PyTorch form on the prompt's rows and writes the same keys and
-    values; padded rows stay finite; nothing past the prompt is written. The cache's buffers are views into larger
-    ones of NaN, so a read past their slots (the counter or the prompt past the cache's end) would show in the
-    output. Run it under ``one_unit`` (the widest tiles) and ``many_units`` (the fewest rows a tile takes)."""
+    """``rope_cache_prefill_attention`` equals its PyTorch form on the prompt's rows and writes the
+    same keys and values; padded rows stay finite; nothing past the prompt is written. The cache's
+    buffers are views into larger ones of NaN, so a read past their slots (the counter or the prompt
+    past the cache's end) would show in the output. Run it under ``one_unit`` (the widest tiles) and
+    ``many_units`` (the fewest rows a tile takes)."""
     b, heads, kv_heads, slots, d, t, valid, start, dtype = PREFILLS[case]
     gen = torch.Generator().manual_seed(slots + t)
     rand = lambda *shape: torch.randn(*shape, generator=gen).to(DEVICE, dtype)  # noqa: E731
@@ -337,10 +349,10 @@ def check_prefill_attention(case: str) -> None:
 
 
 def check_kernel_prefill_decode(name: str) -> None:
-    """Decodes whose prefill runs through the kernels (``kernel_prefill``, the default at these few rows),
-    token-exact against naive: three prompts through one decoder, padded to one bucket (through its graphs on CUDA,
-    eagerly in the CPU interpreter, as ``check_kernel_step_decode`` says why), and one unpadded prompt without a
-    captured prefill."""
+    """Decodes whose prefill runs through the kernels (``kernel_prefill``, the default at these few
+    rows), token-exact against naive: three prompts through one decoder, padded to one bucket
+    (through its graphs on CUDA, eagerly in the CPU interpreter, as ``check_kernel_step_decode``
+    says why), and one unpadded prompt without a captured prefill."""
     from kvlab.kernels.decoder import decode_graph_safe_kernels, kernels_decoder
 
     model = tiny_model(name).to(DEVICE)
@@ -371,8 +383,8 @@ HEADS = {  # rows, vocabulary, hidden, dtype
 
 
 def head_inputs(case: str, rows: int | None = None):
-    """(x, weight, norm) of a HEADS case whose LM head has ties: the largest logit of row 0 also at the last index,
-    and at index 3 when that comes first (another block)."""
+    """(x, weight, norm) of a HEADS case whose LM head has ties: the largest logit of row 0 also at
+    the last index, and at index 3 when that comes first (another block)."""
     case_rows, vocab, hidden, dtype = HEADS[case]
     gen = torch.Generator().manual_seed(vocab)
     x = torch.randn(rows or case_rows, hidden, generator=gen).to(DEVICE, dtype)
@@ -385,8 +397,8 @@ def head_inputs(case: str, rows: int | None = None):
 
 
 def check_greedy_head(case: str, tiles: bool = False) -> None:
-    """The LM head + argmax kernels choose what argmax of the logits chooses, the FIRST index on ties, and
-    advance the counter."""
+    """The LM head + argmax kernels choose what argmax of the logits chooses, the FIRST index on
+    ties, and advance the counter."""
     x, w, norm = head_inputs(case, rows=TILE_ROWS if tiles else None)
     assert gemv_module.kernel_path(x, tiles) == ("tile" if tiles else "gemv"), "the check would test another path"
     token, position = torch.zeros(x.shape[0], 1, dtype=torch.long, device=DEVICE), torch.tensor(5, device=DEVICE)
@@ -410,8 +422,9 @@ def refuse_launch(*args):
 
 
 def check_gemm_dispatch(max_rows: int = 2) -> None:
-    """With ``GEMV_MAX_ROWS = max_rows`` (set on the module, read at each call): more rows run the PyTorch form
-    (equal to it, exactly: the launch is never reached), at most ``max_rows`` rows launch the kernel."""
+    """With ``GEMV_MAX_ROWS = max_rows`` (set on the module, read at each call): more rows run the
+    PyTorch form (equal to it, exactly: the launch is never reached), at most ``max_rows`` rows
+    launch the kernel."""
     saved_rows, saved_launch = gemv_module.GEMV_MAX_ROWS, gemv_module._launch_gemv
     gemv_module.GEMV_MAX_ROWS, gemv_module._launch_gemv = max_rows, refuse_launch
     try:
@@ -435,8 +448,8 @@ def check_gemm_dispatch(max_rows: int = 2) -> None:
 
 
 def kernel_step_decode(model, ids: torch.Tensor, n: int, **options) -> torch.Tensor:
-    """Prefill through the fused copy, then ``step.kernel_step(..., **options)`` for each further token ->
-    ``[batch, n]``."""
+    """Prefill through the fused copy, then ``step.kernel_step(..., **options)`` for each further
+    token -> ``[batch, n]``."""
     step.check_supported(model)
     fast = fusion.fused_copy(model, attention=False)
     counters = step.arrival_counters(fast, ids.shape[0], ids.device)
@@ -462,10 +475,11 @@ def check_kernel_step(name: str, dot_attention: bool = False, tiles: bool = Fals
 
 
 def check_kernel_step_decode(name: str) -> None:
-    """The whole step through the kernels, token-exact against naive, on two prompts through one decoder: through its
-    graphs on CUDA, eagerly in the CPU interpreter. There the emulated capture records the kernels' PyTorch form (it
-    cannot see a Triton launch), so the interpreted kernels would run only in the warm-ups, whose results the decoder
-    throws away, and the tokens compared would be the PyTorch form's (which tests/test_strategies.py checks)."""
+    """The whole step through the kernels, token-exact against naive, on two prompts through one
+    decoder: through its graphs on CUDA, eagerly in the CPU interpreter. There the emulated capture
+    records the kernels' PyTorch form (it cannot see a Triton launch), so the interpreted kernels
+    would run only in the warm-ups, whose results the decoder throws away, and the tokens compared
+    would be the PyTorch form's (which tests/test_strategies.py checks)."""
     from kvlab.kernels.decoder import decode_graph_safe_kernels
 
     model = tiny_model(name).to(DEVICE)
@@ -484,10 +498,11 @@ def check_kernel_step_decode(name: str) -> None:
 
 
 def check_speculative_kernels(name: str) -> None:
-    """Speculation over the kernels (``graph-safe-speculative/kernels``): the prefill, the verify of k + 1 rows
-    (the prefill's causal attention kernel) and the rollback, token-exact against naive on a prompt that repeats
-    itself (drafts found and some kept) and on one of random tokens; eagerly in the CPU interpreter (as
-    ``check_kernel_step_decode`` says why), through its graphs on CUDA."""
+    """Speculation over the kernels (``graph-safe-speculative/kernels``): the prefill, the verify of
+    k + 1 rows (the prefill's causal attention kernel) and the rollback, token-exact against naive
+    on a prompt that repeats itself (drafts found and some kept) and on one of random tokens;
+    eagerly in the CPU interpreter (as ``check_kernel_step_decode`` says why), through its graphs on
+    CUDA."""
     from kvlab.kernels.decoder import decode_speculative_kernels, speculative_kernels_decoder
 
     model = tiny_model(name).to(DEVICE)
@@ -512,8 +527,9 @@ def check_speculative_kernels(name: str) -> None:
 
 
 ATTENTION_DECODES = ["tiny-llama", "tiny-qwen2"]  # Qwen2 has q/k/v biases
-# Triton's CPU interpreter takes about 4.5 s per decode step, so there each architecture runs one of the two
-# kernel-step checks: Llama the plain function, Qwen2 the decoder (several prompts, eagerly: 35 s)
+# Triton's CPU interpreter takes about 4.5 s per decode step, so there each architecture runs one of
+# the two kernel-step checks: Llama the plain function, Qwen2 the decoder (several prompts, eagerly:
+# 35 s)
 KERNEL_STEP_DECODES = ATTENTION_DECODES if DEVICE == "cuda" else ["tiny-llama"]
 DECODER_KERNEL_STEPS = ATTENTION_DECODES if DEVICE == "cuda" else ["tiny-qwen2"]
 SPECULATIVE_DECODES = ATTENTION_DECODES if DEVICE == "cuda" else ["tiny-llama"]
@@ -568,8 +584,9 @@ def run_checks() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def interpreted():
-    """None on CUDA (checks run in this process); on CPU, the results of all checks run once in a subprocess
-    under ``TRITON_INTERPRET=1`` (Triton reads it when it is first imported, so it cannot be switched on here)."""
+    """None on CUDA (checks run in this process); on CPU, the results of all checks run once in a
+    subprocess under ``TRITON_INTERPRET=1`` (Triton reads it when it is first imported, so it cannot
+    be switched on here)."""
     if DEVICE == "cuda":
         return None
     env = os.environ | {"TRITON_INTERPRET": "1"}
@@ -627,14 +644,15 @@ def test_rope_cache_attention_on_tensor_cores_matches_reference(interpreted, cas
 
 @pytest.mark.parametrize("case", FILL_CASES)
 def test_rope_cache_attention_filling_the_gpu_once_matches_reference(interpreted, case):
-    """``fill_splits=True``: fewer programs per (row, kv head), each walking more blocks of the cache; in the
-    interpreter, where two cores stand in for the multiprocessors, every case runs one program per pair."""
+    """``fill_splits=True``: fewer programs per (row, kv head), each walking more blocks of the
+    cache; in the interpreter, where two cores stand in for the multiprocessors, every case runs one
+    program per pair."""
     outcome(interpreted, f"rope-cache-attention-{case}-fill", check_rope_cache_attention, case, False, True)
 
 
 def test_fill_splits_gives_each_multiprocessor_one_program():
-    """One program per pair from as many pairs as multiprocessors (a CPU's cores where the kernels are interpreted),
-    enough programs per pair for one wave below."""
+    """One program per pair from as many pairs as multiprocessors (a CPU's cores where the kernels
+    are interpreted), enough programs per pair for one wave below."""
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     for device in devices:
         units = (torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda"
@@ -686,8 +704,8 @@ def test_split_k_tile_kernel_counts_in_given_counters_and_leaves_them_zero(inter
 
 @pytest.mark.parametrize("name", KERNEL_STEP_DECODES)
 def test_kernel_step_with_every_matmul_split_shares_the_decoders_counters(interpreted, name):
-    """Every tile launch split along K, counting in the step's ``counters`` beside the attention kernel: token-exact,
-    and the counters left at zero (``kernel_step_decode`` asserts it)."""
+    """Every tile launch split along K, counting in the step's ``counters`` beside the attention
+    kernel: token-exact, and the counters left at zero (``kernel_step_decode`` asserts it)."""
     outcome(interpreted, f"kernel-step-{name}-tiles-split", split_k, check_kernel_step, name, False, True)
 
 
@@ -749,17 +767,19 @@ def test_prefill_attention_kernel_matches_reference(interpreted, case):
 
 @pytest.mark.parametrize("case", [on_tensor_cores(case, PREFILLS[case][-1]) for case in PREFILLS])
 def test_prefill_attention_in_tiles_that_fill_the_gpu_matches_reference(interpreted, case):
-    """Where the GPU has more multiprocessors than the prompt has tiles: 16 query rows a program (the fewest a
-    ``tl.dot`` tile takes), several programs over one prompt's positions."""
+    """Where the GPU has more multiprocessors than the prompt has tiles: 16 query rows a program
+    (the fewest a ``tl.dot`` tile takes), several programs over one prompt's positions."""
     outcome(interpreted, f"prefill-attention-{case}-fill", many_units, check_prefill_attention, case)
 
 
 def test_prefill_rows_shrink_until_the_programs_fill_the_gpu(monkeypatch):
-    """``prefill_rows``: PREFILL_TILE's rows where the launch fills the multiprocessors, halved (not below
-    ``common.DOT_ROWS``) while it would not; SmolLM2's 64-token prompt on 132 multiprocessors."""
+    """``prefill_rows``: PREFILL_TILE's rows where the launch fills the multiprocessors, halved (not
+    below ``common.DOT_ROWS``) while it would not; SmolLM2's 64-token prompt on 132
+    multiprocessors."""
     monkeypatch.setattr(common, "multiprocessors", lambda device: 132)
     cpu = torch.device("cpu")
-    # pairs (batch x kv heads), prompt rows T, query heads per kv head padded, most rows -> rows per program
+    # pairs (batch x kv heads), prompt rows T, query heads per kv head padded, most rows -> rows per
+    # program
     assert attention.prefill_rows(3, 64, 4, 64, cpu) == 16  # batch 1: 3 x 16 tiles of 4 positions = 48 programs
     assert attention.prefill_rows(48, 64, 4, 64, cpu) == 64  # batch 16: 48 x 4 tiles = 192 programs, enough
     assert attention.prefill_rows(24, 64, 4, 64, cpu) == 32  # 24 x 4 = 96 too few; 24 x 8 = 192
@@ -784,8 +804,9 @@ def test_speculation_over_the_kernels_is_token_exact(interpreted, name):
 
 
 def test_both_attention_kernels_share_one_online_softmax_and_combine():
-    """The softmax arithmetic is written once, in kvlab.kernels.common: the attention kernels call its helpers
-    and compute no exponential of their own (their results are checked against the references above)."""
+    """The softmax arithmetic is written once, in kvlab.kernels.common: the attention kernels call
+    its helpers and compute no exponential of their own (their results are checked against the
+    references above)."""
     for kernel in (attention._partial_kernel, attention._rope_cache_attention_kernel,
                    attention._prefill_attention_kernel):
         assert "attend(" in kernel.src and "softmax_start(" in kernel.src and "tl.exp" not in kernel.src
@@ -797,8 +818,8 @@ def test_both_attention_kernels_share_one_online_softmax_and_combine():
 
 
 def test_gemm_dispatch_reads_gemv_max_rows_at_each_call(monkeypatch):
-    """Where the kernels would run (forced here, so no interpreter is needed), more than ``GEMV_MAX_ROWS`` rows never
-    reach the launch and equal the PyTorch form; fewer do reach it."""
+    """Where the kernels would run (forced here, so no interpreter is needed), more than
+    ``GEMV_MAX_ROWS`` rows never reach the launch and equal the PyTorch form; fewer do reach it."""
     monkeypatch.setattr(common, "available", lambda x: True)
     check_gemm_dispatch(max_rows=1)
     check_gemm_dispatch(max_rows=3)
@@ -817,7 +838,8 @@ def test_unsupported_shapes_fall_back():
     assert not attention.supports(one, k, k.transpose(1, 2).contiguous().transpose(1, 2), None)  # values laid out unlike keys
 
 
-# ---- the decode step in its PyTorch form (what a CPU runs; the kernels are checked against it above) ----
+# ---- the decode step in its PyTorch form (what a CPU runs; the kernels are checked against it
+# above) ----
 
 @pytest.fixture
 def pytorch_form(monkeypatch):
@@ -834,8 +856,8 @@ def test_kernel_step_in_pytorch_form_is_token_exact(pytorch_form, name):
 
 
 def test_arrival_counters_hold_the_attentions_and_the_split_matmuls_of_every_batch_row():
-    """One per (row, kv head) for attention, and enough for a split tile launch over the hidden size: tiles of at
-    least 16 rows times blocks of at least 16 outputs."""
+    """One per (row, kv head) for attention, and enough for a split tile launch over the hidden
+    size: tiles of at least 16 rows times blocks of at least 16 outputs."""
     for name in ("tiny-llama", "smollm2"):
         model = tiny_model("tiny-llama") if name == "tiny-llama" else random_smollm2(layers=1)
         config = model.config
@@ -891,8 +913,9 @@ def test_the_captured_prefill_serves_every_prompt_of_its_bucket_and_refuses_a_lo
 
 def test_kernels_decoder_reads_the_models_weights_and_prefills_through_the_kernels_up_to_the_measured_rows(
         pytorch_form, monkeypatch):
-    """The strategy's defaults: no fused copy (the decoder runs the caller's model), and the prefill through the
-    kernels while batch x bucket is at most KERNEL_PREFILL_MAX_ROWS, the model's forward above; either way exact."""
+    """The strategy's defaults: no fused copy (the decoder runs the caller's model), and the prefill
+    through the kernels while batch x bucket is at most KERNEL_PREFILL_MAX_ROWS, the model's forward
+    above; either way exact."""
     from kvlab.kernels import decoder as kernels
 
     model = tiny_model("tiny-llama")

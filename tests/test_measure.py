@@ -1,4 +1,5 @@
-"""kvlab.lab.measure: per-step timing, warm-up apart, memory, and the record every measurement carries."""
+"""kvlab.lab.measure: per-step timing, warm-up apart, memory, and the record every measurement
+carries."""
 
 import json
 import statistics
@@ -48,7 +49,8 @@ def test_time_decode_subtracts_the_prefill_and_keeps_the_warmup_apart():
 
     timing = measure.time_decode(run, 5, "cpu", repeats=2, warmup_tokens=4, label="x")
     assert [n for n, _ in calls] == [4, 1, 1, 5, 1, 5] and all(t is None for _, t in calls)  # no clock: no sync per token
-    # warm-up (4), the one-token call's own untimed first use, then T(1) and T(5) in turns, twice each
+    # warm-up (4), the one-token call's own untimed first use, then T(1) and T(5) in turns, twice
+    # each
     assert timing.step_seconds is None and timing.batch == 3 and timing.new_tokens == 5
     assert timing.ms_per_token == pytest.approx(1e3 * (timing.total_seconds - timing.prefill_seconds) / 4)
     # each repeat is kept, in the order run, and the record shows them beside their medians
@@ -142,7 +144,8 @@ def test_time_call():
 
 
 def test_a_step_time_that_comes_out_negative_is_refused():
-    """T(n) <= T(1) (a busy machine): refused with what to do, never recorded as a negative or zero step time."""
+    """T(n) <= T(1) (a busy machine): refused with what to do, never recorded as a negative or zero
+    step time."""
     def run(n, on_token):
         time.sleep(0.02 if n == 1 else 0.0)  # the 1-token decode is the slow one
         return torch.zeros(1, n, dtype=torch.long)
@@ -193,7 +196,8 @@ def test_profile_steps_leaves_a_new_lengths_set_up_out_of_the_step():
 
 @pytest.mark.parametrize("cache_class", ["StaticCache", "GraphSafeStaticCache"])
 def test_step_op_counts_equal_a_make_fx_trace(model, cache_class):
-    """What step_op_counts' docstring and lesson 05 say: the counts of a make_fx trace of the step, op by op."""
+    """What step_op_counts' docstring and lesson 05 say: the counts of a make_fx trace of the step,
+    op by op."""
     import transformers
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -222,8 +226,9 @@ def test_allocated_by_counts_the_allocators_blocks_on_cuda_and_nothing_elsewhere
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="cuBLAS workspaces exist only on a CUDA GPU: run the suite "
                     "there (python3 tools/gpu_check.py --parts tests)")
 def test_free_unreferenced_drops_the_cublas_workspace_a_capture_stream_left():
-    """A matmul on a stream of its own (as every capture's warm-up runs) leaves a cuBLAS workspace allocated; the
-    benchmark frees it between strategies, or the next strategy's peak would count it."""
+    """A matmul on a stream of its own (as every capture's warm-up runs) leaves a cuBLAS workspace
+    allocated; the benchmark frees it between strategies, or the next strategy's peak would count
+    it."""
     device = torch.device("cuda")
     measure.free_unreferenced(device)
     before = torch.cuda.memory_allocated(device)

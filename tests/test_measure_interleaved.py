@@ -49,7 +49,8 @@ def test_time_decodes_takes_turns_path_after_path():
     calls = []
     timed = time_decodes({"a": fake_decode("a", calls, 0.001), "b": fake_decode("b", calls, 0.004)}, 6, "cpu",
                          repeats=2)
-    # the warm-ups (full length), the untimed one-token calls, then per round each path's T(1) and T(6) in turns
+    # the warm-ups (full length), the untimed one-token calls, then per round each path's T(1) and
+    # T(6) in turns
     assert calls == [("a", 6), ("b", 6), ("a", 1), ("b", 1)] + [("a", 1), ("a", 6), ("b", 1), ("b", 6)] * 2
     assert list(timed) == ["a", "b"] and timed["a"].label == "a" and timed["b"].new_tokens == 6
     assert timed["b"].ms_per_token > timed["a"].ms_per_token > 0
@@ -59,7 +60,8 @@ def test_time_decodes_refuses_what_means_nothing():
     with pytest.raises(ValueError, match="at least one run"):
         time_decodes({}, 6, "cpu")
     with pytest.raises(TimingError, match="not above T\\(1\\)"):
-        # T(1) = 30 ms, T(2) = 10 ms: margins a loaded host's sleeps cannot cross (2 ms did, on the H200 with 14 workers)
+        # T(1) = 30 ms, T(2) = 10 ms: margins a loaded host's sleeps cannot cross (2 ms did, on the
+        # H200 with 14 workers)
         time_decodes({"backwards": fake_decode("backwards", [], -0.02, prefill_s=0.05)}, 2, "cpu", repeats=1)
 
 

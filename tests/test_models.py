@@ -1,4 +1,5 @@
-"""kvlab.lab.models: tiny configs, local folders, hub ids offline, and the real model's download/conversion path."""
+"""kvlab.lab.models: tiny configs, local folders, hub ids offline, and the real model's
+download/conversion path."""
 
 import copy
 import hashlib
@@ -83,7 +84,8 @@ def test_tiny_model_built_in_threads_at_once_matches_a_build_alone():
 
 
 def test_largest_survives_a_folder_deleted_while_it_walks(tmp_path, monkeypatch):
-    """pip deletes its temporary folders while the progress bar walks them: the walk skips what vanished."""
+    """pip deletes its temporary folders while the progress bar walks them: the walk skips what
+    vanished."""
     (tmp_path / "keep").mkdir()
     (tmp_path / "keep" / "w.whl").write_bytes(b"x" * 10)
     for i in range(20):
@@ -203,7 +205,8 @@ def test_hub_error_when_reachable_keeps_the_hub_reason(monkeypatch):
 
 
 def test_hub_id_is_loaded_from_the_local_cache_when_offline(monkeypatch, tmp_path):
-    """Offline, a hub id is still served from the HuggingFace cache: local_files_only=True, no network."""
+    """Offline, a hub id is still served from the HuggingFace cache: local_files_only=True, no
+    network."""
     models.tiny_model("tiny-llama").save_pretrained(tmp_path)
     word_tokenizer().save_pretrained(tmp_path)
     seen = []
@@ -284,7 +287,8 @@ def test_wrong_wheel_sha256(empty_cache, monkeypatch, tmp_path):
 
 
 def test_pip_download_failure_is_a_clear_error(empty_cache, monkeypatch):
-    """No index reachable: pip fails, and the user gets the offline alternatives, not pip's traceback."""
+    """No index reachable: pip fails, and the user gets the offline alternatives, not pip's
+    traceback."""
     monkeypatch.delenv(models.WHEEL_ENV, raising=False)
     for var in ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL"):
         monkeypatch.delenv(var, raising=False)
@@ -398,7 +402,8 @@ def test_real_model_knows_the_capital_of_france(real_model):
 
 
 def converted_then_damaged(monkeypatch, where: slice):
-    """Convert the fake model, then zero the bytes ``where`` of its weights (same size, other contents)."""
+    """Convert the fake model, then zero the bytes ``where`` of its weights (same size, other
+    contents)."""
     calls = []
     monkeypatch.setattr(models, "_load_gguf", fake_gguf_loader(calls))
     target = models.smollm2_folder()
@@ -417,8 +422,8 @@ def test_a_converted_model_whose_contents_changed_is_converted_again(empty_cache
 
 
 def test_an_older_marker_without_checksums_is_converted_again(empty_cache, fake_wheel, monkeypatch):
-    """A folder whose marker has no checksums cannot be checked (a same-size damaged file would load): it is
-    converted again, and the old folder is replaced only once the new one is ready."""
+    """A folder whose marker has no checksums cannot be checked (a same-size damaged file would
+    load): it is converted again, and the old folder is replaced only once the new one is ready."""
     calls = []
     monkeypatch.setattr(models, "_load_gguf", fake_gguf_loader(calls))
     target = models.smollm2_folder()

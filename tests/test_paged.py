@@ -1,5 +1,6 @@
-"""kvlab.paged_cache and kvlab.continuous_batching: a paged KV cache, its block allocator, and continuous batching
-decoded by captured graphs (emulated on CPU), token-exact with each request decoded on its own."""
+"""kvlab.paged_cache and kvlab.continuous_batching: a paged KV cache, its block allocator, and
+continuous batching decoded by captured graphs (emulated on CPU), token-exact with each request
+decoded on its own."""
 
 import pytest
 import torch
@@ -22,8 +23,9 @@ from kvlab.paged_cache import (
     paged_mask,
 )
 
-# (prompt_len, max_new_tokens, arrival step): different lengths, joining at different steps, one that wants a single
-# token (it leaves right after its prefill), 3 rows at once (padded up to the bucket of 4).
+# (prompt_len, max_new_tokens, arrival step): different lengths, joining at different steps, one
+# that wants a single token (it leaves right after its prefill), 3 rows at once (padded up to the
+# bucket of 4).
 TRAFFIC = [(5, 7, 0), (9, 3, 0), (3, 10, 2), (12, 6, 4), (4, 1, 5), (7, 8, 9)]
 
 

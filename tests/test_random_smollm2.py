@@ -1,4 +1,5 @@
-"""kvlab.lab.models.random_smollm2: SmolLM2-135M's shape with random weights (the GPU machine's stand-in)."""
+"""kvlab.lab.models.random_smollm2: SmolLM2-135M's shape with random weights (the GPU machine's
+stand-in)."""
 
 import json
 

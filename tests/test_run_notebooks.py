@@ -1,5 +1,6 @@
-"""tools/run_notebooks.py on two tiny generated notebooks: one passes, one fails an assertion; rows merge by hardware
-and carry the code hash; each row lists its slowest cells from nbclient's timing."""
+"""tools/run_notebooks.py on two tiny generated notebooks: one passes, one fails an assertion; rows
+merge by hardware and carry the code hash; each row lists its slowest cells from nbclient's
+timing."""
 
 import json
 import os
@@ -28,7 +29,8 @@ def test_runs_each_notebook_reports_failures_and_merges_by_hardware(tmp_path):
     folder, out = tmp_path / "nbs", tmp_path / "out" / "runs"
     folder.mkdir()
     notebook(folder / "a_pass.ipynb", "import os\nx = 1",
-             f"assert os.path.samefile(os.getcwd(), {str(folder)!r}) and os.environ['KVLAB_QUICK'] == '1'")
+             f"assert os.path.samefile(os.getcwd(), {str(folder)!r}) and "
+             "os.environ['KVLAB_QUICK'] == '1'")
     notebook(folder / "b_fail.ipynb", "y = 2", "assert y == 3, 'y is not three\\nsecond line'", "print('never')")
     stored = {p.name: p.read_bytes() for p in folder.iterdir()}
     here = kvlab.hardware()

@@ -1,4 +1,5 @@
-"""kvlab.runtime (quick mode, device/dtype choice, environment) and the version check of kvlab/__init__.py."""
+"""kvlab.runtime (quick mode, device/dtype choice, environment) and the version check of
+kvlab/__init__.py."""
 
 import json
 
@@ -106,8 +107,9 @@ def test_exports():
 
 
 def test_the_collector_stays_paused_until_the_last_overlapping_block_ends():
-    """A timing in one thread and a capture in another each pause the collector: the first to end must not resume
-    it while the other still runs (before, a timing that ended mid-capture re-enabled it)."""
+    """A timing in one thread and a capture in another each pause the collector: the first to end
+    must not resume it while the other still runs (before, a timing that ended mid-capture
+    re-enabled it)."""
     import gc
     import threading
 

@@ -1,5 +1,5 @@
-"""kvlab.sizes: the per-pass FLOP formula against torch's own FLOP counter, its decode-step series, and the cache's
-per-token bytes (GQA, the 7B example, bad input)."""
+"""kvlab.sizes: the per-pass FLOP formula against torch's own FLOP counter, its decode-step series,
+and the cache's per-token bytes (GQA, the 7B example, bad input)."""
 
 import pytest
 import torch
@@ -19,7 +19,8 @@ from kvlab.sizes import (
 
 
 def counted_flops(model, input_ids, **kw) -> int:
-    """FLOPs torch's FlopCounterMode records for one forward pass (matmuls; eager attention's too)."""
+    """FLOPs torch's FlopCounterMode records for one forward pass (matmuls; eager attention's
+    too)."""
     with torch.inference_mode(), FlopCounterMode(display=False) as counter:
         model(input_ids, **kw)
     return counter.get_total_flops()
@@ -27,7 +28,8 @@ def counted_flops(model, input_ids, **kw) -> int:
 
 @pytest.mark.parametrize("name", sorted(TINY_CONFIGS))
 def test_matmul_parts_match_torch_counter(name):
-    """sdpa on CPU is not counted by FlopCounterMode, so the projections + MLP + lm_head must match exactly."""
+    """sdpa on CPU is not counted by FlopCounterMode, so the projections + MLP + lm_head must match
+    exactly."""
     model = tiny_model(name)
     ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(0))
     parts = flops_breakdown(model.config, 7, batch=2)
@@ -35,7 +37,8 @@ def test_matmul_parts_match_torch_counter(name):
 
 
 def test_full_rectangle_attention_matches_eager_counter():
-    """Eager attention multiplies the whole q x ctx rectangle: causal=False must match the counter exactly."""
+    """Eager attention multiplies the whole q x ctx rectangle: causal=False must match the counter
+    exactly."""
     model = tiny_model("tiny-llama")
     model.config._attn_implementation = "eager"
     ids = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(1))
@@ -43,7 +46,8 @@ def test_full_rectangle_attention_matches_eager_counter():
 
 
 def test_cached_pass_matches_counter():
-    """One token after 9 cached ones: the eager counter sees 1 x 10 attention pairs, as the formula says."""
+    """One token after 9 cached ones: the eager counter sees 1 x 10 attention pairs, as the formula
+    says."""
     from kvlab.handwritten import HandwrittenCache
 
     model = tiny_model("tiny-llama")
@@ -151,7 +155,8 @@ def test_llama_parameter_count_matches_the_tensors(extra):
 
 
 def test_llama2_7b_parameter_count():
-    """LLaMA-2-7B's published count, 6,738,415,616, from its config (counted on the meta device: no memory)."""
+    """LLaMA-2-7B's published count, 6,738,415,616, from its config (counted on the meta device: no
+    memory)."""
     cfg = LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=32, vocab_size=32000)
     with torch.device("meta"):

@@ -1,4 +1,5 @@
-"""kvlab.speculative: prompt-lookup drafts, verified k at a time in one captured graph, token-exact with naive."""
+"""kvlab.speculative: prompt-lookup drafts, verified k at a time in one captured graph, token-exact
+with naive."""
 
 import pytest
 import torch
@@ -28,8 +29,9 @@ def repeating(batch: int, seed: int = 3) -> torch.Tensor:
 
 
 def simulated(ids: torch.Tensor, reference: torch.Tensor, k: int) -> tuple[int, int, int]:
-    """(verify steps, drafted, accepted) that speculative decoding must have, replayed on the host from naive's
-    tokens: each row drafts from its text so far, every row keeps the fewest right drafts of any row."""
+    """(verify steps, drafted, accepted) that speculative decoding must have, replayed on the host
+    from naive's tokens: each row drafts from its text so far, every row keeps the fewest right
+    drafts of any row."""
     history, ref = ids.tolist(), reference.tolist()
     for row, tokens in zip(history, ref, strict=True):
         row.append(tokens[0])
@@ -52,7 +54,8 @@ def simulated(ids: torch.Tensor, reference: torch.Tensor, k: int) -> tuple[int, 
     return steps, drafted, accepted
 
 
-# ---- drafting --------------------------------------------------------------------------------------
+# ---- drafting
+# --------------------------------------------------------------------------------------
 def test_the_longest_ngram_wins():
     tokens = [7, 2, 3, 4, 1, 2, 3, 5, 6, 1, 2, 3]  # suffix [1, 2, 3] occurs at 4; [2, 3] alone already at 1
     assert prompt_lookup_draft(tokens, 4) == [5, 6, 1, 2]
@@ -87,7 +90,8 @@ def test_drafts_match_transformers_prompt_lookup():
         assert prompt_lookup_draft(ids[0], 4) == candidates[0, ids.shape[1]:].tolist(), ids
 
 
-# ---- token-exact ------------------------------------------------------------------------------------
+# ---- token-exact
+# ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("k", [1, 4])
@@ -107,8 +111,9 @@ def test_token_exact_with_naive_and_stats_as_simulated(models, name, batch, k):
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
 @pytest.mark.parametrize("batch", [1, 2])
 def test_speculation_over_the_kernels_step_is_token_exact_with_the_same_stats(models, name, batch):
-    """The decoder takes a verify like any step: over kvlab's kernels (their PyTorch form here; tests/test_kernels.py
-    runs the Triton kernels in the interpreter) the tokens and the drafts kept are those of the model's forward."""
+    """The decoder takes a verify like any step: over kvlab's kernels (their PyTorch form here;
+    tests/test_kernels.py runs the Triton kernels in the interpreter) the tokens and the drafts kept
+    are those of the model's forward."""
     from kvlab.kernels.decoder import speculative_kernels_decoder
     from kvlab.kernels.step import kernel_verify
 
@@ -139,7 +144,8 @@ def test_repeating_prompts_get_drafts_accepted(models):
 
 
 def test_a_cache_without_head_room_is_exact(models):
-    """max_cache_len = prompt + new - 1: the last verify steps run past the end, into the trash slot."""
+    """max_cache_len = prompt + new - 1: the last verify steps run past the end, into the trash
+    slot."""
     model = models["tiny-llama"]
     ids = repeating(2)
     out = decode_speculative(model, ids, N, k=4, max_cache_len=ids.shape[1] + N - 1)
@@ -157,7 +163,8 @@ def test_eager_verify_and_captured_prefill_are_exact(models):
     assert torch.equal(decoder.generate(ids, N), reference) and decoder.prefill_graph is not None
 
 
-# ---- the rollback -------------------------------------------------------------------------------------
+# ---- the rollback
+# -------------------------------------------------------------------------------------
 @torch.inference_mode()
 def test_a_verify_step_leaves_the_counter_after_the_accepted_drafts(models):
     model = models["tiny-llama"]
@@ -193,7 +200,8 @@ def test_on_token_sees_every_token_once_in_order(models):
     assert [s for s, _ in seen] == list(range(N)) and torch.equal(torch.cat([t for _, t in seen], 1), out)
 
 
-# ---- refusals -----------------------------------------------------------------------------------------
+# ---- refusals
+# -----------------------------------------------------------------------------------------
 def test_bad_settings_and_calls_are_refused(models):
     model = models["tiny-llama"]
     ids = repeating(1)

@@ -1,8 +1,8 @@
-"""kvlab.strategies: every strategy the benchmark lists decodes through ``kvlab.decode``, token-exact with naive in
-float32 on a tiny model, and calls ``on_token`` once per token.
+"""kvlab.strategies: every strategy the benchmark lists decodes through ``kvlab.decode``,
+token-exact with naive in float32 on a tiny model, and calls ``on_token`` once per token.
 
-On a CPU the compiled graph-safe paths and their ablations run uncompiled (their step is the same computation);
-on a GPU the same test compiles and captures them.
+On a CPU the compiled graph-safe paths and their ablations run uncompiled (their step is the same
+computation); on a GPU the same test compiles and captures them.
 """
 
 import pytest
@@ -49,15 +49,16 @@ def test_the_benchmark_lists_exactly_the_registry(capsys):
 
 
 def test_a_declaration_is_all_a_strategy_needs(model, ids, naive, monkeypatch):
-    """One Strategy(...) entry makes a name usable by kvlab.decode (here: naive again, under another name)."""
+    """One Strategy(...) entry makes a name usable by kvlab.decode (here: naive again, under another
+    name)."""
     extra = Strategy("naive-again", "the naive loop, declared twice", decoding.decode_naive, 1, "eager")
     monkeypatch.setitem(STRATEGIES, extra.name, extra)
     assert torch.equal(kvlab.decode(model, ids, N, strategy="naive-again"), naive)
 
 
-# One case per strategy, so that pytest-xdist spreads them (one case of them all was the GPU suite's slowest). On a
-# CPU the compiled ones are left out: the test above already runs them uncompiled, and a second CPU compile would
-# add half a minute.
+# One case per strategy, so that pytest-xdist spreads them (one case of them all was the GPU suite's
+# slowest). On a CPU the compiled ones are left out: the test above already runs them uncompiled,
+# and a second CPU compile would add half a minute.
 SIZED = [name for name in BENCHMARKED if STRATEGIES[name].sized and not (STRATEGIES[name].compiled and DEVICE == "cpu")]
 
 
@@ -67,8 +68,9 @@ def test_sized_strategies_take_the_benchmarks_cache_length(name, model, ids, nai
 
 
 def test_the_gqa_attention_reads_the_kv_heads_as_they_are_and_is_set_back(model, ids, naive, monkeypatch):
-    """reduce-overhead/gqa's attention: token-exact (here eagerly, through the static strategy), called instead of
-    transformers' SDPA attention, and the caller's model left with the attention it had."""
+    """reduce-overhead/gqa's attention: token-exact (here eagerly, through the static strategy),
+    called instead of transformers' SDPA attention, and the caller's model left with the attention
+    it had."""
     from kvlab import compiled_step
 
     calls = []
