@@ -11,7 +11,8 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-REQUIRE_ENV = "KVLAB_REQUIRE_REAL_MODEL"  # =1: a missing real model fails the tests instead of skipping them
+# =1: a missing real model fails the tests instead of skipping them
+REQUIRE_ENV = "KVLAB_REQUIRE_REAL_MODEL"
 
 # nbmake's kernels inherit this: every unattempted exercise is checked with its reference solution,
 # so each checker's whole path runs in CI (kvlab.exercises.common). Tests of "not attempted" unset

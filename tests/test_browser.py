@@ -67,8 +67,10 @@ pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = ["02_handwritten_kv_cache.ipynb", "05_graph_safe_cache.ipynb"]
 SHOTS = ROOT / ".kvlab-cache" / "screenshots"
-REQUIRE_ENV = "KVLAB_REQUIRE_BROWSER"  # =1: a missing chromium or playwright fails the test instead of skipping it
-CHROMIUM_ENV = "KVLAB_CHROMIUM"  # the chromium executable to drive, when it is not `chromium` on PATH
+# =1: a missing chromium or playwright fails the test instead of skipping it
+REQUIRE_ENV = "KVLAB_REQUIRE_BROWSER"
+# the chromium executable to drive, when it is not `chromium` on PATH
+CHROMIUM_ENV = "KVLAB_CHROMIUM"
 RUN_TIMEOUT_S = 900  # Run All Cells on one lesson: nbmake's limit per notebook (pyproject.toml)
 SERVER_TIMEOUT_S = 120  # until JupyterLab answers
 AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
@@ -173,7 +175,8 @@ def chromium_path():
 @pytest.fixture(scope="module")
 def lab(chromium_path, tmp_path_factory):
     root = tmp_path_factory.mktemp("browser")
-    shutil.copytree(ROOT / "notebooks", root / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    shutil.copytree(ROOT / "notebooks", root / "notebooks",
+                    ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     (root / "data").symlink_to(ROOT / "data")  # lesson 05 reads ../data
     settings = root / "lab-settings"
     for name, values in LAB_SETTINGS.items():
@@ -181,12 +184,15 @@ def lab(chromium_path, tmp_path_factory):
         (settings / name).write_text(json.dumps(values))
     env = {**os.environ, "KVLAB_QUICK": "1", "JUPYTERLAB_SETTINGS_DIR": str(settings),
            "JUPYTERLAB_WORKSPACES_DIR": str(root / "lab-workspaces"),
-           "JUPYTER_CONFIG_DIR": str(root / "jupyter-config"), "JUPYTER_RUNTIME_DIR": str(root / "jupyter-runtime"),
+           "JUPYTER_CONFIG_DIR": str(root / "jupyter-config"),
+           "JUPYTER_RUNTIME_DIR": str(root / "jupyter-runtime"),
            "IPYTHONDIR": str(root / "ipython")}
-    env.setdefault("KVLAB_SOLUTIONS", "1")  # as nbmake's kernels have it (tests/conftest.py): this run stands in for theirs
+    # as nbmake's kernels have it (tests/conftest.py): this run stands in for theirs
+    env.setdefault("KVLAB_SOLUTIONS", "1")
     port, token, log = _free_port(), secrets.token_hex(16), root / "jupyterlab.log"
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-           f"--ServerApp.token={token}", "--ServerApp.port_retries=0"] + (["--allow-root"] if AS_ROOT else [])
+           f"--ServerApp.token={token}",
+           "--ServerApp.port_retries=0"] + (["--allow-root"] if AS_ROOT else [])
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
     server = Lab(root, port, token, proc, log)
@@ -220,7 +226,8 @@ def browser(chromium_path):
     # containers' small /dev/shm would crash the renderer.
     args = ["--disable-dev-shm-usage"] + (["--no-sandbox"] if AS_ROOT else [])
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium_path, headless=True, args=args)
+        browser = playwright.chromium.launch(executable_path=chromium_path, headless=True,
+                                             args=args)
         yield browser
         browser.close()
 
@@ -244,7 +251,8 @@ def _run_all_and_check(lab: Lab, browser, name: str, *, shot: Path | None = None
     page = context.new_page()
     page.set_default_timeout(30_000)
     console: list[str] = []
-    page.on("console", lambda m: console.append(f"console.{m.type}: {m.text} ({m.location.get('url', '')})")
+    page.on("console",
+            lambda m: console.append(f"console.{m.type}: {m.text} ({m.location.get('url', '')})")
             if m.type == "error" else None)
     page.on("pageerror", lambda e: console.append(f"uncaught page error: {e}"))
     problems: list[str] = []
@@ -255,20 +263,26 @@ def _run_all_and_check(lab: Lab, browser, name: str, *, shot: Path | None = None
         # start their kernels
         page.goto(lab.url(f"lab/workspaces/{Path(name).stem}/tree/notebooks/{name}"))
         page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
-        page.wait_for_function("() => (document.querySelector('#jp-main-statusbar')?.textContent || '')"
-                               ".includes('| Idle')", timeout=120_000)  # "Python 3 (ipykernel) | Idle"
+        page.wait_for_function(
+            "() => (document.querySelector('#jp-main-statusbar')?.textContent || '')"
+                               # "Python 3 (ipykernel) | Idle"
+                               ".includes('| Idle')", timeout=120_000)
         facts["kernel_ready_s"] = round(time.monotonic() - t0, 1)
         page.locator("#jp-MainMenu .lm-MenuBar-item", has_text="Run").click()
-        page.locator(".lm-Menu .lm-Menu-item[data-command='runmenu:run-all']", has_text="Run All Cells").click()
+        page.locator(".lm-Menu .lm-Menu-item[data-command='runmenu:run-all']",
+                     has_text="Run All Cells").click()
         prompts = ("[...document.querySelectorAll('.jp-Notebook .jp-CodeCell .jp-InputPrompt')]"
                    ".map(e => e.textContent)")
-        page.wait_for_function(f"() => {prompts}.some(p => /\\[(\\*|\\d+)\\]/.test(p))", timeout=30_000)
+        page.wait_for_function(f"() => {prompts}.some(p => /\\[(\\*|\\d+)\\]/.test(p))",
+                               timeout=30_000)
         try:
-            page.wait_for_function(f"() => !{prompts}.some(p => p.includes('*'))", timeout=RUN_TIMEOUT_S * 1000,
+            page.wait_for_function(f"() => !{prompts}.some(p => p.includes('*'))",
+                                   timeout=RUN_TIMEOUT_S * 1000,
                                    polling=1000)
         except PlaywrightTimeout:
             running = page.evaluate(RUNNING_CELL)
-            problems.append(f"Run All Cells did not finish within {RUN_TIMEOUT_S} s; still running: {running}")
+            problems.append(
+                f"Run All Cells did not finish within {RUN_TIMEOUT_S} s; still running: {running}")
             return problems, facts
         facts["run_all_s"] = round(time.monotonic() - t0 - facts["kernel_ready_s"], 1)
 
@@ -287,7 +301,8 @@ def _run_all_and_check(lab: Lab, browser, name: str, *, shot: Path | None = None
         while ((copy.stat().st_mtime_ns == before or intermediate.exists() or not copy.stat().st_size)
                and time.monotonic() < deadline):
             time.sleep(0.2)
-        problems += _saved_problems(nbformat.read(copy, as_version=4), copy.stat().st_mtime_ns != before)
+        problems += _saved_problems(nbformat.read(copy, as_version=4),
+                                    copy.stat().st_mtime_ns != before)
         if dialog := _dialog_text(page):
             problems.append(f"after File > Save{dialog}")
 
@@ -306,7 +321,8 @@ def _run_all_and_check(lab: Lab, browser, name: str, *, shot: Path | None = None
             shot.parent.mkdir(parents=True, exist_ok=True)
             try:
                 first = page.locator(".kvlab-inspector").first
-                if first.count():  # at the top of the view: the slider, the image and the caption below it
+                # at the top of the view: the slider, the image and the caption below it
+                if first.count():
                     first.evaluate("e => e.scrollIntoView({block: 'start'})", timeout=5_000)
                 page.screenshot(path=str(shot))
                 facts["screenshot"] = str(shot)
@@ -374,28 +390,36 @@ def _inspector_problems(page, facts: dict, caption_timeout_s: float) -> list[str
         if not CAPTION_STEP.match(text):
             problems.append(f"{where}: the caption does not start with 'step <k>': {text[:80]!r}")
             continue
-        now, top = (round(float(handle.get_attribute(a))) for a in ("aria-valuenow", "aria-valuemax"))
+        now, top = (round(float(handle.get_attribute(a))) for a in ("aria-valuenow",
+                                                                    "aria-valuemax"))
         key, want = ("ArrowRight", now + 1) if now < top else ("ArrowLeft", now - 1)
         old_src = image.get_attribute("src")
         for attempt in range(1, KEY_ATTEMPTS + 1):
             handle.press(key)  # focuses the handle, then the key
             try:
-                page.wait_for_function("([h, n]) => Math.round(+h.getAttribute('aria-valuenow')) !== n",
-                                       arg=[handle.element_handle(), now], timeout=3_000, polling=100)
+                page.wait_for_function(
+                    "([h, n]) => Math.round(+h.getAttribute('aria-valuenow')) !== n",
+                                       arg=[handle.element_handle(), now], timeout=3_000,
+                    polling=100)
                 break
             except Exception:  # the key went elsewhere: say where, then press again
-                facts.setdefault("keys_lost", []).append(f"{where}: {key} #{attempt} with the focus on "
+                facts.setdefault("keys_lost",
+                                 []).append(f"{where}: {key} #{attempt} with the focus on "
                                                          f"{_focused(page)}{_dialog_text(page)}")
         try:
-            page.wait_for_function("([c, k]) => new RegExp('^\\\\s*step ' + k + '(\\\\D|$)').test(c.textContent)",
-                                   arg=[caption.element_handle(), want], timeout=caption_timeout_s * 1000,
+            page.wait_for_function(
+                "([c, k]) => new RegExp('^\\\\s*step ' + k + '(\\\\D|$)').test(c.textContent)",
+                                   arg=[caption.element_handle(), want],
+                timeout=caption_timeout_s * 1000,
                                    polling=200)
         except Exception:
             moved = round(float(handle.get_attribute("aria-valuenow")))
-            problems.append(f"{where}: {key} moved the slider from {now} to {moved} but the caption stayed "
+            problems.append(
+                f"{where}: {key} moved the slider from {now} to {moved} but the caption stayed "
                             f"{caption.inner_text()[:60]!r}")
             continue
-        page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=image.element_handle(),
+        page.wait_for_function("img => img.complete && img.naturalWidth > 0",
+                               arg=image.element_handle(),
                                timeout=15_000)
         changed = "changed" if image.get_attribute("src") != old_src else "same"
         facts.setdefault("moves", []).append(f"{now}->{want}; image {changed}")
@@ -451,13 +475,16 @@ def test_the_checks_catch_a_broken_page(lab, browser):
     those problems, and none for the first."""
     v4 = nbformat.v4
     nb = v4.new_notebook(cells=[v4.new_code_cell(STAND_IN),
-                                v4.new_code_cell("display(Javascript(\"console.error('kvlab self-test')\"))"),
+                                v4.new_code_cell(
+                                    "display(Javascript(\"console.error('kvlab self-test')\"))"),
                                 v4.new_code_cell("1 / 0"), v4.new_code_cell("print('never runs')")])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
     nbformat.write(nb, lab.root / "notebooks" / "zz_browser_self_test.ipynb")
     # 5 s for a caption to follow its slider: the working stand-in's, on the same page, follows in
     # well under 1 s
-    problems, facts = _run_all_and_check(lab, browser, "zz_browser_self_test.ipynb", caption_timeout_s=5)
+    problems, facts = _run_all_and_check(lab, browser, "zz_browser_self_test.ipynb",
+                                         caption_timeout_s=5)
     text = "\n".join(problems)
     print(f"self-test: {facts}")
     assert facts["inspectors"] == 2 and len(facts.get("moves", [])) == 1, (facts, text)

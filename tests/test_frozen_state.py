@@ -55,9 +55,11 @@ EDITS = {
                         r"\(absent\)"),
     "in place": (lambda m: m.model.layers[0].mlp.down_proj.weight.detach().mul_(2),
                  r"model\.model\.layers\.0\.mlp\.down_proj\.weight was edited in place"),
-    "replaced": (lambda m: setattr(m.model.norm, "weight", torch.nn.Parameter(m.model.norm.weight.detach() + 1)),
+    "replaced": (lambda m: setattr(m.model.norm, "weight",
+                                   torch.nn.Parameter(m.model.norm.weight.detach() + 1)),
                  r"model\.model\.norm\.weight was replaced by another tensor"),
-    "rebound data": (lambda m: setattr(m.model.norm.weight, "data", m.model.norm.weight.detach()[:8]),
+    "rebound data": (lambda m: setattr(m.model.norm.weight, "data",
+                                       m.model.norm.weight.detach()[:8]),
                      r"model\.model\.norm\.weight now holds other memory \(\(8,\)"),
     "dtype": (lambda m: m.to(torch.float64), r"now holds other memory .*torch\.float64"),
     "layers removed": (lambda m: setattr(m.model, "layers", m.model.layers[:1]),
@@ -71,7 +73,8 @@ EDITS = {
                         r"model\.model\.layers\.0\.mlp\.forward was replaced on the instance"),
     "hook": (lambda m: m.model.layers[1].register_forward_hook(lambda *a: None),
              r"model\.model\.layers\.1 has 1 forward hooks, had 0"),
-    "attention": (_set_attn_eager, r"model\.config\._attn_implementation changed from 'sdpa' to 'eager'"),
+    "attention": (_set_attn_eager,
+                  r"model\.config\._attn_implementation changed from 'sdpa' to 'eager'"),
 }
 
 
@@ -126,8 +129,10 @@ def test_layer_problem_says_what_to_do():
     assert "model.config.num_hidden_layers = 1" in layer_problem(model)
     model.config.num_hidden_layers = 1
     assert layer_problem(model) is None
-    model.model.layers = torch.nn.ModuleList([model.model.layers[0], tiny_model("tiny-llama").model.layers[1]])
+    model.model.layers = torch.nn.ModuleList([model.model.layers[0],
+                                              tiny_model("tiny-llama").model.layers[1]])
     model.config.num_hidden_layers = 2
     assert layer_problem(model) is None
-    model.model.layers = model.model.layers[::-1]  # reordered: each attention writes the other's cache layer
+    # reordered: each attention writes the other's cache layer
+    model.model.layers = model.model.layers[::-1]
     assert "layers[0] reads and writes cache layer 1" in layer_problem(model)

@@ -41,7 +41,8 @@ def model_on(name: str, device: str):
 def state(cache: GraphSafeStaticCache):
     """Everything a bad input must leave untouched: counter, addresses, and a copy of every
     buffer."""
-    return int(cache.cache_position), cache.fingerprint(), [t.clone() for layer in cache.layers for t in (layer.keys, layer.values)]
+    return int(cache.cache_position), cache.fingerprint(), [
+        t.clone() for layer in cache.layers for t in (layer.keys, layer.values)]
 
 
 def assert_unchanged(cache, before) -> None:
@@ -80,7 +81,8 @@ def test_one_padded_prefill_graph_serves_every_length_up_to_the_bucket(arch, dev
     decoder = GraphSafeDecoder(model, max_cache_len=48, prefill_bucket=16)
     for i, length in enumerate((16, 1, 7, 12)):
         ids = prompt(length, seed=i, device=device)
-        assert torch.equal(decoder.generate(ids, NEW), kvlab.decode(model, ids, NEW)), f"{arch} prompt {length}"
+        assert torch.equal(decoder.generate(ids, NEW), kvlab.decode(model, ids, NEW)), (
+            f"{arch} prompt {length}")
     assert decoder.prefill_graph.replays == 4
     with pytest.raises(GraphSafeError, match="longer than prefill_bucket"):
         decoder.generate(prompt(17, device=device), 2)
@@ -116,10 +118,14 @@ def test_a_held_decoder_serves_several_prompts_and_calls_on_token(device, prompt
     got_a = kvlab.decode(model, a, NEW, strategy="graph-safe", decoder=decoder,
                          on_token=lambda step, ids: seen.append((step, ids.clone())))
     assert torch.equal(got_a, kvlab.decode(model, a, NEW))
-    assert [s for s, _ in seen] == list(range(NEW)) and torch.equal(torch.cat([t for _, t in seen], 1), got_a)
-    assert torch.equal(kvlab.decode(model, b, NEW, strategy="graph-safe", decoder=decoder), kvlab.decode(model, b, NEW))
+    assert [s for s, _ in seen] == list(range(NEW)) and torch.equal(
+        torch.cat([t for _, t in seen], 1), got_a)
+    assert torch.equal(kvlab.decode(model, b, NEW, strategy="graph-safe", decoder=decoder),
+                       kvlab.decode(model, b, NEW))
     assert decoder.step_graph.replays == 2 * (NEW - 1)  # one graph served both calls
-    assert torch.equal(kvlab.decode(model, b, NEW, strategy="graph-safe"), kvlab.decode(model, b, NEW))  # one of its own
+    # one of its own
+    assert torch.equal(kvlab.decode(model, b, NEW, strategy="graph-safe"),
+                       kvlab.decode(model, b, NEW))
     own = GraphSafeDecoder(model, 40)
     assert torch.equal(decode_graph_safe(model, b, 5, decoder=own), kvlab.decode(model, b, 5))
     fresh = GraphSafeStaticCache(config=model.config, max_cache_len=40)
@@ -137,7 +143,8 @@ def kernels_decoder(model):
 
 
 DECODER_BUILDS = {"one-step": lambda model: GraphSafeDecoder(model, 40),
-                  "bucketed-16-step": lambda model: GraphSafeDecoder(model, 40, prefill_bucket=16, steps=16),
+                  "bucketed-16-step": lambda model: GraphSafeDecoder(model, 40, prefill_bucket=16,
+                                                                     steps=16),
                   "kernels": kernels_decoder}
 
 
@@ -152,7 +159,8 @@ def test_a_dropped_decoder_is_freed_at_once_with_its_graphs(device, build, promp
     try:
         decoder = build(model)
         decoder.generate(prompt(9, device=device), 20)
-        graphs = [*decoder.graphs.values()] + ([decoder.prefill_graph] if decoder.prefill_graph else [])
+        graphs = [*decoder.graphs.values()] + (
+            [decoder.prefill_graph] if decoder.prefill_graph else [])
         refs = [weakref.ref(x) for x in (decoder, decoder.cache, *graphs)]
         assert len(refs) >= 3
         del decoder, graphs
@@ -199,7 +207,8 @@ def test_real_graph_and_emulation_give_the_same_tokens(prompt):
 @needs_cuda
 def test_compiled_step_captured_by_kvlab_matches_naive(prompt):
     model = model_on("tiny-llama", "cuda")
-    decoder = GraphSafeDecoder(model, 40, step=torch.compile(model_step, mode="default", fullgraph=True))
+    decoder = GraphSafeDecoder(model, 40,
+                               step=torch.compile(model_step, mode="default", fullgraph=True))
     for length in (7, 3):
         ids = prompt(length, device="cuda")
         assert torch.equal(decoder.generate(ids, NEW), kvlab.decode(model, ids, NEW))
@@ -218,7 +227,8 @@ def test_update_writes_only_the_valid_window_and_counts_it(prompt):
         model(ids, cache=vanilla)
         with safe.valid_window(torch.tensor(5)):
             model(ids, cache=safe)
-    assert int(vanilla.get_seq_length()) == 16  # vanilla: the 11 padded rows are written and counted
+    # vanilla: the 11 padded rows are written and counted
+    assert int(vanilla.get_seq_length()) == 16
     assert int(safe.cache_position) == 5  # graph-safe: only the 5 valid ones
     keys = safe.layers[0].keys  # [batch, kv_heads, 33, head_dim]; slot 32 is the trash slot
     assert keys.shape[2] == 33
@@ -263,7 +273,8 @@ def test_one_live_counter_shared_by_every_layer(prompt):
         cache.set_position(25)
 
 
-@pytest.mark.parametrize("device", DEVICES)  # lesson 05 counts on the student's device: CUDA picks other SDPA kernels
+# lesson 05 counts on the student's device: CUDA picks other SDPA kernels
+@pytest.mark.parametrize("device", DEVICES)
 def test_shared_counter_removes_work_per_step(prompt, device):
     """Counted on the decode step: vanilla computes positions and advances a counter in every layer,
     graph-safe computes the positions once and advances its one counter once."""
@@ -356,7 +367,8 @@ def test_batch_size_different_from_capture_is_refused(device, prompt):
         decoder.generate(prompt(5, batch=2, device=device), 4)
     assert_unchanged(decoder.cache, before)
     with torch.inference_mode(), pytest.raises(GraphSafeError, match="built for batch 1"):
-        model(prompt(2, batch=2, device=device), cache=decoder.cache)  # straight through the model, eagerly
+        # straight through the model, eagerly
+        model(prompt(2, batch=2, device=device), cache=decoder.cache)
     assert_unchanged(decoder.cache, before)
 
 
@@ -369,7 +381,8 @@ def test_dtype_different_from_capture_is_refused(device, prompt):
     model.to(torch.float64)
     with pytest.raises(GraphSafeError, match="the model is now torch.float64"):
         decoder.generate(prompt(5, device=device), 4)
-    with torch.inference_mode(), pytest.raises(GraphSafeError, match="torch.float32 .* but got .* torch.float64"):
+    with torch.inference_mode(), pytest.raises(GraphSafeError,
+                                               match="torch.float32 .* but got .* torch.float64"):
         model(prompt(2, device=device), cache=decoder.cache)
     assert_unchanged(decoder.cache, before)
 
@@ -377,7 +390,10 @@ def test_dtype_different_from_capture_is_refused(device, prompt):
 def test_other_bad_arguments(prompt):
     model = model_on("tiny-llama", "cpu")
     with pytest.raises(ValueError, match="full-attention layers only"):
-        GraphSafeStaticCache(config=tiny_model("tiny-mistral").config.__class__(sliding_window=8, num_hidden_layers=2), max_cache_len=8)
+        GraphSafeStaticCache(
+            config=tiny_model("tiny-mistral").config.__class__(sliding_window=8,
+                                                               num_hidden_layers=2),
+            max_cache_len=8)
     with pytest.raises(ValueError, match="max_cache_len must be a positive int"):
         GraphSafeStaticCache(config=model.config, max_cache_len=0)
     with pytest.raises(ValueError, match="batch must be a positive int"):
@@ -388,11 +404,13 @@ def test_other_bad_arguments(prompt):
         from kvlab.compiled_step import compiled_decoder
 
         with pytest.raises(ValueError, match="cannot trace a compiled step"):
-            compiled_decoder(model_on("tiny-llama", "cuda"), prompt(3, device="cuda"), 2, graph="emulate")
+            compiled_decoder(model_on("tiny-llama", "cuda"), prompt(3, device="cuda"), 2,
+                             graph="emulate")
     with pytest.raises(ValueError, match="graph must be True, False or 'emulate'"):
         GraphSafeDecoder(model, 16, graph="emulated")
     with pytest.raises(TypeError, match="GraphSafeStaticCache"):
-        decode_graph_safe(model, prompt(3), 2, cache=StaticCache(config=model.config, max_cache_len=8))
+        decode_graph_safe(model, prompt(3), 2,
+                          cache=StaticCache(config=model.config, max_cache_len=8))
     with pytest.raises(GraphSafeError, match="offloaded"):
         GraphSafeStaticCache(config=model.config, max_cache_len=8).layers[0].offload()
     assert not capturing()
@@ -430,11 +448,14 @@ def test_a_step_past_the_end_and_a_position_past_the_cache_are_refused(prompt):
     decoder.generate(prompt(5), 2)  # the cache holds 6 tokens, the next token is in decoder.token
     decoder.step()
     decoder.step()  # 8 of 8 slots
-    with pytest.raises(GraphSafeError, match="the cache holds 8 of 8 tokens: 1 more steps would decode garbage"):
+    with pytest.raises(GraphSafeError,
+                       match="the cache holds 8 of 8 tokens: 1 more steps would decode garbage"):
         decoder.step()
     cache = decoder.cache
-    for bad, error in ((9, ValueError), (-1, ValueError), (torch.tensor(9), ValueError), (2.0, TypeError),
-                       (True, TypeError), (torch.tensor([1, 2]), ValueError), (torch.tensor(1.5), ValueError)):
+    for bad, error in ((9, ValueError), (-1, ValueError), (torch.tensor(9), ValueError),
+                       (2.0, TypeError),
+                       (True, TypeError), (torch.tensor([1, 2]), ValueError),
+                       (torch.tensor(1.5), ValueError)):
         with pytest.raises(error, match="position must be"):
             cache.set_position(bad)
     cache.set_position(torch.tensor(3))
@@ -442,14 +463,16 @@ def test_a_step_past_the_end_and_a_position_past_the_cache_are_refused(prompt):
 
 
 def test_eager_vs_replay_runs_outside_inference_mode(prompt):
-    live = eager_vs_replay(tiny_model("tiny-llama"), prompt(5), steps=2, rounds=1)  # lesson 05 calls it like this
+    # lesson 05 calls it like this
+    live = eager_vs_replay(tiny_model("tiny-llama"), prompt(5), steps=2, rounds=1)
     assert live["eager_ms_per_token"] > 0 and live["replay_ms_per_token"] > 0
 
 
 def test_decoder_buffers_and_caches_cannot_be_shared_or_rebound(prompt):
     model = model_on("tiny-llama", "cpu")
     cache = GraphSafeStaticCache(config=model.config, max_cache_len=24)
-    owner = GraphSafeDecoder(model, cache)  # alive while it is referenced (no cycle keeps it longer)
+    # alive while it is referenced (no cycle keeps it longer)
+    owner = GraphSafeDecoder(model, cache)
     with pytest.raises(GraphSafeError, match="already belongs to another GraphSafeDecoder"):
         GraphSafeDecoder(model, cache)
     del owner
@@ -459,7 +482,8 @@ def test_decoder_buffers_and_caches_cannot_be_shared_or_rebound(prompt):
     first = decoder.prefill(prompt(5))
     kept = first.clone()
     decoder.step()
-    assert torch.equal(first, kept)  # prefill's answer is a copy, not the static buffer the next step overwrites
+    # prefill's answer is a copy, not the static buffer the next step overwrites
+    assert torch.equal(first, kept)
 
 
 def test_values_and_valid_windows_are_checked_before_any_write(prompt):
@@ -469,12 +493,15 @@ def test_values_and_valid_windows_are_checked_before_any_write(prompt):
         model(prompt(4), cache=cache)
     before = state(cache)
     k = torch.zeros(1, model.config.num_key_value_heads, 2, model.config.head_dim)
-    for v, says in [(k.double(), "values of shape"), (k[:, :, :1], "keys hold 2 tokens but values 1"),
+    for v, says in [(k.double(), "values of shape"),
+                    (k[:, :, :1], "keys hold 2 tokens but values 1"),
                     (k[..., :8], "values of shape")]:
         with torch.inference_mode(), pytest.raises(GraphSafeError, match=says):
             cache.update(k, v, 0)
-    for valid, says in [(torch.tensor(-2), "must be in \\[0, 2\\]"), (torch.tensor(6), "must be in \\[0, 2\\]")]:
-        with torch.inference_mode(), cache.valid_window(valid), pytest.raises(GraphSafeError, match=says):
+    for valid, says in [(torch.tensor(-2), "must be in \\[0, 2\\]"),
+                        (torch.tensor(6), "must be in \\[0, 2\\]")]:
+        with torch.inference_mode(), cache.valid_window(valid), pytest.raises(
+            GraphSafeError, match=says):
             cache.update(k, k, 0)
     with pytest.raises(GraphSafeError, match="0-dim integer tensor"):
         with cache.valid_window(torch.tensor(2.5)):
@@ -488,7 +515,8 @@ def test_a_decoder_of_another_model_and_bad_layer_indices_are_refused(prompt):
         decode_graph_safe(model, prompt(4), 3, decoder=GraphSafeDecoder(other, 16))
     cache = GraphSafeStaticCache(config=model.config, max_cache_len=8)
     k = torch.zeros(1, model.config.num_key_value_heads, 1, model.config.head_dim)
-    with torch.inference_mode(), pytest.raises(GraphSafeError, match="is not a layer of this cache"):
+    with torch.inference_mode(), pytest.raises(GraphSafeError,
+                                               match="is not a layer of this cache"):
         cache.update(k, k, 5)
     with pytest.raises(ValueError, match="prefill_bucket must be in"):
         GraphSafeDecoder(model, 16, prefill_bucket=2.5)

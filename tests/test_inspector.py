@@ -55,7 +55,8 @@ def test_the_handwritten_cache_grows_one_slot_per_step(handwritten):
     for step in range(6):
         frame = handwritten.frames(step, 0)[0]
         held = P + step  # the prompt, then one more fed token per step
-        assert frame.slots == held and frame.lengths == [held, held]  # the buffer IS the tokens: no spare slot
+        # the buffer IS the tokens: no spare slot
+        assert frame.slots == held and frame.lengths == [held, held]
         assert frame.counters == [] and frame.counter is None and "no counter" in frame.caption()
         assert frame.written == list(range(held)) and frame.valid == held and frame.beyond == []
         assert frame.trash is None and frame.padding == []
@@ -79,10 +80,12 @@ def test_replay_shows_the_warmup_drift_beside_eager(warmup):
 
 
 def test_padding_pollution_marks_the_padding(qwen3, ids):
-    result = F.run("padding-pollution", qwen3, ids, 4, runner="emulated", pad_id=32)  # id 0: zero keys in tiny models
+    # id 0: zero keys in tiny models
+    result = F.run("padding-pollution", qwen3, ids, 4, runner="emulated", pad_id=32)
     bucket = result.extra["bucket"]
     eager, padded = Inspection.of_failure(result).frames(0, 0)
-    assert padded.padding == list(range(P, bucket)) and padded.counters == [bucket] * len(padded.counters)
+    assert padded.padding == list(range(P, bucket)) and padded.counters == [bucket] * len(
+        padded.counters)
     assert eager.padding == [] and eager.beyond == []
     assert f"padding in slots {P}..{bucket - 1}" in padded.caption()
 
@@ -102,12 +105,16 @@ def test_graph_safe_cache_over_two_prompts_in_one_graph(prompt):
     # layer 1: in layer 0 the pad id 0 has a zero embedding, so its key is zero and the trash slot
     # looks empty
     for frame, length in zip(inspection.frames(0, 1), (11, 7), strict=True):
-        assert frame.trash == trash and frame.trash_written  # the padded rows' keys went to the trash slot
-        assert frame.padding == [] and frame.beyond == []  # nothing of the padding in the visible slots
+        # the padded rows' keys went to the trash slot
+        assert frame.trash == trash and frame.trash_written
+        # nothing of the padding in the visible slots
+        assert frame.padding == [] and frame.beyond == []
         assert frame.written == list(range(length)) + [trash]
-        assert frame.counters == [length] * len(frame.counters)  # the counter moved by the valid length only
+        # the counter moved by the valid length only
+        assert frame.counters == [length] * len(frame.counters)
         assert "one tensor, shared" in frame.caption() and f"trash slot {trash}: holds a key" in frame.caption()
-    assert inspection.first_wrong is None and inspection.differs == {}  # two prompts: nothing to compare
+    # two prompts: nothing to compare
+    assert inspection.first_wrong is None and inspection.differs == {}
 
 
 def test_caption_and_frame_name_the_step(warmup):
@@ -139,11 +146,14 @@ def test_a_recorder_refuses_layers_the_cache_lacks_and_snapshots_before_any_buff
         CacheRecorder(HandwrittenCache()).snapshot()
     with pytest.raises(ValueError, match=r"hold no buffers yet.*on_token="):
         CacheRecorder(StaticCache(config=qwen3.config, max_cache_len=32)).snapshot()
-    with pytest.raises(ValueError, match=r"layers \[7\] are not in this cache: it has 2 layers \(0\.\.1\)"):
-        CacheRecorder(StaticCache(config=qwen3.config, max_cache_len=32), layers=(7,))  # known at once
+    with pytest.raises(ValueError,
+                       match=r"layers \[7\] are not in this cache: it has 2 layers \(0\.\.1\)"):
+        # known at once
+        CacheRecorder(StaticCache(config=qwen3.config, max_cache_len=32), layers=(7,))
     cache = HandwrittenCache()
     with pytest.raises(ValueError, match=r"layers \[7\] are not in this cache: it has 2 layers"):
-        decode_handwritten(qwen3, ids, 3, cache=cache, on_token=CacheRecorder(cache, layers=(7,)))  # at the prefill
+        # at the prefill
+        decode_handwritten(qwen3, ids, 3, cache=cache, on_token=CacheRecorder(cache, layers=(7,)))
     with pytest.raises(ValueError, match="layer indices"):
         CacheRecorder(HandwrittenCache(), layers=("0",))
 
@@ -158,7 +168,8 @@ def test_the_figure_shows_the_runs_side_by_side(warmup):
     assert ("WRONG" in axes[1].get_title()) == (inspection.first_wrong <= 1)
     plt.close(fig)
     png = inspection.png(2, 1)
-    assert png.startswith(b"\x89PNG") and plt.get_fignums() == open_before  # the widget's figures are closed
+    # the widget's figures are closed
+    assert png.startswith(b"\x89PNG") and plt.get_fignums() == open_before
 
 
 def test_the_widget_follows_its_slider_and_dropdown(warmup):
@@ -169,7 +180,8 @@ def test_the_widget_follows_its_slider_and_dropdown(warmup):
     assert "kvlab-inspector" in inspector.box._dom_classes
     assert "kvlab-inspector-image" in inspector.image._dom_classes
     assert "kvlab-inspector-caption" in inspector.caption._dom_classes
-    assert isinstance(inspector.slider, widgets.IntSlider) and isinstance(inspector.play, widgets.Play)
+    assert isinstance(inspector.slider,
+                      widgets.IntSlider) and isinstance(inspector.play, widgets.Play)
     assert inspector.slider.max == inspector.play.max == inspection.steps - 1
     assert inspector.slider.value == inspection.first_wrong  # it opens where the runs part
     assert plain(inspector.caption.value).startswith(f"step {inspection.first_wrong} ")
@@ -184,7 +196,8 @@ def test_the_widget_follows_its_slider_and_dropdown(warmup):
 
 def test_bad_input_is_refused_clearly(warmup, handwritten):
     _, inspection = warmup
-    with pytest.raises(ValueError, match=rf"step {N} is out of range: the runs recorded steps 0\.\.{N - 1}"):
+    with pytest.raises(ValueError,
+                       match=rf"step {N} is out of range: the runs recorded steps 0\.\.{N - 1}"):
         inspection.frames(N, 0)
     with pytest.raises(ValueError, match=r"layer 5 was not recorded"):
         inspection.caption(0, 5)

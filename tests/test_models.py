@@ -55,8 +55,10 @@ def test_tiny_configs_cover_several_architectures():
 
 
 def test_tiny_model_is_deterministic_by_seed():
-    assert same_weights(models.tiny_model("tiny-qwen3", seed=3), models.tiny_model("tiny-qwen3", seed=3))
-    assert not same_weights(models.tiny_model("tiny-qwen3", seed=3), models.tiny_model("tiny-qwen3", seed=4))
+    assert same_weights(models.tiny_model("tiny-qwen3", seed=3),
+                        models.tiny_model("tiny-qwen3", seed=3))
+    assert not same_weights(models.tiny_model("tiny-qwen3", seed=3),
+                            models.tiny_model("tiny-qwen3", seed=4))
 
 
 def test_tiny_model_leaves_the_global_rng_alone():
@@ -93,7 +95,8 @@ def test_largest_survives_a_folder_deleted_while_it_walks(tmp_path, monkeypatch)
         (tmp_path / f"tmp{i}" / "sub" / "w.whl").write_bytes(b"x" * 5)
     real_scandir = os.scandir
 
-    def deleting_scandir(path):  # the temporary folders vanish between their parent's listing and their own
+    # the temporary folders vanish between their parent's listing and their own
+    def deleting_scandir(path):
         if not isinstance(path, int) and os.path.basename(os.fspath(path)).startswith("tmp"):
             shutil.rmtree(path)
         return real_scandir(path)
@@ -125,7 +128,8 @@ def test_largest_survives_a_folder_deleted_while_it_walks(tmp_path, monkeypatch)
 def test_tiny_model_takes_a_numpy_seed():
     import numpy as np
 
-    assert same_weights(models.tiny_model("tiny-llama", seed=np.int64(3)), models.tiny_model("tiny-llama", seed=3))
+    assert same_weights(models.tiny_model("tiny-llama", seed=np.int64(3)),
+                        models.tiny_model("tiny-llama", seed=3))
     with pytest.raises(ValueError, match="seed must be an int"):
         models.tiny_model("tiny-llama", seed=3.0)
 
@@ -152,7 +156,8 @@ def test_load_model_tiny_defaults_and_dtype():
         assert model.dtype == torch.float32
     model16, _ = kvlab.load_model("tiny-llama", device="cpu", dtype="float16")
     assert model16.dtype == torch.float16
-    assert same_weights(kvlab.load_model("tiny-llama", device="cpu", seed=5)[0], models.tiny_model("tiny-llama", seed=5))
+    assert same_weights(kvlab.load_model("tiny-llama", device="cpu", seed=5)[0],
+                        models.tiny_model("tiny-llama", seed=5))
     with pytest.raises(ValueError, match="unknown tiny model"):
         kvlab.load_model("tiny-nonexistent")
 
@@ -190,7 +195,8 @@ def test_unknown_hub_id_offline_gives_alternatives(monkeypatch):
     assert time.perf_counter() - start < 30  # no minutes of network retries
     message = str(info.value)
     assert "out of reach" in message and "tiny-llama" in message and "/path/to/folder" in message
-    assert info.value.__cause__ is None and info.value.__suppress_context__  # no hub stack trace attached
+    # no hub stack trace attached
+    assert info.value.__cause__ is None and info.value.__suppress_context__
 
 
 def test_hub_error_when_reachable_keeps_the_hub_reason(monkeypatch):
@@ -218,7 +224,8 @@ def test_hub_id_is_loaded_from_the_local_cache_when_offline(monkeypatch, tmp_pat
         return load
 
     monkeypatch.setattr(models, "_hub_reachable", lambda timeout=5.0: False)
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_cache(transformers.AutoTokenizer.from_pretrained))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        from_cache(transformers.AutoTokenizer.from_pretrained))
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
                         from_cache(transformers.AutoModelForCausalLM.from_pretrained))
     model, _ = kvlab.load_model("some-org/some-model", device="cpu")
@@ -249,7 +256,8 @@ def fake_wheel(monkeypatch, tmp_path):
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr(models.SMOLLM2_GGUF, b"not really a gguf file")
     monkeypatch.setenv(models.WHEEL_ENV, str(wheel))
-    monkeypatch.setattr(models, "SMOLLM2_WHEEL_SHA256", hashlib.sha256(wheel.read_bytes()).hexdigest())
+    monkeypatch.setattr(models, "SMOLLM2_WHEEL_SHA256",
+                        hashlib.sha256(wheel.read_bytes()).hexdigest())
     return wheel
 
 
@@ -310,7 +318,8 @@ def test_unwritable_cache_folder(monkeypatch, tmp_path):
 
 def test_missing_gguf_package(monkeypatch, tmp_path):
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name,
+                        *a: None if name == "gguf" else find_spec(name, *a))
     with pytest.raises(ImportError, match="pip install gguf"):
         models._load_gguf(tmp_path / "x.gguf")
 
@@ -329,7 +338,8 @@ def test_interrupted_conversion_is_not_taken_for_finished(empty_cache, fake_whee
     monkeypatch.setattr(models, "_load_gguf", fake_gguf_loader(calls))
     model, tok = kvlab.load_model(device="cpu")
     assert len(calls) == 1 and models.is_converted(empty_cache / models.DEFAULT_MODEL)
-    assert type(model).__name__ == "LlamaForCausalLM" and same_weights(model, models.tiny_model("tiny-llama", seed=11))
+    assert type(model).__name__ == "LlamaForCausalLM" and same_weights(
+        model, models.tiny_model("tiny-llama", seed=11))
     assert tok("hello").input_ids == [1]
 
     kvlab.load_model(device="cpu")  # second load: from the folder, no conversion
@@ -396,7 +406,8 @@ def test_real_model_knows_the_capital_of_france(real_model):
     ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                   add_generation_prompt=True, return_tensors="pt")["input_ids"]
     new = kvlab.decode(model, ids, 8, strategy="naive")
-    hf = model.generate(ids, max_new_tokens=8, do_sample=False)[:, ids.shape[1]:]  # stops at <|im_end|>
+    # stops at <|im_end|>
+    hf = model.generate(ids, max_new_tokens=8, do_sample=False)[:, ids.shape[1]:]
     assert torch.equal(new[:, :hf.shape[1]], hf)
     assert "Paris" in tok.decode(new[0], skip_special_tokens=True)
 
@@ -414,8 +425,10 @@ def converted_then_damaged(monkeypatch, where: slice):
     return calls, target, weights, bytes(data)
 
 
-def test_a_converted_model_whose_contents_changed_is_converted_again(empty_cache, fake_wheel, monkeypatch):
-    calls, target, _, _ = converted_then_damaged(monkeypatch, slice(-4096, -4032))  # zeroed near the end
+def test_a_converted_model_whose_contents_changed_is_converted_again(empty_cache, fake_wheel,
+                                                                     monkeypatch):
+    # zeroed near the end
+    calls, target, _, _ = converted_then_damaged(monkeypatch, slice(-4096, -4032))
     assert models.is_converted(target) and models.damaged_files(target) == ["model.safetensors"]
     assert models.smollm2_folder() == target and len(calls) == 2  # detected and converted again
     assert models.damaged_files(target) == []
@@ -435,13 +448,15 @@ def test_an_older_marker_without_checksums_is_converted_again(empty_cache, fake_
     assert models.smollm2_folder() == target and len(calls) == 2 and models.damaged_files(target) == []
 
 
-def test_a_damaged_folder_is_kept_when_it_cannot_be_converted_again(empty_cache, fake_wheel, monkeypatch):
+def test_a_damaged_folder_is_kept_when_it_cannot_be_converted_again(empty_cache, fake_wheel,
+                                                                    monkeypatch):
     _, _, weights, data = converted_then_damaged(monkeypatch, slice(-64, None))
 
     def offline(workdir):
         raise models.ModelUnavailableError("pip could not download it (offline)")
 
     monkeypatch.setattr(models, "_fetch_wheel", offline)
-    with pytest.raises(models.ModelUnavailableError, match="(?s)could not be converted again.*left as it was"):
+    with pytest.raises(models.ModelUnavailableError,
+                       match="(?s)could not be converted again.*left as it was"):
         models.smollm2_folder()
     assert weights.read_bytes() == bytes(data)  # not deleted: the user can restore or retry

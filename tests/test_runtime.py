@@ -12,7 +12,9 @@ from kvlab import runtime
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
 
 
-@pytest.mark.parametrize(("value", "expected"), [("1", True), ("true", True), (" ON ", True), ("0", False), ("", False), ("no", False)])
+@pytest.mark.parametrize(("value", "expected"),
+                         [("1", True), ("true", True), (" ON ", True), ("0", False), ("", False),
+                          ("no", False)])
 def test_quick_mode(monkeypatch, value, expected):
     monkeypatch.setenv(runtime.QUICK_ENV, value)
     assert runtime.quick_mode() is expected
@@ -66,10 +68,12 @@ def test_hardware_and_environment_on_cpu():
     json.dumps(env)  # stored beside every measurement
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run on Colab/GPU machine")
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA GPU: run on Colab/GPU machine")
 def test_environment_on_cuda():
     env = runtime.environment("cuda")
-    assert env["hardware"] == runtime.gpu_name() and env["cuda"] == torch.version.cuda and env["driver"]
+    assert env["hardware"] == runtime.gpu_name() and env["cuda"] == torch.version.cuda and env[
+        "driver"]
 
 
 # ---- version check (kvlab/__init__.py) ----
@@ -122,7 +126,8 @@ def test_the_collector_stays_paused_until_the_last_overlapping_block_ends():
         with collector_paused():
             inside.set()
             assert first_ended.wait(10)
-            seen.append(gc.isenabled())  # the first block has ended: this one still needs the collector paused
+            # the first block has ended: this one still needs the collector paused
+            seen.append(gc.isenabled())
 
     thread = threading.Thread(target=other)
     with collector_paused():

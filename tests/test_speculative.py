@@ -25,7 +25,8 @@ def models():
 
 def repeating(batch: int, seed: int = 3) -> torch.Tensor:
     """A prompt of 6 random tokens said 3 times: [batch, 18]."""
-    return torch.randint(1, 256, (batch, 6), generator=torch.Generator().manual_seed(seed)).repeat(1, 3)
+    return torch.randint(1, 256, (batch, 6),
+                         generator=torch.Generator().manual_seed(seed)).repeat(1, 3)
 
 
 def simulated(ids: torch.Tensor, reference: torch.Tensor, k: int) -> tuple[int, int, int]:
@@ -57,14 +58,16 @@ def simulated(ids: torch.Tensor, reference: torch.Tensor, k: int) -> tuple[int, 
 # ---- drafting
 # --------------------------------------------------------------------------------------
 def test_the_longest_ngram_wins():
-    tokens = [7, 2, 3, 4, 1, 2, 3, 5, 6, 1, 2, 3]  # suffix [1, 2, 3] occurs at 4; [2, 3] alone already at 1
+    # suffix [1, 2, 3] occurs at 4; [2, 3] alone already at 1
+    tokens = [7, 2, 3, 4, 1, 2, 3, 5, 6, 1, 2, 3]
     assert prompt_lookup_draft(tokens, 4) == [5, 6, 1, 2]
     assert prompt_lookup_draft(tokens, 4, max_ngram=2) == [4, 1, 2, 3]  # 2-grams only: [2, 3] at 1
     assert prompt_lookup_draft(torch.tensor(tokens), 4) == [5, 6, 1, 2]  # a 1-D tensor too
 
 
 def test_the_earliest_occurrence_is_taken():
-    assert prompt_lookup_draft([1, 2, 8, 1, 2, 9, 1, 2], 2) == [8, 1]  # [1, 2] at 0 and 3: the first one
+    # [1, 2] at 0 and 3: the first one
+    assert prompt_lookup_draft([1, 2, 8, 1, 2, 9, 1, 2], 2) == [8, 1]
 
 
 def test_no_match_gives_no_draft():
@@ -74,7 +77,8 @@ def test_no_match_gives_no_draft():
 
 
 def test_fewer_than_k_drafts_are_padded():
-    assert prompt_lookup_draft([4, 5, 6, 4, 5], 8) == [6, 4, 5]  # the text ends 3 tokens after the match
+    # the text ends 3 tokens after the match
+    assert prompt_lookup_draft([4, 5, 6, 4, 5], 8) == [6, 4, 5]
     assert padded_draft([6, 4, 5], 5, last=9) == [6, 4, 5, 5, 5]
     assert padded_draft([], 3, last=9) == [9, 9, 9]
 
@@ -83,9 +87,11 @@ def test_drafts_match_transformers_prompt_lookup():
     from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
     gen = torch.Generator().manual_seed(0)
-    lookup = PromptLookupCandidateGenerator(num_output_tokens=4, max_matching_ngram_size=3, max_length=1000)
+    lookup = PromptLookupCandidateGenerator(num_output_tokens=4, max_matching_ngram_size=3,
+                                            max_length=1000)
     for _ in range(200):
-        ids = torch.randint(0, 4, (1, int(torch.randint(2, 16, (1,), generator=gen))), generator=gen)
+        ids = torch.randint(0, 4, (1, int(torch.randint(2, 16, (1,), generator=gen))),
+                            generator=gen)
         candidates, _ = lookup.get_candidates(ids)
         assert prompt_lookup_draft(ids[0], 4) == candidates[0, ids.shape[1]:].tolist(), ids
 
@@ -98,14 +104,16 @@ def test_drafts_match_transformers_prompt_lookup():
 def test_token_exact_with_naive_and_stats_as_simulated(models, name, batch, k):
     model = models[name]
     decoder = speculative_decoder(model, repeating(batch), N, k=k)
-    for ids in (repeating(batch), torch.randint(1, 256, (batch, 9), generator=torch.Generator().manual_seed(k))):
+    for ids in (repeating(batch),
+                torch.randint(1, 256, (batch, 9), generator=torch.Generator().manual_seed(k))):
         reference = kvlab.decode(model, ids, N)
         out = decoder.generate(ids, N)
         assert torch.equal(out, reference), (name, batch, k)
         stats = decoder.last_stats
         assert (stats.verify_steps, stats.drafted, stats.accepted) == simulated(ids, reference, k)
         assert stats.tokens_per_verify == (N - 1) / stats.verify_steps
-    assert decoder.verify_graph is not None  # one graph, captured at the first call, replayed for the second
+    # one graph, captured at the first call, replayed for the second
+    assert decoder.verify_graph is not None
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
@@ -120,7 +128,8 @@ def test_speculation_over_the_kernels_step_is_token_exact_with_the_same_stats(mo
     model, k = models[name], 4
     decoder = speculative_kernels_decoder(model, repeating(batch), N, k=k)
     assert decoder.verify_fn is kernel_verify
-    for ids in (repeating(batch), torch.randint(1, 256, (batch, 9), generator=torch.Generator().manual_seed(k))):
+    for ids in (repeating(batch),
+                torch.randint(1, 256, (batch, 9), generator=torch.Generator().manual_seed(k))):
         reference = kvlab.decode(model, ids, N)
         assert torch.equal(decoder.generate(ids, N), reference), (name, batch)
         stats = decoder.last_stats
@@ -129,8 +138,10 @@ def test_speculation_over_the_kernels_step_is_token_exact_with_the_same_stats(mo
     ids = repeating(batch)
     assert torch.equal(kvlab.decode(model, ids, N, strategy="graph-safe-speculative/kernels"),
                        kvlab.decode(model, ids, N))
-    tight = kvlab.decode(model, ids, N, strategy="graph-safe-speculative/kernels", max_cache_len=ids.shape[1] + N - 1)
-    assert torch.equal(tight, kvlab.decode(model, ids, N))  # the last verify steps run into the trash slot
+    tight = kvlab.decode(model, ids, N, strategy="graph-safe-speculative/kernels",
+                         max_cache_len=ids.shape[1] + N - 1)
+    # the last verify steps run into the trash slot
+    assert torch.equal(tight, kvlab.decode(model, ids, N))
 
 
 def test_repeating_prompts_get_drafts_accepted(models):
@@ -150,7 +161,8 @@ def test_a_cache_without_head_room_is_exact(models):
     ids = repeating(2)
     out = decode_speculative(model, ids, N, k=4, max_cache_len=ids.shape[1] + N - 1)
     assert torch.equal(out, kvlab.decode(model, ids, N))
-    assert torch.equal(kvlab.decode(model, ids, N, strategy="graph-safe-speculative", max_cache_len=64),
+    assert torch.equal(kvlab.decode(model, ids, N, strategy="graph-safe-speculative",
+                                    max_cache_len=64),
                        kvlab.decode(model, ids, N))
 
 
@@ -176,7 +188,8 @@ def test_a_verify_step_leaves_the_counter_after_the_accepted_drafts(models):
         decoder.rows.copy_(torch.tensor([[reference[0], *drafts]]))
         verified = decoder.verify_step()
         assert int(decoder.accepted) == accepted
-        assert int(decoder.cache.cache_position) == ids.shape[1] + 1 + accepted  # the last token + accepted drafts
+        # the last token + accepted drafts
+        assert int(decoder.cache.cache_position) == ids.shape[1] + 1 + accepted
         assert verified[0, : accepted + 1].tolist() == reference[1 : accepted + 2]
 
 
@@ -187,8 +200,10 @@ def test_a_decoder_continues_and_is_reused_for_another_prompt(models):
     reference = kvlab.decode(model, ids, N + 5)
     for n in range(N - 5, N + 1):  # some end inside a verify step's accepted drafts: trimmed
         assert torch.equal(decoder.generate(ids, n), reference[:, :n])
-        assert int(decoder.cache.cache_position) == ids.shape[1] + n - 1  # as GraphSafeDecoder.generate leaves it
-        assert torch.equal(decoder.decode_steps(5), reference[:, n : n + 5])  # plain steps continue the sequence
+        # as GraphSafeDecoder.generate leaves it
+        assert int(decoder.cache.cache_position) == ids.shape[1] + n - 1
+        # plain steps continue the sequence
+        assert torch.equal(decoder.decode_steps(5), reference[:, n : n + 5])
     assert torch.equal(decoder.generate(other, N), kvlab.decode(model, other, N))
     assert torch.equal(decoder.generate(ids, N), reference[:, :N])
 
@@ -197,7 +212,8 @@ def test_on_token_sees_every_token_once_in_order(models):
     model = models["tiny-qwen2"]
     ids, seen = repeating(2), []
     out = decode_speculative(model, ids, N, on_token=lambda step, t: seen.append((step, t.clone())))
-    assert [s for s, _ in seen] == list(range(N)) and torch.equal(torch.cat([t for _, t in seen], 1), out)
+    assert [s for s, _ in seen] == list(range(N)) and torch.equal(
+        torch.cat([t for _, t in seen], 1), out)
 
 
 # ---- refusals
