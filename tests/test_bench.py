@@ -74,10 +74,12 @@ def test_every_timed_strategy_is_exact_and_measured(record):
     assert set(rows) == {"naive", "static", "graph-safe"} | (set(COMPILED) if CUDA else set()), (
         rec["skipped"])
     for row in rows.values():
-        assert row["exact"] is True and row["first_mismatch"] is None and row["dtype"] == TIMED_DTYPE
+        assert (row["exact"] is True and row["first_mismatch"] is None
+                and row["dtype"] == TIMED_DTYPE)
         assert row["ms_per_token"] > 0 and row["tokens_per_s"] == pytest.approx(
             1e3 / row["ms_per_token"])
-        assert row["kernels_per_step"] > 0 and row["floor_ms_per_token"] > 0 and row["peak_memory_mb"] > 0
+        assert (row["kernels_per_step"] > 0 and row["floor_ms_per_token"] > 0
+                and row["peak_memory_mb"] > 0)
         assert row["x_naive"] == pytest.approx(row["tokens_per_s"] / rows["naive"]["tokens_per_s"])
         if CUDA:
             assert row["x_reduce_overhead"] == pytest.approx(
@@ -205,14 +207,15 @@ def test_out_under_a_file_and_a_decode_past_the_position_limit_are_refused_befor
 
 def test_an_out_that_cannot_be_written_is_refused_before_any_timing(tmp_path, capsys, monkeypatch):
     timed = []
-    monkeypatch.setattr(bench, "time_decode", lambda *a,
-                        **k: timed.append(a) or pytest.fail("timed"))
+    monkeypatch.setattr(bench, "time_decode",
+                        lambda *a, **k: timed.append(a) or pytest.fail("timed"))
     with pytest.raises(SystemExit) as exit_:
         bench.main(["--model", "tiny-llama", "--quick", "--strategies", "naive", "--profile-steps",
                     "0",
                     "--out", "/proc/self/nope/x"])
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "/proc/self/nope/x.json cannot be written" in err and "--out out/mybench" in err
+    assert (exit_.value.code == 2 and "/proc/self/nope/x.json cannot be written" in err
+            and "--out out/mybench" in err)
     with pytest.raises(bench.BenchArgumentError, match="is a folder"):
         (tmp_path / "run.json").mkdir()
         bench.check_settings(4, 3, [1], ["naive"], 2, 1, 0, out=tmp_path / "run")
@@ -221,13 +224,15 @@ def test_an_out_that_cannot_be_written_is_refused_before_any_timing(tmp_path, ca
     kept.with_suffix(".json").write_text("{}")
     # writable: passes, and keeps what is there
     bench.check_settings(4, 3, [1], ["naive"], 2, 1, 0, out=kept)
-    assert kept.with_suffix(".json").read_text() == "{}" and sorted(p.name for p in tmp_path.iterdir()) == ["kept.json", "run.json"]
+    assert (kept.with_suffix(".json").read_text() == "{}"
+            and sorted(p.name for p in tmp_path.iterdir()) == ["kept.json", "run.json"])
 
 
 def test_the_meta_device_is_refused_by_the_parser(capsys):
     with pytest.raises(SystemExit) as exit_:
         bench.parse_args(["--device", "meta"])
-    assert exit_.value.code == 2 and "'meta': the benchmark decodes on cpu, cuda or cuda:N" in capsys.readouterr().err
+    assert (exit_.value.code == 2
+            and "'meta': the benchmark decodes on cpu, cuda or cuda:N" in capsys.readouterr().err)
 
 
 def test_run_bench_refuses_negative_counts_instead_of_recording_unmade_checks():
@@ -255,7 +260,8 @@ def test_merge_joins_parts_of_a_sweep():
     first["results"].pop()  # the time limit cut static@2
     second["settings"]["batches"] = [2]
     merged = bench.merge(first, second)
-    assert merged["complete"] and merged["command"] == "a && b" and [p["command"] for p in merged["parts"]] == ["a", "b"]
+    assert (merged["complete"] and merged["command"] == "a && b"
+            and [p["command"] for p in merged["parts"]] == ["a", "b"])
     got = {(r["strategy"], r["batch"]): (r["tokens_per_s"], r["part"]) for r in merged["results"]}
     assert got == {("naive", 1): (10.0, 0), ("static", 1): (10.0, 0), ("naive", 2): (20.0, 1),
                    ("static", 2): (20.0, 1)}
@@ -324,7 +330,8 @@ def test_each_strategy_is_freed_before_the_next_is_built(monkeypatch):
     rec = bench.run_bench("tiny-llama", prompt_len=5, new_tokens=128 if CUDA else 8,
                           strategies=names, check_tokens=2,
                           repeats=5 if CUDA else 1, profile_k=0, progress=False)
-    assert [r["strategy"] for r in rec["results"]] == names and all(r["exact"] for r in rec["results"]), rec["skipped"]
+    assert ([r["strategy"] for r in rec["results"]] == names
+            and all(r["exact"] for r in rec["results"])), rec["skipped"]
     assert len(built) == 2 * len(names)  # each built twice: the float32 check, then the timed run
     assert all(not others for _, others in alive_at_build), alive_at_build
 
@@ -407,7 +414,8 @@ def test_an_out_that_breaks_mid_run_runs_every_strategy_and_exits_1_with_the_rec
 def test_an_unknown_model_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_:
         bench.main(["--model", "tiny-nope", "--strategies", "naive"])
-    assert exit_.value.code == 2 and "'tiny-nope': no tiny model of that name" in capsys.readouterr().err
+    assert (exit_.value.code == 2
+            and "'tiny-nope': no tiny model of that name" in capsys.readouterr().err)
     # run_bench, past the parser
     with pytest.raises(bench.BenchArgumentError, match="--model 'tiny-nope'"):
         bench.run_bench("tiny-nope", prompt_len=4, new_tokens=3, progress=False)

@@ -121,14 +121,16 @@ def unavailable() -> str | None:
     """Why this module cannot run here, with the command that fixes it; None when it can
     (tests/conftest.py asks too)."""
     if importlib.util.find_spec("playwright") is None:
-        return ("Playwright for Python is not installed: `pip install playwright` (or `pip install -r "
-                "requirements.txt`); not `playwright install`: the test drives the system's "
-                "chromium")
+        return ("Playwright for Python is not installed: `pip install playwright` (or "
+                "`pip install -r requirements.txt`); not `playwright install`: the test drives "
+                "the system's chromium")
     if _chromium() is None:
         if os.environ.get(CHROMIUM_ENV):
-            return f"{CHROMIUM_ENV}={os.environ[CHROMIUM_ENV]} is not an executable: point it at a chromium or unset it"
-        return ("no chromium found: `sudo apt-get install -y --no-install-recommends chromium` (Debian/Ubuntu), "
-                f"or set {CHROMIUM_ENV}=/path/to/chromium; not `playwright install`")
+            return (f"{CHROMIUM_ENV}={os.environ[CHROMIUM_ENV]} is not an executable: point it at "
+                    "a chromium or unset it")
+        return ("no chromium found: `sudo apt-get install -y --no-install-recommends chromium` "
+                f"(Debian/Ubuntu), or set {CHROMIUM_ENV}=/path/to/chromium; "
+                "not `playwright install`")
     return None
 
 
@@ -206,7 +208,8 @@ def lab(chromium_path, tmp_path_factory):
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    pytest.fail(f"jupyter lab did not answer within {SERVER_TIMEOUT_S} s:\n{server.log_tail()}")
+                    pytest.fail(f"jupyter lab did not answer within {SERVER_TIMEOUT_S} s:\n"
+                                f"{server.log_tail()}")
                 time.sleep(0.5)
         yield server
     finally:
@@ -236,8 +239,10 @@ def browser(chromium_path):
 # first line>"
 RUNNING_CELL = """() => {
     const cells = [...document.querySelectorAll('.jp-Notebook .jp-Cell')];
-    const i = cells.findIndex(c => (c.querySelector('.jp-InputPrompt')?.textContent || '').includes('*'));
-    return i < 0 ? 'none' : `cell ${i}: ${(cells[i].querySelector('.cm-line')?.textContent || '').slice(0, 80)}`;
+    const i = cells.findIndex(c =>
+        (c.querySelector('.jp-InputPrompt')?.textContent || '').includes('*'));
+    return i < 0 ? 'none' :
+        `cell ${i}: ${(cells[i].querySelector('.cm-line')?.textContent || '').slice(0, 80)}`;
 }"""
 
 
@@ -265,8 +270,8 @@ def _run_all_and_check(lab: Lab, browser, name: str, *, shot: Path | None = None
         page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=60_000)
         page.wait_for_function(
             "() => (document.querySelector('#jp-main-statusbar')?.textContent || '')"
-                               # "Python 3 (ipykernel) | Idle"
-                               ".includes('| Idle')", timeout=120_000)
+            # "Python 3 (ipykernel) | Idle"
+            ".includes('| Idle')", timeout=120_000)
         facts["kernel_ready_s"] = round(time.monotonic() - t0, 1)
         page.locator("#jp-MainMenu .lm-MenuBar-item", has_text="Run").click()
         page.locator(".lm-Menu .lm-Menu-item[data-command='runmenu:run-all']",
@@ -298,7 +303,8 @@ def _run_all_and_check(lab: Lab, browser, name: str, *, shot: Path | None = None
         # file
         intermediate = Path(path_to_intermediate(str(copy)))
         deadline = time.monotonic() + 30
-        while ((copy.stat().st_mtime_ns == before or intermediate.exists() or not copy.stat().st_size)
+        while ((copy.stat().st_mtime_ns == before or intermediate.exists()
+                or not copy.stat().st_size)
                and time.monotonic() < deadline):
             time.sleep(0.2)
         problems += _saved_problems(nbformat.read(copy, as_version=4),
@@ -308,7 +314,8 @@ def _run_all_and_check(lab: Lab, browser, name: str, *, shot: Path | None = None
 
         problems += _inspector_problems(page, facts, caption_timeout_s)
         plots = page.evaluate("() => [...document.querySelectorAll('.jp-OutputArea-output"
-                              "[data-mime-type=\"image/png\"] img')].filter(i => i.naturalWidth > 0).length")
+                              "[data-mime-type=\"image/png\"] img')]"
+                              ".filter(i => i.naturalWidth > 0).length")
         facts["plots"] = plots
         if plots == 0:
             problems.append("no matplotlib figure: no image/png output with a loaded <img>")
@@ -345,7 +352,8 @@ def _dialog_text(page) -> str:
     """'' or ', a dialog open: <its text>': a modal JupyterLab dialog traps the focus, so no widget
     gets a key."""
     dialogs = page.locator(".jp-Dialog")
-    return f", a dialog open: {' '.join(dialogs.first.inner_text().split())[:160]!r}" if dialogs.count() else ""
+    return (f", a dialog open: {' '.join(dialogs.first.inner_text().split())[:160]!r}"
+            if dialogs.count() else "")
 
 
 def _saved_problems(nb, saved: bool) -> list[str]:
@@ -375,7 +383,8 @@ def _inspector_problems(page, facts: dict, caption_timeout_s: float) -> list[str
         where = f"inspector {i + 1}"
         root = roots.nth(i)
         root.scroll_into_view_if_needed()
-        handle, image = root.locator(".noUi-handle").first, root.locator("img.kvlab-inspector-image").first
+        handle, image = (root.locator(".noUi-handle").first,
+                         root.locator("img.kvlab-inspector-image").first)
         caption = root.locator(".kvlab-inspector-caption").first
         try:
             handle.wait_for(state="visible", timeout=15_000)
@@ -405,7 +414,7 @@ def _inspector_problems(page, facts: dict, caption_timeout_s: float) -> list[str
             except Exception:  # the key went elsewhere: say where, then press again
                 facts.setdefault("keys_lost",
                                  []).append(f"{where}: {key} #{attempt} with the focus on "
-                                                         f"{_focused(page)}{_dialog_text(page)}")
+                                            f"{_focused(page)}{_dialog_text(page)}")
         try:
             page.wait_for_function(
                 "([c, k]) => new RegExp('^\\\\s*step ' + k + '(\\\\D|$)').test(c.textContent)",
@@ -416,7 +425,7 @@ def _inspector_problems(page, facts: dict, caption_timeout_s: float) -> list[str
             moved = round(float(handle.get_attribute("aria-valuenow")))
             problems.append(
                 f"{where}: {key} moved the slider from {now} to {moved} but the caption stayed "
-                            f"{caption.inner_text()[:60]!r}")
+                f"{caption.inner_text()[:60]!r}")
             continue
         page.wait_for_function("img => img.complete && img.naturalWidth > 0",
                                arg=image.element_handle(),
@@ -452,7 +461,8 @@ def png(k):
 
 
 def stand_in(follows):
-    """kvlab/lab/inspector.py's DOM contract: a slider, an image and a 'step k' caption in a .kvlab-inspector box."""
+    """kvlab/lab/inspector.py's DOM contract: a slider, an image and a 'step k' caption in a
+    .kvlab-inspector box."""
     slider = widgets.IntSlider(value=2, min=0, max=3)
     image = widgets.Image(value=png(2), format="png").add_class("kvlab-inspector-image")
     caption = widgets.HTML("step 2: a stand-in").add_class("kvlab-inspector-caption")

@@ -33,7 +33,8 @@ def cells(path: Path) -> list[dict]:
 def setup_cell(path: Path) -> str:
     """The source of a notebook's Colab set-up cell (what the tests run)."""
     found = [c for c in cells(path) if colab_cells.SETUP_TAG in c["metadata"].get("tags", [])]
-    assert len(found) == 1, f"{path.name}: no cell tagged {colab_cells.SETUP_TAG!r}: run python tools/write_colab_cells.py {path}"
+    assert len(found) == 1, (f"{path.name}: no cell tagged {colab_cells.SETUP_TAG!r}: run python "
+                             f"tools/write_colab_cells.py {path}")
     return "".join(found[0]["source"])
 
 
@@ -80,7 +81,8 @@ def test_the_tool_changes_nothing_the_second_time(tmp_path):
         copy.write_text(colab_cells.render_notebook(path, REPOSITORY), encoding="utf-8")
         once = copy.read_text(encoding="utf-8")
         assert colab_cells.render_notebook(copy, REPOSITORY) == once, path.name
-        assert sum(c["metadata"].get("tags", []) == [colab_cells.SETUP_TAG] for c in cells(copy)) == 1
+        assert sum(c["metadata"].get("tags", []) == [colab_cells.SETUP_TAG]
+                   for c in cells(copy)) == 1
 
 
 def test_check_mode_reports_a_stale_notebook(tmp_path, capsys, monkeypatch):
@@ -123,7 +125,8 @@ def test_the_setup_cell_does_nothing_outside_colab(monkeypatch, capsys):
 def test_the_setup_cell_is_six_lines_and_its_logic_is_one_file():
     source = setup_cell(a_notebook_with_the_cells())
     assert len(source.splitlines()) <= 6, source
-    assert "kvlab/lab/colab_setup.py" in source and (ROOT / "kvlab" / "lab" / "colab_setup.py").is_file()
+    assert ("kvlab/lab/colab_setup.py" in source
+            and (ROOT / "kvlab" / "lab" / "colab_setup.py").is_file())
 
 
 # ----------------------------------------------------- the cell on a faked Colab, pip and git faked
@@ -187,7 +190,8 @@ def test_on_colab_the_cell_clones_installs_with_constraints_and_reports(fake_col
     assert "installing the course from https://example.invalid/kvlab into this Colab session" in out
     # a student on Colab is told that this is expected
     assert "downloads the model again (93 MB)" in out
-    assert f"torch {importlib.metadata.version('torch')} and ipywidgets" in out and "<runtime summary>" in out
+    assert (f"torch {importlib.metadata.version('torch')} and ipywidgets" in out
+            and "<runtime summary>" in out)
 
 
 def test_on_colab_a_kernel_that_imported_transformers_is_told_to_restart(
@@ -234,7 +238,8 @@ def test_on_colab_a_torch_outside_the_range_is_refused_before_pip(fake_colab, mo
     monkeypatch.setattr(importlib.metadata, "distributions", distributions)
     wanted = ",".join(kvlab.TORCH_RANGE)
     with pytest.raises(RuntimeError,
-                       match=rf"torch {re.escape(torch_version)}, outside .*torch{re.escape(wanted)}.*Restart"):
+                       match=rf"torch {re.escape(torch_version)}, outside "
+                             rf".*torch{re.escape(wanted)}.*Restart"):
         exec(compile(setup_cell(a_notebook_with_the_cells()), "colab-setup", "exec"),
              {"__name__": "__main__"})
     assert [c[0][:2] for c in calls] == [["git", "clone"]]  # pip never ran
@@ -254,7 +259,7 @@ def test_on_colab_a_failed_clone_says_what_to_do(fake_colab, monkeypatch):
     monkeypatch.setenv("KVLAB_TEST_CLONE", "fail")
     with pytest.raises(RuntimeError,
                        match="could not clone https://example.invalid/kvlab .fatal: repository not "
-                                           "found.*KVLAB_COLAB_SOURCE"):
+                             "found.*KVLAB_COLAB_SOURCE"):
         exec(compile(setup_cell(a_notebook_with_the_cells()), "colab-setup", "exec"),
              {"__name__": "__main__"})
 
@@ -290,8 +295,8 @@ DRIVER = textwrap.dedent('''\
     def torch_state():
         origin = importlib.util.find_spec("torch").origin
         stat = os.stat(origin)
-        return {"version": importlib.metadata.version("torch"), "file": origin, "inode": stat.st_ino,
-                "mtime_ns": stat.st_mtime_ns}
+        return {"version": importlib.metadata.version("torch"), "file": origin,
+                "inode": stat.st_ino, "mtime_ns": stat.st_mtime_ns}
 
     before = {"torch": torch_state(), "transformers": importlib.metadata.version("transformers"),
               "ipywidgets": importlib.util.find_spec("ipywidgets") is not None}
@@ -302,11 +307,13 @@ DRIVER = textwrap.dedent('''\
     import torch
     import transformers
 
-    after = {"torch": torch_state(), "torch_imported": torch.__version__, "transformers": transformers.__version__,
+    after = {"torch": torch_state(), "torch_imported": torch.__version__,
+             "transformers": transformers.__version__,
              "kvlab": kvlab.__file__, "cwd": os.getcwd(), "pinned": kvlab.PINNED_TRANSFORMERS,
              "ipywidgets": importlib.util.find_spec("ipywidgets") is not None}
     assert after["transformers"] == "5.24.0" == after["pinned"], after
-    assert after["torch"] == before["torch"] and after["torch_imported"] == before["torch"]["version"], (before, after)
+    assert (after["torch"] == before["torch"]
+            and after["torch_imported"] == before["torch"]["version"]), (before, after)
     second = io.StringIO()  # the cell run again, as the next notebook of the session does
     with contextlib.redirect_stdout(second):
         exec(compile(open(sys.argv[1]).read(), "colab-setup", "exec"), {"__name__": "__main__"})
@@ -336,8 +343,8 @@ def _run(command, *, env, timeout=900):
 def test_colab_install_in_a_fresh_environment(tmp_path):
     """About a minute with pip's cache warm: most of it is installing the course's dependencies."""
     head = _git_head()
-    env = {k: v for k,
-           v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
     env |= {"PIP_DISABLE_PIP_VERSION_CHECK": "1", "KVLAB_COLAB_SOURCE": ROOT.as_uri(),
             "KVLAB_COLAB_HOME": str(tmp_path / "content" / "kvlab")}
     venv = tmp_path / "venv"
@@ -362,7 +369,8 @@ def test_colab_install_in_a_fresh_environment(tmp_path):
     stub = Path(site) / "google" / "colab"
     stub.mkdir(parents=True)
     (stub / "__init__.py").write_text(
-        '"""A stand-in for Colab\'s google.colab: the set-up cell only asks whether it is imported."""\n')
+        '"""A stand-in for Colab\'s google.colab: the set-up cell only asks whether it is '
+        'imported."""\n')
     cell = tmp_path / "colab_setup.py"
     shown = subprocess.run(["git", "-C", str(ROOT), "show",
                             f"{head}:notebooks/{a_notebook_with_the_cells().name}"],

@@ -79,7 +79,8 @@ def test_unknown_strategy(model, prompt):
 def test_strategy_table():
     assert "naive" in kvlab.STRATEGIES and kvlab.STRATEGIES is strategies.STRATEGIES
     for name, s in kvlab.STRATEGIES.items():
-        assert s.function.__module__.startswith("kvlab.") and s.name == name and s.kind in strategies.KINDS, name
+        assert (s.function.__module__.startswith("kvlab.") and s.name == name
+                and s.kind in strategies.KINDS), name
     assert strategies.strategy_named("naive").function is decoding.decode_naive
 
 

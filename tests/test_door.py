@@ -22,7 +22,7 @@ def test_removed_layers_are_refused_for_every_strategy(strategy, prompt):
     model.model.layers = model.model.layers[:1]  # the config still says 2
     with pytest.raises(ValueError,
                        match=r"num_hidden_layers is 2 but the model has 1 decoder layers.*"
-                                         r"model\.config\.num_hidden_layers = 1"):
+                             r"model\.config\.num_hidden_layers = 1"):
         kvlab.decode(model, prompt(5), 3, strategy=strategy)
 
 
@@ -113,8 +113,9 @@ def test_ids_past_the_embedding_are_refused_whatever_the_config_says(prompt):
     model.config.vocab_size = 300
     ids = torch.tensor([[1, 2, 260]])
     with pytest.raises(ValueError,
-                       match=r"vocabulary \[0, 256\) \(model\.config\.vocab_size says 300; the embedding "
-                                         r"has 256 rows.*resize_token_embeddings"):
+                       match=r"vocabulary \[0, 256\) \(model\.config\.vocab_size says 300; "
+                             r"the embedding "
+                             r"has 256 rows.*resize_token_embeddings"):
         kvlab.decode(model, ids, 2, strategy="handwritten")
     # the last row is still a token
     assert decoding.check_inputs(model, torch.tensor([[1, 255]]), 2) == 2
@@ -139,7 +140,8 @@ def test_a_model_without_a_head_or_with_live_dropout_is_refused(prompt):
     config = model.config.__class__(**{**model.config.to_dict(), "attention_dropout": 0.5})
     dropping = AutoModelForCausalLM.from_config(config).train()
     with pytest.raises(ValueError,
-                       match=r"train mode and model\.layers\.0\.self_attn drops .*p=0\.5.*model\.eval\(\)"):
+                       match=r"train mode and model\.layers\.0\.self_attn drops "
+                             r".*p=0\.5.*model\.eval\(\)"):
         kvlab.decode(dropping, prompt(3), 2)
     assert torch.equal(kvlab.decode(dropping.eval(), prompt(3), 3),
                        kvlab.decode(dropping, prompt(3), 3))
@@ -192,8 +194,8 @@ def test_on_token_gets_a_copy_and_must_be_a_function():
     model = tiny_model("tiny-llama")
     ids = torch.tensor([[3, 44, 90]])
     expected = kvlab.decode(model, ids, 6)
-    got = kvlab.decode(model, ids, 6, strategy="graph-safe", on_token=lambda k,
-                       token: token.fill_(0))
+    got = kvlab.decode(model, ids, 6, strategy="graph-safe",
+                       on_token=lambda k, token: token.fill_(0))
     assert torch.equal(got, expected)
     with pytest.raises(TypeError, match="on_token must be a function"):
         kvlab.decode(model, ids, 6, strategy="graph-safe", on_token=5)

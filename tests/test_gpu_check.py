@@ -195,14 +195,16 @@ def test_a_pytest_run_is_read_into_per_file_results(tmp_path):
     assert run["passed"] is False and run["returncode"] == 1 and run["wall_s"] > 0
     files = {f["file"]: f for f in run["files"]}
     assert set(files) == {"tests/test_pass.py", "tests/test_fail.py", "tests/test_broken.py"}
-    assert files["tests/test_pass.py"]["passed"] is True and files["tests/test_pass.py"]["tests"] == 2
+    assert (files["tests/test_pass.py"]["passed"] is True
+            and files["tests/test_pass.py"]["tests"] == 2)
     fail = files["tests/test_fail.py"]
     assert (fail["passed"], fail["tests"], fail["failed"], fail["errors"],
             fail["skipped"]) == (False, 6, 2, 1, 1)
     assert {f["id"]: f["message"] for f in fail["failures"]} == {
         "tests/test_fail.py::test_bad": "AssertionError: one is not two",
         "tests/test_fail.py::TestGroup::test_p[2]": "assert 2 == 1",
-        "tests/test_fail.py::test_uses_broken": 'failed on setup with "RuntimeError: fixture broke"'}
+        "tests/test_fail.py::test_uses_broken":
+            'failed on setup with "RuntimeError: fixture broke"'}
     assert files["tests/test_broken.py"]["failures"] == [
         {"id": "tests/test_broken.py",
          "message": "ModuleNotFoundError: No module named 'nonexistent_module_of_kvlab'"}]
@@ -294,8 +296,8 @@ def test_main_runs_the_tests_then_a_notebook_and_a_second_call_replaces_only_its
                                                       "seconds"]}]
     # the tool's own run, from its start: what "under 9 minutes" is measured by
     [call] = record["calls"]
-    assert (call["size"], call["weights"], call["parts"], call["passed"]) == ("quick", "random",
-                                                                              ["tests/", "00_tiny.ipynb"], True)
+    assert (call["size"], call["weights"], call["parts"], call["passed"]) == (
+        "quick", "random", ["tests/", "00_tiny.ipynb"], True)
     assert 0 <= call["setup_s"] <= call["wall_s"] and call["command"] == tests["command"]
 
     tests_of(tmp_path / "test_no.py")
@@ -328,8 +330,7 @@ def test_the_tests_part_refuses_to_start_while_generated_docs_are_out_of_date(
     runs, notebooks = ROOT / "data" / "notebook_runs.json", ROOT / "notebooks"
     tools = ROOT / "tools"
     for tool, args in [("write_readme_runs.py", ["--readme", str(readme)]),
-                       ("write_workshop_schedule.py",
-                                                                             ["--write", "--guide", str(guide)])]:
+                       ("write_workshop_schedule.py", ["--write", "--guide", str(guide)])]:
         subprocess.run([sys.executable, str(tools / tool), "--runs", str(runs), *args], check=True,
                        capture_output=True)
     assert gpu_check.generated_docs_stale(runs, readme, guide, notebooks) == []
@@ -465,9 +466,11 @@ def test_merge_joins_the_records_of_several_calls_and_refuses_mixed_code(tmp_pat
     assert [(p["part"], p["name"]) for p in merged["parts"]] == [("tests", "tests/"),
                                                                  ("notebook", "00_a.ipynb"),
                                                                   ("notebook", "05_b.ipynb")]
-    assert [c["command"] for c in merged["calls"]] == ["call 1", "call 2"] and merged["code_hash"] == hashes
+    assert ([c["command"] for c in merged["calls"]] == ["call 1", "call 2"]
+            and merged["code_hash"] == hashes)
     rows = {r["notebook"]: r for r in json.loads(runs.with_suffix(".json").read_text())["runs"]}
-    assert rows["00_a.ipynb"]["date"].startswith("2026-12-02") and rows["05_b.ipynb"]["code_hash"]["combined"] == "abc"
+    assert (rows["00_a.ipynb"]["date"].startswith("2026-12-02")
+            and rows["05_b.ipynb"]["code_hash"]["combined"] == "abc")
     assert rows["06_c.ipynb"]["code_hash"]["combined"] == "x"  # another notebook's row stays
     # merging the same folders again changes nothing
     before = out.read_text(), runs.with_suffix(".json").read_text()

@@ -84,8 +84,9 @@ def test_a_decoder_refuses_to_be_pickled_or_copied_saying_to_build_a_new_one():
     decoder.generate(torch.tensor([[1, 2, 3]]), 4)  # a captured graph
     for copier in (pickle.dumps, copy.deepcopy, copy.copy):
         with pytest.raises(TypeError,
-                           match="cannot be pickled or copied: it holds captured graphs bound to live "
-                                            "memory.*Build a new GraphSafeDecoder"):
+                           match="cannot be pickled or copied: it holds captured graphs bound to "
+                                 "live "
+                                 "memory.*Build a new GraphSafeDecoder"):
             copier(decoder)
     with pytest.raises(TypeError, match=r"load_model returns \(model, tokenizer\)"):
         GraphSafeDecoder((model, None), 16)
@@ -157,7 +158,7 @@ def test_the_compiled_builder_makes_the_fused_copy_and_the_decoder_checks_its_so
 
 IMPORT_CHECK = (
     "import kvlab, sys; assert 'triton' not in sys.modules and 'torch._dynamo' not in sys.modules "
-                "and not any(m.startswith('kvlab.kernels') for m in sys.modules)")
+    "and not any(m.startswith('kvlab.kernels') for m in sys.modules)")
 
 
 def test_import_kvlab_loads_no_triton_and_no_kernels():
@@ -168,7 +169,8 @@ def test_import_kvlab_loads_no_triton_and_no_kernels():
 
 
 def test_a_kernels_strategy_loads_the_kernels_when_it_runs():
-    code = ("import kvlab, sys, torch; m = kvlab.tiny_model('tiny-llama'); ids = torch.tensor([[1, 2, 3]]); "
+    code = ("import kvlab, sys, torch; m = kvlab.tiny_model('tiny-llama'); "
+            "ids = torch.tensor([[1, 2, 3]]); "
             "kvlab.decode(m, ids, 2, strategy='graph-safe-kernels'); assert 'kvlab.kernels.step' "
             "in sys.modules")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

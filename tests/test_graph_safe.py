@@ -232,7 +232,8 @@ def test_update_writes_only_the_valid_window_and_counts_it(prompt):
     assert int(safe.cache_position) == 5  # graph-safe: only the 5 valid ones
     keys = safe.layers[0].keys  # [batch, kv_heads, 33, head_dim]; slot 32 is the trash slot
     assert keys.shape[2] == 33
-    assert keys[:, :, :5].abs().sum() > 0 and keys[:, :, 5:32].abs().sum() == 0 and keys[:, :, 32].abs().sum() > 0
+    assert (keys[:, :, :5].abs().sum() > 0 and keys[:, :, 5:32].abs().sum() == 0
+            and keys[:, :, 32].abs().sum() > 0)
     assert torch.equal(keys[:, :, :5], vanilla.layers[0].keys[:, :, :5])
 
 
@@ -245,7 +246,8 @@ def test_reset_is_in_place_and_the_old_recipes_reset_is_out_of_range(prompt):
         counter = cache.cache_position
         cache.reset()
     assert cache.fingerprint() == before and cache.cache_position is counter and int(counter) == 0
-    assert all(layer.keys.abs().sum() == 0 and layer.values.abs().sum() == 0 for layer in cache.layers)
+    assert all(layer.keys.abs().sum() == 0 and layer.values.abs().sum() == 0
+               for layer in cache.layers)
     # the old recipe's literal reset on a vanilla 5.24 StaticCache: the next write targets slot
     # max_cache_len, which does not exist
     vanilla = StaticCache(config=model.config, max_cache_len=24)
@@ -288,7 +290,8 @@ def test_shared_counter_removes_work_per_step(prompt, device):
         before = int(cache.get_seq_length())
         counts[cls] = step_op_counts(model, cache, prompt(1, device=device))
         assert int(cache.get_seq_length()) == before  # counting ran the step, then undid it
-    vanilla, safe, layers = counts[StaticCache], counts[GraphSafeStaticCache], model.config.num_hidden_layers
+    vanilla, safe, layers = (counts[StaticCache], counts[GraphSafeStaticCache],
+                             model.config.num_hidden_layers)
     assert vanilla["add_"] == layers and safe["add_"] == 1
     assert vanilla["index_copy_"] == safe["index_copy_"] == 2 * layers
     assert vanilla["arange"] - safe["arange"] == layers - 1

@@ -296,7 +296,7 @@ def test_cuda_capture_refusals_become_capture_errors(monkeypatch):
     for step, says in [(lambda t: t, "previous error during capture"),  # only capture_end() failed
                        (lambda t: (_ for _ in ()).throw(
                            RuntimeError("CUDA error: operation not permitted when "
-                                                                     "stream is capturing")),
+                                        "stream is capturing")),
                         "not permitted")]:
         with pytest.raises(CaptureError, match=says):
             graphs._capture_cuda(step, (torch.ones(1),), 0, None, torch.device("cpu"))
@@ -517,8 +517,11 @@ def raw_recipe(cuda, device, step, static_x, warmup: int = 3):
             step(static_x)
     cuda.current_stream().wait_stream(side)
     g = cuda.CUDAGraph()
-    gc.collect()  # torch.cuda.graph, unlike kvlab's capture, leaves the collector on: a dead cycle holding another
-    gc.disable()  # test's graph, collected mid-capture, would invalidate this capture (kvlab.graphs' docstring)
+    # torch.cuda.graph, unlike kvlab's capture, leaves the collector on: a dead cycle holding
+    # another test's graph, collected mid-capture, would invalidate this capture (kvlab.graphs'
+    # docstring)
+    gc.collect()
+    gc.disable()
     try:
         with cuda.graph(g):
             static_y = step(static_x)

@@ -46,8 +46,8 @@ def test_cache_holds_exactly_the_formula(name, prompt):
 def test_bytes_copied_per_step_and_in_total(prompt):
     model = tiny_model("tiny-llama")
     cache, copied = HandwrittenCache(), []
-    decode_handwritten(model, prompt(9, batch=2), 6, cache=cache, on_token=lambda step,
-                       ids: copied.append(cache.bytes_copied))
+    decode_handwritten(model, prompt(9, batch=2), 6, cache=cache,
+                       on_token=lambda step, ids: copied.append(cache.bytes_copied))
     per_token = kv_cache_bytes(model.config, 1, model.dtype, batch=2)
     steps = [b - a for a, b in zip([0] + copied, copied, strict=False)]
     assert steps == [per_token * (9 + i) for i in range(6)]  # each step rewrites the whole cache
@@ -64,8 +64,8 @@ def test_bf16_cache_bytes(prompt):
 def test_on_token_sees_every_step(prompt):
     model = tiny_model("tiny-llama")
     seen = []
-    out = decode_handwritten(model, prompt(9), 5, on_token=lambda step,
-                             ids: seen.append((step, int(ids))))
+    out = decode_handwritten(model, prompt(9), 5,
+                             on_token=lambda step, ids: seen.append((step, int(ids))))
     assert [s for s, _ in seen] == list(range(5))
     assert [t for _, t in seen] == out[0].tolist()
 

@@ -216,7 +216,8 @@ def test_a_sliding_window_static_cache_needs_only_the_window():
         kw = {} if length is None else {"max_cache_len": length}
         assert torch.equal(decode(model, ids, 4, strategy="static", **kw), want), length
     with pytest.raises(ValueError,
-                       match=r"window 8\) keep the last .* max_cache_len >= min\(13, 8\) = 8.* hold only 7"):
+                       match=r"window 8\) keep the last .* max_cache_len >= min\(13, 8\) = 8"
+                             r".* hold only 7"):
         decode(model, ids, 4, strategy="static", max_cache_len=7)
     short = torch.randint(1, 200, (1, 4), generator=torch.Generator().manual_seed(1))
     with pytest.raises(ValueError, match=r"min\(6, 8\) = 6"):

@@ -71,7 +71,8 @@ def test_replay_shows_the_warmup_drift_beside_eager(warmup):
     assert eager.counters == [P + 1] * layers and eager.beyond == []
     # the three warm-up calls wrote the first token three times and moved every counter three ahead
     assert replay.counters == [P + 1 + F.WARMUP] * layers and replay.counter == P + 1 + F.WARMUP
-    assert replay.beyond == list(range(P + 1, P + 1 + F.WARMUP)) and replay.valid == eager.valid == P + 1
+    assert (replay.beyond == list(range(P + 1, P + 1 + F.WARMUP))
+            and replay.valid == eager.valid == P + 1)
     wrong = inspection.frames(inspection.first_wrong, 1)[1]
     assert wrong.differs_from == inspection.first_wrong
     assert "WRONG since step" in inspection.caption(inspection.first_wrong, 1)
@@ -112,7 +113,8 @@ def test_graph_safe_cache_over_two_prompts_in_one_graph(prompt):
         assert frame.written == list(range(length)) + [trash]
         # the counter moved by the valid length only
         assert frame.counters == [length] * len(frame.counters)
-        assert "one tensor, shared" in frame.caption() and f"trash slot {trash}: holds a key" in frame.caption()
+        assert ("one tensor, shared" in frame.caption()
+                and f"trash slot {trash}: holds a key" in frame.caption())
     # two prompts: nothing to compare
     assert inspection.first_wrong is None and inspection.differs == {}
 
@@ -164,7 +166,8 @@ def test_the_figure_shows_the_runs_side_by_side(warmup):
     _, inspection = warmup
     open_before = plt.get_fignums()
     fig, axes = inspection.figure(1, 0)
-    assert len(axes) == 2 and "eager" in axes[0].get_title() and "warmup-advance" in axes[1].get_title()
+    assert (len(axes) == 2 and "eager" in axes[0].get_title()
+            and "warmup-advance" in axes[1].get_title())
     assert ("WRONG" in axes[1].get_title()) == (inspection.first_wrong <= 1)
     plt.close(fig)
     png = inspection.png(2, 1)
@@ -188,7 +191,8 @@ def test_the_widget_follows_its_slider_and_dropdown(warmup):
     before = bytes(inspector.image.value)
     assert before.startswith(b"\x89PNG")
     inspector.slider.value = target = (inspection.first_wrong + 2) % inspection.steps
-    assert plain(inspector.caption.value).startswith(f"step {target} ") and bytes(inspector.image.value) != before
+    assert (plain(inspector.caption.value).startswith(f"step {target} ")
+            and bytes(inspector.image.value) != before)
     before = bytes(inspector.image.value)
     inspector.layer.value = 1
     assert "layer 1" in plain(inspector.caption.value) and bytes(inspector.image.value) != before

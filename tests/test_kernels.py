@@ -27,7 +27,8 @@ from kvlab.lab.models import random_smollm2, tiny_model
 
 pytestmark = [pytest.mark.skipif(
     importlib.util.find_spec("triton") is None,
-    reason="needs the triton package to run the kernel (CUDA builds of torch include it; on a CPU-only machine "
+    reason="needs the triton package to run the kernel (CUDA builds of torch include it; on a "
+           "CPU-only machine "
            "`pip install triton` runs it in Triton's CPU interpreter)",
 ), pytest.mark.heavy]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -35,9 +36,12 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 CASES = {  # batch, heads, kv_heads, cache slots, head_dim, valid slots, dtype
     # group 3, padded to 4 rows in the kernel
     "smollm2-heads": (1, 9, 3, 320, 64, 200, torch.float32),
-    "ragged-slots": (2, 4, 2, 70, 16, 33, torch.float32),  # slots not a multiple of the block
-    "long-cache": (1, 9, 3, 2100, 64, 1500, torch.float32),  # more blocks than MAX_SPLITS: several per program
-    "one-valid-slot": (1, 9, 3, 320, 64, 1, torch.float32),  # every other share of the cache is empty
+    # slots not a multiple of the block
+    "ragged-slots": (2, 4, 2, 70, 16, 33, torch.float32),
+    # more blocks than MAX_SPLITS: several per program
+    "long-cache": (1, 9, 3, 2100, 64, 1500, torch.float32),
+    # every other share of the cache is empty
+    "one-valid-slot": (1, 9, 3, 320, 64, 1, torch.float32),
     "no-gqa-bf16": (2, 8, 8, 40, 32, 40, torch.bfloat16),
 }
 
@@ -60,10 +64,11 @@ DECODES = ([(name, graph) for name in ("tiny-llama",
 def check_kernel(case: str, with_mask: bool) -> None:
     b, heads, kv_heads, length, d, valid, dtype = CASES[case]
     gen = torch.Generator().manual_seed(length)
-    q, k, v = (torch.randn(b, n, s, d, generator=gen).to(DEVICE, dtype) for n,
-               s in ((heads, 1), (kv_heads, length), (kv_heads, length)))
+    q, k, v = (torch.randn(b, n, s, d, generator=gen).to(DEVICE, dtype)
+               for n, s in ((heads, 1), (kv_heads, length), (kv_heads, length)))
     # batch broadcast
-    mask = (torch.arange(length, device=DEVICE) < valid).reshape(1, 1, 1, length) if with_mask else None
+    mask = ((torch.arange(length, device=DEVICE) < valid).reshape(1, 1, 1, length) if with_mask
+            else None)
     assert common.available(q) and attention.supports(q, k, v, mask)
     got = attention.decode_attention(q, k, v, mask, d**-0.5)
     expected, _ = fusion.packed_sdpa_attention(torch.nn.Module(), q, k, v, mask, scaling=d**-0.5)
@@ -228,8 +233,8 @@ def check_stacked_gemv(case: str, tiles: bool = False) -> None:
     for cuts in ((n // 2, n - n // 3), (n // 3,), *on_blocks):
         bounds = (0, *cuts, n)
         spans = list(zip(bounds, bounds[1:], strict=False))
-        bias = None if kwargs["bias"] is None else tuple(kwargs["bias"][a:b].contiguous() for a,
-                                                         b in spans)
+        bias = None if kwargs["bias"] is None else tuple(kwargs["bias"][a:b].contiguous()
+                                                         for a, b in spans)
         weights = tuple(w[a:b].contiguous() for a, b in spans)
         stacked = kwargs | {"bias": bias}
         assert torch.equal(gemv_module.gemv(x, weights, **stacked, tiles=tiles),
@@ -306,11 +311,12 @@ FILL_CASES = ["three-splits", "long-bf16", "many-rows"]
 # (triton-lang/triton#11584), so there the tl.dot attention is checked in float32 only; on a GPU in
 # both dtypes
 DOT_DTYPES = (torch.float32, torch.bfloat16) if DEVICE == "cuda" else (torch.float32,)
-SPLIT_COUNTER_CASES = [case for case in ("rmsnorm-bias",
-                                         "silu-mul-residual") if dtype_of(GEMVS[case]) in DOT_DTYPES]
+SPLIT_COUNTER_CASES = [case for case in ("rmsnorm-bias", "silu-mul-residual")
+                       if dtype_of(GEMVS[case]) in DOT_DTYPES]
 BF16_DOT_SKIP = (
-    "Triton's CPU interpreter multiplies bfloat16 tl.dot operands wrongly (triton-lang/triton#11584); "
-                 "this case runs on a CUDA GPU (python3 -m pytest tests/test_kernels.py there)")
+    "Triton's CPU interpreter multiplies bfloat16 tl.dot operands wrongly "
+    "(triton-lang/triton#11584); "
+    "this case runs on a CUDA GPU (python3 -m pytest tests/test_kernels.py there)")
 
 
 def on_tensor_cores(case: str, dtype: torch.dtype):
@@ -487,7 +493,8 @@ def check_gemm_dispatch(max_rows: int = 2) -> None:
                                reference(gemv_module.gemv, x, w, **kwargs)), case
             with pytest.raises(Launched):
                 gemv_module.gemv(x[:max_rows].contiguous(), w, **kwargs | {
-                    "residual": None if kwargs["residual"] is None else kwargs["residual"][:max_rows].contiguous()})
+                    "residual": None if kwargs["residual"] is None
+                    else kwargs["residual"][:max_rows].contiguous()})
         for case in HEADS:
             x, w, norm = head_inputs(case, rows=max_rows + 1)
             token, position = torch.zeros(x.shape[0], 1, dtype=torch.long,
@@ -510,8 +517,8 @@ def kernel_step_decode(model, ids: torch.Tensor, n: int, **options) -> torch.Ten
     fast = fusion.fused_copy(model, attention=False)
     counters = step.arrival_counters(fast, ids.shape[0], ids.device)
     out = greedy_decode(fast, ids, n,
-                        lambda cache,
-                        token: step.kernel_step(fast, cache, token, counters, **options))
+                        lambda cache, token: step.kernel_step(fast, cache, token, counters,
+                                                              **options))
     assert not counters.any(), "the arrival counters are left at zero"
     return out
 
@@ -737,8 +744,8 @@ def test_fill_splits_gives_each_multiprocessor_one_program():
     are interpreted), enough programs per pair for one wave below."""
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     for device in devices:
-        units = (torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda"
-                 else os.cpu_count())
+        units = (torch.cuda.get_device_properties(device).multi_processor_count
+                 if device.type == "cuda" else os.cpu_count())
         assert [common.fill_splits(p, device) for p in (units, 2 * units, 1)] == [1, 1, units], (
             device)
         if units > 1:
@@ -805,7 +812,8 @@ def test_the_path_is_the_tile_kernel_from_two_rows_only_when_asked():
     assert gemv_module.kernel_path(x[:1], tiles=True) == (
         "gemv" if common.available(x) else "torch")
     big = torch.zeros(gemv_module.GEMV_MAX_ROWS + 1, 8, device=DEVICE)
-    assert gemv_module.kernel_path(big) == "torch" and gemv_module.kernel_path(big, tiles=True) == here
+    assert (gemv_module.kernel_path(big) == "torch"
+            and gemv_module.kernel_path(big, tiles=True) == here)
 
 
 def test_the_tile_dispatch_follows_the_swept_rows_at_or_below_the_batch(monkeypatch):
@@ -825,15 +833,16 @@ def test_the_tile_dispatch_follows_the_swept_rows_at_or_below_the_batch(monkeypa
     assert gemv_module.kernel_path(rows(64), True, (49152, 1)) == "tile"
     monkeypatch.setitem(gemv_module.TILE_DISPATCH, down, {4: "gemv", 16: "torch"})
     assert gemv_module.kernel_path(rows(64), True, down) == "torch"  # where cuBLAS was faster
-    assert gemv_module.kernel_path(rows(64), False, qkv) == "torch"  # without tiles: above GEMV_MAX_ROWS
+    # without tiles: above GEMV_MAX_ROWS
+    assert gemv_module.kernel_path(rows(64), False, qkv) == "torch"
 
 
 def test_the_tile_dispatch_is_the_fastest_path_of_the_recorded_h200_sweeps():
     from kvlab.lab import bench
 
     table = bench.tile_sweep(bench.recorded("h200_tile_sweep"))
-    fastest = {(row["N"], row["K"], rows): row["fastest"] for by_rows in table.values() for rows,
-               row in by_rows.items()}
+    fastest = {(row["N"], row["K"], rows): row["fastest"] for by_rows in table.values()
+               for rows, row in by_rows.items()}
     # a fifth number: K splits
     assert all(isinstance(f, str) or len(f) in (4, 5) for f in fastest.values())
     assert {(n, k, rows): choice for (n, k), by_rows in gemv_module.TILE_DISPATCH.items()
@@ -874,8 +883,10 @@ def test_prefill_rows_shrink_until_the_programs_fill_the_gpu(monkeypatch):
     # program
     # batch 1: 3 x 16 tiles of 4 positions = 48 programs
     assert attention.prefill_rows(3, 64, 4, 64, cpu) == 16
-    assert attention.prefill_rows(48, 64, 4, 64, cpu) == 64  # batch 16: 48 x 4 tiles = 192 programs, enough
-    assert attention.prefill_rows(24, 64, 4, 64, cpu) == 32  # 24 x 4 = 96 too few; 24 x 8 = 192
+    # batch 16: 48 x 4 tiles = 192 programs, enough
+    assert attention.prefill_rows(48, 64, 4, 64, cpu) == 64
+    # 24 x 4 = 96 too few; 24 x 8 = 192
+    assert attention.prefill_rows(24, 64, 4, 64, cpu) == 32
     # never below a tl.dot tile, however few programs
     assert attention.prefill_rows(1, 8, 16, 64, cpu) == 16
     monkeypatch.setattr(common, "multiprocessors", lambda device: 1)
@@ -904,7 +915,8 @@ def test_both_attention_kernels_share_one_online_softmax_and_combine():
     references above)."""
     for kernel in (attention._partial_kernel, attention._rope_cache_attention_kernel,
                    attention._prefill_attention_kernel):
-        assert "attend(" in kernel.src and "softmax_start(" in kernel.src and "tl.exp" not in kernel.src
+        assert ("attend(" in kernel.src and "softmax_start(" in kernel.src
+                and "tl.exp" not in kernel.src)
     for kernel in (attention._combine_kernel, attention._rope_cache_attention_kernel):
         assert "combine_splits(" in kernel.src and "tl.exp" not in kernel.src
     for kernel in (attention._partial_kernel, attention._rope_cache_attention_kernel):
@@ -1013,7 +1025,7 @@ def test_the_captured_prefill_serves_every_prompt_of_its_bucket_and_refuses_a_lo
         decoder.generate(torch.randint(0, 256, (2, 9), generator=gen), 3)
 
 
-def test_kernels_decoder_reads_the_models_weights_and_prefills_through_the_kernels_up_to_the_measured_rows(
+def test_kernels_decoder_reads_the_models_weights_and_prefills_through_the_kernels_up_to_the_measured_rows(  # noqa: E501
         pytorch_form, monkeypatch):
     """The strategy's defaults: no fused copy (the decoder runs the caller's model), and the prefill
     through the kernels while batch x bucket is at most KERNEL_PREFILL_MAX_ROWS, the model's forward
@@ -1077,7 +1089,8 @@ def test_an_unregistered_attention_is_refused_with_what_is_supported():
     model = tiny_model("tiny-llama")
     model.set_attn_implementation("eager")
     with pytest.raises(ValueError,
-                       match=r"attention implementation is 'eager'.*supported: .*sdpa.*set_attn_implementation"):
+                       match=r"attention implementation is 'eager'.*supported: "
+                             r".*sdpa.*set_attn_implementation"):
         kernels_decoder(model, torch.tensor([[1, 2, 3]]), 4)
 
 

@@ -237,7 +237,7 @@ def test_allocated_by_counts_the_allocators_blocks_on_cuda_and_nothing_elsewhere
 
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason="cuBLAS workspaces exist only on a CUDA GPU: run the suite "
-                    "there (python3 tools/gpu_check.py --parts tests)")
+                           "there (python3 tools/gpu_check.py --parts tests)")
 def test_free_unreferenced_drops_the_cublas_workspace_a_capture_stream_left():
     """A matmul on a stream of its own (as every capture's warm-up runs) leaves a cuBLAS workspace
     allocated; the benchmark frees it between strategies, or the next strategy's peak would count

@@ -274,7 +274,8 @@ def fake_gguf_loader(calls, delay=0.0):
 
 
 def leftovers(cache):
-    return sorted(p.name for p in cache.iterdir() if p.name != models.DEFAULT_MODEL) if cache.exists() else []
+    return (sorted(p.name for p in cache.iterdir() if p.name != models.DEFAULT_MODEL)
+            if cache.exists() else [])
 
 
 def test_missing_wheel_path(empty_cache, monkeypatch, tmp_path):
@@ -318,8 +319,8 @@ def test_unwritable_cache_folder(monkeypatch, tmp_path):
 
 def test_missing_gguf_package(monkeypatch, tmp_path):
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name,
-                        *a: None if name == "gguf" else find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gguf" else find_spec(name, *a))
     with pytest.raises(ImportError, match="pip install gguf"):
         models._load_gguf(tmp_path / "x.gguf")
 
@@ -347,7 +348,8 @@ def test_interrupted_conversion_is_not_taken_for_finished(empty_cache, fake_whee
 
 
 def test_stale_work_folders_are_removed(empty_cache, fake_wheel, monkeypatch):
-    stale, fresh = empty_cache / f".{models.DEFAULT_MODEL}-killed", empty_cache / f".{models.DEFAULT_MODEL}-running"
+    stale, fresh = (empty_cache / f".{models.DEFAULT_MODEL}-killed",
+                    empty_cache / f".{models.DEFAULT_MODEL}-running")
     for folder in (stale, fresh):
         folder.mkdir(parents=True)
     os.utime(stale, (time.time() - 7200, time.time() - 7200))  # two hours old: its process is gone
@@ -445,7 +447,8 @@ def test_an_older_marker_without_checksums_is_converted_again(empty_cache, fake_
     record.pop("file_sha256")
     marker.write_text(json.dumps(record))
     assert models.damaged_files(target) == [models.UNVERIFIED]
-    assert models.smollm2_folder() == target and len(calls) == 2 and models.damaged_files(target) == []
+    assert (models.smollm2_folder() == target and len(calls) == 2
+            and models.damaged_files(target) == [])
 
 
 def test_a_damaged_folder_is_kept_when_it_cannot_be_converted_again(empty_cache, fake_wheel,

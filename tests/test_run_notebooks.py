@@ -69,12 +69,17 @@ def test_runs_each_notebook_reports_failures_and_merges_by_hardware(tmp_path):
     cuda = torch.cuda.is_available()
     for row in (ok, bad):  # the report cell ran after the failure too
         assert row["wall_s"] > 0 and row["peak_rss_mb"] > 0
-        assert (row["cuda_max_allocated_mb"] is not None) == cuda and (row["cuda_max_reserved_mb"] is not None) == cuda
-        assert row["device"] == ("cuda" if cuda else "cpu") and row["model"] == "random" and row["quick"] is True
-        assert row["dtype"] == str(kvlab.runtime.pick_dtype(torch.device(row["device"]))).removeprefix("torch.")
-        assert row["python"] and row["torch"] == torch.__version__ and row["transformers"] and row["commit"] and row["date"]
+        assert ((row["cuda_max_allocated_mb"] is not None) == cuda
+                and (row["cuda_max_reserved_mb"] is not None) == cuda)
+        assert (row["device"] == ("cuda" if cuda else "cpu") and row["model"] == "random"
+                and row["quick"] is True)
+        assert row["dtype"] == str(
+            kvlab.runtime.pick_dtype(torch.device(row["device"]))).removeprefix("torch.")
+        assert (row["python"] and row["torch"] == torch.__version__ and row["transformers"]
+                and row["commit"] and row["date"])
     csv_lines = out.with_suffix(".csv").read_text().splitlines()
-    assert csv_lines[0].startswith("notebook,passed,error,failed_cell,wall_s,peak_rss_mb") and len(csv_lines) == 5
+    assert (csv_lines[0].startswith("notebook,passed,error,failed_cell,wall_s,peak_rss_mb")
+            and len(csv_lines) == 5)
     # the notebooks were not rewritten
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == stored
     # the folder run

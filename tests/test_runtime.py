@@ -93,7 +93,8 @@ def test_wrong_transformers_says_how_to_fix(monkeypatch, found):
     with pytest.raises(ImportError) as info:
         kvlab._check_versions()
     message = str(info.value)
-    assert f"pip install transformers=={kvlab.PINNED_TRANSFORMERS}" in message and "restart the kernel" in message
+    assert (f"pip install transformers=={kvlab.PINNED_TRANSFORMERS}" in message
+            and "restart the kernel" in message)
     assert (found or "no transformers") in message
 
 
@@ -107,7 +108,8 @@ def test_torch_out_of_range_says_how_to_fix(monkeypatch, found):
 
 def test_exports():
     assert all(hasattr(kvlab, name) for name in kvlab.__all__)
-    assert kvlab.ModelUnavailableError is kvlab.lab.models.ModelUnavailableError and kvlab.size is runtime.size
+    assert (kvlab.ModelUnavailableError is kvlab.lab.models.ModelUnavailableError
+            and kvlab.size is runtime.size)
 
 
 def test_the_collector_stays_paused_until_the_last_overlapping_block_ends():

@@ -66,8 +66,8 @@ def test_causal_pairs_and_parts():
     full, causal = flops_breakdown(cfg, 8, causal=False), flops_breakdown(cfg, 8)
     # 8 queries over 8 keys: 64 pairs in the rectangle, 1 + 2 + ... + 8 = 36 under the causal mask
     assert causal["attention"] * 64 == full["attention"] * 36
-    assert {k: v for k, v in causal.items() if k != "attention"} == {k: v for k,
-                                                                     v in full.items() if k != "attention"}
+    assert ({k: v for k, v in causal.items() if k != "attention"}
+            == {k: v for k, v in full.items() if k != "attention"})
     assert flops_breakdown(cfg, 8, logits="last")["lm_head"] * 8 == causal["lm_head"]
     assert forward_flops(cfg, 3, batch=4) == 4 * forward_flops(cfg, 3)
 
@@ -81,7 +81,8 @@ def test_naive_steps_grow_and_cached_steps_stay_flat():
     assert naive[3] == forward_flops(cfg, 8)
     assert cached[3] == forward_flops(cfg, 1, past=7)
     # a cached step only adds attention over one more key
-    assert cached[4] - cached[3] == flops_breakdown(cfg, 1, 8)["attention"] - flops_breakdown(cfg, 1, 7)["attention"]
+    assert (cached[4] - cached[3]
+            == flops_breakdown(cfg, 1, 8)["attention"] - flops_breakdown(cfg, 1, 7)["attention"])
 
 
 @pytest.mark.parametrize(

@@ -150,7 +150,8 @@ def test_repeating_prompts_get_drafts_accepted(models):
         decoder = speculative_decoder(model, repeating(batch), N, k=k)
         decoder.generate(repeating(batch), N)
         stats = decoder.last_stats
-        assert stats.accepted > 0 and 0 < stats.acceptance_rate <= 1 and stats.tokens_per_verify > 1, stats
+        assert (stats.accepted > 0 and 0 < stats.acceptance_rate <= 1
+                and stats.tokens_per_verify > 1), stats
         assert stats.verify_steps < N - 1
 
 

@@ -35,8 +35,8 @@ def naive(model, ids):
 @pytest.mark.parametrize("name", BENCHMARKED)
 def test_every_benchmarked_strategy_is_token_exact_through_kvlab_decode(name, model, ids, naive):
     seen = []
-    out = kvlab.decode(model, ids, N, strategy=name, on_token=lambda step,
-                       t: seen.append((step, t.clone())))
+    out = kvlab.decode(model, ids, N, strategy=name,
+                       on_token=lambda step, t: seen.append((step, t.clone())))
     assert out.shape == (2, N) and torch.equal(out, naive), name
     assert [s for s, _ in seen] == list(range(N)) and torch.equal(
         torch.cat([t for _, t in seen], 1).to(out.device), out)
@@ -82,8 +82,8 @@ def test_the_gqa_attention_reads_the_kv_heads_as_they_are_and_is_set_back(
 
     calls = []
     real = compiled_step.gqa_sdpa_attention
-    monkeypatch.setattr(compiled_step, "gqa_sdpa_attention", lambda *a,
-                        **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(compiled_step, "gqa_sdpa_attention",
+                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
     before = model.config._attn_implementation
     with compiled_step.gqa_attention(model):
         assert model.config._attn_implementation == compiled_step.GQA_ATTENTION
@@ -93,4 +93,5 @@ def test_the_gqa_attention_reads_the_kv_heads_as_they_are_and_is_set_back(
 
 def test_every_strategy_names_a_function_that_exists():
     for strategy in STRATEGIES.values():
-        assert callable(strategy.function) and (strategy.builds is None or callable(strategy.build)), strategy.name
+        assert (callable(strategy.function)
+                and (strategy.builds is None or callable(strategy.build))), strategy.name
