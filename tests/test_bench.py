@@ -76,8 +76,8 @@ def test_every_timed_strategy_is_exact_and_measured(record):
     for row in rows.values():
         assert (row["exact"] is True and row["first_mismatch"] is None
                 and row["dtype"] == TIMED_DTYPE)
-        assert row["ms_per_token"] > 0 and row["tokens_per_s"] == pytest.approx(
-            1e3 / row["ms_per_token"])
+        assert (row["ms_per_token"] > 0
+                and row["tokens_per_s"] == pytest.approx(1e3 / row["ms_per_token"]))
         assert (row["kernels_per_step"] > 0 and row["floor_ms_per_token"] > 0
                 and row["peak_memory_mb"] > 0)
         assert row["x_naive"] == pytest.approx(row["tokens_per_s"] / rows["naive"]["tokens_per_s"])

@@ -35,8 +35,8 @@ def prose(path: Path):
 
 
 def test_rule_patterns_catch_what_they_are_for():
-    assert HASH.search("see 958930d for the sweep") and not HASH.search(
-        "the deadbeef value 1234567")
+    assert (HASH.search("see 958930d for the sweep")
+            and not HASH.search("the deadbeef value 1234567"))
     assert TIMING.search("3.9 against 5.2 ms") and TIMING.search("at 700 GB/s")
     assert TIMING.search("6.95 µs at 4 splits") and not TIMING.search("16 rows, 2 warps")
     assert TIMING.search("took 3 s") and not TIMING.search("then 0s (never read)")

@@ -396,6 +396,6 @@ def test_colab_install_in_a_fresh_environment(tmp_path):
     # this repository's HEAD (a commit made meanwhile is HEAD by then)
     assert cloned in (head, _git_head())
     assert f"installing the course from {ROOT.as_uri()}" in out and "dtype: float32" in out
-    assert "installed already in this session" in after["second_run"] and "Restart" not in after[
-        "second_run"]
+    assert ("installed already in this session" in after["second_run"]
+            and "Restart" not in after["second_run"])
     assert "dtype: float32" in after["second_run"]

@@ -209,8 +209,8 @@ def test_a_pytest_run_is_read_into_per_file_results(tmp_path):
         {"id": "tests/test_broken.py",
          "message": "ModuleNotFoundError: No module named 'nonexistent_module_of_kvlab'"}]
     assert run["counts"] == {"tests": 9, "passed": 4, "failed": 2, "errors": 2, "skipped": 1}
-    assert len(run["failures"]) == 4 and all(
-        f["cuda_max_allocated_mb"] is None for f in run["files"])
+    assert (len(run["failures"]) == 4
+            and all(f["cuda_max_allocated_mb"] is None for f in run["files"]))
 
     passing = pytest_in(tmp_path, "tests/test_pass.py")
     assert passing["passed"] is True and passing["returncode"] == 0 and passing["failures"] == []
@@ -283,8 +283,8 @@ def test_main_runs_the_tests_then_a_notebook_and_a_second_call_replaces_only_its
     tests, notebook = record["parts"]
     assert set(tests["versions"]) == {"python", "torch", "cuda", "triton",
                                       "transformers"} and tests["hardware"]
-    assert tests["runs"][0]["files"][0]["file"] == "test_ok.py" and tests["command"].startswith(
-        "python3 tools/gpu_check.py")
+    assert (tests["runs"][0]["files"][0]["file"] == "test_ok.py"
+            and tests["command"].startswith("python3 tools/gpu_check.py"))
     run = notebook["runs"][0]
     assert (run["run"], run["passed"], run["model"], run["quick"],
             run["code_hash"]) == (1, True, "random", True,

@@ -118,8 +118,8 @@ def test_a_held_decoder_serves_several_prompts_and_calls_on_token(device, prompt
     got_a = kvlab.decode(model, a, NEW, strategy="graph-safe", decoder=decoder,
                          on_token=lambda step, ids: seen.append((step, ids.clone())))
     assert torch.equal(got_a, kvlab.decode(model, a, NEW))
-    assert [s for s, _ in seen] == list(range(NEW)) and torch.equal(
-        torch.cat([t for _, t in seen], 1), got_a)
+    assert ([s for s, _ in seen] == list(range(NEW))
+            and torch.equal(torch.cat([t for _, t in seen], 1), got_a))
     assert torch.equal(kvlab.decode(model, b, NEW, strategy="graph-safe", decoder=decoder),
                        kvlab.decode(model, b, NEW))
     assert decoder.step_graph.replays == 2 * (NEW - 1)  # one graph served both calls

@@ -93,8 +93,8 @@ def test_compiled_runner_recompiles_for_a_python_value_and_reads_rebound_tensors
     state = {"k": 2.0, "w": torch.full((2,), 3.0)}
     x = torch.ones(2)
     step = step_runner("compiled", lambda t: t * state["k"] + state["w"], x, warmup=1)
-    assert isinstance(step, CompiledStep) and step.compiles == 1 and step.describe().startswith(
-        "COMPILED")
+    assert (isinstance(step, CompiledStep) and step.compiles == 1
+            and step.describe().startswith("COMPILED"))
     assert step.replay().tolist() == [5.0, 5.0] and step.compiles == 1  # same guards: no recompile
     state["k"] = 10.0  # a Python value the graph specialised on: a guard fails, Dynamo recompiles
     assert step.replay().tolist() == [13.0, 13.0] and step.compiles == 2
@@ -332,8 +332,8 @@ def test_a_host_read_is_refused_with_the_same_words_by_a_cuda_capture_and_the_em
     FakeCuda().install(monkeypatch)
     with pytest.raises(CaptureError) as real:
         graphs._capture_cuda(step, (torch.ones(3),), 0, None, torch.device("cpu"))
-    assert str(real.value) == str(emulated.value) and "host synchronization during capture" in str(
-        real.value)
+    assert (str(real.value) == str(emulated.value)
+            and "host synchronization during capture" in str(real.value))
     # CPU tensors, a "meta" capture: read
     graphs._capture_cuda(step, (torch.ones(3),), 0, None, torch.device("meta"))
 
@@ -535,8 +535,8 @@ def test_the_raw_recipe_runs_the_same_lines_emulated_and_on_cuda(device):
     from kvlab.graphs import EMULATED_CUDA, cuda_or_emulation
 
     cuda = cuda_or_emulation(device)
-    assert (cuda is torch.cuda) == (device == "cuda") and (cuda is EMULATED_CUDA) == (
-        device == "cpu")
+    assert ((cuda is torch.cuda) == (device == "cuda")
+            and (cuda is EMULATED_CUDA) == (device == "cpu"))
     static_x = torch.zeros(4, device=device)
     g, static_y = raw_recipe(cuda, device, lambda t: (t * 2 + 1).sin(), static_x)
     address = static_y.data_ptr()

@@ -85,8 +85,8 @@ def test_padding_pollution_marks_the_padding(qwen3, ids):
     result = F.run("padding-pollution", qwen3, ids, 4, runner="emulated", pad_id=32)
     bucket = result.extra["bucket"]
     eager, padded = Inspection.of_failure(result).frames(0, 0)
-    assert padded.padding == list(range(P, bucket)) and padded.counters == [bucket] * len(
-        padded.counters)
+    assert (padded.padding == list(range(P, bucket))
+            and padded.counters == [bucket] * len(padded.counters))
     assert eager.padding == [] and eager.beyond == []
     assert f"padding in slots {P}..{bucket - 1}" in padded.caption()
 

@@ -339,8 +339,8 @@ def test_interrupted_conversion_is_not_taken_for_finished(empty_cache, fake_whee
     monkeypatch.setattr(models, "_load_gguf", fake_gguf_loader(calls))
     model, tok = kvlab.load_model(device="cpu")
     assert len(calls) == 1 and models.is_converted(empty_cache / models.DEFAULT_MODEL)
-    assert type(model).__name__ == "LlamaForCausalLM" and same_weights(
-        model, models.tiny_model("tiny-llama", seed=11))
+    assert (type(model).__name__ == "LlamaForCausalLM"
+            and same_weights(model, models.tiny_model("tiny-llama", seed=11)))
     assert tok("hello").input_ids == [1]
 
     kvlab.load_model(device="cpu")  # second load: from the folder, no conversion

@@ -53,8 +53,8 @@ def test_requests_joining_and_leaving_are_token_exact(name):
     joined_at = sorted({s["step"] for s in steps if s["joined"]})
     # joins at several steps, leaves mid-run
     assert len(joined_at) >= 3 and any(s["left"] for s in steps[:-1])
-    assert any(s["rows"] > 1 for s in steps) and any(
-        s["bucket"] and s["bucket"] > s["rows"] for s in steps)
+    assert (any(s["rows"] > 1 for s in steps)
+            and any(s["bucket"] and s["bucket"] > s["rows"] for s in steps))
     used = {s["bucket"] for s in steps if s["bucket"]}
     # one graph per bucket
     assert set(batcher.graphs) == used and all(g.emulated for g in batcher.graphs.values())

@@ -72,8 +72,8 @@ def test_hardware_and_environment_on_cpu():
                     reason="needs a CUDA GPU: run on Colab/GPU machine")
 def test_environment_on_cuda():
     env = runtime.environment("cuda")
-    assert env["hardware"] == runtime.gpu_name() and env["cuda"] == torch.version.cuda and env[
-        "driver"]
+    assert (env["hardware"] == runtime.gpu_name() and env["cuda"] == torch.version.cuda
+            and env["driver"])
 
 
 # ---- version check (kvlab/__init__.py) ----

@@ -213,8 +213,8 @@ def test_on_token_sees_every_token_once_in_order(models):
     model = models["tiny-qwen2"]
     ids, seen = repeating(2), []
     out = decode_speculative(model, ids, N, on_token=lambda step, t: seen.append((step, t.clone())))
-    assert [s for s, _ in seen] == list(range(N)) and torch.equal(
-        torch.cat([t for _, t in seen], 1), out)
+    assert ([s for s, _ in seen] == list(range(N))
+            and torch.equal(torch.cat([t for _, t in seen], 1), out))
 
 
 # ---- refusals

@@ -38,8 +38,8 @@ def test_every_benchmarked_strategy_is_token_exact_through_kvlab_decode(name, mo
     out = kvlab.decode(model, ids, N, strategy=name,
                        on_token=lambda step, t: seen.append((step, t.clone())))
     assert out.shape == (2, N) and torch.equal(out, naive), name
-    assert [s for s, _ in seen] == list(range(N)) and torch.equal(
-        torch.cat([t for _, t in seen], 1).to(out.device), out)
+    assert ([s for s, _ in seen] == list(range(N))
+            and torch.equal(torch.cat([t for _, t in seen], 1).to(out.device), out))
 
 
 def test_the_benchmark_lists_exactly_the_registry(capsys):
