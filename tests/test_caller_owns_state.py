@@ -1,5 +1,5 @@
-"""The caller owns the state: kvlab stores nothing on a model, so every decode follows the model as it is now, and a
-decoder the caller holds refuses to replay graphs after what they froze moved."""
+"""The caller owns the state: kvlab stores nothing on a model, so every decode follows the model as
+it is now, and a decoder the caller holds refuses to replay graphs after what they froze moved."""
 
 import gc
 import weakref
@@ -17,14 +17,16 @@ IDS = torch.tensor([[1, 2, 3, 4, 5]])
 STRATEGIES = {
     "graph-safe": decode_graph_safe,
     "graph-safe-kernels": decode_graph_safe_kernels,
-    "graph-safe-compiled": decode_graph_safe_compiled,  # on CPU: the fused copy, not compiled, emulated graphs
+    # on CPU: the fused copy, not compiled, emulated graphs
+    "graph-safe-compiled": decode_graph_safe_compiled,
     "reduce-overhead": lambda m, ids, n: kvlab.decode(m, ids, n, strategy="reduce-overhead"),
 }
 GRAPH_SAFE = ["graph-safe", "graph-safe-kernels", "graph-safe-compiled"]
 
 
 def stored(model) -> dict:
-    """What an object holds in its own ``__dict__`` and in its modules', by name (what kvlab must not add to)."""
+    """What an object holds in its own ``__dict__`` and in its modules', by name (what kvlab must
+    not add to)."""
     return {name: set(m.__dict__) for name, m in model.named_modules()}
 
 
@@ -37,7 +39,8 @@ def test_a_decode_stores_nothing_on_the_model_and_the_model_is_freed(name):
     alive = weakref.ref(model)
     del model
     gc.collect()
-    assert alive() is None, "something kvlab made kept the model alive after the last reference went"
+    assert alive() is None, (
+        "something kvlab made kept the model alive after the last reference went")
 
 
 @pytest.mark.parametrize("name", GRAPH_SAFE)
@@ -79,15 +82,17 @@ def test_a_changed_module_or_config_is_followed_by_the_next_decode(name, change)
 
 
 def test_read_addresses_lists_every_parameter_and_buffer_as_they_lie():
-    """What a held decoder compares before each decode: every parameter and buffer, a tied weight under each of its
-    names, a child slot set to None skipped."""
+    """What a held decoder compares before each decode: every parameter and buffer, a tied weight
+    under each of its names, a child slot set to None skipped."""
     model = kvlab.tiny_model("tiny-llama")
     model.model.register_module("unused", None)
-    tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    tensors = [*model.named_parameters(remove_duplicate=False),
+               *model.named_buffers(remove_duplicate=False)]
     expected = Counter((t.data_ptr(), tuple(t.shape), str(t.dtype)) for _, t in tensors)
     got = Counter((ptr, tuple(shape), str(dtype)) for ptr, shape, dtype in read_addresses(model))
     assert got == expected and len(tensors) > 20
-    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())  # moved: another address
+    # moved: another address
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
     assert Counter((p, tuple(s), str(d)) for p, s, d in read_addresses(model)) != expected
 
 
@@ -95,18 +100,22 @@ def test_a_held_decoder_refuses_weights_that_moved():
     model = kvlab.tiny_model("tiny-llama")
     decoder = GraphSafeDecoder(model, 32)
     first = decoder.generate(IDS, 4)
-    assert torch.equal(kvlab.decode(model, IDS, 4, strategy="graph-safe", decoder=decoder), first)  # replayed
+    # replayed
+    assert torch.equal(kvlab.decode(model, IDS, 4, strategy="graph-safe", decoder=decoder), first)
     model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
-    with pytest.raises(GraphSafeError, match=r"model\.lm_head\.weight was replaced.*Build a new one"):
+    with pytest.raises(GraphSafeError,
+                       match=r"model\.lm_head\.weight was replaced.*Build a new one"):
         decoder.generate(IDS, 4)
 
 
 @pytest.mark.parametrize("edit", ["in-place", "replaced", "load_state_dict", "fewer-layers", "eps"])
 def test_a_held_compiled_decoder_refuses_any_edit_its_copy_would_not_see(edit):
-    """Its step reads a fused copy made when it was built: an edit of the original after that would not reach
-    it, so the next decode through the held decoder is refused, naming the edit (issue 48, finding 2)."""
+    """Its step reads a fused copy made when it was built: an edit of the original after that would
+    not reach it, so the next decode through the held decoder is refused, naming the edit (issue 48,
+    finding 2)."""
     model = kvlab.tiny_model("tiny-llama")
-    decoder = compiled_decoder(model, IDS, 4, max_cache_len=32, steps=4, graph=True)  # CPU: emulated, not compiled
+    # CPU: emulated, not compiled
+    decoder = compiled_decoder(model, IDS, 4, max_cache_len=32, steps=4, graph=True)
     assert torch.equal(kvlab.decode(model, IDS, 4, strategy="graph-safe-compiled", decoder=decoder),
                        kvlab.decode(model, IDS, 4))
     with torch.no_grad():
@@ -125,25 +134,32 @@ def test_a_held_compiled_decoder_refuses_any_edit_its_copy_would_not_see(edit):
         decoder.generate(IDS, 4)
     with pytest.raises(GraphSafeError, match="copy of the model"):
         kvlab.decode(model, IDS, 4, strategy="graph-safe-compiled", decoder=decoder)
-    assert torch.equal(kvlab.decode(model, IDS, 4, strategy="graph-safe-compiled"), kvlab.decode(model, IDS, 4))
+    assert torch.equal(kvlab.decode(model, IDS, 4, strategy="graph-safe-compiled"),
+                       kvlab.decode(model, IDS, 4))
 
 
-@pytest.mark.parametrize("name", ["graph-safe", "graph-safe-kernels", "graph-safe-speculative", "paged"])
+@pytest.mark.parametrize("name", ["graph-safe", "graph-safe-kernels", "graph-safe-speculative",
+                                  "paged"])
 def test_a_held_graph_refuses_a_module_setting_changed_after_capture(name):
-    """A graph bakes in the plain-Python numbers its step read (an RMSNorm's epsilon): a held decoder refuses a
-    decode after one changed, naming it, and a fresh decode follows the model (issue 48, finding 3)."""
+    """A graph bakes in the plain-Python numbers its step read (an RMSNorm's epsilon): a held
+    decoder refuses a decode after one changed, naming it, and a fresh decode follows the model
+    (issue 48, finding 3)."""
     model = kvlab.tiny_model("tiny-llama")
     state = kvlab.STRATEGIES[name].state(model, IDS, 4)
-    assert torch.equal(kvlab.decode(model, IDS, 4, strategy=name, **state), kvlab.decode(model, IDS, 4))
+    assert torch.equal(kvlab.decode(model, IDS, 4, strategy=name, **state),
+                       kvlab.decode(model, IDS, 4))
     model.model.layers[0].input_layernorm.variance_epsilon = 0.5
-    with pytest.raises(GraphSafeError, match=r"input_layernorm\.variance_epsilon changed from .* to 0\.5"):
+    with pytest.raises(GraphSafeError,
+                       match=r"input_layernorm\.variance_epsilon changed from .* to 0\.5"):
         kvlab.decode(model, IDS, 4, strategy=name, **state)
     assert torch.equal(kvlab.decode(model, IDS, 4, strategy=name), kvlab.decode(model, IDS, 4))
 
 
 @pytest.mark.parametrize(("strategy", "option"), [
-    ("graph-safe", {"graph": False}), ("graph-safe", {"prefill_bucket": 8}), ("graph-safe-kernels", {"steps": 2}),
-    ("graph-safe-compiled", {"compile_mode": "default"}), ("graph-safe-kernels", {"fill_splits": False}),
+    ("graph-safe", {"graph": False}), ("graph-safe", {"prefill_bucket": 8}),
+    ("graph-safe-kernels", {"steps": 2}),
+    ("graph-safe-compiled", {"compile_mode": "default"}),
+    ("graph-safe-kernels", {"fill_splits": False}),
     ("graph-safe-kernels", {"tiles": False})])
 def test_a_decoder_with_settings_of_its_own_is_refused_at_the_door(strategy, option):
     model = kvlab.tiny_model("tiny-llama")
@@ -180,13 +196,14 @@ def test_timing_a_strategy_builds_its_decoder_once():
 
 
 def test_no_lesson_path_module_imports_the_lab():
-    """kvlab/ is the lesson path; kvlab/lab/ is the bench behind it. Only kvlab/__init__ (which re-exports
-    load_model and tiny_model) and the exercise checkers may reach into the lab."""
+    """kvlab/ is the lesson path; kvlab/lab/ is the bench behind it. Only kvlab/__init__ (which
+    re-exports load_model and tiny_model) and the exercise checkers may reach into the lab."""
     import ast
     from pathlib import Path
 
     root = Path(kvlab.__file__).parent
-    lesson_path = [p for p in root.rglob("*.py") if p.relative_to(root).parts[0] not in ("lab", "exercises")
+    lesson_path = [
+        p for p in root.rglob("*.py") if p.relative_to(root).parts[0] not in ("lab", "exercises")
                    and p.name != "__init__.py" or p.parent.name == "kernels"]
     assert {"decoding.py", "graph_decoder.py", "step.py"} <= {p.name for p in lesson_path}
     for path in lesson_path:
@@ -200,15 +217,17 @@ def test_no_lesson_path_module_imports_the_lab():
                 names = [a.name for a in node.names]
             else:
                 continue
-            assert not any(n == "kvlab.lab" or n.startswith("kvlab.lab.") for n in names), \
-                f"{path.relative_to(root)} imports {names[0]}: the lesson path must not import kvlab.lab"
+            assert not any(n == "kvlab.lab" or n.startswith("kvlab.lab.") for n in names), (
+                f"{path.relative_to(root)} imports {names[0]}: the lesson path must not import "
+                "kvlab.lab")
 
 
 @pytest.mark.parametrize("name", ["graph-safe", "graph-safe-kernels"])
 def test_following_one_decode_enters_no_module_twice(name):
-    """On every call stack of one decode, each kvlab module is one run of frames: no module calls down into another
-    that calls back up into it. kvlab.graphs is left out: capture(fn) calls back the step it records (that is its
-    contract), and its emulation watches every operation of that step."""
+    """On every call stack of one decode, each kvlab module is one run of frames: no module calls
+    down into another that calls back up into it. kvlab.graphs is left out: capture(fn) calls back
+    the step it records (that is its contract), and its emulation watches every operation of that
+    step."""
     import sys
 
     model, seen = kvlab.tiny_model("tiny-llama"), set()
@@ -219,7 +238,8 @@ def test_following_one_decode_enters_no_module_twice(name):
         runs = []
         while frame is not None:
             module = frame.f_globals.get("__name__", "")
-            if module.startswith("kvlab.") and module != "kvlab.graphs" and (not runs or runs[-1] != module):
+            if module.startswith("kvlab.") and module != "kvlab.graphs" and (
+                not runs or runs[-1] != module):
                 runs.append(module)
             frame = frame.f_back
         seen.add(tuple(reversed(runs)))
@@ -235,8 +255,8 @@ def test_following_one_decode_enters_no_module_twice(name):
 
 
 def test_a_kernels_decoder_without_a_copy_decodes_the_model_as_it_is_at_each_replay():
-    """The kernels read the model's own weights (q/k/v and gate/up as stacked parts), so the decoder holds no
-    second copy; an in-place edit reaches its next decode, a replaced weight is refused."""
+    """The kernels read the model's own weights (q/k/v and gate/up as stacked parts), so the decoder
+    holds no second copy; an in-place edit reaches its next decode, a replaced weight is refused."""
     model = kvlab.tiny_model("tiny-llama")
     decoder = kernels_decoder(model, IDS, 4, max_cache_len=32, steps=4)
     own = {p.data_ptr() for p in model.parameters()}
@@ -244,9 +264,11 @@ def test_a_kernels_decoder_without_a_copy_decodes_the_model_as_it_is_at_each_rep
     assert torch.equal(decoder.generate(IDS, 4), kvlab.decode(model, IDS, 4))
     with torch.no_grad():
         model.model.layers[0].self_attn.k_proj.weight.mul_(-2.0)  # a part of the stacked q/k/v
-        model.lm_head.weight.detach().numpy()[:] *= -1.0  # past the version counter: the graph reads memory
+        # past the version counter: the graph reads memory
+        model.lm_head.weight.detach().numpy()[:] *= -1.0
     assert torch.equal(decoder.generate(IDS, 4), kvlab.decode(model, IDS, 4))
-    model.model.layers[1].mlp.up_proj.weight = torch.nn.Parameter(model.model.layers[1].mlp.up_proj.weight.detach() * 2)
+    model.model.layers[1].mlp.up_proj.weight = torch.nn.Parameter(
+        model.model.layers[1].mlp.up_proj.weight.detach() * 2)
     with pytest.raises(GraphSafeError, match=r"up_proj\.weight was replaced"):
         decoder.generate(IDS, 4)
 
@@ -262,7 +284,8 @@ def test_the_kernels_steps_own_options_are_refused_for_the_model_step(option):
 def test_kvlab_decode_takes_the_kernels_options_and_stays_token_exact(options):
     model = kvlab.tiny_model("tiny-qwen2")  # q/k/v biases: stacked too
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2]])
-    assert torch.equal(kvlab.decode(model, ids, 6, strategy="graph-safe-kernels", **options), kvlab.decode(model, ids, 6))
+    assert torch.equal(kvlab.decode(model, ids, 6, strategy="graph-safe-kernels", **options),
+                       kvlab.decode(model, ids, 6))
     decoder = kvlab.STRATEGIES["graph-safe-kernels"].state(model, ids, 6)["decoder"]
     with pytest.raises(ValueError, match="keeps the settings it was built with"):
         kvlab.decode(model, ids, 6, strategy="graph-safe-kernels", decoder=decoder, **options)

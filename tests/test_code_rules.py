@@ -27,14 +27,16 @@ def prose(path: Path):
         elif tok.type == tokenize.STRING:
             before = [t for t in tokens[:i] if t.type not in (tokenize.NL, tokenize.COMMENT)]
             after = tokens[i + 1].type if i + 1 < len(tokens) else tokenize.ENDMARKER
-            starts = not before or before[-1].type in (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
+            starts = not before or before[-1].type in (tokenize.NEWLINE, tokenize.INDENT,
+                                                       tokenize.DEDENT)
             if starts and after in (tokenize.NEWLINE, tokenize.ENDMARKER):
                 for k, line in enumerate(tok.string.splitlines()):
                     yield tok.start[0] + k, line
 
 
 def test_rule_patterns_catch_what_they_are_for():
-    assert HASH.search("see 958930d for the sweep") and not HASH.search("the deadbeef value 1234567")
+    assert (HASH.search("see 958930d for the sweep")
+            and not HASH.search("the deadbeef value 1234567"))
     assert TIMING.search("3.9 against 5.2 ms") and TIMING.search("at 700 GB/s")
     assert TIMING.search("6.95 µs at 4 splits") and not TIMING.search("16 rows, 2 warps")
     assert TIMING.search("took 3 s") and not TIMING.search("then 0s (never read)")
@@ -48,5 +50,6 @@ def test_no_measurements_or_hashes_in_kvlab_comments_and_docstrings():
             for what, pattern in RULES.items():
                 if pattern.search(text):
                     found.append(f"{path.relative_to(KVLAB.parent)}:{line}: {what}: {text.strip()}")
-    assert not found, ("comments and docstrings state rules; move each measurement to data/README.md:\n"
+    assert not found, (
+        "comments and docstrings state rules; move each measurement to data/README.md:\n"
                        + "\n".join(found))

@@ -1,4 +1,5 @@
-"""kvlab.decoding: input validation, the strategy table, and the naive loop against model.generate."""
+"""kvlab.decoding: input validation, the strategy table, and the naive loop against
+model.generate."""
 
 import pytest
 import torch
@@ -17,7 +18,8 @@ def model():
 def test_naive_equals_generate_without_cache(name, prompt):
     model = tiny_model(name)
     ids = prompt(7, batch=2)
-    expected = model.generate(ids, max_new_tokens=10, do_sample=False, use_cache=False)[:, ids.shape[1]:]
+    expected = model.generate(ids, max_new_tokens=10, do_sample=False,
+                              use_cache=False)[:, ids.shape[1]:]
     new = kvlab.decode(model, ids, 10, strategy="naive")
     assert new.dtype == torch.long and new.shape == (2, 10)
     assert torch.equal(new, expected)
@@ -63,7 +65,8 @@ def test_decode_rejects_bad_inputs(model, ids, n, match):
 
 
 def test_check_inputs_accepts_the_longest_allowed(model):
-    decoding.check_inputs(model, torch.tensor([[1, 2]]), 1022)  # 2 + 1022 == max_position_embeddings
+    # 2 + 1022 == max_position_embeddings
+    decoding.check_inputs(model, torch.tensor([[1, 2]]), 1022)
 
 
 def test_unknown_strategy(model, prompt):
@@ -76,7 +79,8 @@ def test_unknown_strategy(model, prompt):
 def test_strategy_table():
     assert "naive" in kvlab.STRATEGIES and kvlab.STRATEGIES is strategies.STRATEGIES
     for name, s in kvlab.STRATEGIES.items():
-        assert s.function.__module__.startswith("kvlab.") and s.name == name and s.kind in strategies.KINDS, name
+        assert (s.function.__module__.startswith("kvlab.") and s.name == name
+                and s.kind in strategies.KINDS), name
     assert strategies.strategy_named("naive").function is decoding.decode_naive
 
 
@@ -87,7 +91,8 @@ def test_a_padded_batch_is_refused_and_a_tokenizers_output_is_accepted(prompt):
     ids = prompt(6, batch=2)
     mask = torch.ones_like(ids)
     decode = kvlab.decode
-    assert torch.equal(decode(model, BatchEncoding({"input_ids": ids, "attention_mask": mask}), 3), decode(model, ids, 3))
+    assert torch.equal(decode(model, BatchEncoding({"input_ids": ids, "attention_mask": mask}), 3),
+                       decode(model, ids, 3))
     assert torch.equal(decode(model, ids, 3, attention_mask=mask), decode(model, ids, 3))
     mask[1, :2] = 0  # left padding of the second row
     for call in (lambda: decode(model, ids, 3, attention_mask=mask, strategy="handwritten"),
@@ -100,7 +105,8 @@ def test_a_padded_batch_is_refused_and_a_tokenizers_output_is_accepted(prompt):
 
 def test_more_bad_inputs_get_a_clear_error(model, prompt):
     ids = prompt(5)
-    for bad_ids, n, says in [(ids[:0], 3, "the batch is empty"), (ids, True, "max_new_tokens must be a positive int"),
+    for bad_ids, n, says in [(ids[:0], 3, "the batch is empty"),
+                             (ids, True, "max_new_tokens must be a positive int"),
                              ({"ids": ids}, 3, "needs 'input_ids'")]:
         with pytest.raises(ValueError, match=says):
             kvlab.decode(model, bad_ids, n)
@@ -114,7 +120,8 @@ def test_more_bad_inputs_get_a_clear_error(model, prompt):
 
 def test_load_models_pair_is_refused_with_what_to_do(prompt):
     pair = kvlab.load_model("tiny-llama")
-    with pytest.raises(TypeError, match=r"load_model returns \(model, tokenizer\)\. Unpack it first"):
+    with pytest.raises(TypeError,
+                       match=r"load_model returns \(model, tokenizer\)\. Unpack it first"):
         kvlab.decode(pair, prompt(4), 2)
     with pytest.raises(TypeError, match="a torch.nn.Module"):
         kvlab.decode("tiny-llama", prompt(4), 2)
@@ -138,8 +145,10 @@ def test_options_a_strategy_would_ignore_are_refused(model, prompt):
         kvlab.decode(model, ids, 3, strategy="graph-safe", decoder=decoder, cache=cache)
     with pytest.raises(ValueError, match="pass decoder= or max_cache_len=, not both"):
         kvlab.decode(model, ids, 3, strategy="graph-safe", decoder=decoder, max_cache_len=32)
-    for strategy, made in (("graph-safe", cache), ("static", StaticCache(config=model.config, max_cache_len=16))):
-        with pytest.raises(ValueError, match="pass cache= or max_cache_len=, not both.*Drop max_cache_len="):
+    for strategy, made in (("graph-safe", cache),
+                           ("static", StaticCache(config=model.config, max_cache_len=16))):
+        with pytest.raises(ValueError,
+                           match="pass cache= or max_cache_len=, not both.*Drop max_cache_len="):
             kvlab.decode(model, ids, 3, strategy=strategy, cache=made, max_cache_len=32)
     want = kvlab.decode(model, ids, 3)  # each one alone is still taken
     assert torch.equal(kvlab.decode(model, ids, 3, strategy="graph-safe", decoder=decoder), want)

@@ -101,7 +101,8 @@ def test_naive_decode_shapes_and_batches():
     as_list = lesson01.check_naive_decode(lambda m, ids, n: decode_naive(m, ids, n).tolist())
     assert "LongTensor" in as_list
     for dtype in (torch.float32, torch.bool):  # torch.equal compares values, not dtypes
-        verdict = lesson01.check_naive_decode(lambda m, ids, n: decode_naive(m, ids, n).to(dtype))
+        verdict = lesson01.check_naive_decode(
+            lambda m, ids, n, dtype=dtype: decode_naive(m, ids, n).to(dtype))
         assert verdict.startswith("not quite") and str(dtype) in verdict, verdict
 
 

@@ -1,4 +1,5 @@
-"""kvlab.frozen_state: a snapshot of what a captured graph or a fused copy freezes, and the check that names a change."""
+"""kvlab.frozen_state: a snapshot of what a captured graph or a fused copy freezes, and the check
+that names a change."""
 
 import pytest
 import torch
@@ -50,12 +51,15 @@ EDITS = {
     "setting": (lambda m: setattr(m.model.norm, "variance_epsilon", 1e-3),
                 r"model\.model\.norm\.variance_epsilon changed from [0-9.e-]+ to 0\.001"),
     "deleted setting": (lambda m: delattr(m.model.layers[1].self_attn, "scaling"),
-                        r"model\.model\.layers\.1\.self_attn\.scaling changed from 0\.25 to \(absent\)"),
+                        r"model\.model\.layers\.1\.self_attn\.scaling changed from 0\.25 to "
+                        r"\(absent\)"),
     "in place": (lambda m: m.model.layers[0].mlp.down_proj.weight.detach().mul_(2),
                  r"model\.model\.layers\.0\.mlp\.down_proj\.weight was edited in place"),
-    "replaced": (lambda m: setattr(m.model.norm, "weight", torch.nn.Parameter(m.model.norm.weight.detach() + 1)),
+    "replaced": (lambda m: setattr(m.model.norm, "weight",
+                                   torch.nn.Parameter(m.model.norm.weight.detach() + 1)),
                  r"model\.model\.norm\.weight was replaced by another tensor"),
-    "rebound data": (lambda m: setattr(m.model.norm.weight, "data", m.model.norm.weight.detach()[:8]),
+    "rebound data": (lambda m: setattr(m.model.norm.weight, "data",
+                                       m.model.norm.weight.detach()[:8]),
                      r"model\.model\.norm\.weight now holds other memory \(\(8,\)"),
     "dtype": (lambda m: m.to(torch.float64), r"now holds other memory .*torch\.float64"),
     "layers removed": (lambda m: setattr(m.model, "layers", m.model.layers[:1]),
@@ -69,7 +73,8 @@ EDITS = {
                         r"model\.model\.layers\.0\.mlp\.forward was replaced on the instance"),
     "hook": (lambda m: m.model.layers[1].register_forward_hook(lambda *a: None),
              r"model\.model\.layers\.1 has 1 forward hooks, had 0"),
-    "attention": (_set_attn_eager, r"model\.config\._attn_implementation changed from 'sdpa' to 'eager'"),
+    "attention": (_set_attn_eager,
+                  r"model\.config\._attn_implementation changed from 'sdpa' to 'eager'"),
 }
 
 
@@ -106,7 +111,8 @@ def test_another_model_and_a_global_hook_are_refused():
 
 
 def test_what_it_cannot_see_is_what_its_docstring_says():
-    """``.data`` has its own version counter: an edit through it is invisible (documented, not caught)."""
+    """``.data`` has its own version counter: an edit through it is invisible (documented, not
+    caught)."""
     import kvlab.frozen_state as module
 
     model = tiny_model("tiny-llama")
@@ -123,8 +129,10 @@ def test_layer_problem_says_what_to_do():
     assert "model.config.num_hidden_layers = 1" in layer_problem(model)
     model.config.num_hidden_layers = 1
     assert layer_problem(model) is None
-    model.model.layers = torch.nn.ModuleList([model.model.layers[0], tiny_model("tiny-llama").model.layers[1]])
+    model.model.layers = torch.nn.ModuleList([model.model.layers[0],
+                                              tiny_model("tiny-llama").model.layers[1]])
     model.config.num_hidden_layers = 2
     assert layer_problem(model) is None
-    model.model.layers = model.model.layers[::-1]  # reordered: each attention writes the other's cache layer
+    # reordered: each attention writes the other's cache layer
+    model.model.layers = model.model.layers[::-1]
     assert "layers[0] reads and writes cache layer 1" in layer_problem(model)

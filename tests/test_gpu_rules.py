@@ -1,6 +1,7 @@
-"""What runs on which GPU, with the GPU queries faked (no GPU here): bf16 only where it is native, kvlab's Triton
-kernels from compute capability 8.0 (Ampere), programmatic dependent launch from 9.0 (Hopper); a T4 (7.5) gets
-float16 and the PyTorch form of the kernels. One rule, ``runtime.gpu_supports``, decides for every caller."""
+"""What runs on which GPU, with the GPU queries faked (no GPU here): bf16 only where it is native,
+kvlab's Triton kernels from compute capability 8.0 (Ampere), programmatic dependent launch from 9.0
+(Hopper); a T4 (7.5) gets float16 and the PyTorch form of the kernels. One rule,
+``runtime.gpu_supports``, decides for every caller."""
 
 from types import SimpleNamespace
 
@@ -19,21 +20,26 @@ def gpu(monkeypatch):
     """``gpu(capability, bf16=...)``: make torch report one CUDA GPU of that compute capability."""
 
     def fake(capability, *, bf16=None):
-        monkeypatch.setattr(runtime, "_CAPABILITY", {})  # asked once per GPU: forget the real answer
+        # asked once per GPU: forget the real answer
+        monkeypatch.setattr(runtime, "_CAPABILITY", {})
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
         native = capability >= (8, 0) if bf16 is None else bf16
-        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: native or including_emulation)
-        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: f"fake GPU sm{capability[0]}{capability[1]}")
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                            lambda including_emulation=True: native or including_emulation)
+        monkeypatch.setattr(torch.cuda, "get_device_name",
+                            lambda device=None: f"fake GPU sm{capability[0]}{capability[1]}")
 
     return fake
 
 
 @pytest.mark.parametrize(("name", "dtype"), [
-    ("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16), ("torch.bfloat16", torch.bfloat16), ("BF16", torch.bfloat16),
+    ("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16), ("torch.bfloat16", torch.bfloat16),
+    ("BF16", torch.bfloat16),
     ("fp16", torch.float16), ("float16", torch.float16), ("half", torch.float16),
-    ("fp32", torch.float32), ("float32", torch.float32), ("float", torch.float32), ("float64", torch.float64),
+    ("fp32", torch.float32), ("float32", torch.float32), ("float", torch.float32),
+    ("float64", torch.float64),
     (torch.float16, torch.float16),
 ])
 def test_dtype_names(name, dtype):
@@ -56,9 +62,11 @@ def test_a_t4_gets_float16_and_refuses_bf16_saying_what_to_use(gpu):
         with pytest.raises(ValueError, match=r"no native bfloat16.*dtype=torch\.float16"):
             runtime.pick_dtype(CUDA, asked)
     with pytest.raises(ValueError, match="float16"):
-        runtime.check_dtype("cuda:0", torch.bfloat16)  # what compile_step and compiled_decoder(compile_mode=...) ask
+        # what compile_step and compiled_decoder(compile_mode=...) ask
+        runtime.check_dtype("cuda:0", torch.bfloat16)
     runtime.check_dtype("cuda", torch.float16)
-    assert runtime.pick_dtype("cpu", "bf16") == torch.bfloat16  # a CPU computes bf16 (slowly); not refused
+    # a CPU computes bf16 (slowly); not refused
+    assert runtime.pick_dtype("cpu", "bf16") == torch.bfloat16
 
 
 @pytest.mark.parametrize("capability", [A100, H200])
@@ -69,7 +77,8 @@ def test_ampere_and_newer_get_bf16(gpu, capability):
 
 
 @pytest.mark.parametrize(("capability", "triton_kernels", "pdl"), [
-    (T4, False, False), ((7, 0), False, False), (A100, True, False), ((8, 6), True, False), ((8, 9), True, False),
+    (T4, False, False), ((7, 0), False, False), (A100, True, False), ((8, 6), True, False),
+    ((8, 9), True, False),
     (H200, True, True), (BLACKWELL, True, True), ((12, 0), True, True),
 ])
 def test_the_capability_rule(gpu, capability, triton_kernels, pdl):
@@ -90,7 +99,8 @@ def test_no_cuda_supports_nothing(monkeypatch):
 def test_the_capability_is_asked_once_per_gpu(gpu, monkeypatch):
     gpu(H200)
     asked = []
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: asked.append(device) or H200)
+    monkeypatch.setattr(torch.cuda, "get_device_capability",
+                        lambda device=None: asked.append(device) or H200)
     for _ in range(3):
         runtime.gpu_supports("cuda:0", runtime.PDL)
         runtime.gpu_supports("cuda:1", runtime.PDL)
@@ -98,8 +108,9 @@ def test_the_capability_is_asked_once_per_gpu(gpu, monkeypatch):
 
 
 def test_the_rule_is_a_constant_under_torch_compile(monkeypatch):
-    """graph-safe-compiled asks it inside its compiled step (fullgraph=True): it must not break the graph. Faked one
-    level lower than the others, since dynamo itself calls torch.cuda.is_available."""
+    """graph-safe-compiled asks it inside its compiled step (fullgraph=True): it must not break the
+    graph. Faked one level lower than the others, since dynamo itself calls
+    torch.cuda.is_available."""
     capability = {"now": T4}
     monkeypatch.setattr(runtime, "gpu_capability", lambda index=None: capability["now"])
 
@@ -108,22 +119,26 @@ def test_the_rule_is_a_constant_under_torch_compile(monkeypatch):
 
     for capability["now"], expected in ((T4, -1.0), (A100, 1.0)):
         torch._dynamo.reset()
-        assert torch.compile(step, backend="eager", fullgraph=True)(torch.zeros(2)).tolist() == [expected] * 2
+        assert torch.compile(step, backend="eager",
+                             fullgraph=True)(torch.zeros(2)).tolist() == [expected] * 2
     torch._dynamo.reset()
 
 
 @pytest.mark.skipif(common.triton is None, reason="needs Triton (the course installs it on Linux)")
 @pytest.mark.parametrize(("capability", "kernels"), [(T4, False), (A100, True), (H200, True)])
 def test_triton_kernels_only_from_ampere(gpu, capability, kernels):
-    """kvlab.kernels.common.available is what graph-safe-compiled's attention and every kernel of graph-safe-kernels
-    ask: False on a T4, so the attention stays SDPA and the kernel step runs the PyTorch form of the same math."""
+    """kvlab.kernels.common.available is what graph-safe-compiled's attention and every kernel of
+    graph-safe-kernels ask: False on a T4, so the attention stays SDPA and the kernel step runs the
+    PyTorch form of the same math."""
     gpu(capability)
-    query = SimpleNamespace(device=CUDA, shape=(1, 64))  # only its device (and rows, for the GEMV) are looked at
+    # only its device (and rows, for the GEMV) are looked at
+    query = SimpleNamespace(device=CUDA, shape=(1, 64))
     assert common.available(query) is kernels
     assert gemv.uses_gemv_kernel(query) is kernels
 
 
-@pytest.mark.parametrize(("capability", "expected"), [(T4, False), (A100, False), (H200, True), (BLACKWELL, True)])
+@pytest.mark.parametrize(("capability", "expected"),
+                         [(T4, False), (A100, False), (H200, True), (BLACKWELL, True)])
 def test_pdl_only_from_hopper(gpu, capability, expected):
     gpu(capability)
     assert common.pdl(CUDA) is (expected and common.HAS_GDC and not common.INTERPRET)
@@ -145,7 +160,8 @@ def test_inductor_pdl_only_from_hopper(gpu, capability, expected):
 
 
 @pytest.mark.parametrize(("capability", "says"), [
-    (T4, ["compute capability 7.5", "dtype: float16", "bf16 is refused", "PyTorch form runs instead"]),
+    (T4, ["compute capability 7.5", "dtype: float16", "bf16 is refused",
+          "PyTorch form runs instead"]),
     (A100, ["compute capability 8.0", "dtype: bfloat16", "Triton kernels run", "launch needs 9.0"]),
     (H200, ["compute capability 9.0", "dtype: bfloat16", "Triton kernels run"]),
 ])
@@ -170,8 +186,8 @@ H100 = (9, 0)
 
 
 def test_the_t4_proxy_answers_as_a_t4_on_an_h100(gpu, monkeypatch):
-    """Every kvlab rule answers as a T4 would (float16, no Triton kernels, no PDL, 40 multiprocessors, the name a
-    number is recorded under) while torch still reports the real GPU."""
+    """Every kvlab rule answers as a T4 would (float16, no Triton kernels, no PDL, 40
+    multiprocessors, the name a number is recorded under) while torch still reports the real GPU."""
     gpu(H100)
     assert runtime.pick_dtype(CUDA) == torch.bfloat16 and runtime.gpu_supports(CUDA, runtime.PDL)
     monkeypatch.setenv(runtime.GPU_AS_ENV, "t4")

@@ -1,5 +1,6 @@
-"""kvlab.fusion and kvlab.graph_decoder's multi-step graphs: fewer kernels, several steps per graph, the same tokens as
-naive; the decoder's constructor stays small, and ``import kvlab`` loads no Triton."""
+"""kvlab.fusion and kvlab.graph_decoder's multi-step graphs: fewer kernels, several steps per graph,
+the same tokens as naive; the decoder's constructor stays small, and ``import kvlab`` loads no
+Triton."""
 
 import inspect
 import subprocess
@@ -21,8 +22,10 @@ def test_fused_model_is_token_exact(name):
     model = tiny_model(name)
     ids = torch.randint(0, 256, (2, 9), generator=torch.Generator().manual_seed(1))
     fast = fusion.fused_copy(model)
-    assert fast is not model and fusion.fused_copy(model) is not fast  # a new copy each time: the caller holds it
-    assert hasattr(fast.model.layers[0].self_attn, "qkv_proj") and not hasattr(fast.model.layers[0].self_attn, "q_proj")
+    # a new copy each time: the caller holds it
+    assert fast is not model and fusion.fused_copy(model) is not fast
+    assert hasattr(fast.model.layers[0].self_attn,
+                   "qkv_proj") and not hasattr(fast.model.layers[0].self_attn, "q_proj")
     assert hasattr(model.model.layers[0].self_attn, "q_proj")  # the original is untouched
     assert torch.equal(kvlab.decode(fast, ids, 24), kvlab.decode(model, ids, 24))
 
@@ -37,7 +40,8 @@ def test_gemv_path_matches_linear(monkeypatch):
     x = torch.randn(2, 1, 16)
     fusion.use_gemv(layer)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))  # the reduction form
+    # the reduction form
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
     big = torch.randn(3, fusion.REDUCTION_MAX_ROWS, 16)  # too many rows: back to F.linear
     torch.testing.assert_close(layer(big), F.linear(big, layer.weight, layer.bias))
 
@@ -46,9 +50,11 @@ def test_gemv_path_matches_linear(monkeypatch):
 def test_multi_step_graphs_are_exact_across_prompts(name):
     model = tiny_model(name)
     gen = torch.Generator().manual_seed(2)
-    for prompt_len, n in [(7, 11), (3, 11), (12, 11)]:  # several prompts through the same captured graphs
+    # several prompts through the same captured graphs
+    for prompt_len, n in [(7, 11), (3, 11), (12, 11)]:
         ids = torch.randint(0, 256, (2, prompt_len), generator=gen)
-        out = decode_graph_safe_compiled(model, ids, n, steps=4, graph=True, max_cache_len=32)  # emulated on CPU
+        # emulated on CPU
+        out = decode_graph_safe_compiled(model, ids, n, steps=4, graph=True, max_cache_len=32)
         assert torch.equal(out, kvlab.decode(model, ids, n)), (name, prompt_len)
 
 
@@ -57,7 +63,8 @@ def test_unfused_and_eager_variants_are_exact():
     ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(3))
     ref = kvlab.decode(model, ids, 9)
     assert torch.equal(decode_graph_safe_compiled(model, ids, 9, fuse=False, steps=3), ref)
-    assert torch.equal(decode_graph_safe_compiled(model, ids, 9, fuse=False, steps=1, gemv=False), ref)
+    assert torch.equal(decode_graph_safe_compiled(model, ids, 9, fuse=False, steps=1, gemv=False),
+                       ref)
 
 
 def test_bad_settings_are_refused():
@@ -76,20 +83,24 @@ def test_a_decoder_refuses_to_be_pickled_or_copied_saying_to_build_a_new_one():
     decoder = GraphSafeDecoder(model, 16)
     decoder.generate(torch.tensor([[1, 2, 3]]), 4)  # a captured graph
     for copier in (pickle.dumps, copy.deepcopy, copy.copy):
-        with pytest.raises(TypeError, match="cannot be pickled or copied: it holds captured graphs bound to live "
-                                            "memory.*Build a new GraphSafeDecoder"):
+        with pytest.raises(TypeError,
+                           match="cannot be pickled or copied: it holds captured graphs bound to "
+                                 "live "
+                                 "memory.*Build a new GraphSafeDecoder"):
             copier(decoder)
     with pytest.raises(TypeError, match=r"load_model returns \(model, tokenizer\)"):
         GraphSafeDecoder((model, None), 16)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run on Colab/GPU machine")
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA GPU: run on Colab/GPU machine")
 def test_compiled_multi_step_graph_on_cuda():
     model = tiny_model("tiny-llama").cuda()
     ids = torch.randint(0, 256, (1, 8), device="cuda")
     ref = kvlab.decode(model, ids, 40)
     assert torch.equal(decode_graph_safe_compiled(model, ids, 40, steps=8), ref)
-    assert torch.equal(decode_graph_safe_compiled(model, ids, 40, steps=8), ref)  # replayed, not recaptured
+    # replayed, not recaptured
+    assert torch.equal(decode_graph_safe_compiled(model, ids, 40, steps=8), ref)
 
 
 def test_a_fused_copy_refuses_an_unknown_attention():
@@ -107,7 +118,8 @@ def test_prefill_mask_is_causal_from_the_counter():
 
 
 def test_the_decoder_takes_at_most_eight_parameters_and_its_step_as_a_function():
-    """gpt-fast's shape: the step is a function handed to the decoder, which owns only what every step shares."""
+    """gpt-fast's shape: the step is a function handed to the decoder, which owns only what every
+    step shares."""
     params = inspect.signature(GraphSafeDecoder).parameters
     assert len(params) <= 8, list(params)
     assert params["step"].default is model_step and params["graph"].default is True
@@ -115,7 +127,8 @@ def test_the_decoder_takes_at_most_eight_parameters_and_its_step_as_a_function()
     ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(6))
     calls = []
 
-    def counted_step(model, cache, token):  # any function of (model, cache, token) that writes the next token
+    # any function of (model, cache, token) that writes the next token
+    def counted_step(model, cache, token):
         calls.append(1)
         return model_step(model, cache, token)
 
@@ -131,27 +144,34 @@ def test_the_decoder_takes_at_most_eight_parameters_and_its_step_as_a_function()
 def test_the_compiled_builder_makes_the_fused_copy_and_the_decoder_checks_its_source():
     model = tiny_model("tiny-llama")
     ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(7))
-    decoder = compiled_decoder(model, ids, 6, steps=2, max_cache_len=16, graph=True)  # CPU: not compiled
+    # CPU: not compiled
+    decoder = compiled_decoder(model, ids, 6, steps=2, max_cache_len=16, graph=True)
     assert decoder.model is not model and decoder.source is model  # a copy, made by the builder
     assert hasattr(decoder.model.model.layers[0].self_attn, "qkv_proj")
-    assert torch.equal(decode_graph_safe_compiled(model, ids, 6, decoder=decoder), kvlab.decode(model, ids, 6))
-    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())  # the SOURCE moved
+    assert torch.equal(decode_graph_safe_compiled(model, ids, 6, decoder=decoder),
+                       kvlab.decode(model, ids, 6))
+    # the SOURCE moved
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
     with pytest.raises(GraphSafeError, match=r"lm_head\.weight was replaced.*copy of the model"):
         decoder.generate(ids, 6)
 
 
-IMPORT_CHECK = ("import kvlab, sys; assert 'triton' not in sys.modules and 'torch._dynamo' not in sys.modules "
-                "and not any(m.startswith('kvlab.kernels') for m in sys.modules)")
+IMPORT_CHECK = (
+    "import kvlab, sys; assert 'triton' not in sys.modules and 'torch._dynamo' not in sys.modules "
+    "and not any(m.startswith('kvlab.kernels') for m in sys.modules)")
 
 
 def test_import_kvlab_loads_no_triton_and_no_kernels():
-    """Lesson 00's first ``import kvlab`` does not pay for Triton: a strategy imports its module when it runs."""
+    """Lesson 00's first ``import kvlab`` does not pay for Triton: a strategy imports its module
+    when it runs."""
     done = subprocess.run([sys.executable, "-c", IMPORT_CHECK], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_a_kernels_strategy_loads_the_kernels_when_it_runs():
-    code = ("import kvlab, sys, torch; m = kvlab.tiny_model('tiny-llama'); ids = torch.tensor([[1, 2, 3]]); "
-            "kvlab.decode(m, ids, 2, strategy='graph-safe-kernels'); assert 'kvlab.kernels.step' in sys.modules")
+    code = ("import kvlab, sys, torch; m = kvlab.tiny_model('tiny-llama'); "
+            "ids = torch.tensor([[1, 2, 3]]); "
+            "kvlab.decode(m, ids, 2, strategy='graph-safe-kernels'); assert 'kvlab.kernels.step' "
+            "in sys.modules")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -1,8 +1,9 @@
-"""GraphSafeStaticCache and the "graph-safe" strategy: token-exact against "naive" on several architectures,
-several prompts through one graph, batch > 1, and every bad input refused before a tensor is touched.
+"""GraphSafeStaticCache and the "graph-safe" strategy: token-exact against "naive" on several
+architectures, several prompts through one graph, batch > 1, and every bad input refused before a
+tensor is touched.
 
-The same tests run on a CUDA GPU with real CUDA graphs (``device`` is parametrized over what is present);
-on CPU the capture is kvlab.graphs' emulation.
+The same tests run on a CUDA GPU with real CUDA graphs (``device`` is parametrized over what is
+present); on CPU the capture is kvlab.graphs' emulation.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ def model_on(name: str, device: str):
 
 
 def state(cache: GraphSafeStaticCache):
-    """Everything a bad input must leave untouched: counter, addresses, and a copy of every buffer."""
-    return int(cache.cache_position), cache.fingerprint(), [t.clone() for layer in cache.layers for t in (layer.keys, layer.values)]
+    """Everything a bad input must leave untouched: counter, addresses, and a copy of every
+    buffer."""
+    return int(cache.cache_position), cache.fingerprint(), [
+        t.clone() for layer in cache.layers for t in (layer.keys, layer.values)]
 
 
 def assert_unchanged(cache, before) -> None:
@@ -50,7 +53,8 @@ def assert_unchanged(cache, before) -> None:
     assert all(torch.equal(a, b) for a, b in zip(buffers, now, strict=True))
 
 
-# ------------------------------------------------------------------------------ token-exact, many shapes
+# ------------------------------------------------------------------------------ token-exact, many
+# shapes
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -77,7 +81,8 @@ def test_one_padded_prefill_graph_serves_every_length_up_to_the_bucket(arch, dev
     decoder = GraphSafeDecoder(model, max_cache_len=48, prefill_bucket=16)
     for i, length in enumerate((16, 1, 7, 12)):
         ids = prompt(length, seed=i, device=device)
-        assert torch.equal(decoder.generate(ids, NEW), kvlab.decode(model, ids, NEW)), f"{arch} prompt {length}"
+        assert torch.equal(decoder.generate(ids, NEW), kvlab.decode(model, ids, NEW)), (
+            f"{arch} prompt {length}")
     assert decoder.prefill_graph.replays == 4
     with pytest.raises(GraphSafeError, match="longer than prefill_bucket"):
         decoder.generate(prompt(17, device=device), 2)
@@ -113,17 +118,22 @@ def test_a_held_decoder_serves_several_prompts_and_calls_on_token(device, prompt
     got_a = kvlab.decode(model, a, NEW, strategy="graph-safe", decoder=decoder,
                          on_token=lambda step, ids: seen.append((step, ids.clone())))
     assert torch.equal(got_a, kvlab.decode(model, a, NEW))
-    assert [s for s, _ in seen] == list(range(NEW)) and torch.equal(torch.cat([t for _, t in seen], 1), got_a)
-    assert torch.equal(kvlab.decode(model, b, NEW, strategy="graph-safe", decoder=decoder), kvlab.decode(model, b, NEW))
+    assert ([s for s, _ in seen] == list(range(NEW))
+            and torch.equal(torch.cat([t for _, t in seen], 1), got_a))
+    assert torch.equal(kvlab.decode(model, b, NEW, strategy="graph-safe", decoder=decoder),
+                       kvlab.decode(model, b, NEW))
     assert decoder.step_graph.replays == 2 * (NEW - 1)  # one graph served both calls
-    assert torch.equal(kvlab.decode(model, b, NEW, strategy="graph-safe"), kvlab.decode(model, b, NEW))  # one of its own
+    # one of its own
+    assert torch.equal(kvlab.decode(model, b, NEW, strategy="graph-safe"),
+                       kvlab.decode(model, b, NEW))
     own = GraphSafeDecoder(model, 40)
     assert torch.equal(decode_graph_safe(model, b, 5, decoder=own), kvlab.decode(model, b, 5))
     fresh = GraphSafeStaticCache(config=model.config, max_cache_len=40)
     assert torch.equal(decode_graph_safe(model, b, 5, cache=fresh), kvlab.decode(model, b, 5))
 
 
-# ------------------------------------------------------------------------------ graphs freed at the right moment
+# ------------------------------------------------------------------------------ graphs freed at the
+# right moment
 
 
 def kernels_decoder(model):
@@ -133,21 +143,24 @@ def kernels_decoder(model):
 
 
 DECODER_BUILDS = {"one-step": lambda model: GraphSafeDecoder(model, 40),
-                  "bucketed-16-step": lambda model: GraphSafeDecoder(model, 40, prefill_bucket=16, steps=16),
+                  "bucketed-16-step": lambda model: GraphSafeDecoder(model, 40, prefill_bucket=16,
+                                                                     steps=16),
                   "kernels": kernels_decoder}
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("build", DECODER_BUILDS.values(), ids=DECODER_BUILDS.keys())
 def test_a_dropped_decoder_is_freed_at_once_with_its_graphs(device, build, prompt):
-    """No reference cycle holds a decoder's graphs: `del` frees them, whenever the garbage collector would run."""
+    """No reference cycle holds a decoder's graphs: `del` frees them, whenever the garbage collector
+    would run."""
     model = model_on("tiny-llama", device)
     gc.collect()
     gc.disable()
     try:
         decoder = build(model)
         decoder.generate(prompt(9, device=device), 20)
-        graphs = [*decoder.graphs.values()] + ([decoder.prefill_graph] if decoder.prefill_graph else [])
+        graphs = [*decoder.graphs.values()] + (
+            [decoder.prefill_graph] if decoder.prefill_graph else [])
         refs = [weakref.ref(x) for x in (decoder, decoder.cache, *graphs)]
         assert len(refs) >= 3
         del decoder, graphs
@@ -158,9 +171,10 @@ def test_a_dropped_decoder_is_freed_at_once_with_its_graphs(device, build, promp
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_dropped_decoder_collected_inside_the_next_capture_spoils_nothing(device, prompt):
-    """The H200's failure made deterministic: a collection inside the next decoder's capture. A dropped decoder whose
-    graphs sat in a reference cycle was freed there and CUDA invalidated the capture ('operation failed due to a
-    previous error during capture'); now nothing is left for the collector to free."""
+    """The H200's failure made deterministic: a collection inside the next decoder's capture. A
+    dropped decoder whose graphs sat in a reference cycle was freed there and CUDA invalidated the
+    capture ('operation failed due to a previous error during capture'); now nothing is left for the
+    collector to free."""
     model = model_on("tiny-llama", device)
     ids = prompt(9, device=device)
     expected = kvlab.decode(model, ids, NEW)
@@ -193,7 +207,8 @@ def test_real_graph_and_emulation_give_the_same_tokens(prompt):
 @needs_cuda
 def test_compiled_step_captured_by_kvlab_matches_naive(prompt):
     model = model_on("tiny-llama", "cuda")
-    decoder = GraphSafeDecoder(model, 40, step=torch.compile(model_step, mode="default", fullgraph=True))
+    decoder = GraphSafeDecoder(model, 40,
+                               step=torch.compile(model_step, mode="default", fullgraph=True))
     for length in (7, 3):
         ids = prompt(length, device="cuda")
         assert torch.equal(decoder.generate(ids, NEW), kvlab.decode(model, ids, NEW))
@@ -212,11 +227,13 @@ def test_update_writes_only_the_valid_window_and_counts_it(prompt):
         model(ids, cache=vanilla)
         with safe.valid_window(torch.tensor(5)):
             model(ids, cache=safe)
-    assert int(vanilla.get_seq_length()) == 16  # vanilla: the 11 padded rows are written and counted
+    # vanilla: the 11 padded rows are written and counted
+    assert int(vanilla.get_seq_length()) == 16
     assert int(safe.cache_position) == 5  # graph-safe: only the 5 valid ones
     keys = safe.layers[0].keys  # [batch, kv_heads, 33, head_dim]; slot 32 is the trash slot
     assert keys.shape[2] == 33
-    assert keys[:, :, :5].abs().sum() > 0 and keys[:, :, 5:32].abs().sum() == 0 and keys[:, :, 32].abs().sum() > 0
+    assert (keys[:, :, :5].abs().sum() > 0 and keys[:, :, 5:32].abs().sum() == 0
+            and keys[:, :, 32].abs().sum() > 0)
     assert torch.equal(keys[:, :, :5], vanilla.layers[0].keys[:, :, :5])
 
 
@@ -229,8 +246,10 @@ def test_reset_is_in_place_and_the_old_recipes_reset_is_out_of_range(prompt):
         counter = cache.cache_position
         cache.reset()
     assert cache.fingerprint() == before and cache.cache_position is counter and int(counter) == 0
-    assert all(layer.keys.abs().sum() == 0 and layer.values.abs().sum() == 0 for layer in cache.layers)
-    # the old recipe's literal reset on a vanilla 5.24 StaticCache: the next write targets slot max_cache_len, which does not exist
+    assert all(layer.keys.abs().sum() == 0 and layer.values.abs().sum() == 0
+               for layer in cache.layers)
+    # the old recipe's literal reset on a vanilla 5.24 StaticCache: the next write targets slot
+    # max_cache_len, which does not exist
     vanilla = StaticCache(config=model.config, max_cache_len=24)
     with torch.inference_mode():
         model(prompt(9), cache=vanilla)
@@ -256,10 +275,11 @@ def test_one_live_counter_shared_by_every_layer(prompt):
         cache.set_position(25)
 
 
-@pytest.mark.parametrize("device", DEVICES)  # lesson 05 counts on the student's device: CUDA picks other SDPA kernels
+# lesson 05 counts on the student's device: CUDA picks other SDPA kernels
+@pytest.mark.parametrize("device", DEVICES)
 def test_shared_counter_removes_work_per_step(prompt, device):
-    """Counted on the decode step: vanilla computes positions and advances a counter in every layer, graph-safe
-    computes the positions once and advances its one counter once."""
+    """Counted on the decode step: vanilla computes positions and advances a counter in every layer,
+    graph-safe computes the positions once and advances its one counter once."""
     config = LlamaConfig(**{**TINY_COMMON, "num_hidden_layers": 4})
     model = AutoModelForCausalLM.from_config(config).eval().to(device)
     counts = {}
@@ -270,14 +290,16 @@ def test_shared_counter_removes_work_per_step(prompt, device):
         before = int(cache.get_seq_length())
         counts[cls] = step_op_counts(model, cache, prompt(1, device=device))
         assert int(cache.get_seq_length()) == before  # counting ran the step, then undid it
-    vanilla, safe, layers = counts[StaticCache], counts[GraphSafeStaticCache], model.config.num_hidden_layers
+    vanilla, safe, layers = (counts[StaticCache], counts[GraphSafeStaticCache],
+                             model.config.num_hidden_layers)
     assert vanilla["add_"] == layers and safe["add_"] == 1
     assert vanilla["index_copy_"] == safe["index_copy_"] == 2 * layers
     assert vanilla["arange"] - safe["arange"] == layers - 1
     assert sum(safe.values()) < sum(vanilla.values())
 
 
-# ------------------------------------------------------------------------------ bad input, refused first
+# ------------------------------------------------------------------------------ bad input, refused
+# first
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -311,7 +333,8 @@ def test_capture_before_the_cache_is_initialized_is_refused(device, prompt):
     with pytest.raises(GraphSafeError, match="before the cache is initialized"):
         decoder.capture_graph(decoder.one_step, decoder.token)
     assert not decoder.cache.is_initialized
-    # a hand-made capture of a step over an empty cache: refused inside lazy_initialization, nothing allocated
+    # a hand-made capture of a step over an empty cache: refused inside lazy_initialization, nothing
+    # allocated
     cache = GraphSafeStaticCache(config=model.config, max_cache_len=24)
     ids = prompt(1, device=device)
     with pytest.raises(Exception, match="not initialized yet and a step is being captured"):
@@ -347,7 +370,8 @@ def test_batch_size_different_from_capture_is_refused(device, prompt):
         decoder.generate(prompt(5, batch=2, device=device), 4)
     assert_unchanged(decoder.cache, before)
     with torch.inference_mode(), pytest.raises(GraphSafeError, match="built for batch 1"):
-        model(prompt(2, batch=2, device=device), cache=decoder.cache)  # straight through the model, eagerly
+        # straight through the model, eagerly
+        model(prompt(2, batch=2, device=device), cache=decoder.cache)
     assert_unchanged(decoder.cache, before)
 
 
@@ -360,7 +384,8 @@ def test_dtype_different_from_capture_is_refused(device, prompt):
     model.to(torch.float64)
     with pytest.raises(GraphSafeError, match="the model is now torch.float64"):
         decoder.generate(prompt(5, device=device), 4)
-    with torch.inference_mode(), pytest.raises(GraphSafeError, match="torch.float32 .* but got .* torch.float64"):
+    with torch.inference_mode(), pytest.raises(GraphSafeError,
+                                               match="torch.float32 .* but got .* torch.float64"):
         model(prompt(2, device=device), cache=decoder.cache)
     assert_unchanged(decoder.cache, before)
 
@@ -368,7 +393,10 @@ def test_dtype_different_from_capture_is_refused(device, prompt):
 def test_other_bad_arguments(prompt):
     model = model_on("tiny-llama", "cpu")
     with pytest.raises(ValueError, match="full-attention layers only"):
-        GraphSafeStaticCache(config=tiny_model("tiny-mistral").config.__class__(sliding_window=8, num_hidden_layers=2), max_cache_len=8)
+        GraphSafeStaticCache(
+            config=tiny_model("tiny-mistral").config.__class__(sliding_window=8,
+                                                               num_hidden_layers=2),
+            max_cache_len=8)
     with pytest.raises(ValueError, match="max_cache_len must be a positive int"):
         GraphSafeStaticCache(config=model.config, max_cache_len=0)
     with pytest.raises(ValueError, match="batch must be a positive int"):
@@ -379,11 +407,13 @@ def test_other_bad_arguments(prompt):
         from kvlab.compiled_step import compiled_decoder
 
         with pytest.raises(ValueError, match="cannot trace a compiled step"):
-            compiled_decoder(model_on("tiny-llama", "cuda"), prompt(3, device="cuda"), 2, graph="emulate")
+            compiled_decoder(model_on("tiny-llama", "cuda"), prompt(3, device="cuda"), 2,
+                             graph="emulate")
     with pytest.raises(ValueError, match="graph must be True, False or 'emulate'"):
         GraphSafeDecoder(model, 16, graph="emulated")
     with pytest.raises(TypeError, match="GraphSafeStaticCache"):
-        decode_graph_safe(model, prompt(3), 2, cache=StaticCache(config=model.config, max_cache_len=8))
+        decode_graph_safe(model, prompt(3), 2,
+                          cache=StaticCache(config=model.config, max_cache_len=8))
     with pytest.raises(GraphSafeError, match="offloaded"):
         GraphSafeStaticCache(config=model.config, max_cache_len=8).layers[0].offload()
     assert not capturing()
@@ -401,7 +431,8 @@ def test_cache_made_in_inference_mode_can_be_reset_outside_it(prompt):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_capture_leaves_no_trace(device, prompt):
-    """After capture the counter, the token and every slot past the prompt are as before the warm-up calls."""
+    """After capture the counter, the token and every slot past the prompt are as before the warm-up
+    calls."""
     model = model_on("tiny-qwen3", device)
     decoder = GraphSafeDecoder(model, max_cache_len=32)
     ids = prompt(6, device=device)
@@ -420,11 +451,14 @@ def test_a_step_past_the_end_and_a_position_past_the_cache_are_refused(prompt):
     decoder.generate(prompt(5), 2)  # the cache holds 6 tokens, the next token is in decoder.token
     decoder.step()
     decoder.step()  # 8 of 8 slots
-    with pytest.raises(GraphSafeError, match="the cache holds 8 of 8 tokens: 1 more steps would decode garbage"):
+    with pytest.raises(GraphSafeError,
+                       match="the cache holds 8 of 8 tokens: 1 more steps would decode garbage"):
         decoder.step()
     cache = decoder.cache
-    for bad, error in ((9, ValueError), (-1, ValueError), (torch.tensor(9), ValueError), (2.0, TypeError),
-                       (True, TypeError), (torch.tensor([1, 2]), ValueError), (torch.tensor(1.5), ValueError)):
+    for bad, error in ((9, ValueError), (-1, ValueError), (torch.tensor(9), ValueError),
+                       (2.0, TypeError),
+                       (True, TypeError), (torch.tensor([1, 2]), ValueError),
+                       (torch.tensor(1.5), ValueError)):
         with pytest.raises(error, match="position must be"):
             cache.set_position(bad)
     cache.set_position(torch.tensor(3))
@@ -432,14 +466,16 @@ def test_a_step_past_the_end_and_a_position_past_the_cache_are_refused(prompt):
 
 
 def test_eager_vs_replay_runs_outside_inference_mode(prompt):
-    live = eager_vs_replay(tiny_model("tiny-llama"), prompt(5), steps=2, rounds=1)  # lesson 05 calls it like this
+    # lesson 05 calls it like this
+    live = eager_vs_replay(tiny_model("tiny-llama"), prompt(5), steps=2, rounds=1)
     assert live["eager_ms_per_token"] > 0 and live["replay_ms_per_token"] > 0
 
 
 def test_decoder_buffers_and_caches_cannot_be_shared_or_rebound(prompt):
     model = model_on("tiny-llama", "cpu")
     cache = GraphSafeStaticCache(config=model.config, max_cache_len=24)
-    owner = GraphSafeDecoder(model, cache)  # alive while it is referenced (no cycle keeps it longer)
+    # alive while it is referenced (no cycle keeps it longer)
+    owner = GraphSafeDecoder(model, cache)
     with pytest.raises(GraphSafeError, match="already belongs to another GraphSafeDecoder"):
         GraphSafeDecoder(model, cache)
     del owner
@@ -449,7 +485,8 @@ def test_decoder_buffers_and_caches_cannot_be_shared_or_rebound(prompt):
     first = decoder.prefill(prompt(5))
     kept = first.clone()
     decoder.step()
-    assert torch.equal(first, kept)  # prefill's answer is a copy, not the static buffer the next step overwrites
+    # prefill's answer is a copy, not the static buffer the next step overwrites
+    assert torch.equal(first, kept)
 
 
 def test_values_and_valid_windows_are_checked_before_any_write(prompt):
@@ -459,12 +496,15 @@ def test_values_and_valid_windows_are_checked_before_any_write(prompt):
         model(prompt(4), cache=cache)
     before = state(cache)
     k = torch.zeros(1, model.config.num_key_value_heads, 2, model.config.head_dim)
-    for v, says in [(k.double(), "values of shape"), (k[:, :, :1], "keys hold 2 tokens but values 1"),
+    for v, says in [(k.double(), "values of shape"),
+                    (k[:, :, :1], "keys hold 2 tokens but values 1"),
                     (k[..., :8], "values of shape")]:
         with torch.inference_mode(), pytest.raises(GraphSafeError, match=says):
             cache.update(k, v, 0)
-    for valid, says in [(torch.tensor(-2), "must be in \\[0, 2\\]"), (torch.tensor(6), "must be in \\[0, 2\\]")]:
-        with torch.inference_mode(), cache.valid_window(valid), pytest.raises(GraphSafeError, match=says):
+    for valid, says in [(torch.tensor(-2), "must be in \\[0, 2\\]"),
+                        (torch.tensor(6), "must be in \\[0, 2\\]")]:
+        with torch.inference_mode(), cache.valid_window(valid), pytest.raises(
+            GraphSafeError, match=says):
             cache.update(k, k, 0)
     with pytest.raises(GraphSafeError, match="0-dim integer tensor"):
         with cache.valid_window(torch.tensor(2.5)):
@@ -478,7 +518,8 @@ def test_a_decoder_of_another_model_and_bad_layer_indices_are_refused(prompt):
         decode_graph_safe(model, prompt(4), 3, decoder=GraphSafeDecoder(other, 16))
     cache = GraphSafeStaticCache(config=model.config, max_cache_len=8)
     k = torch.zeros(1, model.config.num_key_value_heads, 1, model.config.head_dim)
-    with torch.inference_mode(), pytest.raises(GraphSafeError, match="is not a layer of this cache"):
+    with torch.inference_mode(), pytest.raises(GraphSafeError,
+                                               match="is not a layer of this cache"):
         cache.update(k, k, 5)
     with pytest.raises(ValueError, match="prefill_bucket must be in"):
         GraphSafeDecoder(model, 16, prefill_bucket=2.5)

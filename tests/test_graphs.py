@@ -1,4 +1,5 @@
-"""kvlab.graphs: the capture/replay contract, emulated on CPU and (on a GPU) real, with the same results."""
+"""kvlab.graphs: the capture/replay contract, emulated on CPU and (on a GPU) real, with the same
+results."""
 
 import gc
 import threading
@@ -11,7 +12,8 @@ from kvlab.graphs import CaptureError, ReplayError, capture
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: run on Colab/GPU machine")
 
-# (device, emulate): the emulation everywhere; on a GPU also the real graph and the emulation on CUDA tensors.
+# (device, emulate): the emulation everywhere; on a GPU also the real graph and the emulation on
+# CUDA tensors.
 MODES = [("cpu", None)] + ([("cuda", False), ("cuda", True)] if CUDA else [])
 MODE_IDS = ["cpu-emulated"] + (["cuda-real", "cuda-emulated"] if CUDA else [])
 
@@ -36,7 +38,8 @@ def test_replay_reads_inputs_by_address_and_writes_the_same_outputs(mode):
     assert torch.equal(first[0], torch.ones(4, device=device))
     x.copy_(torch.arange(4.0, device=device))  # refill in place
     second = g.replay()
-    assert second[0] is first[0] and second[1]["sq"] is first[1]["sq"]  # the same static output tensors
+    # the same static output tensors
+    assert second[0] is first[0] and second[1]["sq"] is first[1]["sq"]
     assert torch.equal(second[0], torch.arange(4.0, device=device) + 1)
     assert torch.equal(second[1]["sq"], torch.arange(4.0, device=device) ** 2)
     assert g.replays == 2
@@ -55,7 +58,8 @@ def test_replay_mutates_the_original_tensors_not_copies(mode):
 
     g = capture(step, x, warmup=2, emulate=emulate)
     assert int(counter) == 2, "warm-up calls are real: their side effects stay"
-    assert buf[:2].tolist() == [1.0, 1.0] and buf[2:].abs().sum() == 0, "capturing itself ran nothing"
+    assert buf[:2].tolist() == [1.0, 1.0] and buf[2:].abs().sum() == 0, (
+        "capturing itself ran nothing")
     x.fill_(5.0)
     out = g.replay()
     assert int(counter) == 3 and buf[2].item() == 5.0 and out.item() == 7.0
@@ -89,11 +93,13 @@ def test_compiled_runner_recompiles_for_a_python_value_and_reads_rebound_tensors
     state = {"k": 2.0, "w": torch.full((2,), 3.0)}
     x = torch.ones(2)
     step = step_runner("compiled", lambda t: t * state["k"] + state["w"], x, warmup=1)
-    assert isinstance(step, CompiledStep) and step.compiles == 1 and step.describe().startswith("COMPILED")
+    assert (isinstance(step, CompiledStep) and step.compiles == 1
+            and step.describe().startswith("COMPILED"))
     assert step.replay().tolist() == [5.0, 5.0] and step.compiles == 1  # same guards: no recompile
     state["k"] = 10.0  # a Python value the graph specialised on: a guard fails, Dynamo recompiles
     assert step.replay().tolist() == [13.0, 13.0] and step.compiles == 2
-    state["w"] = torch.full((2,), 7.0)  # a rebound tensor of the same shape: read anew, no recompile needed
+    # a rebound tensor of the same shape: read anew, no recompile needed
+    state["w"] = torch.full((2,), 7.0)
     assert step.replay().tolist() == [17.0, 17.0]
 
 
@@ -108,7 +114,8 @@ def test_emulation_memory_splits_what_exists_anyway_from_what_the_recording_owns
     assert emulation_memory(g)["shared"] == 0
 
 
-@pytest.mark.parametrize("how", ["item", "bool", "branch", "nonzero", "tolist", "numpy", "asarray", "mask"])
+@pytest.mark.parametrize("how", ["item", "bool", "branch", "nonzero", "tolist", "numpy", "asarray",
+                                 "mask"])
 def test_host_sync_during_capture_is_an_error(how):
     x = torch.ones(3)
 
@@ -119,7 +126,8 @@ def test_host_sync_during_capture_is_an_error(how):
             return t * bool(t.sum() > 0)
         if how == "branch":
             return t + 1 if (t > 0).all() else t - 1
-        if how == "tolist":  # no aten operation at all: the emulation once captured it with its values frozen
+        # no aten operation at all: the emulation once captured it with its values frozen
+        if how == "tolist":
             return torch.tensor(t.tolist()) * 2
         if how == "numpy":
             return torch.from_numpy(t.numpy()) * 2
@@ -179,7 +187,8 @@ def test_before_replay_guard_runs_on_the_host_before_every_replay(mode):
         if int(counter) >= 2:
             raise ValueError("cache full")
 
-    g = capture(lambda t: counter.add_(1) + t, torch.zeros((), dtype=torch.long, device=device), warmup=0,
+    g = capture(lambda t: counter.add_(1) + t, torch.zeros((), dtype=torch.long, device=device),
+                warmup=0,
                 emulate=emulate, before_replay=room)
     g.replay()
     g.replay()
@@ -210,8 +219,9 @@ def test_real_graph_is_labelled_and_refuses_host_sync():
 
 
 class FakeCuda:
-    """The few torch.cuda calls of ``graphs._capture_cuda``, on CPU. Like torch.cuda.graph, the fake capture's
-    exit restores the current stream only when capture_end() succeeds; ``end_error`` makes capture_end() fail."""
+    """The few torch.cuda calls of ``graphs._capture_cuda``, on CPU. Like torch.cuda.graph, the fake
+    capture's exit restores the current stream only when capture_end() succeeds; ``end_error`` makes
+    capture_end() fail."""
 
     class Stream(str):
         def wait_stream(self, other):
@@ -237,13 +247,17 @@ class FakeCuda:
             before, self.current = self.current, self.Stream("capture stream")
             try:
                 yield
-            finally:  # __exit__: capture_end(), then the stream's restore, which a failing capture_end() skips
+            # __exit__: capture_end(), then the stream's restore, which a failing capture_end()
+            # skips
+            finally:
                 if self.end_error:
                     raise RuntimeError(self.end_error)
                 self.current = before
 
-        for name, value in {"Stream": lambda device=None: self.Stream("side stream"), "stream": stream, "graph": graph,
-                            "current_stream": lambda device=None: self.current, "synchronize": lambda device=None: None,
+        for name, value in {"Stream": lambda device=None: self.Stream("side stream"),
+                            "stream": stream, "graph": graph,
+                            "current_stream": lambda device=None: self.current,
+                            "synchronize": lambda device=None: None,
                             "CUDAGraph": object, "current_blas_handle": lambda: 0,
                             "device": lambda d: __import__("contextlib").nullcontext()}.items():
             monkeypatch.setattr(torch.cuda, name, value)
@@ -252,7 +266,8 @@ class FakeCuda:
 INVALIDATED = "CUDA error: operation failed due to a previous error during capture"
 
 
-@pytest.mark.parametrize("end_error", [None, INVALIDATED], ids=["capture-ends", "capture-invalidated"])
+@pytest.mark.parametrize("end_error", [None, INVALIDATED],
+                         ids=["capture-ends", "capture-invalidated"])
 def test_cuda_capture_raises_the_steps_own_error_and_restores_the_stream(monkeypatch, end_error):
     from kvlab import graphs
 
@@ -267,7 +282,8 @@ def test_cuda_capture_raises_the_steps_own_error_and_restores_the_stream(monkeyp
     with pytest.raises(Refused, match="not initialized yet") as info:
         graphs._capture_cuda(step, (torch.ones(1),), 0, None, torch.device("cpu"))
     assert cuda.current == "caller's stream"  # the capture ended and the caller's stream is back
-    assert cuda.modes == ["thread_local"]  # CUDA refuses unsafe calls in the capturing thread only, as the emulation
+    # CUDA refuses unsafe calls in the capturing thread only, as the emulation
+    assert cuda.modes == ["thread_local"]
     notes = getattr(info.value, "__notes__", [])
     assert (end_error is not None) == any("previous error during capture" in n for n in notes)
 
@@ -278,27 +294,34 @@ def test_cuda_capture_refusals_become_capture_errors(monkeypatch):
     cuda = FakeCuda(INVALIDATED)
     cuda.install(monkeypatch)
     for step, says in [(lambda t: t, "previous error during capture"),  # only capture_end() failed
-                       (lambda t: (_ for _ in ()).throw(RuntimeError("CUDA error: operation not permitted when "
-                                                                     "stream is capturing")), "not permitted")]:
+                       (lambda t: (_ for _ in ()).throw(
+                           RuntimeError("CUDA error: operation not permitted when "
+                                        "stream is capturing")),
+                        "not permitted")]:
         with pytest.raises(CaptureError, match=says):
             graphs._capture_cuda(step, (torch.ones(1),), 0, None, torch.device("cpu"))
         assert cuda.current == "caller's stream"
     cuda.end_error = None
     with pytest.raises(ValueError, match="a bug of the step"):  # not a CUDA error: unchanged
-        graphs._capture_cuda(lambda t: (_ for _ in ()).throw(ValueError("a bug of the step")), (torch.ones(1),), 0,
+        graphs._capture_cuda(lambda t: (_ for _ in ()).throw(ValueError("a bug of the step")),
+                             (torch.ones(1),), 0,
                              None, torch.device("cpu"))
 
 
 @pytest.mark.parametrize("how", ["item", "bool", "int", "tolist", "numpy", "asarray", "index"])
-def test_a_host_read_is_refused_with_the_same_words_by_a_cuda_capture_and_the_emulation(monkeypatch, how):
-    """The CUDA path on CPU (FakeCuda): the same CaptureError and message as the emulation, not CUDA's own error (or,
-    for .numpy() of a CUDA tensor, torch's TypeError); a tensor on another device than the capture's may be read."""
+def test_a_host_read_is_refused_with_the_same_words_by_a_cuda_capture_and_the_emulation(
+        monkeypatch, how):
+    """The CUDA path on CPU (FakeCuda): the same CaptureError and message as the emulation, not
+    CUDA's own error (or, for .numpy() of a CUDA tensor, torch's TypeError); a tensor on another
+    device than the capture's may be read."""
     import numpy as np
 
     from kvlab import graphs
 
-    reads = {"item": lambda t: t.sum().item(), "bool": lambda t: bool(t.sum()), "int": lambda t: int(t.sum()),
-             "tolist": lambda t: t.tolist()[0], "numpy": lambda t: t.numpy()[0], "asarray": lambda t: np.asarray(t)[0],
+    reads = {"item": lambda t: t.sum().item(), "bool": lambda t: bool(t.sum()),
+             "int": lambda t: int(t.sum()),
+             "tolist": lambda t: t.tolist()[0], "numpy": lambda t: t.numpy()[0],
+             "asarray": lambda t: np.asarray(t)[0],
              "index": lambda t: [0, 1, 2][t.long().sum() - 2]}
 
     def step(t):
@@ -309,13 +332,17 @@ def test_a_host_read_is_refused_with_the_same_words_by_a_cuda_capture_and_the_em
     FakeCuda().install(monkeypatch)
     with pytest.raises(CaptureError) as real:
         graphs._capture_cuda(step, (torch.ones(3),), 0, None, torch.device("cpu"))
-    assert str(real.value) == str(emulated.value) and "host synchronization during capture" in str(real.value)
-    graphs._capture_cuda(step, (torch.ones(3),), 0, None, torch.device("meta"))  # CPU tensors, a "meta" capture: read
+    assert (str(real.value) == str(emulated.value)
+            and "host synchronization during capture" in str(real.value))
+    # CPU tensors, a "meta" capture: read
+    graphs._capture_cuda(step, (torch.ones(3),), 0, None, torch.device("meta"))
 
 
-@pytest.mark.parametrize("how", ["repeat_interleave", "bincount", "index_put_mask", "setitem_mask", "equal", "allclose"])
+@pytest.mark.parametrize("how", ["repeat_interleave", "bincount", "index_put_mask", "setitem_mask",
+                                 "equal", "allclose"])
 def test_data_dependent_shapes_and_python_bools_are_refused_at_capture(how):
-    """Once captured, then failing at replay with a raw shape error (or frozen on one branch): refused at capture."""
+    """Once captured, then failing at replay with a raw shape error (or frozen on one branch):
+    refused at capture."""
     def set_masked(t):
         y = t.clone()
         y[t > 1] = 0.0
@@ -329,15 +356,17 @@ def test_data_dependent_shapes_and_python_bools_are_refused_at_capture(how):
              "allclose": lambda t: t * 2 if t.allclose(torch.ones(4)) else t}
     with pytest.raises(CaptureError, match="host synchronization during capture"):
         capture(steps[how], torch.ones(4), warmup=0)
-    assert torch.equal(capture(lambda t: torch.repeat_interleave(t, 2), torch.ones(2), warmup=0).replay(), torch.ones(4))
+    assert torch.equal(capture(lambda t: torch.repeat_interleave(t, 2), torch.ones(2),
+                               warmup=0).replay(), torch.ones(4))
 
 
 FREED = "a raw graph was freed while this capture recorded"
 
 
 def test_a_step_dropped_while_another_capture_records_keeps_its_graph_until_that_capture_ends(mode):
-    """CUDA invalidates a capture during which a graph is destroyed: a captured step dropped mid-capture (here by the
-    step itself; in lesson 05, by another thread or the garbage collector) keeps its graph until the capture ends."""
+    """CUDA invalidates a capture during which a graph is destroyed: a captured step dropped
+    mid-capture (here by the step itself; in lesson 05, by another thread or the garbage collector)
+    keeps its graph until the capture ends."""
     import weakref
 
     device, emulate = mode
@@ -351,8 +380,10 @@ def test_a_step_dropped_while_another_capture_records_keeps_its_graph_until_that
         alive_inside.append(graph() is not None)
         return t + 1
 
-    g = capture(step, y, warmup=0, emulate=emulate)  # no warm-up: the recorded call is the one that drops it
-    assert alive_inside == [True] and graph() is None, "kept through the capture, destroyed when it ended"
+    # no warm-up: the recorded call is the one that drops it
+    g = capture(step, y, warmup=0, emulate=emulate)
+    assert alive_inside == [True] and graph() is None, (
+        "kept through the capture, destroyed when it ended")
     assert torch.equal(g.replay(), y + 1)
     del g
     assert torch.equal(capture(lambda t: t * 3, x, warmup=0, emulate=emulate).replay(), x * 3)
@@ -360,7 +391,8 @@ def test_a_step_dropped_while_another_capture_records_keeps_its_graph_until_that
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if CUDA else []))
 def test_a_raw_graph_freed_while_a_step_records_spoils_that_capture_with_the_same_words(device):
-    """A raw CUDAGraph of your own is not kvlab's to keep: CUDA's rule holds, and the emulation refuses it alike."""
+    """A raw CUDAGraph of your own is not kvlab's to keep: CUDA's rule holds, and the emulation
+    refuses it alike."""
     from kvlab.graphs import cuda_or_emulation
 
     cuda = cuda_or_emulation(device)
@@ -373,15 +405,18 @@ def test_a_raw_graph_freed_while_a_step_records_spoils_that_capture_with_the_sam
 
     with pytest.raises(CaptureError, match=FREED):
         capture(step, y, warmup=0)
-    assert torch.equal(capture(lambda t: t + 1, y, warmup=0).replay(), y + 1)  # the process captures normally again
+    # the process captures normally again
+    assert torch.equal(capture(lambda t: t + 1, y, warmup=0).replay(), y + 1)
 
 
 def test_automatic_garbage_collection_pauses_while_a_step_records(mode):
     device, emulate = mode
     seen = []
-    capture(lambda t: (seen.append(gc.isenabled()), t + 1)[1], torch.ones(2, device=device), warmup=1,
+    capture(lambda t: (seen.append(gc.isenabled()), t + 1)[1], torch.ones(2, device=device),
+            warmup=1,
             emulate=emulate)
-    assert seen == [True, False], "warm-up calls run with the collector on; the recorded call with it paused"
+    assert seen == [True, False], (
+        "warm-up calls run with the collector on; the recorded call with it paused")
     assert gc.isenabled()
     gc.disable()
     try:  # a collector the caller had turned off stays off
@@ -392,8 +427,10 @@ def test_automatic_garbage_collection_pauses_while_a_step_records(mode):
 
 
 def test_a_capture_in_one_thread_leaves_other_threads_and_torch_unchanged():
-    """Host reads are refused in the capturing thread only, and torch.Tensor's methods are the same afterwards."""
-    originals = {name: torch.Tensor.__dict__.get(name) for name in ("item", "__int__", "__bool__", "tolist")}
+    """Host reads are refused in the capturing thread only, and torch.Tensor's methods are the same
+    afterwards."""
+    originals = {name: torch.Tensor.__dict__.get(name) for name in ("item", "__int__", "__bool__",
+                                                                    "tolist")}
     recording, other_thread_read = threading.Event(), threading.Event()
     reads = []
 
@@ -422,10 +459,11 @@ DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
 @pytest.mark.parametrize("other", ["graph-safe", "static"], ids=["both-capture", "one-eager"])
 @pytest.mark.parametrize("device", DEVICES)
 def test_two_threads_decoding_their_own_models_through_graphs_get_right_tokens(device, other):
-    """Each thread's captures wait for the other's (one at a time per process), and eager work in another thread
-    runs beside a capture. At 0aea04c most of these decodes raised CaptureError and afterwards int(tensor) raised it
-    in the main thread too; at cf5e8e4, on the H200, CUDA's "global" capture mode refused the other thread's work
-    (8 of 12 decodes raised), and the device-wide sync after one thread's warm-up spoiled the other's capture."""
+    """Each thread's captures wait for the other's (one at a time per process), and eager work in
+    another thread runs beside a capture. At 0aea04c most of these decodes raised CaptureError and
+    afterwards int(tensor) raised it in the main thread too; at cf5e8e4, on the H200, CUDA's
+    "global" capture mode refused the other thread's work (8 of 12 decodes raised), and the
+    device-wide sync after one thread's warm-up spoiled the other's capture."""
     import kvlab
     from kvlab.lab.models import tiny_model
 
@@ -437,7 +475,8 @@ def test_two_threads_decoding_their_own_models_through_graphs_get_right_tokens(d
     def work(i):
         for k in range(6):  # a new cache length each time: a new decoder, so a new capture
             try:
-                got = kvlab.decode(models[i], ids, 8, strategy="graph-safe" if i == 0 else other, max_cache_len=16 + k)
+                got = kvlab.decode(models[i], ids, 8, strategy="graph-safe" if i == 0 else other,
+                                   max_cache_len=16 + k)
                 right.append(torch.equal(got, want[i]))
             except Exception as e:  # the assertion below prints it
                 errors.append(repr(e))
@@ -449,11 +488,13 @@ def test_two_threads_decoding_their_own_models_through_graphs_get_right_tokens(d
         t.join()
     assert errors == [] and right == [True] * 12, (right, errors)
     assert int(torch.tensor(3, device=device)) == 3
-    assert torch.equal(kvlab.decode(models[0], ids, 8, strategy="graph-safe", max_cache_len=40), want[0])
+    assert torch.equal(kvlab.decode(models[0], ids, 8, strategy="graph-safe", max_cache_len=40),
+                       want[0])
 
 
 def test_a_capture_inside_a_warm_up_call_is_refused_not_a_deadlock():
-    """The capture lock is held from the first warm-up call: a step that captures inside itself gets an error."""
+    """The capture lock is held from the first warm-up call: a step that captures inside itself gets
+    an error."""
     def step(t):
         capture(lambda u: u * 2, t, warmup=0)
         return t + 1
@@ -463,10 +504,12 @@ def test_a_capture_inside_a_warm_up_call_is_refused_not_a_deadlock():
     assert capture(lambda t: t + 1, torch.ones(2), warmup=1).replay().tolist() == [2.0, 2.0]
 
 
-# ---- PyTorch's raw recipe, the same lines on every machine (lesson 04) ----------------------------------------------
+# ---- PyTorch's raw recipe, the same lines on every machine (lesson 04)
+# ----------------------------------------------
 
 def raw_recipe(cuda, device, step, static_x, warmup: int = 3):
-    """torch.cuda's documented capture recipe, written against ``cuda`` (torch.cuda or EMULATED_CUDA)."""
+    """torch.cuda's documented capture recipe, written against ``cuda`` (torch.cuda or
+    EMULATED_CUDA)."""
     side = cuda.Stream()
     side.wait_stream(cuda.current_stream())
     with cuda.stream(side):
@@ -474,8 +517,11 @@ def raw_recipe(cuda, device, step, static_x, warmup: int = 3):
             step(static_x)
     cuda.current_stream().wait_stream(side)
     g = cuda.CUDAGraph()
-    gc.collect()  # torch.cuda.graph, unlike kvlab's capture, leaves the collector on: a dead cycle holding another
-    gc.disable()  # test's graph, collected mid-capture, would invalidate this capture (kvlab.graphs' docstring)
+    # torch.cuda.graph, unlike kvlab's capture, leaves the collector on: a dead cycle holding
+    # another test's graph, collected mid-capture, would invalidate this capture (kvlab.graphs'
+    # docstring)
+    gc.collect()
+    gc.disable()
     try:
         with cuda.graph(g):
             static_y = step(static_x)
@@ -489,7 +535,8 @@ def test_the_raw_recipe_runs_the_same_lines_emulated_and_on_cuda(device):
     from kvlab.graphs import EMULATED_CUDA, cuda_or_emulation
 
     cuda = cuda_or_emulation(device)
-    assert (cuda is torch.cuda) == (device == "cuda") and (cuda is EMULATED_CUDA) == (device == "cpu")
+    assert ((cuda is torch.cuda) == (device == "cuda")
+            and (cuda is EMULATED_CUDA) == (device == "cpu"))
     static_x = torch.zeros(4, device=device)
     g, static_y = raw_recipe(cuda, device, lambda t: (t * 2 + 1).sin(), static_x)
     address = static_y.data_ptr()
@@ -498,9 +545,11 @@ def test_the_raw_recipe_runs_the_same_lines_emulated_and_on_cuda(device):
         g.replay()
         assert torch.equal(static_y, (torch.tensor(values, device=device) * 2 + 1).sin())
     assert static_y.data_ptr() == address
-    static_x = torch.full((4,), 5.0, device=device)  # rebound: the graph keeps reading the old tensor (now 10..40)
+    # rebound: the graph keeps reading the old tensor (now 10..40)
+    static_x = torch.full((4,), 5.0, device=device)
     g.replay()
-    assert torch.equal(static_y, (torch.tensor([10.0, 20.0, 30.0, 40.0], device=device) * 2 + 1).sin())
+    assert torch.equal(static_y, (torch.tensor([10.0, 20.0, 30.0, 40.0],
+                                               device=device) * 2 + 1).sin())
 
 
 def test_the_emulated_recipe_runs_nothing_at_capture_and_refuses_what_cuda_refuses():
@@ -511,9 +560,11 @@ def test_the_emulated_recipe_runs_nothing_at_capture_and_refuses_what_cuda_refus
     with pytest.raises(ReplayError, match="before capture"):
         g.replay()
     with EMULATED_CUDA.graph(g):
-        total.add_(1)  # a write into a tensor made before the block: not done by the capture, done by every replay
+        # a write into a tensor made before the block: not done by the capture, done by every replay
+        total.add_(1)
         made = total * 3
-    assert torch.equal(total, torch.ones(2)) and torch.equal(made, torch.zeros(2))  # a capture runs no kernel
+    # a capture runs no kernel
+    assert torch.equal(total, torch.ones(2)) and torch.equal(made, torch.zeros(2))
     g.replay()
     g.replay()
     assert torch.equal(total, torch.full((2,), 3.0)) and torch.equal(made, torch.full((2,), 9.0))
@@ -521,7 +572,8 @@ def test_the_emulated_recipe_runs_nothing_at_capture_and_refuses_what_cuda_refus
         with EMULATED_CUDA.graph(EMULATED_CUDA.CUDAGraph()):
             if total.sum() > 0:
                 pass
-    assert int(torch.tensor(3)) == 3 and gc.isenabled()  # nothing left changed by the refused capture
+    # nothing left changed by the refused capture
+    assert int(torch.tensor(3)) == 3 and gc.isenabled()
     with pytest.raises(CaptureError, match="takes an EMULATED_CUDA.CUDAGraph"):
         with EMULATED_CUDA.graph(object()):
             pass

@@ -1,4 +1,5 @@
-"""kvlab.handwritten: token-exact with the naive loop on several architectures, bytes held, bytes copied."""
+"""kvlab.handwritten: token-exact with the naive loop on several architectures, bytes held, bytes
+copied."""
 
 import pytest
 import torch
@@ -24,7 +25,8 @@ def test_token_exact_with_naive_batch_2(name, prompt):
     cached = kvlab.decode(model, ids, 24, strategy="handwritten")
     assert cached.shape == (2, 24)
     assert torch.equal(naive, cached)
-    assert not torch.equal(naive[0], naive[1])  # the two rows are different sequences, not one repeated
+    # the two rows are different sequences, not one repeated
+    assert not torch.equal(naive[0], naive[1])
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-phi3"])
@@ -44,7 +46,8 @@ def test_cache_holds_exactly_the_formula(name, prompt):
 def test_bytes_copied_per_step_and_in_total(prompt):
     model = tiny_model("tiny-llama")
     cache, copied = HandwrittenCache(), []
-    decode_handwritten(model, prompt(9, batch=2), 6, cache=cache, on_token=lambda step, ids: copied.append(cache.bytes_copied))
+    decode_handwritten(model, prompt(9, batch=2), 6, cache=cache,
+                       on_token=lambda step, ids: copied.append(cache.bytes_copied))
     per_token = kv_cache_bytes(model.config, 1, model.dtype, batch=2)
     steps = [b - a for a, b in zip([0] + copied, copied, strict=False)]
     assert steps == [per_token * (9 + i) for i in range(6)]  # each step rewrites the whole cache
@@ -61,7 +64,8 @@ def test_bf16_cache_bytes(prompt):
 def test_on_token_sees_every_step(prompt):
     model = tiny_model("tiny-llama")
     seen = []
-    out = decode_handwritten(model, prompt(9), 5, on_token=lambda step, ids: seen.append((step, int(ids))))
+    out = decode_handwritten(model, prompt(9), 5,
+                             on_token=lambda step, ids: seen.append((step, int(ids))))
     assert [s for s, _ in seen] == list(range(5))
     assert [t for _, t in seen] == out[0].tolist()
 
@@ -93,10 +97,12 @@ def test_states_that_do_not_fit_are_refused_before_anything_is_written():
     for k, v in ((torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 1, 4)),  # another batch
                  (torch.zeros(2, 2, 1, 4), torch.zeros(2, 2, 1, 4)),  # other kv heads
                  (torch.zeros(2, 1, 1, 8), torch.zeros(2, 1, 1, 8)),  # another head_dim
-                 (torch.zeros(2, 1, 1, 4, dtype=torch.float64), torch.zeros(2, 1, 1, 4, dtype=torch.float64))):
+                 (torch.zeros(2, 1, 1, 4, dtype=torch.float64),
+                  torch.zeros(2, 1, 1, 4, dtype=torch.float64))):
         with pytest.raises(ValueError, match="do not fit the cached"):
             layer.append(k, v)
-    with pytest.raises(ValueError, match="must share batch, kv heads, token count"):  # K without its V's tokens
+    # K without its V's tokens
+    with pytest.raises(ValueError, match="must share batch, kv heads, token count"):
         layer.append(torch.zeros(2, 1, 2, 4), torch.zeros(2, 1, 1, 4))
     with pytest.raises(ValueError, match=r"\[batch, kv_heads, new_tokens, head_dim\]"):
         layer.append(torch.zeros(2, 4), torch.zeros(2, 4))
@@ -113,13 +119,15 @@ def test_decode_checks_inputs_for_this_strategy(prompt):
 def test_cat_bytes_copied_bad_arguments(kw):
     args = dict(prompt_len=4, new_tokens=3) | kw
     with pytest.raises(ValueError):
-        cat_bytes_copied(tiny_model("tiny-llama").config, args["prompt_len"], args["new_tokens"], torch.float32)
+        cat_bytes_copied(tiny_model("tiny-llama").config, args["prompt_len"], args["new_tokens"],
+                         torch.float32)
 
 
 def test_naive_and_handwritten_agree_with_generate(prompt):
     """Both loops against HF's own greedy generate (no EOS stop, so every token is compared)."""
     model = tiny_model("tiny-qwen3")
     ids = prompt(9)
-    ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12, eos_token_id=None)[:, ids.shape[1]:]
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                         max_new_tokens=12, eos_token_id=None)[:, ids.shape[1]:]
     assert torch.equal(decode_naive(model, ids, 12), ref)
     assert torch.equal(decode_handwritten(model, ids, 12), ref)

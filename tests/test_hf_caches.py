@@ -1,4 +1,5 @@
-"""kvlab.hf_caches and kvlab.cache_view: HF caches in the course's loop, token-exact against the naive loop."""
+"""kvlab.hf_caches and kvlab.cache_view: HF caches in the course's loop, token-exact against the
+naive loop."""
 
 import matplotlib
 import pytest
@@ -37,7 +38,8 @@ def llama():
 def test_hf_cache_strategies_are_token_exact_against_naive(arch, strategy, prompt):
     model = tiny_model(arch)
     ids = prompt(7, batch=2)
-    assert torch.equal(decode(model, ids, 20, strategy=strategy), decode(model, ids, 20, strategy="naive"))
+    assert torch.equal(decode(model, ids, 20, strategy=strategy),
+                       decode(model, ids, 20, strategy="naive"))
 
 
 def test_static_graph_without_warmup_is_exact_and_with_warmup_matches_eager_replay(llama, prompt):
@@ -45,7 +47,8 @@ def test_static_graph_without_warmup_is_exact_and_with_warmup_matches_eager_repl
     naive = decode(llama, ids, 24, strategy="naive")
     keep = {}
     assert torch.equal(decode(llama, ids, 24, strategy="static-graph", warmup=0, keep=keep), naive)
-    assert keep["graph"].emulated and keep["graph"].replays == 23  # the model is on the CPU: emulated
+    # the model is on the CPU: emulated
+    assert keep["graph"].emulated and keep["graph"].replays == 23
     # warm-up calls advance the counters: the same calls made eagerly give the same (wrong) tokens
     graph = decode(llama, ids, 24, strategy="static-graph", warmup=3)
     eager = decode(llama, ids, 24, strategy="static-graph", warmup=3, runner="eager")
@@ -101,14 +104,16 @@ def test_generate_static_and_dynamic_match_naive(llama, prompt):
 
 def test_compiled_step_matches_naive(llama, prompt):
     ids = prompt(9)
-    assert torch.equal(decode_compiled(llama, ids, 8, mode="default"), decode(llama, ids, 8, strategy="naive"))
+    assert torch.equal(decode_compiled(llama, ids, 8, mode="default"),
+                       decode(llama, ids, 8, strategy="naive"))
 
 
 def test_plots_draw(llama, prompt):
     cache = make_static_cache(llama, 16)
     rec = CacheRecorder(cache)
     decode_static(llama, prompt(4), 4, cache=cache, on_token=rec)
-    fig, axes = plot_cache_heatmaps({"a": rec.matrix, "b": rec.matrix}, title="t", frontier=[4, 5, 6, 7])
+    fig, axes = plot_cache_heatmaps({"a": rec.matrix, "b": rec.matrix}, title="t",
+                                    frontier=[4, 5, 6, 7])
     assert len(axes) == 2
     fig2, ax = plot_memory_per_step({"x": [1024, 2048]}, title="m")
     assert len(ax.lines) == 1
@@ -117,14 +122,17 @@ def test_plots_draw(llama, prompt):
 @pytest.mark.parametrize("strategy", ["dynamic", "static", "static-graph"])
 def test_a_used_cache_is_refused_and_a_reset_one_is_exact(llama, strategy, prompt):
     ids, other = prompt(5), prompt(3, seed=1)
-    cache = DynamicCache(config=llama.config) if strategy == "dynamic" else make_static_cache(llama, 32)
+    cache = DynamicCache(config=llama.config) if strategy == "dynamic" else make_static_cache(
+        llama, 32)
     kwargs = {"warmup": 0} if strategy == "static-graph" else {}
     decode(llama, other, 4, strategy=strategy, cache=cache, **kwargs)
-    with pytest.raises(ValueError, match="already holds 6 tokens.*cache.reset"):  # 3 prompt + 3 fed back
+    # 3 prompt + 3 fed back
+    with pytest.raises(ValueError, match="already holds 6 tokens.*cache.reset"):
         decode(llama, ids, 10, strategy=strategy, cache=cache, **kwargs)
     with torch.inference_mode():  # as the error says
         cache.reset()
-    assert torch.equal(decode(llama, ids, 10, strategy=strategy, cache=cache, **kwargs), decode(llama, ids, 10))
+    assert torch.equal(decode(llama, ids, 10, strategy=strategy, cache=cache, **kwargs),
+                       decode(llama, ids, 10))
 
 
 def test_a_cache_of_another_model_or_class_is_refused_before_any_write(llama, prompt):
@@ -133,17 +141,20 @@ def test_a_cache_of_another_model_or_class_is_refused_before_any_write(llama, pr
     other = tiny_model("tiny-llama").to(torch.bfloat16)  # the same shapes in another dtype
     ids = prompt(5)
     with pytest.raises(TypeError, match="DynamicCache"):
-        decode(llama, ids, 3, strategy="dynamic", cache=StaticCache(config=llama.config, max_cache_len=16))
+        decode(llama, ids, 3, strategy="dynamic",
+               cache=StaticCache(config=llama.config, max_cache_len=16))
     with pytest.raises(TypeError, match="StaticCache"):
         decode(llama, ids, 3, strategy="static", cache=DynamicCache(config=llama.config))
-    deeper = llama.config.__class__(**(llama.config.to_dict() | {"num_hidden_layers": llama.config.num_hidden_layers + 1}))
+    deeper = llama.config.__class__(
+        **(llama.config.to_dict() | {"num_hidden_layers": llama.config.num_hidden_layers + 1}))
     with pytest.raises(ValueError, match="layers but the model has"):
         decode(llama, ids, 3, strategy="dynamic", cache=DynamicCache(config=deeper))
     cache = StaticCache(config=other.config, max_cache_len=16)
     with torch.inference_mode():
         other(ids, cache=cache)
         cache.reset()  # empty, but its buffers are shaped for the other model
-    with pytest.raises(ValueError, match="torch.bfloat16 on cpu; this model needs 2, 16, torch.float32"):
+    with pytest.raises(ValueError,
+                       match="torch.bfloat16 on cpu; this model needs 2, 16, torch.float32"):
         decode(llama, ids, 3, strategy="static", cache=cache)
 
 
@@ -169,10 +180,12 @@ def test_counted_compile_counts_a_recompile_per_python_int_and_none_for_a_tensor
         a(torch.tensor([i + 1.0]))
         b(torch.tensor([i + 1.0]))
         state["pos"] += 1
-    # the int costs recompiles (one per value for a global, as lesson 03 shows; from a closure, as here, Dynamo may
-    # make it symbolic after the first recompile): a recompile either way, never a frozen value
+    # the int costs recompiles (one per value for a global, as lesson 03 shows; from a closure, as
+    # here, Dynamo may make it symbolic after the first recompile): a recompile either way, never a
+    # frozen value
     assert a.compiles == 1 and a.calls == 4 and b.compiles >= 2
-    assert buf_t.tolist()[:5] == buf_i.tolist()[:5] == [1.0, 2.0, 3.0, 4.0, 0.0]  # recompiled, never stale
+    # recompiled, never stale
+    assert buf_t.tolist()[:5] == buf_i.tolist()[:5] == [1.0, 2.0, 3.0, 4.0, 0.0]
 
 
 def test_a_static_cache_kvlab_filled_can_be_reset_outside_inference_mode(llama, prompt):
@@ -186,8 +199,9 @@ def test_a_static_cache_kvlab_filled_can_be_reset_outside_inference_mode(llama, 
 
 
 def test_a_sliding_window_static_cache_needs_only_the_window():
-    """transformers 5.24's sliding-window StaticCache layers hold min(max_cache_len, window) slots and roll: any
-    max_cache_len >= min(prompt + new - 1, window) is token-exact, a smaller one is refused saying so."""
+    """transformers 5.24's sliding-window StaticCache layers hold min(max_cache_len, window) slots
+    and roll: any max_cache_len >= min(prompt + new - 1, window) is token-exact, a smaller one is
+    refused saying so."""
     import transformers
 
     from kvlab.lab.models import TINY_COMMON
@@ -201,9 +215,12 @@ def test_a_sliding_window_static_cache_needs_only_the_window():
     for length in (None, 8, 9, 13, 32):
         kw = {} if length is None else {"max_cache_len": length}
         assert torch.equal(decode(model, ids, 4, strategy="static", **kw), want), length
-    with pytest.raises(ValueError, match=r"window 8\) keep the last .* max_cache_len >= min\(13, 8\) = 8.* hold only 7"):
+    with pytest.raises(ValueError,
+                       match=r"window 8\) keep the last .* max_cache_len >= min\(13, 8\) = 8"
+                             r".* hold only 7"):
         decode(model, ids, 4, strategy="static", max_cache_len=7)
     short = torch.randint(1, 200, (1, 4), generator=torch.Generator().manual_seed(1))
     with pytest.raises(ValueError, match=r"min\(6, 8\) = 6"):
         decode(model, short, 3, strategy="static", max_cache_len=5)
-    assert torch.equal(decode(model, short, 3, strategy="static", max_cache_len=6), decode(model, short, 3))
+    assert torch.equal(decode(model, short, 3, strategy="static", max_cache_len=6),
+                       decode(model, short, 3))

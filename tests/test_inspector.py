@@ -1,6 +1,7 @@
-"""kvlab.lab.inspector, driven without a browser: what each frame says about a hand-written cache growing, a vanilla
-StaticCache under (emulated) replay beside eager, and the graph-safe cache serving two prompts through one graph;
-the widget's slider and dropdown redraw it; bad input is refused with a clear error."""
+"""kvlab.lab.inspector, driven without a browser: what each frame says about a hand-written cache
+growing, a vanilla StaticCache under (emulated) replay beside eager, and the graph-safe cache
+serving two prompts through one graph; the widget's slider and dropdown redraw it; bad input is
+refused with a clear error."""
 
 import re
 
@@ -54,7 +55,8 @@ def test_the_handwritten_cache_grows_one_slot_per_step(handwritten):
     for step in range(6):
         frame = handwritten.frames(step, 0)[0]
         held = P + step  # the prompt, then one more fed token per step
-        assert frame.slots == held and frame.lengths == [held, held]  # the buffer IS the tokens: no spare slot
+        # the buffer IS the tokens: no spare slot
+        assert frame.slots == held and frame.lengths == [held, held]
         assert frame.counters == [] and frame.counter is None and "no counter" in frame.caption()
         assert frame.written == list(range(held)) and frame.valid == held and frame.beyond == []
         assert frame.trash is None and frame.padding == []
@@ -69,7 +71,8 @@ def test_replay_shows_the_warmup_drift_beside_eager(warmup):
     assert eager.counters == [P + 1] * layers and eager.beyond == []
     # the three warm-up calls wrote the first token three times and moved every counter three ahead
     assert replay.counters == [P + 1 + F.WARMUP] * layers and replay.counter == P + 1 + F.WARMUP
-    assert replay.beyond == list(range(P + 1, P + 1 + F.WARMUP)) and replay.valid == eager.valid == P + 1
+    assert (replay.beyond == list(range(P + 1, P + 1 + F.WARMUP))
+            and replay.valid == eager.valid == P + 1)
     wrong = inspection.frames(inspection.first_wrong, 1)[1]
     assert wrong.differs_from == inspection.first_wrong
     assert "WRONG since step" in inspection.caption(inspection.first_wrong, 1)
@@ -78,10 +81,12 @@ def test_replay_shows_the_warmup_drift_beside_eager(warmup):
 
 
 def test_padding_pollution_marks_the_padding(qwen3, ids):
-    result = F.run("padding-pollution", qwen3, ids, 4, runner="emulated", pad_id=32)  # id 0: zero keys in tiny models
+    # id 0: zero keys in tiny models
+    result = F.run("padding-pollution", qwen3, ids, 4, runner="emulated", pad_id=32)
     bucket = result.extra["bucket"]
     eager, padded = Inspection.of_failure(result).frames(0, 0)
-    assert padded.padding == list(range(P, bucket)) and padded.counters == [bucket] * len(padded.counters)
+    assert (padded.padding == list(range(P, bucket))
+            and padded.counters == [bucket] * len(padded.counters))
     assert eager.padding == [] and eager.beyond == []
     assert f"padding in slots {P}..{bucket - 1}" in padded.caption()
 
@@ -98,14 +103,20 @@ def test_graph_safe_cache_over_two_prompts_in_one_graph(prompt):
     assert decoder.prefill_graph.replays == 2  # both prompts through the one captured prefill
     inspection = Inspection(runs)
     trash = decoder.max_cache_len
-    # layer 1: in layer 0 the pad id 0 has a zero embedding, so its key is zero and the trash slot looks empty
+    # layer 1: in layer 0 the pad id 0 has a zero embedding, so its key is zero and the trash slot
+    # looks empty
     for frame, length in zip(inspection.frames(0, 1), (11, 7), strict=True):
-        assert frame.trash == trash and frame.trash_written  # the padded rows' keys went to the trash slot
-        assert frame.padding == [] and frame.beyond == []  # nothing of the padding in the visible slots
+        # the padded rows' keys went to the trash slot
+        assert frame.trash == trash and frame.trash_written
+        # nothing of the padding in the visible slots
+        assert frame.padding == [] and frame.beyond == []
         assert frame.written == list(range(length)) + [trash]
-        assert frame.counters == [length] * len(frame.counters)  # the counter moved by the valid length only
-        assert "one tensor, shared" in frame.caption() and f"trash slot {trash}: holds a key" in frame.caption()
-    assert inspection.first_wrong is None and inspection.differs == {}  # two prompts: nothing to compare
+        # the counter moved by the valid length only
+        assert frame.counters == [length] * len(frame.counters)
+        assert ("one tensor, shared" in frame.caption()
+                and f"trash slot {trash}: holds a key" in frame.caption())
+    # two prompts: nothing to compare
+    assert inspection.first_wrong is None and inspection.differs == {}
 
 
 def test_caption_and_frame_name_the_step(warmup):
@@ -137,11 +148,14 @@ def test_a_recorder_refuses_layers_the_cache_lacks_and_snapshots_before_any_buff
         CacheRecorder(HandwrittenCache()).snapshot()
     with pytest.raises(ValueError, match=r"hold no buffers yet.*on_token="):
         CacheRecorder(StaticCache(config=qwen3.config, max_cache_len=32)).snapshot()
-    with pytest.raises(ValueError, match=r"layers \[7\] are not in this cache: it has 2 layers \(0\.\.1\)"):
-        CacheRecorder(StaticCache(config=qwen3.config, max_cache_len=32), layers=(7,))  # known at once
+    with pytest.raises(ValueError,
+                       match=r"layers \[7\] are not in this cache: it has 2 layers \(0\.\.1\)"):
+        # known at once
+        CacheRecorder(StaticCache(config=qwen3.config, max_cache_len=32), layers=(7,))
     cache = HandwrittenCache()
     with pytest.raises(ValueError, match=r"layers \[7\] are not in this cache: it has 2 layers"):
-        decode_handwritten(qwen3, ids, 3, cache=cache, on_token=CacheRecorder(cache, layers=(7,)))  # at the prefill
+        # at the prefill
+        decode_handwritten(qwen3, ids, 3, cache=cache, on_token=CacheRecorder(cache, layers=(7,)))
     with pytest.raises(ValueError, match="layer indices"):
         CacheRecorder(HandwrittenCache(), layers=("0",))
 
@@ -152,11 +166,13 @@ def test_the_figure_shows_the_runs_side_by_side(warmup):
     _, inspection = warmup
     open_before = plt.get_fignums()
     fig, axes = inspection.figure(1, 0)
-    assert len(axes) == 2 and "eager" in axes[0].get_title() and "warmup-advance" in axes[1].get_title()
+    assert (len(axes) == 2 and "eager" in axes[0].get_title()
+            and "warmup-advance" in axes[1].get_title())
     assert ("WRONG" in axes[1].get_title()) == (inspection.first_wrong <= 1)
     plt.close(fig)
     png = inspection.png(2, 1)
-    assert png.startswith(b"\x89PNG") and plt.get_fignums() == open_before  # the widget's figures are closed
+    # the widget's figures are closed
+    assert png.startswith(b"\x89PNG") and plt.get_fignums() == open_before
 
 
 def test_the_widget_follows_its_slider_and_dropdown(warmup):
@@ -167,14 +183,16 @@ def test_the_widget_follows_its_slider_and_dropdown(warmup):
     assert "kvlab-inspector" in inspector.box._dom_classes
     assert "kvlab-inspector-image" in inspector.image._dom_classes
     assert "kvlab-inspector-caption" in inspector.caption._dom_classes
-    assert isinstance(inspector.slider, widgets.IntSlider) and isinstance(inspector.play, widgets.Play)
+    assert isinstance(inspector.slider,
+                      widgets.IntSlider) and isinstance(inspector.play, widgets.Play)
     assert inspector.slider.max == inspector.play.max == inspection.steps - 1
     assert inspector.slider.value == inspection.first_wrong  # it opens where the runs part
     assert plain(inspector.caption.value).startswith(f"step {inspection.first_wrong} ")
     before = bytes(inspector.image.value)
     assert before.startswith(b"\x89PNG")
     inspector.slider.value = target = (inspection.first_wrong + 2) % inspection.steps
-    assert plain(inspector.caption.value).startswith(f"step {target} ") and bytes(inspector.image.value) != before
+    assert (plain(inspector.caption.value).startswith(f"step {target} ")
+            and bytes(inspector.image.value) != before)
     before = bytes(inspector.image.value)
     inspector.layer.value = 1
     assert "layer 1" in plain(inspector.caption.value) and bytes(inspector.image.value) != before
@@ -182,7 +200,8 @@ def test_the_widget_follows_its_slider_and_dropdown(warmup):
 
 def test_bad_input_is_refused_clearly(warmup, handwritten):
     _, inspection = warmup
-    with pytest.raises(ValueError, match=rf"step {N} is out of range: the runs recorded steps 0\.\.{N - 1}"):
+    with pytest.raises(ValueError,
+                       match=rf"step {N} is out of range: the runs recorded steps 0\.\.{N - 1}"):
         inspection.frames(N, 0)
     with pytest.raises(ValueError, match=r"layer 5 was not recorded"):
         inspection.caption(0, 5)

@@ -1,4 +1,5 @@
-"""kvlab.lab.measure: per-step timing, warm-up apart, memory, and the record every measurement carries."""
+"""kvlab.lab.measure: per-step timing, warm-up apart, memory, and the record every measurement
+carries."""
 
 import json
 import statistics
@@ -47,15 +48,19 @@ def test_time_decode_subtracts_the_prefill_and_keeps_the_warmup_apart():
         return torch.zeros(3, n, dtype=torch.long)
 
     timing = measure.time_decode(run, 5, "cpu", repeats=2, warmup_tokens=4, label="x")
-    assert [n for n, _ in calls] == [4, 1, 1, 5, 1, 5] and all(t is None for _, t in calls)  # no clock: no sync per token
-    # warm-up (4), the one-token call's own untimed first use, then T(1) and T(5) in turns, twice each
+    # no clock: no sync per token
+    assert [n for n, _ in calls] == [4, 1, 1, 5, 1, 5] and all(t is None for _, t in calls)
+    # warm-up (4), the one-token call's own untimed first use, then T(1) and T(5) in turns, twice
+    # each
     assert timing.step_seconds is None and timing.batch == 3 and timing.new_tokens == 5
-    assert timing.ms_per_token == pytest.approx(1e3 * (timing.total_seconds - timing.prefill_seconds) / 4)
+    assert timing.ms_per_token == pytest.approx(
+        1e3 * (timing.total_seconds - timing.prefill_seconds) / 4)
     # each repeat is kept, in the order run, and the record shows them beside their medians
     assert len(timing.prefill_runs) == len(timing.total_runs) == 2
     assert timing.prefill_seconds == pytest.approx(statistics.median(timing.prefill_runs))
     assert timing.total_seconds == pytest.approx(statistics.median(timing.total_runs))
-    assert all(t1 < tn for t1, tn in zip(timing.prefill_runs, timing.total_runs, strict=True))  # 2 ms vs 10 ms sleeps
+    # 2 ms vs 10 ms sleeps
+    assert all(t1 < tn for t1, tn in zip(timing.prefill_runs, timing.total_runs, strict=True))
     record = timing.record()
     assert record["prefill_ms_runs"] == pytest.approx([1e3 * t for t in timing.prefill_runs])
     assert record["total_ms_runs"] == pytest.approx([1e3 * t for t in timing.total_runs])
@@ -85,7 +90,8 @@ def test_time_decode_refuses_what_it_cannot_time(model):
         measure.time_interleaved({"a": lambda: None}, rounds=2.5)
     with pytest.raises(ValueError, match="fns must be a non-empty dict"):
         measure.time_interleaved([lambda: None])
-    with pytest.raises(ValueError, match="on_token"):  # a run that never calls the clock has no per-step times
+    # a run that never calls the clock has no per-step times
+    with pytest.raises(ValueError, match="on_token"):
         measure.time_decode(lambda n, t: torch.zeros(1, n), 3, "cpu", per_step=True)
     with pytest.raises(ValueError, match="unknown strategy"):
         measure.time_strategy(model, torch.tensor([[1, 2, 3]]), 2, strategy="nope")
@@ -130,7 +136,8 @@ def test_cache_bytes_matches_the_kv_formula(model):
     with torch.inference_mode():
         model(torch.tensor([[1, 2, 3, 4, 5]]), cache=cache)
     cfg = model.config
-    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4  # keys+values, fp32
+    # keys+values, fp32
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
     assert measure.cache_bytes(cache) == 5 * per_token
 
 
@@ -142,7 +149,8 @@ def test_time_call():
 
 
 def test_a_step_time_that_comes_out_negative_is_refused():
-    """T(n) <= T(1) (a busy machine): refused with what to do, never recorded as a negative or zero step time."""
+    """T(n) <= T(1) (a busy machine): refused with what to do, never recorded as a negative or zero
+    step time."""
     def run(n, on_token):
         time.sleep(0.02 if n == 1 else 0.0)  # the 1-token decode is the slow one
         return torch.zeros(1, n, dtype=torch.long)
@@ -159,13 +167,15 @@ def test_time_decode_refuses_a_run_of_the_wrong_length_and_per_step_over_multi_s
     with pytest.raises(measure.TimingError, match="returned tokens of shape \\(1, 2\\)"):
         measure.time_decode(short, 8, "cpu", repeats=1)
     with pytest.raises(ValueError, match="steps per graph"):
-        measure.time_strategy(model, torch.tensor([[1, 2, 3]]), 4, strategy="graph-safe-kernels", per_step=True)
+        measure.time_strategy(model, torch.tensor([[1, 2, 3]]), 4, strategy="graph-safe-kernels",
+                              per_step=True)
     with pytest.raises(ValueError, match="k must be an int >= 1"):
         measure.profile_steps(lambda n: None, 0, "cpu")
     from transformers import BatchEncoding
 
     ids = torch.tensor([[1, 2, 3]])
-    run = measure.time_strategy(model, BatchEncoding({"input_ids": ids, "attention_mask": torch.ones_like(ids)}), 3,
+    run = measure.time_strategy(model, BatchEncoding({"input_ids": ids,
+                                                      "attention_mask": torch.ones_like(ids)}), 3,
                                 repeats=1)
     assert run.new_tokens == 3
 
@@ -179,7 +189,8 @@ def test_profile_steps_leaves_a_new_lengths_set_up_out_of_the_step():
             x = x + 1
         return x
 
-    def run(n):  # the first call at each length also does set-up first (as a capture or a compile would)
+    # the first call at each length also does set-up first (as a capture or a compile would)
+    def run(n):
         if n not in seen:
             seen.add(n)
             for _ in range(40):
@@ -193,20 +204,24 @@ def test_profile_steps_leaves_a_new_lengths_set_up_out_of_the_step():
 
 @pytest.mark.parametrize("cache_class", ["StaticCache", "GraphSafeStaticCache"])
 def test_step_op_counts_equal_a_make_fx_trace(model, cache_class):
-    """What step_op_counts' docstring and lesson 05 say: the counts of a make_fx trace of the step, op by op."""
+    """What step_op_counts' docstring and lesson 05 say: the counts of a make_fx trace of the step,
+    op by op."""
     import transformers
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from kvlab.graph_safe_cache import GraphSafeStaticCache
 
-    cls = GraphSafeStaticCache if cache_class == "GraphSafeStaticCache" else getattr(transformers, cache_class)
+    cls = GraphSafeStaticCache if cache_class == "GraphSafeStaticCache" else getattr(
+        transformers, cache_class)
     cache = cls(config=model.config, max_cache_len=16)
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     with torch.inference_mode():
         model(ids, cache=cache)
     counted = measure.step_op_counts(model, cache, ids[:, -1:])
-    with torch.inference_mode():  # the trace runs the step for real: it advances the cache, which is then thrown away
-        traced = make_fx(lambda t: model(input_ids=t, cache=cache).logits, tracing_mode="real")(ids[:, -1:])
+    # the trace runs the step for real: it advances the cache, which is then thrown away
+    with torch.inference_mode():
+        traced = make_fx(lambda t: model(input_ids=t, cache=cache).logits,
+                         tracing_mode="real")(ids[:, -1:])
     names = [n.target.__name__.split(".")[0] for n in traced.graph.nodes
              if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
     assert counted and counted == Counter(name for name in names if name not in measure.VIEW_OPS)
@@ -214,16 +229,19 @@ def test_step_op_counts_equal_a_make_fx_trace(model, cache_class):
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 def test_allocated_by_counts_the_allocators_blocks_on_cuda_and_nothing_elsewhere(device):
-    made, grew = measure.allocated_by(lambda: torch.empty(1024, 1024, device=device), device)  # 4 MiB of float32
+    # 4 MiB of float32
+    made, grew = measure.allocated_by(lambda: torch.empty(1024, 1024, device=device), device)
     assert made.shape == (1024, 1024)
     assert grew == (4 * 2**20 if device == "cuda" else None)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="cuBLAS workspaces exist only on a CUDA GPU: run the suite "
-                    "there (python3 tools/gpu_check.py --parts tests)")
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="cuBLAS workspaces exist only on a CUDA GPU: run the suite "
+                           "there (python3 tools/gpu_check.py --parts tests)")
 def test_free_unreferenced_drops_the_cublas_workspace_a_capture_stream_left():
-    """A matmul on a stream of its own (as every capture's warm-up runs) leaves a cuBLAS workspace allocated; the
-    benchmark frees it between strategies, or the next strategy's peak would count it."""
+    """A matmul on a stream of its own (as every capture's warm-up runs) leaves a cuBLAS workspace
+    allocated; the benchmark frees it between strategies, or the next strategy's peak would count
+    it."""
     device = torch.device("cuda")
     measure.free_unreferenced(device)
     before = torch.cuda.memory_allocated(device)
@@ -236,4 +254,5 @@ def test_free_unreferenced_drops_the_cublas_workspace_a_capture_stream_left():
     left = torch.cuda.memory_allocated(device) - before
     assert left > 0, "no workspace left behind: the mechanism this test guards against is gone"
     measure.free_unreferenced(device)
-    assert torch.cuda.memory_allocated(device) == before, (left, torch.cuda.memory_allocated(device) - before)
+    assert torch.cuda.memory_allocated(device) == before, (
+        left, torch.cuda.memory_allocated(device) - before)

@@ -1,4 +1,5 @@
-"""kvlab.lab.models: tiny configs, local folders, hub ids offline, and the real model's download/conversion path."""
+"""kvlab.lab.models: tiny configs, local folders, hub ids offline, and the real model's
+download/conversion path."""
 
 import copy
 import hashlib
@@ -54,8 +55,10 @@ def test_tiny_configs_cover_several_architectures():
 
 
 def test_tiny_model_is_deterministic_by_seed():
-    assert same_weights(models.tiny_model("tiny-qwen3", seed=3), models.tiny_model("tiny-qwen3", seed=3))
-    assert not same_weights(models.tiny_model("tiny-qwen3", seed=3), models.tiny_model("tiny-qwen3", seed=4))
+    assert same_weights(models.tiny_model("tiny-qwen3", seed=3),
+                        models.tiny_model("tiny-qwen3", seed=3))
+    assert not same_weights(models.tiny_model("tiny-qwen3", seed=3),
+                            models.tiny_model("tiny-qwen3", seed=4))
 
 
 def test_tiny_model_leaves_the_global_rng_alone():
@@ -83,7 +86,8 @@ def test_tiny_model_built_in_threads_at_once_matches_a_build_alone():
 
 
 def test_largest_survives_a_folder_deleted_while_it_walks(tmp_path, monkeypatch):
-    """pip deletes its temporary folders while the progress bar walks them: the walk skips what vanished."""
+    """pip deletes its temporary folders while the progress bar walks them: the walk skips what
+    vanished."""
     (tmp_path / "keep").mkdir()
     (tmp_path / "keep" / "w.whl").write_bytes(b"x" * 10)
     for i in range(20):
@@ -91,7 +95,8 @@ def test_largest_survives_a_folder_deleted_while_it_walks(tmp_path, monkeypatch)
         (tmp_path / f"tmp{i}" / "sub" / "w.whl").write_bytes(b"x" * 5)
     real_scandir = os.scandir
 
-    def deleting_scandir(path):  # the temporary folders vanish between their parent's listing and their own
+    # the temporary folders vanish between their parent's listing and their own
+    def deleting_scandir(path):
         if not isinstance(path, int) and os.path.basename(os.fspath(path)).startswith("tmp"):
             shutil.rmtree(path)
         return real_scandir(path)
@@ -123,7 +128,8 @@ def test_largest_survives_a_folder_deleted_while_it_walks(tmp_path, monkeypatch)
 def test_tiny_model_takes_a_numpy_seed():
     import numpy as np
 
-    assert same_weights(models.tiny_model("tiny-llama", seed=np.int64(3)), models.tiny_model("tiny-llama", seed=3))
+    assert same_weights(models.tiny_model("tiny-llama", seed=np.int64(3)),
+                        models.tiny_model("tiny-llama", seed=3))
     with pytest.raises(ValueError, match="seed must be an int"):
         models.tiny_model("tiny-llama", seed=3.0)
 
@@ -150,7 +156,8 @@ def test_load_model_tiny_defaults_and_dtype():
         assert model.dtype == torch.float32
     model16, _ = kvlab.load_model("tiny-llama", device="cpu", dtype="float16")
     assert model16.dtype == torch.float16
-    assert same_weights(kvlab.load_model("tiny-llama", device="cpu", seed=5)[0], models.tiny_model("tiny-llama", seed=5))
+    assert same_weights(kvlab.load_model("tiny-llama", device="cpu", seed=5)[0],
+                        models.tiny_model("tiny-llama", seed=5))
     with pytest.raises(ValueError, match="unknown tiny model"):
         kvlab.load_model("tiny-nonexistent")
 
@@ -188,7 +195,8 @@ def test_unknown_hub_id_offline_gives_alternatives(monkeypatch):
     assert time.perf_counter() - start < 30  # no minutes of network retries
     message = str(info.value)
     assert "out of reach" in message and "tiny-llama" in message and "/path/to/folder" in message
-    assert info.value.__cause__ is None and info.value.__suppress_context__  # no hub stack trace attached
+    # no hub stack trace attached
+    assert info.value.__cause__ is None and info.value.__suppress_context__
 
 
 def test_hub_error_when_reachable_keeps_the_hub_reason(monkeypatch):
@@ -203,7 +211,8 @@ def test_hub_error_when_reachable_keeps_the_hub_reason(monkeypatch):
 
 
 def test_hub_id_is_loaded_from_the_local_cache_when_offline(monkeypatch, tmp_path):
-    """Offline, a hub id is still served from the HuggingFace cache: local_files_only=True, no network."""
+    """Offline, a hub id is still served from the HuggingFace cache: local_files_only=True, no
+    network."""
     models.tiny_model("tiny-llama").save_pretrained(tmp_path)
     word_tokenizer().save_pretrained(tmp_path)
     seen = []
@@ -215,7 +224,8 @@ def test_hub_id_is_loaded_from_the_local_cache_when_offline(monkeypatch, tmp_pat
         return load
 
     monkeypatch.setattr(models, "_hub_reachable", lambda timeout=5.0: False)
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", from_cache(transformers.AutoTokenizer.from_pretrained))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        from_cache(transformers.AutoTokenizer.from_pretrained))
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
                         from_cache(transformers.AutoModelForCausalLM.from_pretrained))
     model, _ = kvlab.load_model("some-org/some-model", device="cpu")
@@ -246,7 +256,8 @@ def fake_wheel(monkeypatch, tmp_path):
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr(models.SMOLLM2_GGUF, b"not really a gguf file")
     monkeypatch.setenv(models.WHEEL_ENV, str(wheel))
-    monkeypatch.setattr(models, "SMOLLM2_WHEEL_SHA256", hashlib.sha256(wheel.read_bytes()).hexdigest())
+    monkeypatch.setattr(models, "SMOLLM2_WHEEL_SHA256",
+                        hashlib.sha256(wheel.read_bytes()).hexdigest())
     return wheel
 
 
@@ -263,7 +274,8 @@ def fake_gguf_loader(calls, delay=0.0):
 
 
 def leftovers(cache):
-    return sorted(p.name for p in cache.iterdir() if p.name != models.DEFAULT_MODEL) if cache.exists() else []
+    return (sorted(p.name for p in cache.iterdir() if p.name != models.DEFAULT_MODEL)
+            if cache.exists() else [])
 
 
 def test_missing_wheel_path(empty_cache, monkeypatch, tmp_path):
@@ -284,7 +296,8 @@ def test_wrong_wheel_sha256(empty_cache, monkeypatch, tmp_path):
 
 
 def test_pip_download_failure_is_a_clear_error(empty_cache, monkeypatch):
-    """No index reachable: pip fails, and the user gets the offline alternatives, not pip's traceback."""
+    """No index reachable: pip fails, and the user gets the offline alternatives, not pip's
+    traceback."""
     monkeypatch.delenv(models.WHEEL_ENV, raising=False)
     for var in ("PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL"):
         monkeypatch.delenv(var, raising=False)
@@ -306,7 +319,8 @@ def test_unwritable_cache_folder(monkeypatch, tmp_path):
 
 def test_missing_gguf_package(monkeypatch, tmp_path):
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gguf" else find_spec(name, *a))
     with pytest.raises(ImportError, match="pip install gguf"):
         models._load_gguf(tmp_path / "x.gguf")
 
@@ -325,7 +339,8 @@ def test_interrupted_conversion_is_not_taken_for_finished(empty_cache, fake_whee
     monkeypatch.setattr(models, "_load_gguf", fake_gguf_loader(calls))
     model, tok = kvlab.load_model(device="cpu")
     assert len(calls) == 1 and models.is_converted(empty_cache / models.DEFAULT_MODEL)
-    assert type(model).__name__ == "LlamaForCausalLM" and same_weights(model, models.tiny_model("tiny-llama", seed=11))
+    assert (type(model).__name__ == "LlamaForCausalLM"
+            and same_weights(model, models.tiny_model("tiny-llama", seed=11)))
     assert tok("hello").input_ids == [1]
 
     kvlab.load_model(device="cpu")  # second load: from the folder, no conversion
@@ -333,7 +348,8 @@ def test_interrupted_conversion_is_not_taken_for_finished(empty_cache, fake_whee
 
 
 def test_stale_work_folders_are_removed(empty_cache, fake_wheel, monkeypatch):
-    stale, fresh = empty_cache / f".{models.DEFAULT_MODEL}-killed", empty_cache / f".{models.DEFAULT_MODEL}-running"
+    stale, fresh = (empty_cache / f".{models.DEFAULT_MODEL}-killed",
+                    empty_cache / f".{models.DEFAULT_MODEL}-running")
     for folder in (stale, fresh):
         folder.mkdir(parents=True)
     os.utime(stale, (time.time() - 7200, time.time() - 7200))  # two hours old: its process is gone
@@ -392,13 +408,15 @@ def test_real_model_knows_the_capital_of_france(real_model):
     ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                   add_generation_prompt=True, return_tensors="pt")["input_ids"]
     new = kvlab.decode(model, ids, 8, strategy="naive")
-    hf = model.generate(ids, max_new_tokens=8, do_sample=False)[:, ids.shape[1]:]  # stops at <|im_end|>
+    # stops at <|im_end|>
+    hf = model.generate(ids, max_new_tokens=8, do_sample=False)[:, ids.shape[1]:]
     assert torch.equal(new[:, :hf.shape[1]], hf)
     assert "Paris" in tok.decode(new[0], skip_special_tokens=True)
 
 
 def converted_then_damaged(monkeypatch, where: slice):
-    """Convert the fake model, then zero the bytes ``where`` of its weights (same size, other contents)."""
+    """Convert the fake model, then zero the bytes ``where`` of its weights (same size, other
+    contents)."""
     calls = []
     monkeypatch.setattr(models, "_load_gguf", fake_gguf_loader(calls))
     target = models.smollm2_folder()
@@ -409,16 +427,18 @@ def converted_then_damaged(monkeypatch, where: slice):
     return calls, target, weights, bytes(data)
 
 
-def test_a_converted_model_whose_contents_changed_is_converted_again(empty_cache, fake_wheel, monkeypatch):
-    calls, target, _, _ = converted_then_damaged(monkeypatch, slice(-4096, -4032))  # zeroed near the end
+def test_a_converted_model_whose_contents_changed_is_converted_again(empty_cache, fake_wheel,
+                                                                     monkeypatch):
+    # zeroed near the end
+    calls, target, _, _ = converted_then_damaged(monkeypatch, slice(-4096, -4032))
     assert models.is_converted(target) and models.damaged_files(target) == ["model.safetensors"]
     assert models.smollm2_folder() == target and len(calls) == 2  # detected and converted again
     assert models.damaged_files(target) == []
 
 
 def test_an_older_marker_without_checksums_is_converted_again(empty_cache, fake_wheel, monkeypatch):
-    """A folder whose marker has no checksums cannot be checked (a same-size damaged file would load): it is
-    converted again, and the old folder is replaced only once the new one is ready."""
+    """A folder whose marker has no checksums cannot be checked (a same-size damaged file would
+    load): it is converted again, and the old folder is replaced only once the new one is ready."""
     calls = []
     monkeypatch.setattr(models, "_load_gguf", fake_gguf_loader(calls))
     target = models.smollm2_folder()
@@ -427,16 +447,19 @@ def test_an_older_marker_without_checksums_is_converted_again(empty_cache, fake_
     record.pop("file_sha256")
     marker.write_text(json.dumps(record))
     assert models.damaged_files(target) == [models.UNVERIFIED]
-    assert models.smollm2_folder() == target and len(calls) == 2 and models.damaged_files(target) == []
+    assert (models.smollm2_folder() == target and len(calls) == 2
+            and models.damaged_files(target) == [])
 
 
-def test_a_damaged_folder_is_kept_when_it_cannot_be_converted_again(empty_cache, fake_wheel, monkeypatch):
+def test_a_damaged_folder_is_kept_when_it_cannot_be_converted_again(empty_cache, fake_wheel,
+                                                                    monkeypatch):
     _, _, weights, data = converted_then_damaged(monkeypatch, slice(-64, None))
 
     def offline(workdir):
         raise models.ModelUnavailableError("pip could not download it (offline)")
 
     monkeypatch.setattr(models, "_fetch_wheel", offline)
-    with pytest.raises(models.ModelUnavailableError, match="(?s)could not be converted again.*left as it was"):
+    with pytest.raises(models.ModelUnavailableError,
+                       match="(?s)could not be converted again.*left as it was"):
         models.smollm2_folder()
     assert weights.read_bytes() == bytes(data)  # not deleted: the user can restore or retry

@@ -8,7 +8,8 @@ from kvlab.lab.models import ModelUnavailableError, tiny_model
 @pytest.fixture
 def tiny_random(monkeypatch):
     """Stand in a tiny model for the 135M random one, to keep the test fast."""
-    monkeypatch.setattr(nbk, "random_smollm2", lambda device=None, dtype=None: tiny_model("tiny-llama", dtype=dtype))
+    monkeypatch.setattr(nbk, "random_smollm2",
+                        lambda device=None, dtype=None: tiny_model("tiny-llama", dtype=dtype))
 
 
 def test_random_weights_when_asked(monkeypatch, tiny_random):
@@ -19,7 +20,8 @@ def test_random_weights_when_asked(monkeypatch, tiny_random):
     assert course.label.startswith("RANDOM WEIGHTS") and "float32" in course.label
 
 
-def test_falls_back_to_random_weights_when_the_model_is_unavailable(monkeypatch, tiny_random, capsys):
+def test_falls_back_to_random_weights_when_the_model_is_unavailable(monkeypatch, tiny_random,
+                                                                    capsys):
     monkeypatch.delenv(nbk.RANDOM_ENV, raising=False)
 
     def unavailable(**kw):
@@ -64,8 +66,10 @@ def test_lesson_setup_loads_prints_and_holds_what_the_cells_use(monkeypatch, tin
     assert out[0] == lesson.label and lesson.label.startswith("RANDOM WEIGHTS")
     assert out[1].startswith(f"hardware: {lesson.env['hardware']} | quick mode: ")
     cfg = lesson.config
-    assert out[2] == (f"model: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, {cfg.num_attention_heads} query "
-                      f"heads, {cfg.num_key_value_heads} kv heads, head_dim {cfg.head_dim}")
+    assert out[2] == (
+        f"model: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
+        f"{cfg.num_attention_heads} query "
+        f"heads, {cfg.num_key_value_heads} kv heads, head_dim {cfg.head_dim}")
     assert out[3].startswith("capture here: EMULATED") and len(out) == 4
     assert lesson.device == torch.device("cpu") and not lesson.gpu and lesson.env["device"] == "cpu"
     assert lesson.model is lesson.course.model and lesson.random and lesson.tokenizer is None
@@ -78,7 +82,8 @@ def test_lesson_setup_without_graphs_prints_no_capture_line(monkeypatch, tiny_ra
     monkeypatch.setenv(nbk.RANDOM_ENV, "1")
     lesson = nbk.lesson_setup(torch.bfloat16, device="cpu")
     assert "capture here" not in capsys.readouterr().out
-    assert next(lesson.model.parameters()).dtype == torch.bfloat16 and lesson.encode("abcdef").shape == (1, 6)
+    assert (next(lesson.model.parameters()).dtype == torch.bfloat16
+            and lesson.encode("abcdef").shape == (1, 6))
 
 
 def test_show_doc_and_show_diff_display_the_package(monkeypatch):

@@ -1,5 +1,6 @@
-"""kvlab.paged_cache and kvlab.continuous_batching: a paged KV cache, its block allocator, and continuous batching
-decoded by captured graphs (emulated on CPU), token-exact with each request decoded on its own."""
+"""kvlab.paged_cache and kvlab.continuous_batching: a paged KV cache, its block allocator, and
+continuous batching decoded by captured graphs (emulated on CPU), token-exact with each request
+decoded on its own."""
 
 import pytest
 import torch
@@ -22,8 +23,9 @@ from kvlab.paged_cache import (
     paged_mask,
 )
 
-# (prompt_len, max_new_tokens, arrival step): different lengths, joining at different steps, one that wants a single
-# token (it leaves right after its prefill), 3 rows at once (padded up to the bucket of 4).
+# (prompt_len, max_new_tokens, arrival step): different lengths, joining at different steps, one
+# that wants a single token (it leaves right after its prefill), 3 rows at once (padded up to the
+# bucket of 4).
 TRAFFIC = [(5, 7, 0), (9, 3, 0), (3, 10, 2), (12, 6, 4), (4, 1, 5), (7, 8, 9)]
 
 
@@ -35,33 +37,40 @@ def requests(traffic=TRAFFIC, seed=0):
 def assert_each_request_exact(model, reqs, served):
     for i, (req, tokens) in enumerate(zip(reqs, served.tokens, strict=True)):
         alone = kvlab.decode(model, req.prompt[None], req.max_new_tokens)[0]  # naive, one sequence
-        assert torch.equal(tokens, alone), f"request {i} (prompt {req.prompt.shape[0]}, arrival {req.arrival})"
+        assert torch.equal(tokens, alone), (
+            f"request {i} (prompt {req.prompt.shape[0]}, arrival {req.arrival})")
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral"])
 def test_requests_joining_and_leaving_are_token_exact(name):
     model = kvlab.tiny_model(name)
     reqs = requests()
-    batcher = ContinuousBatcher(model, num_blocks=16, block_size=4, max_batch=4, max_blocks_per_request=6)
+    batcher = ContinuousBatcher(model, num_blocks=16, block_size=4, max_batch=4,
+                                max_blocks_per_request=6)
     served = batcher.serve(reqs)
     assert_each_request_exact(model, reqs, served)
     steps = served.timeline
     joined_at = sorted({s["step"] for s in steps if s["joined"]})
-    assert len(joined_at) >= 3 and any(s["left"] for s in steps[:-1])  # joins at several steps, leaves mid-run
-    assert any(s["rows"] > 1 for s in steps) and any(s["bucket"] and s["bucket"] > s["rows"] for s in steps)
+    # joins at several steps, leaves mid-run
+    assert len(joined_at) >= 3 and any(s["left"] for s in steps[:-1])
+    assert (any(s["rows"] > 1 for s in steps)
+            and any(s["bucket"] and s["bucket"] > s["rows"] for s in steps))
     used = {s["bucket"] for s in steps if s["bucket"]}
-    assert set(batcher.graphs) == used and all(g.emulated for g in batcher.graphs.values())  # one graph per bucket
+    # one graph per bucket
+    assert set(batcher.graphs) == used and all(g.emulated for g in batcher.graphs.values())
     assert sum(g.replays for g in batcher.graphs.values()) == sum(1 for s in steps if s["rows"])
     assert batcher.allocator.num_used == 0  # every block went back
 
 
 def test_a_held_batcher_replays_its_graphs_for_new_requests():
     model = kvlab.tiny_model("tiny-llama")
-    batcher = ContinuousBatcher(model, num_blocks=12, block_size=4, max_batch=2, max_blocks_per_request=6)
+    batcher = ContinuousBatcher(model, num_blocks=12, block_size=4, max_batch=2,
+                                max_blocks_per_request=6)
     first = requests([(6, 5, 0), (3, 8, 1)], seed=1)
     assert_each_request_exact(model, first, batcher.serve(first))
     graphs = dict(batcher.graphs)
-    second = requests([(10, 6, 0), (2, 9, 0), (5, 4, 3)], seed=2)  # more requests than rows: one waits
+    # more requests than rows: one waits
+    second = requests([(10, 6, 0), (2, 9, 0), (5, 4, 3)], seed=2)
     assert_each_request_exact(model, second, batcher.serve(second))
     assert all(batcher.graphs[b] is g for b, g in graphs.items())  # nothing captured again
 
@@ -69,11 +78,13 @@ def test_a_held_batcher_replays_its_graphs_for_new_requests():
 def test_a_small_pool_makes_requests_wait_and_reuses_freed_blocks():
     model = kvlab.tiny_model("tiny-qwen2")
     reqs = requests([(6, 6, 0), (7, 5, 0), (5, 6, 0), (8, 4, 1)], seed=3)
-    batcher = ContinuousBatcher(model, num_blocks=6, block_size=4, max_batch=4)  # room for two requests at a time
+    # room for two requests at a time
+    batcher = ContinuousBatcher(model, num_blocks=6, block_size=4, max_batch=4)
     served = batcher.serve(reqs)
     assert_each_request_exact(model, reqs, served)
     assert max(s["blocks_used"] for s in served.timeline) <= 6
-    assert max(s["rows"] for s in served.timeline) == 2  # the pool, not the rows, held the others back
+    # the pool, not the rows, held the others back
+    assert max(s["rows"] for s in served.timeline) == 2
     assert sum(len(s["joined"]) for s in served.timeline) == 4 and batcher.allocator.num_used == 0
 
 
@@ -82,7 +93,8 @@ def test_decode_paged_is_a_strategy_with_a_reusable_batcher():
     ids = torch.randint(1, 256, (3, 6), generator=torch.Generator().manual_seed(4))
     state = kvlab.STRATEGIES["paged"].state(model, ids, 7, max_cache_len=16)
     seen = []
-    out = kvlab.decode(model, ids, 7, strategy="paged", on_token=lambda k, t: seen.append((k, t)), **state)
+    out = kvlab.decode(model, ids, 7, strategy="paged", on_token=lambda k, t: seen.append((k, t)),
+                       **state)
     assert torch.equal(out, kvlab.decode(model, ids, 7)) and [k for k, _ in seen] == list(range(7))
     assert torch.equal(torch.cat([t for _, t in seen], 1), out)
     assert torch.equal(decode_paged(model, ids, 7, **state), out)  # replayed
@@ -107,7 +119,8 @@ def test_the_allocator_frees_reuses_and_refuses_clearly():
 
 def test_a_request_that_cannot_fit_is_refused_before_anything_runs():
     model = kvlab.tiny_model("tiny-llama")
-    batcher = ContinuousBatcher(model, num_blocks=4, block_size=4, max_batch=2, max_blocks_per_request=3)
+    batcher = ContinuousBatcher(model, num_blocks=4, block_size=4, max_batch=2,
+                                max_blocks_per_request=3)
     with pytest.raises(PagedCacheError, match="needs 14 slots.*may hold 12 slots"):
         batcher.serve(requests([(10, 5, 0)]))
     with pytest.raises(ValueError, match="1-D LongTensor"):
@@ -126,7 +139,8 @@ def test_the_trash_slot_absorbs_a_padding_row():
         layer.values.normal_()
     before = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
     table = torch.tensor([[2, 1], [0, 0]])  # row 0 holds blocks 2, 1; row 1 is padding
-    slots = torch.tensor([[1 * 4 + 1], [cache.trash_slot]])  # row 0 writes its position 5 (block 1, offset 1)
+    # row 0 writes its position 5 (block 1, offset 1)
+    slots = torch.tensor([[1 * 4 + 1], [cache.trash_slot]])
     seq_lens, positions = torch.tensor([6, 1]), torch.tensor([[5], [0]])
     with torch.inference_mode(), cache.reading(table, slots):
         logits = model(input_ids=torch.tensor([[7], [9]]), position_ids=positions, cache=cache,
@@ -135,7 +149,8 @@ def test_the_trash_slot_absorbs_a_padding_row():
     for layer, (keys, values) in zip(cache.layers, before, strict=True):
         for now, then in ((layer.keys, keys), (layer.values, values)):
             changed = (now != then).flatten(1).any(1).nonzero().flatten().tolist()
-            assert changed == [5, cache.trash_slot]  # row 0's slot, and the trash slot: nothing else
+            # row 0's slot, and the trash slot: nothing else
+            assert changed == [5, cache.trash_slot]
     with pytest.raises(PagedCacheError, match="outside `with cache.reading"):
         model(input_ids=torch.tensor([[7]]), position_ids=torch.tensor([[0]]), cache=cache,
               attention_mask=paged_mask(torch.tensor([1]), 1, cache.max_len))
@@ -144,17 +159,21 @@ def test_the_trash_slot_absorbs_a_padding_row():
 def test_the_mask_sees_each_rows_own_length():
     mask = paged_mask(torch.tensor([3, 1]), 1, 5)  # [batch, 1, T, max_len]
     assert mask.shape == (2, 1, 1, 5)
-    assert mask[:, 0, 0].tolist() == [[True, True, True, False, False], [True, False, False, False, False]]
+    assert mask[:, 0, 0].tolist() == [[True, True, True, False, False],
+                                      [True, False, False, False, False]]
     prefill = paged_mask(torch.tensor([3]), 3, 4)[0, 0]  # a 3-token prompt: causal
-    assert prefill.tolist() == [[True, False, False, False], [True, True, False, False], [True, True, True, False]]
+    assert prefill.tolist() == [[True, False, False, False], [True, True, False, False],
+                                [True, True, True, False]]
 
 
 def test_static_buffers_and_pools_keep_their_addresses_across_steps():
     model = kvlab.tiny_model("tiny-llama")
-    batcher = ContinuousBatcher(model, num_blocks=16, block_size=4, max_batch=4, max_blocks_per_request=6)
+    batcher = ContinuousBatcher(model, num_blocks=16, block_size=4, max_batch=4,
+                                max_blocks_per_request=6)
 
     def addresses():
-        return (batcher.tokens.data_ptr(), batcher.step_inputs.data_ptr(), batcher.cache.pool_addresses())
+        return (batcher.tokens.data_ptr(), batcher.step_inputs.data_ptr(),
+                batcher.cache.pool_addresses())
 
     start, seen = addresses(), []
     served = batcher.serve(requests(), on_token=lambda i, k, t: seen.append(addresses()))
@@ -169,16 +188,20 @@ def test_static_buffers_and_pools_keep_their_addresses_across_steps():
 
 def test_memory_accounting_counts_blocks_against_a_static_cache():
     numbers = memory_accounting([5, 17, 32], block_size=16, token_bytes=10)
-    assert numbers == {"per_request": [160, 320, 320], "paged": 800, "static": 960, "paged_fraction": 800 / 960}
+    assert numbers == {"per_request": [160, 320, 320], "paged": 800, "static": 960,
+                       "paged_fraction": 800 / 960}
     assert memory_accounting([5, 17], 16, 10, batch=4)["static"] == 4 * 17 * 10
     model = kvlab.tiny_model("tiny-llama")  # 2 layers x 2 kv heads x head_dim 16, K and V, float32
     assert bytes_per_token(model.config) == 2 * 2 * 2 * 16 * 4
     reqs = requests([(5, 4, 0), (14, 3, 0)], seed=5)
     served = serve(model, reqs, num_blocks=8, block_size=4, max_batch=2)
     block = 4 * bytes_per_token(model.config)
-    assert [s["paged_bytes"] for s in served.timeline] == [s["blocks_used"] * block for s in served.timeline]
-    assert served.timeline[0]["blocks_used"] == 2 + 4  # ceil(6 / 4) + ceil(15 / 4): blocks as the rows grew
-    assert served.static_bytes == 2 * 16 * bytes_per_token(model.config)  # 2 rows of the longest (14 + 3 - 1)
+    assert [s["paged_bytes"] for s in served.timeline] == [
+        s["blocks_used"] * block for s in served.timeline]
+    # ceil(6 / 4) + ceil(15 / 4): blocks as the rows grew
+    assert served.timeline[0]["blocks_used"] == 2 + 4
+    # 2 rows of the longest (14 + 3 - 1)
+    assert served.static_bytes == 2 * 16 * bytes_per_token(model.config)
 
 
 # ---- bad input and interrupted serves (issue 48) ----
@@ -190,7 +213,8 @@ class Stop(Exception):
 @pytest.mark.parametrize("interrupt", [KeyboardInterrupt, Stop])
 def test_an_interrupted_serve_frees_its_blocks_and_the_next_serve_runs(interrupt):
     model = kvlab.tiny_model("tiny-llama")
-    batcher = ContinuousBatcher(model, num_blocks=6, block_size=4, max_batch=2)  # room for two requests at a time
+    # room for two requests at a time
+    batcher = ContinuousBatcher(model, num_blocks=6, block_size=4, max_batch=2)
     reqs = requests([(6, 6, 0), (7, 5, 0), (5, 6, 1)], seed=5)
 
     def on_token(index, k, token):
@@ -207,7 +231,8 @@ def test_admission_counts_free_blocks_not_the_pool():
     model = kvlab.tiny_model("tiny-llama")
     batcher = ContinuousBatcher(model, num_blocks=6, block_size=4, max_batch=2)
     taken = batcher.allocator.allocate(4)  # held outside serve: 2 free
-    with pytest.raises(OutOfBlocksError, match="needs 3 blocks but only 2 of the pool's 6 are free"):
+    with pytest.raises(OutOfBlocksError,
+                       match="needs 3 blocks but only 2 of the pool's 6 are free"):
         batcher.serve(requests([(6, 6, 0)], seed=6))
     batcher.allocator.free(taken)
     reqs = requests([(6, 6, 0), (7, 5, 0)], seed=6)
@@ -232,7 +257,8 @@ def test_a_far_arrival_is_skipped_to_not_stepped_through():
     with pytest.raises(ValueError, match="arrival must be a scheduler step number"):
         batcher.serve([Request(reqs[0].prompt, 2, arrival=1.5)])
     import numpy as np
-    served = batcher.serve([Request(reqs[0].prompt, 2, arrival=np.int64(3))])  # NumPy ints are step numbers too
+    # NumPy ints are step numbers too
+    served = batcher.serve([Request(reqs[0].prompt, 2, arrival=np.int64(3))])
     assert served.timeline[0]["step"] == 3
 
 
@@ -241,7 +267,8 @@ def test_batcher_keywords_are_refused_by_the_callers_names():
     ids = torch.randint(1, 256, (2, 5), generator=torch.Generator().manual_seed(8))
     with pytest.raises(TypeError, match=r"sets max_batch= itself"):
         kvlab.STRATEGIES["paged"].state(model, ids, 4, max_batch=4)
-    with pytest.raises(TypeError, match=r"unknown keyword blok_size=; it takes max_cache_len=, block_size="):
+    with pytest.raises(TypeError,
+                       match=r"unknown keyword blok_size=; it takes max_cache_len=, block_size="):
         kvlab.STRATEGIES["paged"].state(model, ids, 4, blok_size=4)
     with pytest.raises(TypeError, match=r"serve got unknown keyword max_bach="):
         serve(model, requests([(5, 3, 0)]), num_blocks=4, max_bach=2)
@@ -265,7 +292,8 @@ def test_the_paged_strategy_names_the_setting_the_caller_passed(settings, messag
 @pytest.mark.parametrize("settings, message", [
     ({"num_blocks": 0}, "num_blocks must be a positive int, got 0"),
     ({"num_blocks": 4, "block_size": 0}, "block_size must be a positive int, got 0"),
-    ({"num_blocks": 4, "max_blocks_per_request": -1}, "max_blocks_per_request must be a positive int"),
+    ({"num_blocks": 4, "max_blocks_per_request": -1},
+     "max_blocks_per_request must be a positive int"),
     ({"num_blocks": 4, "buckets": [0, 8]}, "each of buckets must be a positive int, got 0"),
     ({"num_blocks": 4, "warmup": -1}, "warmup must be an int >= 0"),
 ])
@@ -275,14 +303,17 @@ def test_batcher_settings_are_checked_at_the_door(settings, message):
 
 
 def test_reading_refuses_block_and_slot_ids_out_of_range():
-    cache = PagedKVCache(kvlab.tiny_model("tiny-llama").config, num_blocks=4, block_size=2, max_blocks_per_request=2)
+    cache = PagedKVCache(kvlab.tiny_model("tiny-llama").config, num_blocks=4, block_size=2,
+                         max_blocks_per_request=2)
     good_table, good_slots = torch.tensor([[0, 3]]), torch.tensor([[cache.trash_slot]])
     with cache.reading(good_table, good_slots):
         pass
     for table, slots, message in [
-        (torch.tensor([[0, 4]]), good_slots, r"block_table holds ids 0 .. 4, but this cache's block ids run 0 .. 3"),
+        (torch.tensor([[0, 4]]), good_slots,
+         r"block_table holds ids 0 .. 4, but this cache's block ids run 0 .. 3"),
         (torch.tensor([[-1, 0]]), good_slots, r"block_table holds ids -1 .. 0"),
-        (good_table, torch.tensor([[cache.trash_slot + 1]]), r"slot_mapping holds ids 9 .. 9, .* run 0 .. 8"),
+        (good_table, torch.tensor([[cache.trash_slot + 1]]),
+         r"slot_mapping holds ids 9 .. 9, .* run 0 .. 8"),
     ]:
         with pytest.raises(PagedCacheError, match=message), cache.reading(table, slots):
             pass

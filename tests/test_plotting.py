@@ -1,4 +1,5 @@
-"""kvlab.lab.plots: one style, axes labelled, every plot stamped with the hardware it was measured on."""
+"""kvlab.lab.plots: one style, axes labelled, every plot stamped with the hardware it was measured
+on."""
 
 import matplotlib
 

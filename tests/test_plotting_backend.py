@@ -1,7 +1,9 @@
-"""kvlab.lab.plots.figure must not undo the interactive mode a backend turns on while the first figure is made.
+"""kvlab.lab.plots.figure must not undo the interactive mode a backend turns on while the first
+figure is made.
 
-Jupyter's inline backend is loaded by the first figure, inside figure()'s rc_context, and turns interactive mode
-on; if rc_context then reset it, every later figure of the notebook would silently never be shown.
+Jupyter's inline backend is loaded by the first figure, inside figure()'s rc_context, and turns
+interactive mode on; if rc_context then reset it, every later figure of the notebook would silently
+never be shown.
 """
 
 import matplotlib.pyplot as plt

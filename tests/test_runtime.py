@@ -1,4 +1,5 @@
-"""kvlab.runtime (quick mode, device/dtype choice, environment) and the version check of kvlab/__init__.py."""
+"""kvlab.runtime (quick mode, device/dtype choice, environment) and the version check of
+kvlab/__init__.py."""
 
 import json
 
@@ -11,7 +12,9 @@ from kvlab import runtime
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU behaviour")
 
 
-@pytest.mark.parametrize(("value", "expected"), [("1", True), ("true", True), (" ON ", True), ("0", False), ("", False), ("no", False)])
+@pytest.mark.parametrize(("value", "expected"),
+                         [("1", True), ("true", True), (" ON ", True), ("0", False), ("", False),
+                          ("no", False)])
 def test_quick_mode(monkeypatch, value, expected):
     monkeypatch.setenv(runtime.QUICK_ENV, value)
     assert runtime.quick_mode() is expected
@@ -65,10 +68,12 @@ def test_hardware_and_environment_on_cpu():
     json.dumps(env)  # stored beside every measurement
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run on Colab/GPU machine")
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA GPU: run on Colab/GPU machine")
 def test_environment_on_cuda():
     env = runtime.environment("cuda")
-    assert env["hardware"] == runtime.gpu_name() and env["cuda"] == torch.version.cuda and env["driver"]
+    assert (env["hardware"] == runtime.gpu_name() and env["cuda"] == torch.version.cuda
+            and env["driver"])
 
 
 # ---- version check (kvlab/__init__.py) ----
@@ -88,7 +93,8 @@ def test_wrong_transformers_says_how_to_fix(monkeypatch, found):
     with pytest.raises(ImportError) as info:
         kvlab._check_versions()
     message = str(info.value)
-    assert f"pip install transformers=={kvlab.PINNED_TRANSFORMERS}" in message and "restart the kernel" in message
+    assert (f"pip install transformers=={kvlab.PINNED_TRANSFORMERS}" in message
+            and "restart the kernel" in message)
     assert (found or "no transformers") in message
 
 
@@ -102,12 +108,14 @@ def test_torch_out_of_range_says_how_to_fix(monkeypatch, found):
 
 def test_exports():
     assert all(hasattr(kvlab, name) for name in kvlab.__all__)
-    assert kvlab.ModelUnavailableError is kvlab.lab.models.ModelUnavailableError and kvlab.size is runtime.size
+    assert (kvlab.ModelUnavailableError is kvlab.lab.models.ModelUnavailableError
+            and kvlab.size is runtime.size)
 
 
 def test_the_collector_stays_paused_until_the_last_overlapping_block_ends():
-    """A timing in one thread and a capture in another each pause the collector: the first to end must not resume
-    it while the other still runs (before, a timing that ended mid-capture re-enabled it)."""
+    """A timing in one thread and a capture in another each pause the collector: the first to end
+    must not resume it while the other still runs (before, a timing that ended mid-capture
+    re-enabled it)."""
     import gc
     import threading
 
@@ -120,7 +128,8 @@ def test_the_collector_stays_paused_until_the_last_overlapping_block_ends():
         with collector_paused():
             inside.set()
             assert first_ended.wait(10)
-            seen.append(gc.isenabled())  # the first block has ended: this one still needs the collector paused
+            # the first block has ended: this one still needs the collector paused
+            seen.append(gc.isenabled())
 
     thread = threading.Thread(target=other)
     with collector_paused():

@@ -1,4 +1,5 @@
-"""kvlab.speculative: prompt-lookup drafts, verified k at a time in one captured graph, token-exact with naive."""
+"""kvlab.speculative: prompt-lookup drafts, verified k at a time in one captured graph, token-exact
+with naive."""
 
 import pytest
 import torch
@@ -24,12 +25,14 @@ def models():
 
 def repeating(batch: int, seed: int = 3) -> torch.Tensor:
     """A prompt of 6 random tokens said 3 times: [batch, 18]."""
-    return torch.randint(1, 256, (batch, 6), generator=torch.Generator().manual_seed(seed)).repeat(1, 3)
+    return torch.randint(1, 256, (batch, 6),
+                         generator=torch.Generator().manual_seed(seed)).repeat(1, 3)
 
 
 def simulated(ids: torch.Tensor, reference: torch.Tensor, k: int) -> tuple[int, int, int]:
-    """(verify steps, drafted, accepted) that speculative decoding must have, replayed on the host from naive's
-    tokens: each row drafts from its text so far, every row keeps the fewest right drafts of any row."""
+    """(verify steps, drafted, accepted) that speculative decoding must have, replayed on the host
+    from naive's tokens: each row drafts from its text so far, every row keeps the fewest right
+    drafts of any row."""
     history, ref = ids.tolist(), reference.tolist()
     for row, tokens in zip(history, ref, strict=True):
         row.append(tokens[0])
@@ -52,16 +55,19 @@ def simulated(ids: torch.Tensor, reference: torch.Tensor, k: int) -> tuple[int, 
     return steps, drafted, accepted
 
 
-# ---- drafting --------------------------------------------------------------------------------------
+# ---- drafting
+# --------------------------------------------------------------------------------------
 def test_the_longest_ngram_wins():
-    tokens = [7, 2, 3, 4, 1, 2, 3, 5, 6, 1, 2, 3]  # suffix [1, 2, 3] occurs at 4; [2, 3] alone already at 1
+    # suffix [1, 2, 3] occurs at 4; [2, 3] alone already at 1
+    tokens = [7, 2, 3, 4, 1, 2, 3, 5, 6, 1, 2, 3]
     assert prompt_lookup_draft(tokens, 4) == [5, 6, 1, 2]
     assert prompt_lookup_draft(tokens, 4, max_ngram=2) == [4, 1, 2, 3]  # 2-grams only: [2, 3] at 1
     assert prompt_lookup_draft(torch.tensor(tokens), 4) == [5, 6, 1, 2]  # a 1-D tensor too
 
 
 def test_the_earliest_occurrence_is_taken():
-    assert prompt_lookup_draft([1, 2, 8, 1, 2, 9, 1, 2], 2) == [8, 1]  # [1, 2] at 0 and 3: the first one
+    # [1, 2] at 0 and 3: the first one
+    assert prompt_lookup_draft([1, 2, 8, 1, 2, 9, 1, 2], 2) == [8, 1]
 
 
 def test_no_match_gives_no_draft():
@@ -71,7 +77,8 @@ def test_no_match_gives_no_draft():
 
 
 def test_fewer_than_k_drafts_are_padded():
-    assert prompt_lookup_draft([4, 5, 6, 4, 5], 8) == [6, 4, 5]  # the text ends 3 tokens after the match
+    # the text ends 3 tokens after the match
+    assert prompt_lookup_draft([4, 5, 6, 4, 5], 8) == [6, 4, 5]
     assert padded_draft([6, 4, 5], 5, last=9) == [6, 4, 5, 5, 5]
     assert padded_draft([], 3, last=9) == [9, 9, 9]
 
@@ -80,43 +87,51 @@ def test_drafts_match_transformers_prompt_lookup():
     from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
     gen = torch.Generator().manual_seed(0)
-    lookup = PromptLookupCandidateGenerator(num_output_tokens=4, max_matching_ngram_size=3, max_length=1000)
+    lookup = PromptLookupCandidateGenerator(num_output_tokens=4, max_matching_ngram_size=3,
+                                            max_length=1000)
     for _ in range(200):
-        ids = torch.randint(0, 4, (1, int(torch.randint(2, 16, (1,), generator=gen))), generator=gen)
+        ids = torch.randint(0, 4, (1, int(torch.randint(2, 16, (1,), generator=gen))),
+                            generator=gen)
         candidates, _ = lookup.get_candidates(ids)
         assert prompt_lookup_draft(ids[0], 4) == candidates[0, ids.shape[1]:].tolist(), ids
 
 
-# ---- token-exact ------------------------------------------------------------------------------------
+# ---- token-exact
+# ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("k", [1, 4])
 def test_token_exact_with_naive_and_stats_as_simulated(models, name, batch, k):
     model = models[name]
     decoder = speculative_decoder(model, repeating(batch), N, k=k)
-    for ids in (repeating(batch), torch.randint(1, 256, (batch, 9), generator=torch.Generator().manual_seed(k))):
+    for ids in (repeating(batch),
+                torch.randint(1, 256, (batch, 9), generator=torch.Generator().manual_seed(k))):
         reference = kvlab.decode(model, ids, N)
         out = decoder.generate(ids, N)
         assert torch.equal(out, reference), (name, batch, k)
         stats = decoder.last_stats
         assert (stats.verify_steps, stats.drafted, stats.accepted) == simulated(ids, reference, k)
         assert stats.tokens_per_verify == (N - 1) / stats.verify_steps
-    assert decoder.verify_graph is not None  # one graph, captured at the first call, replayed for the second
+    # one graph, captured at the first call, replayed for the second
+    assert decoder.verify_graph is not None
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
 @pytest.mark.parametrize("batch", [1, 2])
 def test_speculation_over_the_kernels_step_is_token_exact_with_the_same_stats(models, name, batch):
-    """The decoder takes a verify like any step: over kvlab's kernels (their PyTorch form here; tests/test_kernels.py
-    runs the Triton kernels in the interpreter) the tokens and the drafts kept are those of the model's forward."""
+    """The decoder takes a verify like any step: over kvlab's kernels (their PyTorch form here;
+    tests/test_kernels.py runs the Triton kernels in the interpreter) the tokens and the drafts kept
+    are those of the model's forward."""
     from kvlab.kernels.decoder import speculative_kernels_decoder
     from kvlab.kernels.step import kernel_verify
 
     model, k = models[name], 4
     decoder = speculative_kernels_decoder(model, repeating(batch), N, k=k)
     assert decoder.verify_fn is kernel_verify
-    assert decoder.prefill_bucket is not None  # its prefill is captured, as graph-safe-kernels' is
-    for ids in (repeating(batch), torch.randint(1, 256, (batch, 9), generator=torch.Generator().manual_seed(k))):
+    # its prefill is captured, as graph-safe-kernels' is
+    assert decoder.prefill_bucket is not None
+    for ids in (repeating(batch),
+                torch.randint(1, 256, (batch, 9), generator=torch.Generator().manual_seed(k))):
         reference = kvlab.decode(model, ids, N)
         assert torch.equal(decoder.generate(ids, N), reference), (name, batch)
         stats = decoder.last_stats
@@ -125,8 +140,10 @@ def test_speculation_over_the_kernels_step_is_token_exact_with_the_same_stats(mo
     ids = repeating(batch)
     assert torch.equal(kvlab.decode(model, ids, N, strategy="graph-safe-speculative/kernels"),
                        kvlab.decode(model, ids, N))
-    tight = kvlab.decode(model, ids, N, strategy="graph-safe-speculative/kernels", max_cache_len=ids.shape[1] + N - 1)
-    assert torch.equal(tight, kvlab.decode(model, ids, N))  # the last verify steps run into the trash slot
+    tight = kvlab.decode(model, ids, N, strategy="graph-safe-speculative/kernels",
+                         max_cache_len=ids.shape[1] + N - 1)
+    # the last verify steps run into the trash slot
+    assert torch.equal(tight, kvlab.decode(model, ids, N))
 
 
 def test_repeating_prompts_get_drafts_accepted(models):
@@ -135,17 +152,20 @@ def test_repeating_prompts_get_drafts_accepted(models):
         decoder = speculative_decoder(model, repeating(batch), N, k=k)
         decoder.generate(repeating(batch), N)
         stats = decoder.last_stats
-        assert stats.accepted > 0 and 0 < stats.acceptance_rate <= 1 and stats.tokens_per_verify > 1, stats
+        assert (stats.accepted > 0 and 0 < stats.acceptance_rate <= 1
+                and stats.tokens_per_verify > 1), stats
         assert stats.verify_steps < N - 1
 
 
 def test_a_cache_without_head_room_is_exact(models):
-    """max_cache_len = prompt + new - 1: the last verify steps run past the end, into the trash slot."""
+    """max_cache_len = prompt + new - 1: the last verify steps run past the end, into the trash
+    slot."""
     model = models["tiny-llama"]
     ids = repeating(2)
     out = decode_speculative(model, ids, N, k=4, max_cache_len=ids.shape[1] + N - 1)
     assert torch.equal(out, kvlab.decode(model, ids, N))
-    assert torch.equal(kvlab.decode(model, ids, N, strategy="graph-safe-speculative", max_cache_len=64),
+    assert torch.equal(kvlab.decode(model, ids, N, strategy="graph-safe-speculative",
+                                    max_cache_len=64),
                        kvlab.decode(model, ids, N))
 
 
@@ -158,7 +178,8 @@ def test_eager_verify_and_captured_prefill_are_exact(models):
     assert torch.equal(decoder.generate(ids, N), reference) and decoder.prefill_graph is not None
 
 
-# ---- the rollback -------------------------------------------------------------------------------------
+# ---- the rollback
+# -------------------------------------------------------------------------------------
 @torch.inference_mode()
 def test_a_verify_step_leaves_the_counter_after_the_accepted_drafts(models):
     model = models["tiny-llama"]
@@ -170,7 +191,8 @@ def test_a_verify_step_leaves_the_counter_after_the_accepted_drafts(models):
         decoder.rows.copy_(torch.tensor([[reference[0], *drafts]]))
         verified = decoder.verify_step()
         assert int(decoder.accepted) == accepted
-        assert int(decoder.cache.cache_position) == ids.shape[1] + 1 + accepted  # the last token + accepted drafts
+        # the last token + accepted drafts
+        assert int(decoder.cache.cache_position) == ids.shape[1] + 1 + accepted
         assert verified[0, : accepted + 1].tolist() == reference[1 : accepted + 2]
 
 
@@ -181,8 +203,10 @@ def test_a_decoder_continues_and_is_reused_for_another_prompt(models):
     reference = kvlab.decode(model, ids, N + 5)
     for n in range(N - 5, N + 1):  # some end inside a verify step's accepted drafts: trimmed
         assert torch.equal(decoder.generate(ids, n), reference[:, :n])
-        assert int(decoder.cache.cache_position) == ids.shape[1] + n - 1  # as GraphSafeDecoder.generate leaves it
-        assert torch.equal(decoder.decode_steps(5), reference[:, n : n + 5])  # plain steps continue the sequence
+        # as GraphSafeDecoder.generate leaves it
+        assert int(decoder.cache.cache_position) == ids.shape[1] + n - 1
+        # plain steps continue the sequence
+        assert torch.equal(decoder.decode_steps(5), reference[:, n : n + 5])
     assert torch.equal(decoder.generate(other, N), kvlab.decode(model, other, N))
     assert torch.equal(decoder.generate(ids, N), reference[:, :N])
 
@@ -191,10 +215,12 @@ def test_on_token_sees_every_token_once_in_order(models):
     model = models["tiny-qwen2"]
     ids, seen = repeating(2), []
     out = decode_speculative(model, ids, N, on_token=lambda step, t: seen.append((step, t.clone())))
-    assert [s for s, _ in seen] == list(range(N)) and torch.equal(torch.cat([t for _, t in seen], 1), out)
+    assert ([s for s, _ in seen] == list(range(N))
+            and torch.equal(torch.cat([t for _, t in seen], 1), out))
 
 
-# ---- refusals -----------------------------------------------------------------------------------------
+# ---- refusals
+# -----------------------------------------------------------------------------------------
 def test_bad_settings_and_calls_are_refused(models):
     model = models["tiny-llama"]
     ids = repeating(1)

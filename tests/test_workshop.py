@@ -1,6 +1,7 @@
-"""tools/write_workshop_schedule.py: INSTRUCTORS.md's schedule block matches the recorded runs and the notebooks, and the tool's
-reading time, printed source, optional sections, exercises (in the room and homework), slack, breaks and verdict do
-what its docstring says (on tiny fake notebooks)."""
+"""tools/write_workshop_schedule.py: INSTRUCTORS.md's schedule block matches the recorded runs and
+the notebooks, and the tool's reading time, printed source, optional sections, exercises (in the
+room and homework), slack, breaks and verdict do what its docstring says (on tiny fake
+notebooks)."""
 
 import inspect
 import json
@@ -34,7 +35,8 @@ def runs() -> list[dict]:
 
 def test_the_committed_guide_matches_the_data():
     assert workshop.main(["--check"]) == 0, (
-        "INSTRUCTORS.md's workshop block is stale: run python tools/write_workshop_schedule.py --write"
+        "INSTRUCTORS.md's workshop block is stale: run python tools/write_workshop_schedule.py "
+        "--write"
     )
 
 
@@ -100,7 +102,8 @@ def test_optional_mid_cell_by_tag_and_not_inside_a_code_fence():
     notebook = {
         "cells": [
             md(
-                "## 1 · Core\nkept\n```\n## not a heading (optional)\n```\n## 2 · Later (optional)\nskipped words"
+                "## 1 · Core\nkept\n```\n## not a heading (optional)\n```\n## 2 · Later "
+                "(optional)\nskipped words"
             ),
             code("x = 1"),  # inside section 2: optional
             md("# 3 · A higher level ends it\nkept again"),
@@ -112,10 +115,12 @@ def test_optional_mid_cell_by_tag_and_not_inside_a_code_fence():
         ]
     }
     text = workshop.analyse(notebook)
-    # core: "1 · Core" 3 + "kept" 1 + the fence's 3 lines (7 words) + "3 · A higher level ends it" 7 + "kept again" 2
+    # core: "1 · Core" 3 + "kept" 1 + the fence's 3 lines (7 words) + "3 · A higher level ends it" 7
+    # + "kept again" 2
     #       + "5 · Same level ends it" 6 + "kept" 1
     assert (text.words, text.code_lines) == (27, 1)
-    # optional: "2 · Later (optional)" 4 + "skipped words" 2 + the tagged cell 6 + "4 · Tagged from its heading on" 7
+    # optional: "2 · Later (optional)" 4 + "skipped words" 2 + the tagged cell 6 + "4 · Tagged from
+    # its heading on" 7
     #           + "skipped" 1 + "4a · still inside" 4 + "skipped" 1
     assert (text.optional_words, text.optional_code_lines) == (25, 1)
     assert text.optional_sections == ["2 · Later (optional)", "4 · Tagged from its heading on"]
@@ -124,7 +129,8 @@ def test_optional_mid_cell_by_tag_and_not_inside_a_code_fence():
 def test_breaks_fall_at_the_boundary_nearest_to_every_hour():
     rows = [workshop.Row("core", f"l{i}", reading=t) for i, t in enumerate([50, 20, 40, 30])]
     plan = [r.label for r in workshop.with_breaks(rows)]
-    # 50 | 70 is as far past the hour as 50 is short of it: the break comes first; 20 + 40 = 60: break after
+    # 50 | 70 is as far past the hour as 50 is short of it: the break comes first; 20 + 40 = 60:
+    # break after
     assert plan == ["l0", "break", "l1", "l2", "break", "l3"]
     assert [r.label for r in workshop.with_breaks(rows[:1])] == [
         "l0"
@@ -180,7 +186,8 @@ def test_the_schedule_sums_are_the_sums_of_its_rows():
             sum(r.total for r in core) > workshop.WORKSHOP_MINUTES
         )
     parts = re.search(
-        r"Its minutes: run time (\d+), reading (\d+) \((\d+) of it printed source\), in-class exercises "
+        r"Its minutes: run time (\d+), reading (\d+) \((\d+) of it printed source\), in-class "
+        r"exercises "
         r"(\d+) \((\d+) exercises?\), (\d+) breaks? (\d+), slack (\d+)\.",
         said,
     )
@@ -401,7 +408,8 @@ def test_the_block_is_readable_no_line_over_300_and_prose_wrapped():
     )  # a list item continues
 
 
-# ------------------------------------------------------------------------------------- the source lessons print
+# ------------------------------------------------------------------------------------- the source
+# lessons print
 
 
 def nonblank(text: str) -> int:
@@ -482,7 +490,8 @@ def test_a_def_or_class_of_the_notebook_is_counted_from_its_own_source():
         "cells": [
             code("from kvlab.lab.notebook import show_source"),
             code(
-                "def helper(x):\n\n    return x + 1\n\n\nclass Box:\n    size = 1\n\n    def grow(self):\n        return 2\n"
+                "def helper(x):\n\n    return x + 1\n\n\nclass Box:\n    size = 1\n\n    def "
+                "grow(self):\n        return 2\n"
             ),
             code("show_source(helper)\nshow_source(Box.grow)\nshow_source(Box)"),
         ]
@@ -499,7 +508,8 @@ def test_a_display_inside_the_notebooks_own_function_is_counted_at_each_call():
         "cells": [
             md("## 1 · Where it is defined"),
             code(
-                "from kvlab.lab.notebook import show_source\nfrom kvlab.lab.measure import cache_bytes\n\n"
+                "from kvlab.lab.notebook import show_source\nfrom kvlab.lab.measure import "
+                "cache_bytes\n\n"
                 "def explain():\n    show_source(cache_bytes)\n"
             ),
             md("## 2 · Where it runs"),
@@ -516,7 +526,8 @@ def test_a_display_inside_the_notebooks_own_function_is_counted_at_each_call():
         "cells": [
             code("from kvlab import failures\nfrom kvlab.lab.notebook import show_source"),
             code(
-                "def show(result):\n    spec = failures.SCENARIOS.get(result.name, failures.CONTROL_SPEC)\n"
+                "def show(result):\n    spec = failures.SCENARIOS.get(result.name, "
+                "failures.CONTROL_SPEC)\n"
                 '    show_source(spec["fn"])\n'
             ),
             code('pad = failures.run("padding-pollution", model, qa, N)\nshow(pad)'),
@@ -553,7 +564,8 @@ def test_an_unresolved_argument_is_an_error_naming_the_lesson_cell_and_expressio
     assert "01_x cell 2" in err and "show_source(thing.method)" in err
 
 
-# ------------------------------------------------------------------------------ in the room, homework, optional
+# ------------------------------------------------------------------------------ in the room,
+# homework, optional
 
 
 def test_exercises_in_the_room_as_homework_and_optional():
@@ -640,11 +652,13 @@ def test_the_verdict_names_a_core_lesson_without_an_in_room_exercise():
         "CPU, 30 over 180, and every core lesson has an in-class exercise.**"
     )
     assert (
-        "Its minutes: run time 0, reading 150 (0 of it printed source), in-class exercises 25 (5 exercises), "
+        "Its minutes: run time 0, reading 150 (0 of it printed source), in-class exercises 25 (5 "
+        "exercises), "
         "2 breaks 20, slack 15."
     ) in over
     assert (
-        "Homework, the exercises of the lessons' Exercises sections, left out of class (25 minutes): "
+        "Homework, the exercises of the lessons' Exercises sections, left out of class (25 "
+        "minutes): "
         "01 1 exercise (5 minutes); 02 1 exercise (5 minutes)"
     ) in over
     assert "Pre-work (lesson 00): 30 minutes, and 5 of homework (1 exercise)." in over
@@ -679,7 +693,8 @@ def test_an_alias_of_a_package_name_is_followed():
         "cells": [
             code("from kvlab import handwritten\nfrom kvlab.lab.notebook import show_source"),
             code(
-                "cache_class = handwritten.HandwrittenCache\nshow_source(cache_class.get_seq_length)"
+                "cache_class = "
+                "handwritten.HandwrittenCache\nshow_source(cache_class.get_seq_length)"
             ),
         ]
     }
