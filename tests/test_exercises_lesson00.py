@@ -1,5 +1,6 @@
-"""Exercise checkers of lesson 00: the reference passes, typical mistakes get their own hint, a stub is "not attempted"
-(or, under KVLAB_SOLUTIONS=1, checked with the reference), and code that raises gets "your code raised"."""
+"""Exercise checkers of lesson 00: the reference passes, typical mistakes get their own hint, a stub
+is "not attempted" (or, under KVLAB_SOLUTIONS=1, checked with the reference), and code that raises
+gets "your code raised"."""
 
 import copy
 import re
@@ -18,8 +19,8 @@ SMOLLM2_CONFIG = LlamaConfig(**models.SMOLLM2_SHAPE)  # tied, 9 query heads shar
 
 
 def sizes(c):
-    return (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size,
-            c.vocab_size, c.num_hidden_layers)
+    return (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+            c.intermediate_size, c.vocab_size, c.num_hidden_layers)
 
 
 def count(c, *, kv_heads=None, lm_head=None, norms=True):
@@ -34,16 +35,19 @@ def count(c, *, kv_heads=None, lm_head=None, norms=True):
 def test_reference_count_is_what_the_model_holds():
     for cfg in (tiny_model("tiny-llama").config, lesson00.small_gqa_config(),
                 lesson00.with_changes(lesson00.small_gqa_config(), tie_word_embeddings=True)):
-        assert llama_parameter_count(cfg) == sum(p.numel() for p in LlamaForCausalLM(cfg).parameters())
+        assert llama_parameter_count(cfg) == sum(
+            p.numel() for p in LlamaForCausalLM(cfg).parameters())
         assert count(cfg) == llama_parameter_count(cfg)
 
 
 @pytest.mark.parametrize("config", [SMOLLM2_CONFIG, tiny_model("tiny-llama").config, None],
                          ids=["smollm2-shape", "tiny-llama", "default"])
 def test_parameter_count_right_and_wrong(config):
-    assert lesson00.check_parameter_count(llama_parameter_count, config=config).startswith("correct")
+    assert lesson00.check_parameter_count(llama_parameter_count,
+                                          config=config).startswith("correct")
     assert lesson00.check_parameter_count(count, config=config).startswith("correct")
-    q_heads = lesson00.check_parameter_count(lambda c: count(c, kv_heads=c.num_attention_heads), config=config)
+    q_heads = lesson00.check_parameter_count(lambda c: count(c, kv_heads=c.num_attention_heads),
+                                             config=config)
     assert q_heads.startswith("not quite") and "num_key_value_heads" in q_heads
     never_head = lesson00.check_parameter_count(lambda c: count(c, lm_head=False), config=config)
     assert never_head.startswith("not quite") and "lm_head is a matrix of its own" in never_head
@@ -59,18 +63,24 @@ def test_parameter_count_right_and_wrong(config):
 def test_parameter_count_takes_one_element_arrays_and_calls_nan_wrong():
     import numpy as np
 
-    assert lesson00.check_parameter_count(lambda c: torch.tensor([llama_parameter_count(c)])).startswith("correct")
-    assert lesson00.check_parameter_count(lambda c: np.array([llama_parameter_count(c)])).startswith("correct")
+    assert lesson00.check_parameter_count(
+        lambda c: torch.tensor([llama_parameter_count(c)])).startswith("correct")
+    assert lesson00.check_parameter_count(
+        lambda c: np.array([llama_parameter_count(c)])).startswith("correct")
     nan = lesson00.check_parameter_count(lambda c: float("nan"))
-    assert nan.startswith("not quite: parameter_count should return a number") and "not a finite number" in nan
+    assert (nan.startswith("not quite: parameter_count should return a number")
+            and "not a finite number" in nan)
     several = lesson00.check_parameter_count(lambda c: torch.tensor([1, 2]))
     assert "shape (2,)" in several and "return a number" in several
 
 
 def test_parameter_count_names_the_config_it_failed_on():
-    # a count that ignores tie_word_embeddings passes the tied SmolLM2 config but not its untied twin
-    verdict = lesson00.check_parameter_count(lambda c: count(c, lm_head=False), config=SMOLLM2_CONFIG)
-    assert "untied lm_head" in verdict and f"{llama_parameter_count(SMOLLM2_CONFIG) + 49152 * 576:,}" in verdict
+    # a count that ignores tie_word_embeddings passes the tied SmolLM2 config but not its untied
+    # twin
+    verdict = lesson00.check_parameter_count(lambda c: count(c, lm_head=False),
+                                             config=SMOLLM2_CONFIG)
+    assert ("untied lm_head" in verdict
+            and f"{llama_parameter_count(SMOLLM2_CONFIG) + 49152 * 576:,}" in verdict)
 
 
 @pytest.fixture(scope="module")
@@ -79,11 +89,13 @@ def stand_in():
 
 
 def no_generation_prompt(tok, q):
-    return tok.apply_chat_template([{"role": "user", "content": q}], return_tensors="pt")["input_ids"]
+    return tok.apply_chat_template([{"role": "user", "content": q}],
+                                   return_tensors="pt")["input_ids"]
 
 
 def whole_encoding(tok, q):
-    return tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, return_tensors="pt")
+    return tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                   return_tensors="pt")
 
 
 def question_alone(tok, q):
@@ -103,7 +115,8 @@ def system_role(tok, q):
                                    return_tensors="pt")["input_ids"]
 
 
-CHAT_MISTAKES = [(no_generation_prompt, "add_generation_prompt=True"), (whole_encoding, "['input_ids']"),
+CHAT_MISTAKES = [(no_generation_prompt, "add_generation_prompt=True"),
+                 (whole_encoding, "['input_ids']"),
                  (question_alone, "apply_chat_template"), (one_dimensional, "batch dimension"),
                  (as_list, "as a list"), (system_role, "role 'user'")]
 
@@ -124,7 +137,8 @@ def test_chat_ids_right_and_wrong(tokenizer, stand_in):
         assert verdict.startswith("not quite") and words in verdict, (wrong.__name__, verdict)
     hard_coded = lesson00.chat_ids(stand_in, "What is the capital of France?")
     verdict = lesson00.check_chat_ids(lambda tok, q: hard_coded, tokenizer=tok)
-    assert verdict.startswith("not quite") and "Why is the sky blue" in verdict and "position" in verdict
+    assert (verdict.startswith("not quite") and "Why is the sky blue" in verdict
+            and "position" in verdict)
 
 
 def test_chat_ids_on_the_real_tokenizer():
@@ -146,18 +160,22 @@ def test_gqa_prediction():
         cfg.num_key_value_heads = cfg.num_attention_heads
         mha = sum(p.numel() for p in LlamaForCausalLM(cfg).parameters())
     assert lesson00.nearest_choice(mha / gqa, lesson00.GQA_RATIOS) == "10%"
-    assert lesson00.check_gqa_prediction("10%", gqa_parameters=gqa, mha_parameters=mha).startswith("correct")
+    assert lesson00.check_gqa_prediction("10%", gqa_parameters=gqa,
+                                         mha_parameters=mha).startswith("correct")
     wrong = lesson00.check_gqa_prediction("3x", gqa_parameters=gqa, mha_parameters=mha)
     assert wrong.startswith("not quite") and "'10%'" in wrong and f"{mha:,}" in wrong
-    assert lesson00.check_gqa_prediction("lots", gqa_parameters=gqa, mha_parameters=mha).startswith("not quite")
+    assert lesson00.check_gqa_prediction("lots", gqa_parameters=gqa,
+                                         mha_parameters=mha).startswith("not quite")
     assert lesson00.nearest_choice(2.9, lesson00.GQA_RATIOS) == "3x"
 
 
 def test_gqa_prediction_unanswered(monkeypatch):
     monkeypatch.delenv("KVLAB_SOLUTIONS", raising=False)
-    assert lesson00.check_gqa_prediction(None, gqa_parameters=100, mha_parameters=110).startswith("not predicted")
+    assert lesson00.check_gqa_prediction(None, gqa_parameters=100,
+                                         mha_parameters=110).startswith("not predicted")
     monkeypatch.setenv("KVLAB_SOLUTIONS", "1")
-    assert lesson00.check_gqa_prediction(None, gqa_parameters=100, mha_parameters=110).startswith("correct")
+    assert lesson00.check_gqa_prediction(None, gqa_parameters=100,
+                                         mha_parameters=110).startswith("correct")
 
 
 CODE_CHECKERS = [lesson00.check_parameter_count, lesson00.check_chat_ids]
@@ -166,7 +184,8 @@ CODE_CHECKERS = [lesson00.check_parameter_count, lesson00.check_chat_ids]
 @pytest.mark.parametrize("check", CODE_CHECKERS, ids=lambda c: c.__name__)
 def test_unattempted_filled_in_and_raising(check, monkeypatch):
     assert_unattempted_filled_in_and_raising(check, monkeypatch)
-    assert check(raises).startswith("not quite: your code raised ValueError")  # an attempt is checked as it is
+    # an attempt is checked as it is
+    assert check(raises).startswith("not quite: your code raised ValueError")
 
 
 @pytest.mark.parametrize("check", CODE_CHECKERS, ids=lambda c: c.__name__)

@@ -1,6 +1,7 @@
-"""Exercise checkers of lessons 01 and 02: the reference passes, typical mistakes get their own hint (and, for the
-decode loop, the first token that differs), a stub is "not attempted" (or, under KVLAB_SOLUTIONS=1, checked with
-the reference), code that raises gets "your code raised"; the number checkers name the mistake behind a number."""
+"""Exercise checkers of lessons 01 and 02: the reference passes, typical mistakes get their own hint
+(and, for the decode loop, the first token that differs), a stub is "not attempted" (or, under
+KVLAB_SOLUTIONS=1, checked with the reference), code that raises gets "your code raised"; the number
+checkers name the mistake behind a number."""
 
 import copy
 import math
@@ -39,21 +40,26 @@ def test_check_number_verdicts():
 
 
 def test_check_number_takes_any_one_real_number_and_refuses_the_rest():
-    for one in (torch.tensor([5]), torch.tensor([[5.0]]), np.array([5]), np.array(5.0), np.float32(5), np.int64(5)):
+    for one in (torch.tensor([5]), torch.tensor([[5.0]]), np.array([5]), np.array(5.0),
+                np.float32(5), np.int64(5)):
         assert check_number(one, 5, what="x", hint="h").startswith("correct"), one
     wrong = check_number(torch.tensor([6]), 5, what="x", hint="h")
     assert wrong.startswith("not quite: you gave 6 for x") and "20.0% off" in wrong
     for bad, says in ((torch.tensor([5, 5]), "shape (2,) (2 elements), not one number"),
                       (np.array([5.0, 5.0]), "shape (2,)"), (torch.tensor([True]), "a bool"),
-                      (float("nan"), "nan, which is not a finite number"), (float("inf"), "inf, which is not"),
+                      (float("nan"), "nan, which is not a finite number"),
+                      (float("inf"), "inf, which is not"),
                       (torch.tensor([float("nan")]), "not a finite number"), (1 + 0j, "a complex")):
         verdict = check_number(bad, 5, what="x", hint="h")
-        assert verdict.startswith("not quite: x is a number, but you gave") and says in verdict, (bad, verdict)
-    assert "Hint: bytes, not bits" in lesson02.check_cache_bytes(  # a wrong tensor answer still gets its mistake named
-        torch.tensor([8 * 5120]), config=tiny_model("tiny-llama").config, tokens=10, dtype=torch.float32)
+        assert (verdict.startswith("not quite: x is a number, but you gave")
+                and says in verdict), (bad, verdict)
+    # a wrong tensor answer still gets its mistake named
+    assert "Hint: bytes, not bits" in lesson02.check_cache_bytes(
+        torch.tensor([8 * 5120]), config=tiny_model("tiny-llama").config, tokens=10,
+        dtype=torch.float32)
 
 
-# ---- lesson 01: the naive loop ----------------------------------------------------------------------------------
+# ---- lesson 01: the naive loop -------------------------------------------------------------------
 
 
 def loop(*, position=-1, steps=lambda n: range(n), keep_prompt=False, append=True, whole=True):
@@ -76,18 +82,21 @@ NAIVE_MISTAKES = [
     (loop(position=-2), ["token 0", "second-to-last"]),
     (loop(append=False), ["token 1", "append"]),
     (loop(whole=False), ["token 0", "WHOLE sequence"]),
-    (loop(keep_prompt=True, steps=lambda n: range(n - 1)), ["returned the prompt too", "1 too few"]),
+    (loop(keep_prompt=True, steps=lambda n: range(n - 1)),
+     ["returned the prompt too", "1 too few"]),
 ]
 
 
 def test_naive_decode_right():
     assert lesson01.check_naive_decode(decode_naive).startswith("correct")
     assert lesson01.check_naive_decode(loop()).startswith("correct")
-    assert lesson01.check_naive_decode(loop(), model=tiny_model("tiny-qwen3"), new_tokens=3).startswith("correct")
+    assert lesson01.check_naive_decode(loop(), model=tiny_model("tiny-qwen3"),
+                                       new_tokens=3).startswith("correct")
 
 
-@pytest.mark.parametrize("wrong, words", NAIVE_MISTAKES, ids=["prompt", "n-1", "n+1", "first", "second-to-last",
-                                                           "no-append", "newest-only", "prompt-and-n-1"])
+@pytest.mark.parametrize("wrong, words", NAIVE_MISTAKES,
+                         ids=["prompt", "n-1", "n+1", "first", "second-to-last",
+                              "no-append", "newest-only", "prompt-and-n-1"])
 def test_naive_decode_mistakes(wrong, words):
     verdict = lesson01.check_naive_decode(wrong)
     assert verdict.startswith("not quite") and all(w in verdict for w in words), verdict
@@ -116,7 +125,7 @@ def test_naive_decode_names_the_first_differing_token():
     assert verdict.startswith("not quite") and "agree up to token 3" in verdict
 
 
-# ---- lesson 01: FLOPs of a naive step ----------------------------------------------------------------------------
+# ---- lesson 01: FLOPs of a naive step ------------------------------------------------------------
 
 
 def with_kv_heads(config, kv):
@@ -138,7 +147,8 @@ FLOPS_MISTAKES = [
 @pytest.mark.parametrize("config", [None, cfg()], ids=["default", "3 layers"])
 def test_step_flops(config):
     assert lesson01.check_step_flops(lesson01.step_flops, config=config).startswith("correct")
-    assert lesson01.check_step_flops(lambda c, n: forward_flops(c, n) * 1.005, config=config).startswith("correct")
+    assert lesson01.check_step_flops(lambda c, n: forward_flops(c, n) * 1.005,
+                                     config=config).startswith("correct")
     for wrong, words in FLOPS_MISTAKES:
         verdict = lesson01.check_step_flops(wrong, config=config)
         assert verdict.startswith("not quite") and words in verdict, verdict
@@ -146,11 +156,14 @@ def test_step_flops(config):
 
 
 def test_step_flops_takes_one_element_arrays_and_calls_nan_and_inf_wrong():
-    assert lesson01.check_step_flops(lambda c, n: torch.tensor([forward_flops(c, n)])).startswith("correct")
-    assert lesson01.check_step_flops(lambda c, n: np.array([forward_flops(c, n)])).startswith("correct")
+    assert lesson01.check_step_flops(lambda c, n: torch.tensor([forward_flops(c, n)])).startswith(
+        "correct")
+    assert lesson01.check_step_flops(lambda c, n: np.array([forward_flops(c, n)])).startswith(
+        "correct")
     for bad in (float("nan"), float("inf"), -float("inf"), np.array([float("nan")])):
         verdict = lesson01.check_step_flops(lambda c, n, bad=bad: bad)
-        assert verdict.startswith("not quite: step_flops should return a number") and "not a finite number" in verdict
+        assert (verdict.startswith("not quite: step_flops should return a number")
+                and "not a finite number" in verdict)
 
 
 def test_doubling_prediction():
@@ -161,7 +174,7 @@ def test_doubling_prediction():
     assert wrong.startswith("not quite") and "'2x'" in wrong
 
 
-# ---- lesson 02: one head's attention over a cache -----------------------------------------------------------------
+# ---- lesson 02: one head's attention over a cache ------------------------------------------------
 
 
 def attention(*, scale=True, values=True, drop_newest=False, dim=-1, mask="causal"):
@@ -172,7 +185,8 @@ def attention(*, scale=True, values=True, drop_newest=False, dim=-1, mask="causa
         T, S, d = q.shape[0], keys.shape[0], q.shape[-1]
         scores = q @ keys.T / (math.sqrt(d) if scale else 1)
         if mask == "causal":
-            scores = scores.masked_fill(~torch.ones(T, S, dtype=torch.bool).tril(S - T), float("-inf"))
+            scores = scores.masked_fill(~torch.ones(T, S, dtype=torch.bool).tril(S - T),
+                                        float("-inf"))
         elif mask == "top-left":
             scores = scores.masked_fill(~torch.ones(T, S, dtype=torch.bool).tril(), float("-inf"))
         return torch.softmax(scores, dim=dim) @ (vals if values else keys)
@@ -193,7 +207,8 @@ def test_attend_reference_is_pytorch_attention():
     for T, S in lesson02.ATTEND_CASES:
         q, keys, values = lesson02.attend_case(T, S, 0)
         mask = torch.ones(T, S, dtype=torch.bool).tril(S - T)
-        expected = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask)[0]
+        expected = F.scaled_dot_product_attention(q[None], keys[None], values[None],
+                                                  attn_mask=mask)[0]
         assert torch.allclose(lesson02.attend(q, keys, values), expected)
 
 
@@ -205,7 +220,8 @@ def test_attend_names_nan_and_inf_rows_instead_of_crashing():
             return out
         return attend
 
-    def masks_everything(q, keys, values):  # the mask counted from key 0: a single query sees no key, softmax is NaN
+    # the mask counted from key 0: a single query sees no key, softmax is NaN
+    def masks_everything(q, keys, values):
         T, S = q.shape[0], keys.shape[0]
         visible = torch.ones(T, S, dtype=torch.bool).tril(diagonal=-1)
         scores = (q @ keys.T / math.sqrt(q.shape[-1])).masked_fill(~visible, float("-inf"))
@@ -213,7 +229,8 @@ def test_attend_names_nan_and_inf_rows_instead_of_crashing():
 
     for student in (poisoned(float("nan"), 0), poisoned(float("inf"), -1), masks_everything):
         verdict = lesson02.check_attend(student)
-        assert verdict.startswith("not quite: for 1 query") and "holds NaN or infinity" in verdict, verdict
+        assert (verdict.startswith("not quite: for 1 query")
+                and "holds NaN or infinity" in verdict), verdict
         assert "your code raised" not in verdict
 
 
@@ -230,7 +247,8 @@ def test_attend_right_and_wrong():
 
 
 def in_dtype(fn, dtype, back=False):
-    """``fn`` computed in ``dtype`` (the inputs cast), returned in it or (``back``) cast back to the inputs' dtype."""
+    """``fn`` computed in ``dtype`` (the inputs cast), returned in it or (``back``) cast back to the
+    inputs' dtype."""
     def attend(q, keys, values):
         out = fn(q.to(dtype), keys.to(dtype), values.to(dtype))
         return out.to(q.dtype) if back else out
@@ -243,7 +261,8 @@ def test_attend_accepts_a_right_answer_in_float32_or_lower_and_still_names_mista
         mask = torch.ones(T, S, dtype=torch.bool).tril(S - T)
         return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask)[0]
 
-    for right in (in_dtype(lesson02.attend, torch.float32), in_dtype(lesson02.attend, torch.float32, back=True),
+    for right in (in_dtype(lesson02.attend, torch.float32),
+                  in_dtype(lesson02.attend, torch.float32, back=True),
                   in_dtype(sdpa, torch.float32), in_dtype(lesson02.attend, torch.bfloat16),
                   in_dtype(lesson02.attend, torch.float16)):
         verdict = lesson02.check_attend(right)
@@ -252,15 +271,17 @@ def test_attend_accepts_a_right_answer_in_float32_or_lower_and_still_names_mista
         for dtype in (torch.float32, torch.bfloat16):
             verdict = lesson02.check_attend(in_dtype(wrong, dtype))
             assert verdict.startswith("not quite") and words in verdict, (dtype, verdict)
-    off = lesson02.check_attend(in_dtype(lambda q, k, v: lesson02.attend(q, k, v) + 1e-3, torch.float32))
+    off = lesson02.check_attend(in_dtype(lambda q, k, v: lesson02.attend(q, k, v) + 1e-3,
+                                         torch.float32))
     assert off.startswith("not quite") and "row 0" in off
 
 
-# ---- lesson 02: a cache's update ---------------------------------------------------------------------------------
+# ---- lesson 02: a cache's update -----------------------------------------------------------------
 
 
 class ListCache:
-    """A hand-written cache with switchable mistakes (right with the defaults): one K and V tensor per layer."""
+    """A hand-written cache with switchable mistakes (right with the defaults): one K and V tensor
+    per layer."""
 
     def __init__(self, *, store_values=True, return_all=True, append=True, dim=-2, per_layer=True):
         self.keys, self.values = [], []
@@ -308,16 +329,18 @@ def test_cache_update_right_and_wrong():
 
 
 def test_cache_update_plugged_into_the_model():
-    class LateDrift(ListCache):  # right for the unit calls' shapes, wrong once a layer holds more than 5 tokens
+    # right for the unit calls' shapes, wrong once a layer holds more than 5 tokens
+    class LateDrift(ListCache):
         def update(self, key_states, value_states, layer_idx):
             k, v = super().update(key_states, value_states, layer_idx)
             return (k, v) if k.shape[-2] <= 5 else (k, v * 0)
 
     verdict = lesson02.check_cache_update(LateDrift, new_tokens=4)
-    assert verdict.startswith("not quite") and "plugged into a tiny model" in verdict and "token 1" in verdict
+    assert (verdict.startswith("not quite") and "plugged into a tiny model" in verdict
+            and "token 1" in verdict)
 
 
-# ---- lesson 02: numbers and the prediction ------------------------------------------------------------------------
+# ---- lesson 02: numbers and the prediction -------------------------------------------------------
 
 
 def test_cache_bytes():
@@ -361,16 +384,19 @@ def test_a_number_spelled_as_text_or_a_list_of_one_is_read(spelled):
 
 
 def test_cache_vs_weights_prediction(monkeypatch):
-    right = lesson02.check_cache_vs_weights_prediction(10_000, weight_bytes=538_000_000, cache_bytes_per_token=46_080)
+    right = lesson02.check_cache_vs_weights_prediction(10_000, weight_bytes=538_000_000,
+                                                       cache_bytes_per_token=46_080)
     assert right.startswith("correct") and "11,675 tokens" in right
-    wrong = lesson02.check_cache_vs_weights_prediction(100, weight_bytes=538_000_000, cache_bytes_per_token=46_080)
+    wrong = lesson02.check_cache_vs_weights_prediction(100, weight_bytes=538_000_000,
+                                                       cache_bytes_per_token=46_080)
     assert wrong.startswith("not quite") and "10000" in wrong
     monkeypatch.delenv("KVLAB_SOLUTIONS", raising=False)
-    assert lesson02.check_cache_vs_weights_prediction(None, weight_bytes=1, cache_bytes_per_token=1).startswith(
+    assert lesson02.check_cache_vs_weights_prediction(None, weight_bytes=1,
+                                                      cache_bytes_per_token=1).startswith(
         "not predicted")
 
 
-# ---- every code checker: not attempted, filled in, raising, solution on request -----------------------------------
+# ---- every code checker: not attempted, filled in, raising, solution on request ------------------
 
 
 class StubCache:
@@ -386,11 +412,14 @@ class RaisingCache(StubCache):
         raise ValueError(STUDENT_ERROR)
 
 
-CODE_CHECKERS = [(lesson01.check_naive_decode, stub, raises), (lesson01.check_step_flops, stub, raises),
-                 (lesson02.check_attend, stub, raises), (lesson02.check_cache_update, StubCache, RaisingCache)]
+CODE_CHECKERS = [(lesson01.check_naive_decode, stub, raises),
+                 (lesson01.check_step_flops, stub, raises),
+                 (lesson02.check_attend, stub, raises),
+                 (lesson02.check_cache_update, StubCache, RaisingCache)]
 
 
-@pytest.mark.parametrize("check, unattempted, raising", CODE_CHECKERS, ids=lambda x: getattr(x, "__name__", ""))
+@pytest.mark.parametrize("check, unattempted, raising", CODE_CHECKERS,
+                         ids=lambda x: getattr(x, "__name__", ""))
 def test_unattempted_filled_in_and_raising(check, unattempted, raising, monkeypatch):
     assert_unattempted_filled_in_and_raising(check, monkeypatch, unattempted, raising)
 

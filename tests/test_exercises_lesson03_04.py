@@ -1,6 +1,7 @@
-"""Exercise checkers of lessons 03 and 04: every reference solution is "correct", typical wrong answers get the hint
-that names their mistake, an unattempted stub is "not attempted" (or, with KVLAB_SOLUTIONS=1, checked with the
-reference), and code that raises is reported, never a traceback."""
+"""Exercise checkers of lessons 03 and 04: every reference solution is "correct", typical wrong
+answers get the hint that names their mistake, an unattempted stub is "not attempted" (or, with
+KVLAB_SOLUTIONS=1, checked with the reference), and code that raises is reported, never a
+traceback."""
 
 import pytest
 import torch
@@ -14,11 +15,14 @@ from kvlab.graphs import capture
 from kvlab.lab.models import SMOLLM2_SHAPE
 from kvlab.sizes import model_sizes
 
-CODE_CHECKERS = [lesson03.check_reset_in_place, lesson03.check_decode_step, lesson04.check_graph_decode,
+CODE_CHECKERS = [lesson03.check_reset_in_place, lesson03.check_decode_step,
+                 lesson04.check_graph_decode,
                  lesson04.check_put_back]
 PREDICTIONS = [  # (checker, choices, what the run measures)
-    (lesson03.check_crop_prediction, lesson03.CROP_CHOICES, lambda: lesson03.crop_experiment()["outcome"]),
-    (lesson04.check_no_warmup_prediction, lesson04.NO_WARMUP_CHOICES, lambda: lesson04.no_warmup_run()["outcome"]),
+    (lesson03.check_crop_prediction, lesson03.CROP_CHOICES,
+     lambda: lesson03.crop_experiment()["outcome"]),
+    (lesson04.check_no_warmup_prediction, lesson04.NO_WARMUP_CHOICES,
+     lambda: lesson04.no_warmup_run()["outcome"]),
 ]
 
 
@@ -40,7 +44,8 @@ def test_a_stub_is_not_attempted_or_checked_with_the_reference(check, monkeypatc
 @pytest.mark.parametrize("check", CODE_CHECKERS, ids=lambda c: c.__name__)
 def test_code_that_raises_is_reported(check):
     verdict = check(raises)
-    assert verdict.startswith("not quite: your code raised ValueError") and "Hint" in verdict, verdict
+    assert (verdict.startswith("not quite: your code raised ValueError")
+            and "Hint" in verdict), verdict
 
 
 @pytest.mark.parametrize("check, choices, measure", PREDICTIONS, ids=["crop", "no-warmup"])
@@ -56,16 +61,18 @@ def test_predictions(check, choices, measure, monkeypatch):
     assert check(None).startswith("correct")
 
 
-# ------------------------------------------------------------------------------------------------ lesson 03
+# ---------------------------------------------------------------------------------------- lesson 03
 
 
 def test_static_cache_bytes_names_the_slip():
     config = transformers.LlamaConfig(**SMOLLM2_SHAPE)  # 30 layers, 9 query heads over 3 kv heads
     s = model_sizes(config)
-    right = 2 * s.layers * s.kv_heads * s.head_dim * 2 * 1024 * 4  # K+V x layers x kv heads x head_dim x bf16 x slots x batch
+    # K+V x layers x kv heads x head_dim x bf16 x slots x batch
+    right = 2 * s.layers * s.kv_heads * s.head_dim * 2 * 1024 * 4
 
     def check(answer):
-        return lesson03.check_static_cache_bytes(answer, config=config, max_cache_len=1024, dtype=torch.bfloat16, batch=4)
+        return lesson03.check_static_cache_bytes(answer, config=config, max_cache_len=1024,
+                                                 dtype=torch.bfloat16, batch=4)
 
     assert check(right).startswith("correct")
     assert "V is a second buffer" in check(right // 2)
@@ -77,8 +84,10 @@ def test_static_cache_bytes_names_the_slip():
     assert "not answered" in check(None)
     import numpy as np
 
-    assert check(torch.tensor([right])).startswith("correct") and check(np.array([right])).startswith("correct")
-    assert "V is a second buffer" in check(torch.tensor([right // 2]))  # a one-element tensor's slip is named too
+    assert (check(torch.tensor([right])).startswith("correct")
+            and check(np.array([right])).startswith("correct"))
+    # a one-element tensor's slip is named too
+    assert "V is a second buffer" in check(torch.tensor([right // 2]))
     assert "not a finite number" in check(float("nan"))
 
 
@@ -164,21 +173,23 @@ def test_decode_step_hints(wrong, words):
 def test_crop_keeps_the_slots_and_the_mask_hides_them():
     seen = lesson03.crop_experiment(extra=6, k=3)
     assert seen["counter after"] == seen["counter before"] - 3
-    assert len(seen["cropped slots' key norms"]) == 3 and all(n > 0 for n in seen["cropped slots' key norms"])
+    assert (len(seen["cropped slots' key norms"]) == 3
+            and all(n > 0 for n in seen["cropped slots' key norms"]))
     assert seen["outcome"] == "kept-hidden"
     assert lesson03.check_crop_prediction("kept-hidden").startswith("correct")
     with pytest.raises(ValueError, match="k must be"):
         lesson03.crop_experiment(extra=2, k=3)
 
 
-# ------------------------------------------------------------------------------------------------ lesson 04
+# ---------------------------------------------------------------------------------------- lesson 04
 
 
 def graph_decode_with(slip):
     """The reference graph_decode with one typical slip."""
     def graph_decode(model, cache, first_ids, prompt_len, n):
         static_ids = first_ids.clone()
-        static_pos = torch.full_like(first_ids, prompt_len + (1 if slip == "position off by one" else 0))
+        static_pos = torch.full_like(first_ids,
+                                     prompt_len + (1 if slip == "position off by one" else 0))
 
         def step(ids, pos):
             return greedy(model(ids, cache=cache, position_ids=pos).logits)
@@ -209,7 +220,8 @@ def eager_decode(model, cache, first_ids, prompt_len, n):
 
 
 @pytest.mark.parametrize("slip, words", [
-    ("ids rebound", ["rebound instead of written in place", "stale input", "is the first that differs"]),
+    ("ids rebound",
+     ["rebound instead of written in place", "stale input", "is the first that differs"]),
     ("position kept", ["forgot to advance the position"]),
     ("position off by one", ["off by one position (+1)"]),
     ("warm-up", ["a counter advanced by warm-up", "warmup=3"]),
@@ -237,7 +249,8 @@ def moves_layer0(cache, valid_len):
     cache.layers[0].cumulative_length.fill_(valid_len)
 
 
-def takes_back_the_warmup(cache, valid_len):  # right for 4a's two warm-up calls, not for the padding
+# right for 4a's two warm-up calls, not for the padding
+def takes_back_the_warmup(cache, valid_len):
     for layer in cache.layers:
         layer.cumulative_length.sub_(2)
 
@@ -251,10 +264,12 @@ def raises_runtime_error(cache, valid_len):
 
 
 @pytest.mark.parametrize("wrong, words", [
-    (leaves_counters, ["a counter advanced by warm-up", "warmup-advance: the first differing token is"]),
+    (leaves_counters,
+     ["a counter advanced by warm-up", "warmup-advance: the first differing token is"]),
     (rebinds_counters, ["rebound instead of written in place"]),
     (moves_layer0, ["only layer 0's counter", "every layer has its own"]),
-    (takes_back_the_warmup, ["the padding counted", "padding-pollution: the first differing token is"]),
+    (takes_back_the_warmup,
+     ["the padding counted", "padding-pollution: the first differing token is"]),
     (empties_the_cache, ["you emptied the cache"]),
     (raises_runtime_error, ["your code raised RuntimeError: inside the scenario"]),
 ], ids=lambda x: getattr(x, "__name__", ""))
