@@ -1,5 +1,6 @@
-"""Lesson 05's checkers: each gets its solution (correct), typical wrong answers (the specific hint), an unattempted
-stub (not attempted, or the reference filled in under KVLAB_SOLUTIONS=1) and code that raises (reported)."""
+"""Lesson 05's checkers: each gets its solution (correct), typical wrong answers (the specific
+hint), an unattempted stub (not attempted, or the reference filled in under KVLAB_SOLUTIONS=1) and
+code that raises (reported)."""
 
 import pytest
 import torch
@@ -18,24 +19,28 @@ def test_stub_none_and_errors(check, monkeypatch):
     assert check(stub) == NOT_ATTEMPTED and check(None) == NOT_ATTEMPTED
 
 
-# ---- predict, then run ----------------------------------------------------------------------------------------------
+# ---- predict, then run ---------------------------------------------------------------------------
 
 def test_counters_prediction(monkeypatch):
     vanilla, safe = lesson05.padded_prefill_counters(21, 32, steps=3)
-    assert (vanilla, safe) == (32 + 3, 21 + 3)  # vanilla counts the bucket, graph-safe the valid rows
+    # vanilla counts the bucket, graph-safe the valid rows
+    assert (vanilla, safe) == (32 + 3, 21 + 3)
     assert lesson05.check_counters_prediction("B").startswith("correct")
     wrong = lesson05.check_counters_prediction("A")
-    assert wrong.startswith("not quite: you predicted 'A'") and f"vanilla {vanilla}, graph-safe {safe}" in wrong
+    assert (wrong.startswith("not quite: you predicted 'A'")
+            and f"vanilla {vanilla}, graph-safe {safe}" in wrong)
     assert "one of 'A', 'B', 'C', 'D'" in lesson05.check_counters_prediction("E")
-    assert lesson05.check_counters_prediction("B", prompt_len=5, bucket=16, steps=0).startswith("correct")
+    assert lesson05.check_counters_prediction("B", prompt_len=5, bucket=16,
+                                              steps=0).startswith("correct")
     monkeypatch.delenv("KVLAB_SOLUTIONS", raising=False)
     unanswered = lesson05.check_counters_prediction(None)
-    assert unanswered.startswith("not predicted") and str(vanilla) not in unanswered  # nothing given away
+    # nothing given away
+    assert unanswered.startswith("not predicted") and str(vanilla) not in unanswered
     with pytest.raises(ValueError, match="prompt_len <= bucket"):
         lesson05.padded_prefill_counters(40, 32)
 
 
-# ---- the write positions --------------------------------------------------------------------------------------------
+# ---- the write positions -------------------------------------------------------------------------
 
 def right_positions(counter, valid, bucket, max_cache_len):
     rows = torch.arange(bucket)
@@ -44,8 +49,10 @@ def right_positions(counter, valid, bucket, max_cache_len):
 
 
 def test_write_positions():
-    assert lesson05.check_write_positions(lesson05.check_write_positions.solution).startswith("correct")
-    assert lesson05.check_write_positions(right_positions).startswith("correct")  # written out = the package's
+    assert lesson05.check_write_positions(lesson05.check_write_positions.solution).startswith(
+        "correct")
+    # written out = the package's
+    assert lesson05.check_write_positions(right_positions).startswith("correct")
     no_trash = lambda c, v, b, m: torch.arange(b) + c  # noqa: E731  (writes the padding, like vanilla)
     assert "padding-pollution" in lesson05.check_write_positions(no_trash)
     no_end_check = lambda c, v, b, m: torch.where(torch.arange(b) < v, torch.arange(b) + c, m)  # noqa: E731
@@ -61,18 +68,22 @@ def test_write_positions():
         return torch.cat([right_positions(c, v, b, m)[:n], torch.full((b - n,), m)])
 
     assert "a captured graph refuses it" in lesson05.check_write_positions(host_read)
-    assert "LongTensor" in lesson05.check_write_positions(lambda *case: right_positions(*case).double() + 0.7)
-    assert "shape" in lesson05.check_write_positions(lambda *case: right_positions(*case).to("meta"))
-    assert "shape [8]" in lesson05.check_write_positions(lambda c, v, b, m: right_positions(c, v, b, m)[: int(v)])
+    assert "LongTensor" in lesson05.check_write_positions(
+        lambda *case: right_positions(*case).double() + 0.7)
+    assert "shape" in lesson05.check_write_positions(
+        lambda *case: right_positions(*case).to("meta"))
+    assert "shape [8]" in lesson05.check_write_positions(
+        lambda c, v, b, m: right_positions(c, v, b, m)[: int(v)])
 
 
-# ---- the valid-window write -----------------------------------------------------------------------------------------
+# ---- the valid-window write ----------------------------------------------------------------------
 
-def write(keys, values, new_k, new_v, counter, valid, *, k=True, v=True, advance=None, shift=0, padding=False,
-          in_place=True):
+def write(keys, values, new_k, new_v, counter, valid, *, k=True, v=True, advance=None, shift=0,
+          padding=False, in_place=True):
     """The write, written out, with one switch per typical mistake."""
     slots, rows = keys.shape[2] - 1, torch.arange(new_k.shape[2])
-    keep = (torch.ones_like(rows, dtype=torch.bool) if padding else rows < valid) & (counter + rows + shift < slots)
+    keep = (torch.ones_like(rows, dtype=torch.bool) if padding else rows < valid) & (
+        counter + rows + shift < slots)
     at = torch.where(keep, counter + rows + shift, slots)
     for do, buffer, new in ((k, keys, new_k), (v, values, new_v)):
         if do:
@@ -82,8 +93,10 @@ def write(keys, values, new_k, new_v, counter, valid, *, k=True, v=True, advance
 
 def test_write_valid():
     assert lesson05.check_write_valid(lesson05.check_write_valid.solution).startswith("correct")
-    assert lesson05.check_write_valid(write).startswith("correct")  # written out = GraphSafeStaticCache.update
-    assert "by the padded length" in lesson05.check_write_valid(lambda *a: write(*a, advance=lambda t: t))
+    # written out = GraphSafeStaticCache.update
+    assert lesson05.check_write_valid(write).startswith("correct")
+    assert "by the padded length" in lesson05.check_write_valid(
+        lambda *a: write(*a, advance=lambda t: t))
     assert "off by one position" in lesson05.check_write_valid(lambda *a: write(*a, shift=1))
     assert "K without V" in lesson05.check_write_valid(lambda *a: write(*a, v=False))
     assert "V without K" in lesson05.check_write_valid(lambda *a: write(*a, k=False))
@@ -117,15 +130,18 @@ def test_package_write_is_the_cache_update():
     keys, values, new_k, new_v = lesson05.write_inputs(1, 2, 16, 4, 8, seed=0)
     out_k, out_v, counter = lesson05.package_write(keys, values, new_k, new_v, 3, 5)
     assert counter == 8
-    assert torch.equal(out_k[:, :, 3:8], new_k[:, :, :5]) and torch.equal(out_v[:, :, 3:8], new_v[:, :, :5])
-    assert torch.equal(out_k[:, :, :3], keys[:, :, :3]) and torch.equal(out_k[:, :, 8:16], keys[:, :, 8:16])
+    assert (torch.equal(out_k[:, :, 3:8], new_k[:, :, :5])
+            and torch.equal(out_v[:, :, 3:8], new_v[:, :, :5]))
+    assert (torch.equal(out_k[:, :, :3], keys[:, :, :3])
+            and torch.equal(out_k[:, :, 8:16], keys[:, :, 8:16]))
 
 
-# ---- the whole loop over a vanilla StaticCache ---------------------------------------------------------------------
+# ---- the whole loop over a vanilla StaticCache ---------------------------------------------------
 
-def loop(*, rewind="all", reset="in place", token="in place", positions="cache", captures="once", warmup=3,
-         keep="clone", host_read=False):
-    """lesson05.graph_loop_solution with one rule broken (the keyword that differs from its default)."""
+def loop(*, rewind="all", reset="in place", token="in place", positions="cache", captures="once",
+         warmup=3, keep="clone", host_read=False):
+    """lesson05.graph_loop_solution with one rule broken (the keyword that differs from its
+    default)."""
     from transformers import StaticCache
 
     from kvlab.graphs import capture
@@ -134,7 +150,8 @@ def loop(*, rewind="all", reset="in place", token="in place", positions="cache",
         graph, outs, state = None, [], {"cache": cache, "token": None, "pos": 0}
         for k, prompt in enumerate(prompts):
             if k and reset == "new cache":
-                state["cache"] = StaticCache(config=model.config, max_cache_len=cache.layers[0].max_cache_len)
+                state["cache"] = StaticCache(config=model.config,
+                                             max_cache_len=cache.layers[0].max_cache_len)
             elif k and reset == "rebind counters":
                 for layer in state["cache"].layers:
                     layer.keys.zero_()
@@ -153,10 +170,12 @@ def loop(*, rewind="all", reset="in place", token="in place", positions="cache",
                     pos = None
                     if positions == "python int":
                         pos = torch.full((1, 1), state["pos"], dtype=torch.long)
-                    return model(ids, cache=state["cache"], position_ids=pos).logits[:, -1:].argmax(-1)
+                    return model(ids, cache=state["cache"],
+                                 position_ids=pos).logits[:, -1:].argmax(-1)
 
                 graph = capture(step, state["token"], warmup=warmup)
-                layers = {"all": state["cache"].layers, "layer 0": state["cache"].layers[:1], None: []}[rewind]
+                layers = {"all": state["cache"].layers, "layer 0": state["cache"].layers[:1],
+                          None: []}[rewind]
                 for layer in layers:
                     layer.cumulative_length.sub_(warmup)
             state["token"].copy_(first)
@@ -199,9 +218,11 @@ def test_graph_loop_names_the_rule_broken(broken, said):
 
 
 def test_graph_loop_leaves_the_tiny_model_as_it_was():
-    lesson05.check_graph_loop(loop(reset="new cache"))  # stopped by the forward hook, inside the student's loop
+    # stopped by the forward hook, inside the student's loop
+    lesson05.check_graph_loop(loop(reset="new cache"))
     model = lesson05._tiny()
-    assert not model._forward_pre_hooks and lesson05.CapturedStep.replay is lesson05.CapturedStep.__dict__["replay"]
+    assert (not model._forward_pre_hooks
+            and lesson05.CapturedStep.replay is lesson05.CapturedStep.__dict__["replay"])
 
 
 def test_solutions_are_shown_only_on_request(capsys):
@@ -211,16 +232,18 @@ def test_solutions_are_shown_only_on_request(capsys):
     assert "index_copy_" in capsys.readouterr().out
 
 
-# ---- the launch cost, from a record ---------------------------------------------------------------------------------
+# ---- the launch cost, from a record --------------------------------------------------------------
 
 def test_launch_cost():
     record = {"eager_ms_per_token": 3.0, "replay_ms_per_token": 0.5,
-              "work_per_step": {"eager": {"kernel_launch_calls": 1000}, "replay": {"kernel_launch_calls": 0}}}
+              "work_per_step": {"eager": {"kernel_launch_calls": 1000},
+                                "replay": {"kernel_launch_calls": 0}}}
     assert abs(lesson05.launch_cost_us(record) - 2.5) < 1e-9
     assert lesson05.check_launch_cost_us(None, record=record) == NOT_ANSWERED
     assert lesson05.check_launch_cost_us(2.5, record=record).startswith("correct")
     assert lesson05.check_launch_cost_us(2.6, record=record).startswith("correct")  # within 10 %
-    assert "whole eager step over its launches" in lesson05.check_launch_cost_us(3.0, record=record)  # 3 ms / 1000
+    # 3 ms / 1000
+    assert "whole eager step over its launches" in lesson05.check_launch_cost_us(3.0, record=record)
     assert lesson05.check_launch_cost_us(25.0, record=record).startswith("not quite")
     assert lesson05.check_launch_cost_us("fast", record=record).startswith("not quite")
     import numpy as np
