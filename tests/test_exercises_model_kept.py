@@ -1,5 +1,5 @@
-"""Checkers that hand a model to student code: code that changes the model (weights, modules, settings, config)
-is never "correct", and the caller's model is put back as it was (issue 48)."""
+"""Checkers that hand a model to student code: code that changes the model (weights, modules,
+settings, config) is never "correct", and the caller's model is put back as it was (issue 48)."""
 
 import torch
 
@@ -30,7 +30,8 @@ def same(model, before) -> bool:
 EDITS = {  # name -> what the student's code does to the model after its (right) work
     "zero lm_head in place": lambda m: m.lm_head.weight.data.zero_(),
     "zero lm_head under no_grad": lambda m: torch.no_grad()(m.lm_head.weight.zero_)(),
-    "replace a weight's data": lambda m: setattr(m.model.norm.weight, "data", torch.zeros_like(m.model.norm.weight)),
+    "replace a weight's data": lambda m: setattr(m.model.norm.weight, "data",
+                                                 torch.zeros_like(m.model.norm.weight)),
     "replace a module": lambda m: setattr(m.model.layers[0], "mlp", torch.nn.Identity()),
     "remove a layer": lambda m: setattr(m.model, "layers", m.model.layers[:1]),
     "a setting": lambda m: setattr(m.model.norm, "variance_epsilon", 0.5),
@@ -55,12 +56,14 @@ def after(fn, edit):
 def test_naive_decode_that_changes_the_callers_model_is_not_correct_and_the_model_is_put_back():
     model = tiny_model("tiny-llama")
     before = snapshot(model)
-    assert lesson01.check_naive_decode(lesson01.check_naive_decode.solution, model=model).startswith("correct")
+    assert lesson01.check_naive_decode(lesson01.check_naive_decode.solution,
+                                       model=model).startswith("correct")
     for name, edit in EDITS.items():
         verdict = lesson01.check_naive_decode(after(decode_naive, edit), model=model)
         assert verdict.startswith(CHANGED), (name, verdict)
         assert same(model, before), name
-    assert lesson01.check_naive_decode(after(decode_naive, EDITS["zero lm_head in place"])).startswith(CHANGED)
+    assert lesson01.check_naive_decode(
+        after(decode_naive, EDITS["zero lm_head in place"])).startswith(CHANGED)
 
 
 def test_a_cache_that_changes_the_model_is_not_correct():
@@ -86,7 +89,8 @@ def test_lesson03_to_05_checkers_call_code_that_changes_their_model_wrong():
                              (lesson05.check_graph_loop, lesson05.graph_loop_solution)):
         assert check(reference).startswith("correct"), check.__name__
         verdict = check(after(reference, edit))
-        assert verdict.startswith(CHANGED) and "variance_epsilon" in verdict, (check.__name__, verdict)
+        assert (verdict.startswith(CHANGED)
+                and "variance_epsilon" in verdict), (check.__name__, verdict)
 
 
 def test_model_kept_lists_and_undoes_every_kind_of_change():

@@ -1,7 +1,8 @@
-"""The eight "predict, then run" checkers: every reasonable spelling of the right answer is right (a list of one,
-any case, spaces or quotes around, a number as text, a NumPy scalar, a one-element tensor), anything else gets
-"one of" (never a TypeError), and a measurement that cannot decide (NaN, infinity, zero, negative, not a number)
-is "not checked", never "correct" and never a ZeroDivisionError."""
+"""The eight "predict, then run" checkers: every reasonable spelling of the right answer is right (a
+list of one, any case, spaces or quotes around, a number as text, a NumPy scalar, a one-element
+tensor), anything else gets "one of" (never a TypeError), and a measurement that cannot decide (NaN,
+infinity, zero, negative, not a number) is "not checked", never "correct" and never a
+ZeroDivisionError."""
 
 import math
 
@@ -36,14 +37,19 @@ def tile_case():
     record = bench.recorded("h200_tile_sweep")
     name, by_rows = next(iter(bench.tile_sweep(record).items()))
     rows, cell = next(iter(by_rows.items()))
-    return (lambda p: lesson06.check_tile_prediction(p, record, projection=name.split()[0], rows=rows)), cell["path"]
+    return (lambda p: lesson06.check_tile_prediction(p, record, projection=name.split()[0],
+                                                     rows=rows)), cell["path"]
 
 
 CASES = {  # name -> () -> (check(prediction) -> verdict, the right key)
-    "gqa": lambda: (lambda p: lesson00.check_gqa_prediction(p, gqa_parameters=100, mha_parameters=110), "10%"),
-    "doubling": lambda: (lambda p: lesson01.check_doubling_prediction(p, seconds=1.0, doubled_seconds=3.0), "2x-4x"),
+    "gqa": lambda: (lambda p: lesson00.check_gqa_prediction(p, gqa_parameters=100,
+                                                            mha_parameters=110), "10%"),
+    "doubling": lambda: (lambda p: lesson01.check_doubling_prediction(p, seconds=1.0,
+                                                                      doubled_seconds=3.0),
+                         "2x-4x"),
     "cache-vs-weights": lambda: (
-        lambda p: lesson02.check_cache_vs_weights_prediction(p, weight_bytes=10**6, cache_bytes_per_token=1000.0),
+        lambda p: lesson02.check_cache_vs_weights_prediction(p, weight_bytes=10**6,
+                                                             cache_bytes_per_token=1000.0),
         1000),
     "crop": lambda: (lesson03.check_crop_prediction, lesson03.crop_experiment()["outcome"]),
     "no-warmup": lambda: (lesson04.check_no_warmup_prediction, lesson04.no_warmup_run()["outcome"]),
@@ -60,32 +66,37 @@ def spellings(key):
     if isinstance(key, str):
         return [key, [key], (key,), f" {key} ", key.upper(), key.lower(), f"'{key}'", f'"{key}"\n',
                 key.replace("-", " - ")]
-    return [key, [key], str(key), f"{key:,}", f" {key} ", f"{key:.0e}", float(key), np.int64(key), np.float64(key),
-            torch.tensor(key), torch.tensor([key]), torch.tensor(float(key))]
+    return [key, [key], str(key), f"{key:,}", f" {key} ", f"{key:.0e}", float(key), np.int64(key),
+            np.float64(key), torch.tensor(key), torch.tensor([key]), torch.tensor(float(key))]
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_every_spelling_of_the_right_answer_is_right_and_others_are_refused_clearly(name, monkeypatch):
+def test_every_spelling_of_the_right_answer_is_right_and_others_are_refused_clearly(
+        name, monkeypatch):
     monkeypatch.delenv(common.SOLUTIONS_ENV, raising=False)
     check, right = CASES[name]()
     for spelled in spellings(right):
         verdict = check(spelled)
         assert verdict.startswith("correct"), (spelled, verdict)
-    for odd in (["B", "C"], [right, right], {}, {"a": 1}, [[right]], "", "nope", float("nan"), object(), b"x"):
+    for odd in (["B", "C"], [right, right], {}, {"a": 1}, [[right]], "", "nope", float("nan"),
+                object(), b"x"):
         verdict = check(odd)
         assert verdict.startswith("not quite") and "one of" in verdict, (odd, verdict)
 
 
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), 0, 0.0, -1.0, torch.tensor(float("nan")),
-                                 np.float64("nan"), "fast", None, [1.0, 2.0]])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), 0, 0.0, -1.0,
+                                 torch.tensor(float("nan")), np.float64("nan"), "fast", None,
+                                 [1.0, 2.0]])
 def test_a_measurement_that_cannot_decide_is_not_checked(bad):
     verdicts = [
         lesson01.check_doubling_prediction("2x-4x", seconds=bad, doubled_seconds=3.0),
         lesson01.check_doubling_prediction("2x", seconds=1.0, doubled_seconds=bad),
         lesson00.check_gqa_prediction("10%", gqa_parameters=bad, mha_parameters=110),
         lesson00.check_gqa_prediction("10%", gqa_parameters=100, mha_parameters=bad),
-        lesson02.check_cache_vs_weights_prediction(1000, weight_bytes=bad, cache_bytes_per_token=1000.0),
-        lesson02.check_cache_vs_weights_prediction(1000, weight_bytes=10**6, cache_bytes_per_token=bad),
+        lesson02.check_cache_vs_weights_prediction(1000, weight_bytes=bad,
+                                                   cache_bytes_per_token=1000.0),
+        lesson02.check_cache_vs_weights_prediction(1000, weight_bytes=10**6,
+                                                   cache_bytes_per_token=bad),
         lesson06.check_fastest_prediction("graph-safe", {"results": [
             {**SWEEP["results"][0], "tokens_per_s": bad}, SWEEP["results"][1]]}),
     ]
@@ -97,11 +108,13 @@ def test_a_broken_tile_record_is_not_checked(monkeypatch):
     monkeypatch.setattr(bench, "tile_sweep", lambda record: {
         "down proj": {64: {"path": "tile", "gemv": math.nan, "torch": 2.0, "tile": 1.0}}})
     verdict = lesson06.check_tile_prediction("tile", {"any": "record"}, projection="down", rows=64)
-    assert verdict.startswith("not checked: the measurement gemv µs is nan") and "record it again" in verdict
+    assert (verdict.startswith("not checked: the measurement gemv µs is nan")
+            and "record it again" in verdict)
 
 
 def test_measurements_given_as_tensors_and_numpy_scalars_are_read():
-    verdict = lesson01.check_doubling_prediction("2x-4x", seconds=torch.tensor(1.0), doubled_seconds=np.float64(3))
+    verdict = lesson01.check_doubling_prediction("2x-4x", seconds=torch.tensor(1.0),
+                                                 doubled_seconds=np.float64(3))
     assert verdict.startswith("correct") and "x3.00" in verdict
     assert lesson00.check_gqa_prediction("10%", gqa_parameters=np.int64(100),
                                          mha_parameters=torch.tensor(110)).startswith("correct")

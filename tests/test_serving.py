@@ -1,4 +1,5 @@
-"""kvlab.lab.serving: lesson 07's measurements on a tiny model (every path token-exact, the records complete)."""
+"""kvlab.lab.serving: lesson 07's measurements on a tiny model (every path token-exact, the records
+complete)."""
 
 import torch
 
@@ -11,14 +12,16 @@ def looping_prompt(n: int = 24) -> torch.Tensor:
 
 
 def test_speculation_runs_compare_each_speculative_step_with_its_base_exactly():
-    """Both pairs (over the model's forward; over the kernels step, its PyTorch form on a CPU), every
-    path token-exact, the drafts' counts what the decoder did; a record of one pair holds only it."""
+    """Both pairs (over the model's forward; over the kernels step, its PyTorch form on a CPU),
+    every path token-exact, the drafts' counts what the decoder did; a record of one pair holds only
+    it."""
     model = tiny_model("tiny-llama")
     prompts = {"loop": looping_prompt(),
                "random": torch.randint(3, 200, (1, 9), generator=torch.Generator().manual_seed(1))}
     record = serving.speculation_runs(model, prompts, 12, k=3, rounds=1, device="cpu")
     assert record["k"] == 3 and record["max_cache_len"] == looping_prompt().shape[1] + 12 + 2
-    assert record["pairs"] == serving.PAIRS and [r["prompt"] for r in record["runs"]] == list(prompts)
+    assert (record["pairs"] == serving.PAIRS
+            and [r["prompt"] for r in record["runs"]] == list(prompts))
     paths = {*serving.PAIRS, *serving.PAIRS.values()}
     assert paths == {"graph-safe", "graph-safe-kernels", "graph-safe-speculative",
                      "graph-safe-speculative/kernels"}
@@ -44,14 +47,17 @@ def test_k_sweep_rows_are_exact_and_timed():
     model = tiny_model("tiny-llama")
     record = serving.k_sweep(model, looping_prompt(), 10, ks=(1, 3), rounds=1, device="cpu")
     assert [r["k"] for r in record["rows"]] == [1, 3] and all(r["exact"] for r in record["rows"])
-    assert all(1 <= r["tokens_per_verify"] <= r["k"] + 1 and r["speedup"] > 0 for r in record["rows"])
+    assert all(1 <= r["tokens_per_verify"] <= r["k"] + 1 and r["speedup"] > 0
+               for r in record["rows"])
 
 
 def test_paged_runs_serve_every_request_exactly_and_hold_less_than_a_static_cache():
     model = tiny_model("tiny-llama")
-    requests = serving.arriving_requests(5, model.config.vocab_size, prompt_lens=(3, 20), new_tokens=(2, 9), every=1,
-                                        device="cpu")  # the tiny model is on the CPU, on a GPU machine too
-    assert len({r.prompt.shape[0] for r in requests}) > 1 and [r.arrival for r in requests] == [0, 1, 2, 3, 4]
+    # the tiny model is on the CPU, on a GPU machine too
+    requests = serving.arriving_requests(5, model.config.vocab_size, prompt_lens=(3, 20),
+                                         new_tokens=(2, 9), every=1, device="cpu")
+    assert (len({r.prompt.shape[0] for r in requests}) > 1
+            and [r.arrival for r in requests] == [0, 1, 2, 3, 4])
     record = serving.paged_runs(model, requests, max_batch=3, block_size=4, device="cpu")
     assert record["exact"] == [True] * 5
     assert set(record["seconds"]) == {"paged, graphs", "paged, eager", "one at a time (graph-safe)"}
@@ -67,12 +73,14 @@ def test_arriving_requests_and_paged_runs_check_their_settings_at_the_door():
     for kwargs, says in [({"count": 0}, "count must be an int >= 1, got 0"),
                          ({"every": -1}, "every must be an int >= 0, got -1"),
                          ({"vocab_size": 2.5}, "vocab_size must be an int >= 1"),
-                         ({"prompt_lens": (9, 3)}, r"prompt_lens must be an inclusive range \(low, high\)"),
+                         ({"prompt_lens": (9, 3)},
+                          r"prompt_lens must be an inclusive range \(low, high\)"),
                          ({"new_tokens": (0, 4)}, "new_tokens must be an inclusive range"),
                          ({"new_tokens": 4}, "new_tokens must be an inclusive range")]:
         with pytest.raises(ValueError, match=says):
             serving.arriving_requests(**{"count": 2, "vocab_size": 50, **kwargs})
-    made = serving.arriving_requests(np.int64(2), np.int64(50), prompt_lens=(3, 4), new_tokens=(2, 3), every=1)
+    made = serving.arriving_requests(np.int64(2), np.int64(50), prompt_lens=(3, 4),
+                                     new_tokens=(2, 3), every=1)
     assert [r.arrival for r in made] == [0, 1]
     model = tiny_model("tiny-llama")
     with pytest.raises(TypeError, match="paged_runs takes a non-empty list of Requests"):
