@@ -51,8 +51,8 @@ def test_state_refuses_a_tuple_model_and_takes_a_tokenizers_output(prompt):
     with pytest.raises(ValueError, match="padded rows"):
         padded = torch.ones_like(ids).index_fill(1, torch.tensor([0]), 0)
         kvlab.STRATEGIES["graph-safe"].state(model, {"input_ids": ids, "attention_mask": padded}, 3)
-    state = kvlab.STRATEGIES["graph-safe"].state(model, {"input_ids": ids,
-                                                         "attention_mask": torch.ones_like(ids)}, 3)
+    state = kvlab.STRATEGIES["graph-safe"].state(
+        model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, 3)
     assert torch.equal(kvlab.decode(model, ids, 3, strategy="graph-safe", **state),
                        kvlab.decode(model, ids, 3))
 
@@ -160,8 +160,7 @@ def test_bench_position_limit_names_the_check_tokens_when_they_are_the_longer(tm
 
     with pytest.raises(SystemExit) as exit_:
         bench.main(["--model", "tiny-llama", "--prompt-len", "1020", "--new-tokens", "2",
-                    "--check-tokens", "8",
-                    "--strategies", "naive", "--out", str(tmp_path / "r")])
+                    "--check-tokens", "8", "--strategies", "naive", "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "check_tokens (8" in err and "new_tokens (8)" not in err
 
