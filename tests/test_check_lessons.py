@@ -1,5 +1,6 @@
-"""tools/check_lessons.py: passes a lesson within every budget of issue 49 item 4, and fails (exit 1, the broken
-budget named) on each one broken, on small notebooks written into a temporary folder."""
+"""tools/check_lessons.py: passes a lesson within every budget of issue 49 item 4, and fails (exit
+1, the broken budget named) on each one broken, on small notebooks written into a temporary
+folder."""
 
 import json
 import os
@@ -8,7 +9,8 @@ import pytest
 from tool_module import load_tool
 
 checker = load_tool("check_lessons")
-SHOWN = "show_source(notebook.lesson_setup)"  # a function of the package the checker reads with inspect.getsource
+# a function of the package the checker reads with inspect.getsource
+SHOWN = "show_source(notebook.lesson_setup)"
 
 
 def md(text: str) -> dict:
@@ -28,7 +30,8 @@ def good_cells() -> list[dict]:
         code(SHOWN),
         md("### Exercise 1 · Write it\n\nWrite the loop."),
         code("def f():\n    raise NotImplementedError\n", "exercise"),
-        md("### Exercise 2 · Predict, then run\n\nLike exercise 1, and lesson 04's exercise 3, but predicted."),
+        md("### Exercise 2 · Predict, then run\n\n"
+           "Like exercise 1, and lesson 04's exercise 3, but predicted."),
         code("prediction = None", "exercise"),
         code("print(prediction)", "exercise"),  # the checker of the same exercise, tagged too
         md("## Summary\n\nA loop."),
@@ -47,9 +50,11 @@ def write(folder, cells_by_name: dict[str, list[dict]], rows: list[dict] | None 
     return ["--runs", str(runs), str(folder)]
 
 
-def row(name: str, seconds: float, *, passed: bool = True, quick: bool = False, hardware: str = "CPU: a test",
+def row(name: str, seconds: float, *, passed: bool = True, quick: bool = False,
+        hardware: str = "CPU: a test",
         date: str = "2026-12-01T00:00:00+00:00") -> dict:
-    return {"notebook": name, "passed": passed, "wall_s": seconds, "quick": quick, "hardware": hardware,
+    return {"notebook": name, "passed": passed, "wall_s": seconds, "quick": quick,
+            "hardware": hardware,
             "device": "cpu" if hardware.startswith("CPU") else "cuda", "date": date, "error": None}
 
 
@@ -63,8 +68,9 @@ def test_a_lesson_within_every_budget_passes(tmp_path, capsys):
     assert status == 0, out
     assert "every budget holds" in out and "01_a.ipynb" in out
     printed = checker.check(tmp_path / "nb", tmp_path / "nb" / "runs.json")[0][0].printed
-    assert printed == {"1 · The loop": checker.workshop.printed_source(
-        json.loads((tmp_path / "nb" / "01_a.ipynb").read_text()))[3]} and printed["1 · The loop"] > 5
+    lesson = json.loads((tmp_path / "nb" / "01_a.ipynb").read_text())
+    assert printed == {"1 · The loop": checker.workshop.printed_source(lesson)[3]}
+    assert printed["1 · The loop"] > 5
 
 
 def broken(status: int, out: str, expected: str) -> None:
@@ -73,7 +79,8 @@ def broken(status: int, out: str, expected: str) -> None:
 
 
 def test_too_many_words_in_a_lesson(tmp_path, capsys):
-    many = [md(" ".join(["word"] * 200)) for _ in range(5)]  # 1,000 words: over lesson 00's 900, not others'
+    # 1,000 words: over lesson 00's 900, not others'
+    many = [md(" ".join(["word"] * 200)) for _ in range(5)]
     status, out = run(write(tmp_path / "a", {"00_a.ipynb": good_cells() + many}), capsys)
     broken(status, out, "00_a.ipynb: prose: 1,")
     status, out = run(write(tmp_path / "b", {"01_a.ipynb": good_cells() + many}), capsys)
@@ -83,7 +90,8 @@ def test_too_many_words_in_a_lesson(tmp_path, capsys):
 
 
 def test_too_many_words_in_all_lessons(tmp_path, capsys):
-    prose = [md(" ".join(["word"] * 240)) for _ in range(10)]  # 2,400 words each: within a lesson's budget
+    # 2,400 words each: within a lesson's budget
+    prose = [md(" ".join(["word"] * 240)) for _ in range(10)]
     lessons = {f"0{i}_a.ipynb": good_cells() + prose for i in range(1, 7)}
     status, out = run(write(tmp_path / "nb", lessons), capsys)
     broken(status, out, "all lessons: 14,")
@@ -112,9 +120,11 @@ def test_a_show_source_it_cannot_resolve(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("change, expected", [
-    (lambda c: c[4].update(source="### Exercise 3 · Write it"), "numbered [3, 2] in reading order, expected [1, 2]"),
+    (lambda c: c[4].update(source="### Exercise 3 · Write it"),
+     "numbered [3, 2] in reading order, expected [1, 2]"),
     (lambda c: c[4].update(source="**Exercise 2 (write the code).** Write it."), "numbered [2, 2]"),
-    (lambda c: c[4].update(source="### Write it"), "cell 5 is an exercise with no '### Exercise N' heading"),
+    (lambda c: c[4].update(source="### Write it"),
+     "cell 5 is an exercise with no '### Exercise N' heading"),
     (lambda c: c[2].update(source="## 1 · The loop\n\nAs exercise 4 asks."), "cell 2: exercise 4"),
     (lambda c: c[3].update(source=f"{SHOWN}  # see exercise 7"), "cell 3: exercise 7"),
 ], ids=["out of order", "bold, repeated", "unnumbered", "a mention in prose", "a mention in code"])
@@ -141,7 +151,8 @@ def test_bookkeeping_in_a_cell(tmp_path, capsys, text, expected):
 
 
 def test_words_that_look_like_bookkeeping_but_are_not(tmp_path, capsys):
-    cells = good_cells() + [md("Civic CIDR 1e10000 deadbeef 12345678 #1f77b4 decided, facade, a cache.")]
+    cells = good_cells() + [
+        md("Civic CIDR 1e10000 deadbeef 12345678 #1f77b4 decided, facade, a cache.")]
     status, out = run(write(tmp_path / "nb", {"01_a.ipynb": cells}), capsys)
     assert status == 0, out
 
@@ -150,7 +161,8 @@ def test_words_that_look_like_bookkeeping_but_are_not(tmp_path, capsys):
     ([row("01_a.ipynb", 121.0)], "run time: 121 s at full size on CPU: a test, budget 120 s"),
     ([row("01_a.ipynb", 60.0, passed=False)], "the latest full-size CPU run failed"),
     ([], "no full-size CPU row"),
-    ([row("01_a.ipynb", 60.0, quick=True), row("01_a.ipynb", 60.0, hardware="NVIDIA H200")], "no full-size CPU row"),
+    ([row("01_a.ipynb", 60.0, quick=True), row("01_a.ipynb", 60.0, hardware="NVIDIA H200")],
+     "no full-size CPU row"),
     ([row("01_a.ipynb", 60.0, date="2026-12-01T00:00:00+00:00"),
       row("01_a.ipynb", 130.0, date="2026-12-02T00:00:00+00:00")], "run time: 130 s"),
 ], ids=["too slow", "failed", "no row", "only quick and GPU rows", "the latest row counts"])
@@ -176,7 +188,8 @@ def test_an_empty_folder_fails(tmp_path, capsys):
 
 
 @pytest.mark.skipif(os.environ.get("KVLAB_BUDGETS") != "1",
-                    reason="set KVLAB_BUDGETS=1 to check the course's own notebooks (on once every lesson is rewritten)")
+                    reason="set KVLAB_BUDGETS=1 to check the course's own notebooks "
+                           "(on once every lesson is rewritten)")
 def test_course_notebooks_meet_budgets(capsys):
     status, out = run([], capsys)
     assert status == 0, out

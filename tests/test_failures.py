@@ -1,8 +1,10 @@
-"""kvlab.failures: each lesson-04 scenario really fails, the emulation fails exactly like eager code (state
-failures) or unlike it (frozen failures), and on a GPU a real CUDA graph gives the emulation's tokens.
+"""kvlab.failures: each lesson-04 scenario really fails, the emulation fails exactly like eager code
+(state failures) or unlike it (frozen failures), and on a GPU a real CUDA graph gives the
+emulation's tokens.
 
-Scenarios: padding-pollution, warmup-advance, cache-recreated, reset-out-of-range, reset-rebinds-counter,
-frozen-position, host-counter-drift, layer0-only-rewind, and the control (control-rewound), which must not fail.
+Scenarios: padding-pollution, warmup-advance, cache-recreated, reset-out-of-range,
+reset-rebinds-counter, frozen-position, host-counter-drift, layer0-only-rewind, and the control
+(control-rewound), which must not fail.
 """
 
 import pytest
@@ -18,17 +20,20 @@ NAMES = list(F.SCENARIOS)
 
 @pytest.fixture(scope="module")
 def setup(prompt):
-    # tiny-qwen3: small, and sensitive enough to RoPE positions that every scenario shows within N tokens
+    # tiny-qwen3: small, and sensitive enough to RoPE positions that every scenario shows within N
+    # tokens
     model = tiny_model("tiny-qwen3")
     a, b = prompt(11), prompt(7, seed=1)
     slots = F.slots_for(11, N)
-    return model, a, b, {"a": F.reference(model, a, N, slots=slots), "b": F.reference(model, b, N, slots=slots)}
+    return model, a, b, {"a": F.reference(model, a, N, slots=slots),
+                         "b": F.reference(model, b, N, slots=slots)}
 
 
 def run(setup, name, runner, **kw):
     model, a, b, refs = setup
     two = F.SCENARIOS.get(name, {}).get("needs_next", False)
-    return F.run(name, model, a, N, next_ids=b if two else None, ref=refs["b" if two else "a"], runner=runner, **kw)
+    return F.run(name, model, a, N, next_ids=b if two else None, ref=refs["b" if two else "a"],
+                 runner=runner, **kw)
 
 
 def test_reference_is_the_naive_loop(setup):
@@ -41,7 +46,8 @@ def test_reference_is_the_naive_loop(setup):
 @pytest.mark.parametrize("name", NAMES)
 def test_each_scenario_really_fails_when_replayed(setup, name):
     result = run(setup, name, "graph")
-    assert result.failed, f"{name} did not fail: if a new transformers fixed it, lesson 04 must say so"
+    assert result.failed, (
+        f"{name} did not fail: if a new transformers fixed it, lesson 04 must say so")
     assert result.runner.startswith("EMULATED")  # the tiny model lives on the CPU here
     assert result.heatmap(0).shape[1] == result.expected_heatmap(0).shape[1]
 
@@ -50,10 +56,12 @@ def test_each_scenario_really_fails_when_replayed(setup, name):
 def test_emulation_matches_the_eager_behaviour_it_stands_for(setup, name):
     graph, eager = run(setup, name, "emulated"), run(setup, name, "eager")
     if F.SCENARIOS[name]["frozen"]:
-        # eager Python re-reads the new cache / counter / int: right; only the replayed graph is wrong
+        # eager Python re-reads the new cache / counter / int: right; only the replayed graph is
+        # wrong
         assert eager.first_wrong is None and graph.failed
     else:
-        # the same calls made eagerly do the same damage: the emulation adds nothing and hides nothing
+        # the same calls made eagerly do the same damage: the emulation adds nothing and hides
+        # nothing
         assert torch.equal(graph.tokens, eager.tokens) and graph.first_wrong == eager.first_wrong
         assert (graph.error is None) == (eager.error is None)
 
@@ -65,7 +73,8 @@ def test_control_is_token_exact(setup, runner):
 
 
 def test_padding_writes_and_counts_the_padding(setup):
-    result = run(setup, "padding-pollution", "graph", pad_id=32)  # id 0 is this model's padding_idx: zero keys
+    # id 0 is this model's padding_idx: zero keys
+    result = run(setup, "padding-pollution", "graph", pad_id=32)
     bucket = result.extra["bucket"]
     assert result.recorder.counters[0] == [bucket] * len(result.recorder.counters[0])
     assert int((result.heatmap(0)[0] > 0).sum()) == bucket  # prompt and padding rows all written
@@ -87,7 +96,8 @@ def test_reset_out_of_range_is_a_plain_error_on_cpu_without_the_guard(setup):
     model, a, b, refs = setup
     result = F.reset_out_of_range(model, a, N, next_ids=b, ref=refs["b"], guard=False)
     assert result.error and ("out of bounds" in result.error or "out of range" in result.error)
-    assert result.extra["counters_after_reset"] == [refs["b"].slots] * model.config.num_hidden_layers
+    layers = model.config.num_hidden_layers
+    assert result.extra["counters_after_reset"] == [refs["b"].slots] * layers
     guarded = F.reset_out_of_range(model, a, N, next_ids=b, ref=refs["b"])
     assert "device-side assert" in guarded.error
 
@@ -136,13 +146,15 @@ def test_real_cuda_graph_gives_the_emulations_tokens(name, prompt):
     emulated = F.run(name, model, a, N, next_ids=b if two else None, ref=ref, runner="emulated")
     assert real.runner.startswith("real CUDA graph") and emulated.runner.startswith("EMULATED")
     assert torch.equal(real.tokens, emulated.tokens), name
-    assert real.first_wrong == emulated.first_wrong and (real.error is None) == (emulated.error is None)
+    assert (real.first_wrong == emulated.first_wrong
+            and (real.error is None) == (emulated.error is None))
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: run on Colab/GPU machine")
 def test_a_run_stopped_before_any_token_compares_across_devices(prompt):
     model = tiny_model("tiny-qwen3").cuda()
-    result = F.reset_out_of_range(model, prompt(11, device="cuda"), 4, next_ids=prompt(7, seed=1, device="cuda"))
+    result = F.reset_out_of_range(model, prompt(11, device="cuda"), 4,
+                                  next_ids=prompt(7, seed=1, device="cuda"))
     assert result.first_wrong == 0 and result.failed
 
 
@@ -150,7 +162,8 @@ def test_a_run_stopped_before_any_token_compares_across_devices(prompt):
 def test_unguarded_out_of_range_is_refused_on_a_gpu(prompt):
     model = tiny_model("tiny-qwen3").cuda()
     with pytest.raises(ValueError, match="device-side assert"):
-        F.reset_out_of_range(model, prompt(11, device="cuda"), 4, next_ids=prompt(7, seed=1, device="cuda"), guard=False)
+        F.reset_out_of_range(model, prompt(11, device="cuda"), 4,
+                             next_ids=prompt(7, seed=1, device="cuda"), guard=False)
 
 
 def test_host_counter_drift_sees_its_new_key_and_the_warmup_copies(setup):
@@ -160,9 +173,11 @@ def test_host_counter_drift_sees_its_new_key_and_the_warmup_copies(setup):
     for step, (d, c) in enumerate(zip(drift, correct, strict=True), start=1):
         assert d.rope == c.rope == [p + step - 1]  # RoPE: the host counter is right
         assert d.written == [p + F.WARMUP + step - 1] and c.written == [p + step - 1]
-        assert d.query_offset == p + F.WARMUP + step - 1  # the mask follows layer 0's counter, not position_ids
+        # the mask follows layer 0's counter, not position_ids
+        assert d.query_offset == p + F.WARMUP + step - 1
         assert d.written[0] in d.visible  # the new key IS visible
-        assert d.extra_visible(c) == list(range(p + step, p + step + F.WARMUP))  # 3 more slots than correct
+        # 3 more slots than correct
+        assert d.extra_visible(c) == list(range(p + step, p + step + F.WARMUP))
     assert set(range(p, p + F.WARMUP)) <= set(drift[0].visible)  # the warm-up's copies are read
 
 

@@ -1,7 +1,8 @@
 """The code the lessons put on screen carries the idea, not the refusals.
 
-Each function below is shown by a lesson (``show_source``). Its refusals live at its door, a ``check_*`` call or the
-caller's ``check_inputs``, so what a student reads holds no ``raise``: the cache update, the capture, the decode step.
+Each function below is shown by a lesson (``show_source``). Its refusals live at its door, a
+``check_*`` call or the caller's ``check_inputs``, so what a student reads holds no ``raise``: the
+cache update, the capture, the decode step.
 """
 
 import ast
@@ -52,4 +53,5 @@ def test_a_function_a_lesson_shows_refuses_nothing_itself(fn):
     assert SHOWN[fn] in shown, f"no lesson shows {fn.__qualname__} any more: take it off this list"
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     raises = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Raise)]
-    assert not raises, f"{fn.__qualname__} raises on its own lines {raises}: move the refusal to its door"
+    assert not raises, (
+        f"{fn.__qualname__} raises on its own lines {raises}: move the refusal to its door")
