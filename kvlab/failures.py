@@ -76,17 +76,12 @@ def room_guard(cache, tokens_per_step: int = 1):
 def decode_static_graph(model, input_ids, max_new_tokens, *, on_token: OnToken = None, cache=None,
                         max_cache_len: int | None = None, warmup: int = 3, runner: str = "graph",
                         keep: dict | None = None) -> torch.Tensor:
-    """The first attempt: vanilla ``StaticCache``, eager prefill, decode step captured once and
-    replayed.
+    """The first attempt: a vanilla ``StaticCache``, an eager prefill, the decode step captured
+    once and replayed for every new token. Written as most people write it first, and wrong.
 
-    Written as most people write it first, and wrong: the ``warmup`` calls before capture (which
-    CUDA wants) run the step for real, so every layer's ``cumulative_length`` is ``warmup`` tokens
-    ahead when the replays start; positions shift and the warm-up's writes stay visible to
-    attention. Lesson 04 shows the damage; lesson 05 fixes it. ``max_cache_len`` defaults to room
-    for the warm-up's extra writes too (without it, the last replays would write past the end;
-    kvlab's ``room_guard`` turns that into an error instead of a device-side assert). ``runner``:
-    ``"graph"`` (a real CUDA graph on a GPU, emulated elsewhere), ``"emulated"`` or ``"eager"`` (see
-    ``kvlab.graphs.step_runner``). ``keep``: a dict that receives ``cache`` and ``graph``.
+    ``max_cache_len`` defaults to room for the warm-up's writes too. ``runner``: ``"graph"``,
+    ``"emulated"`` or ``"eager"`` (``kvlab.graphs.step_runner``); ``keep``: a dict that receives
+    ``cache`` and ``graph``.
     """
     prompt_len = input_ids.shape[1]
     if cache is None:
@@ -298,7 +293,7 @@ def padding_pollution(model, prompt_ids, max_new_tokens, *, runner="graph", ref=
     static_prompt = torch.full(
         (prompt_ids.shape[0], bucket), pad_id, dtype=torch.long, device=prompt_ids.device
     )
-    # the old recipe's full-size buffer: only the first `done` = p tokens are valid
+    # one buffer of `bucket` tokens: only the first p are the prompt, the rest padding
     static_prompt[:, :p] = prompt_ids
 
     def prefill(ids):  # ids: [batch, bucket]
@@ -440,9 +435,8 @@ def cache_recreated(
     )
 
 
-def _old_recipe_reset(cache) -> None:
-    """The old override recipe's reset, literally: zero the layers, then set every counter to
-    ``max_cache_len``."""
+def _reset_counters_to_max(cache) -> None:
+    """A reset that zeroes every layer, then sets every counter to ``max_cache_len``."""
     for layer in cache.layers:
         layer.reset()
         layer.cumulative_length.fill_(layer.max_cache_len)
@@ -453,7 +447,7 @@ def reset_out_of_range(
     model, prompt_ids, max_new_tokens, *, next_ids, runner="graph", ref=None, warmup=WARMUP, guard:
     bool = True
 ) -> FailureResult:
-    """The old recipe's reset (counters = ``max_cache_len``): the next write lands past the end of
+    """A reset that sets every counter to ``max_cache_len``: the next write lands past the end of
     every buffer.
 
     ``guard=True`` stops it on the host with a clear error; ``guard=False`` lets the write happen,
@@ -472,7 +466,7 @@ def reset_out_of_range(
         model, prompt_ids, 4, runner, state, warmup
     )
     cache = state["cache"]
-    _old_recipe_reset(cache)
+    _reset_counters_to_max(cache)
     rec = CacheRecorder(cache, LAYERS)
     rec.snapshot()  # the cache as the reset left it: empty, every counter at max_cache_len
     after_reset = list(rec.counters[0])
@@ -718,7 +712,7 @@ SCENARIOS: dict[str, dict] = {
         "prompt's buffers"),
     "reset-out-of-range": dict(
         fn=reset_out_of_range, group=2, frozen=False, needs_next=True,
-        title="the old recipe's reset: counters set to max_cache_len",
+        title="a reset that sets every counter to max_cache_len",
         cause="the next write targets slots max_cache_len.. which do not exist"),
     "reset-rebinds-counter": dict(
         fn=reset_rebinds_counter, group=2, frozen=True, needs_next=True,
