@@ -249,10 +249,8 @@ class GraphSafeStaticCache(StaticCache):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args,
                **kwargs):
-        """Write the valid tokens of ``key_states``/``value_states``
-        ``[batch, kv_heads, T, head_dim]`` and return the visible buffers
-        ``[batch, kv_heads, max_cache_len, head_dim]``."""
-        # the refusals, all in one place (below)
+        """Write the valid tokens of ``key_states``/``value_states`` [batch, kv_heads, T, head_dim];
+        return the visible buffers [batch, kv_heads, max_cache_len, head_dim]."""
         self.check_update(key_states, value_states, layer_idx)
         layer = self.layers[layer_idx]
         if not layer.is_initialized:
@@ -319,9 +317,8 @@ class GraphSafeStaticCache(StaticCache):
 
     # ---- override 3: reset in place --------------------------------------------------------------
     def reset(self) -> None:
-        """Empty the cache in place: zero the buffers, set the one counter to 0 (no tensor is
-        reallocated). One multi-tensor launch zeroes every layer's keys and values, instead of two
-        launches per layer from Python."""
+        """Empty the cache in place, no tensor reallocated: one multi-tensor launch zeroes every
+        layer's keys and values (not two launches per layer from Python), the counter goes to 0."""
         buffers = [t for layer in self.layers if layer.is_initialized
                    for t in (layer.keys, layer.values)]
         if buffers:

@@ -237,7 +237,7 @@ def test_update_writes_only_the_valid_window_and_counts_it(prompt):
     assert torch.equal(keys[:, :, :5], vanilla.layers[0].keys[:, :, :5])
 
 
-def test_reset_is_in_place_and_the_old_recipes_reset_is_out_of_range(prompt):
+def test_reset_is_in_place_and_a_reset_to_max_cache_len_is_out_of_range(prompt):
     model = model_on("tiny-llama", "cpu")
     cache = GraphSafeStaticCache(config=model.config, max_cache_len=24)
     with torch.inference_mode():
@@ -248,8 +248,8 @@ def test_reset_is_in_place_and_the_old_recipes_reset_is_out_of_range(prompt):
     assert cache.fingerprint() == before and cache.cache_position is counter and int(counter) == 0
     assert all(layer.keys.abs().sum() == 0 and layer.values.abs().sum() == 0
                for layer in cache.layers)
-    # the old recipe's literal reset on a vanilla 5.24 StaticCache: the next write targets slot
-    # max_cache_len, which does not exist
+    # a reset that sets every counter to max_cache_len, on a vanilla 5.24 StaticCache: the next
+    # write targets slot max_cache_len, which does not exist
     vanilla = StaticCache(config=model.config, max_cache_len=24)
     with torch.inference_mode():
         model(prompt(9), cache=vanilla)
