@@ -17,15 +17,14 @@ Run All Cells, wait until no cell is queued or running, save the copy (File > Sa
 collect ``problems``:
 
 - from the saved copy: a code cell with an error output, or one that never ran (Run All stops at an
-error);
+  error);
 - on the page: every ``.kvlab-inspector`` (kvlab/lab/inspector.py) shows its slider and its image
-(an ``<img>`` with a
-  nonzero ``naturalWidth``), and pressing ArrowRight (ArrowLeft at the end) on the slider's handle
-  turns the caption's "step k" into the slider's new value, with the image still loaded (a key the
-  slider never got, its value unchanged after 3 s, is pressed again, at most 3 times, and the
-  focus's holder noted in ``keys_lost``);
+  (an ``<img>`` with a nonzero ``naturalWidth``), and pressing ArrowRight (ArrowLeft at the end) on
+  the slider's handle turns the caption's "step k" into the slider's new value, with the image still
+  loaded (a key the slider never got, its value unchanged after 3 s, is pressed again, at most 3
+  times, and the focus's holder noted in ``keys_lost``);
 - no modal JupyterLab dialog left open after the save (it would trap the focus; autosave is off for
-this reason);
+  this reason);
 - at least one matplotlib figure (an ``image/png`` output whose ``<img>`` loaded);
 - no "Error displaying widget" anywhere, no console error and no uncaught page error.
 

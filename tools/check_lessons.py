@@ -1,34 +1,28 @@
 """Check the lessons against the course's budgets (issue 49 item 4) and print what each one spends.
 
-    python tools/check_lessons.py                    # the lessons of notebooks/, runs from
-    data/notebook_runs.json python tools/check_lessons.py FOLDER --runs R    # another folder of
-    NN_*.ipynb, another runs file
+    python tools/check_lessons.py                  # notebooks/, runs from data/notebook_runs.json
+    python tools/check_lessons.py FOLDER --runs R  # another folder of NN_*.ipynb, another runs file
 
 Per lesson (every ``NN_*.ipynb`` of the folder; the Colab badge and set-up cells are machinery and
 left out):
 
 - **prose**: the words (``len(text.split())``) of its markdown cells, at most ``WORDS["00"]`` for
-lesson 00 and
-  ``WORDS_DEFAULT`` for the others; all lessons together at most ``WORDS_TOTAL``.
+  lesson 00 and ``WORDS_DEFAULT`` for the others; all lessons together at most ``WORDS_TOTAL``.
 - **long cells**: no markdown cell over ``CELL_WORDS`` words.
 - **printed source**: the non-blank lines that the ``show_source``/``show_diff`` calls of a section
-display
-  (``inspect.getsource`` of their targets, from the kvlab of this checkout, found as
+  display (``inspect.getsource`` of their targets, from the kvlab of this checkout, found as
   ``tools/write_workshop_schedule.py`` finds them), at most ``SECTION_PRINTED_LINES`` a section. A
   section runs from a ``#`` or ``##`` heading to the next one; deeper headings belong to their
   section.
 - **exercises**: each exercise (a heading or a bold line starting "Exercise N", or a code cell
-tagged ``exercise``
-  with none before it) numbered 1, 2, ... n in reading order, and every other mention of "exercise
-  N" in the lesson naming one of them (a mention of another lesson's, "lesson 04's exercise 3", is
-  left alone).
+  tagged ``exercise`` with none before it) numbered 1, 2, ... n in reading order, and every other
+  mention of "exercise N" in the lesson naming one of them (a mention of another lesson's, "lesson
+  04's exercise 3", is left alone).
 - **bookkeeping**: no commit hash (7 to 40 hex digits, letters and digits mixed) and none of
-``BOOKKEEPING`` in any
-  cell.
+  ``BOOKKEEPING`` in any cell.
 - **run time**: the latest full-size (not quick) CPU row of the notebook in the runs file, passed
-and at most
-  ``RUN_SECONDS`` seconds; "no row" where there is none (a broken budget too: every lesson needs its
-  row).
+  and at most ``RUN_SECONDS`` seconds; "no row" where there is none (a broken budget too: every
+  lesson needs its row).
 
 Prints a table, one row per lesson, then each broken budget on a line of its own; exits 1 when any
 is broken.

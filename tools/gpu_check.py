@@ -1,16 +1,15 @@
 """Check the course on a GPU machine: the test suite, then every notebook one at a time, recorded in
 one JSON file.
 
-    python3 tools/gpu_check.py                          # tests, then every notebook: quick, random
-    weights python3 tools/gpu_check.py --full                   # full size with the real model;
-    also data/notebook_runs.json python3 tools/gpu_check.py --parts tests --test-runs 3
+    python3 tools/gpu_check.py                   # tests, then every notebook: quick, random weights
+    python3 tools/gpu_check.py --full            # full size, real model; notebook_runs.json too
+    python3 tools/gpu_check.py --parts tests --test-runs 3
     python3 tools/gpu_check.py --full --parts notebooks 05 --notebook-runs 5
-    python3 tools/gpu_check.py --gpu-as t4              # the same, kvlab's GPU rules answering as a
-    Colab T4 python3 tools/gpu_check.py --copy-to "$OUT"         # also copy every file written into
-    $OUT (a device call) python3 tools/gpu_check.py --missing                # only what the record
-    of this code and mode lacks python3 tools/gpu_check.py --merge DIR1 DIR2        # join the
-    records that several device calls copied back python3 tools/gpu_check.py --status
-    # any machine: is the record current for this checkout?
+    python3 tools/gpu_check.py --gpu-as t4       # the same, kvlab's GPU rules answering as a T4
+    python3 tools/gpu_check.py --copy-to "$OUT"  # also copy every file it writes into $OUT
+    python3 tools/gpu_check.py --missing         # only what the record of this code and mode lacks
+    python3 tools/gpu_check.py --merge DIR1 DIR2 # join the records that device calls copied back
+    python3 tools/gpu_check.py --status          # any machine: is the record this checkout's?
 
 Nothing runs side by side: the test suite first (``--test-runs`` times), then each chosen notebook
 (names or prefixes, as tools/run_notebooks.py takes them; default all) ``--notebook-runs`` times in

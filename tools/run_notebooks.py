@@ -1,11 +1,10 @@
 """Run the course's notebooks one at a time, each in a fresh kernel, and record how each went on
 this machine.
 
-    python tools/run_notebooks.py                       # every notebook in notebooks/, full size
-    python tools/run_notebooks.py 01 03_hf_caches       # only these (a name, a name without .ipynb,
-    or a prefix) python tools/run_notebooks.py --quick               # KVLAB_QUICK=1 in the kernels
-    (CI's short run) python tools/run_notebooks.py --timeout 3600 --out data/notebook_runs_gpu
-    --notebooks-dir notebooks
+    python tools/run_notebooks.py                  # every notebook in notebooks/, full size
+    python tools/run_notebooks.py 01 03_hf_caches  # only these (names, without .ipynb, or prefixes)
+    python tools/run_notebooks.py --quick          # KVLAB_QUICK=1 in the kernels (CI's short run)
+    python tools/run_notebooks.py --timeout 3600 --out data/notebook_runs_gpu --notebooks-dir nb
 
 Each notebook runs through nbclient in its own kernel (the notebook's kernelspec, ``python3``), with
 notebooks/ as the working directory and ``KVLAB_QUICK`` set to 1 (``--quick``) or 0. ``--timeout``

@@ -5,19 +5,18 @@ copies it into
 
 - cell 0 of every notebook: a markdown "Open in Colab" badge (tagged ``colab-badge``);
 - the first code cell of every notebook (tagged ``colab-setup``, six lines): on Colab only, it
-clones the repository
-  and runs the clone's ``kvlab/lab/colab_setup.py``, which installs the course from its pyproject
-  (the pinned transformers) while keeping Colab's own torch, ipywidgets and jupyter packages, and
-  prints the runtime, GPU and dtype the lesson will use; elsewhere it does nothing;
+  clones the repository and runs the clone's ``kvlab/lab/colab_setup.py``, which installs the course
+  from its pyproject (the pinned transformers) while keeping Colab's own torch, ipywidgets and
+  jupyter packages, and prints the runtime, GPU and dtype the lesson will use; elsewhere it does
+  nothing;
 - the README's badge line (it opens lesson 00).
 
 Re-running it changes nothing. A fork changes the one line in pyproject.toml and runs it again
 (MAINTAINING.md, "A fork: the repository URL"; the README says so in one line).
 
-    python tools/write_colab_cells.py                      # every notebook in notebooks/, and the
-    README python tools/write_colab_cells.py notebooks/03_hf_caches.ipynb
-    notebooks/04_graph_replay_failures.ipynb python tools/write_colab_cells.py --check
-    # exit 1 if a file differs from what it would write
+    python tools/write_colab_cells.py          # every notebook in notebooks/, and the README
+    python tools/write_colab_cells.py notebooks/03_hf_caches.ipynb notebooks/04_graph_replay_failures.ipynb
+    python tools/write_colab_cells.py --check  # exit 1 if a file differs from what it would write
 """
 
 from __future__ import annotations

@@ -2,71 +2,65 @@
 notebooks' own text.
 
     python tools/write_workshop_schedule.py              # print the run-time table and the schedule
-    python tools/write_workshop_schedule.py --write      # rewrite INSTRUCTORS.md's block between
-    the workshop markers python tools/write_workshop_schedule.py --check      # write nothing; exit
-    1 if that block differs from what --write writes python tools/write_workshop_schedule.py
-    --sections   # minutes of reading and exercises per section of every lesson (what to cut)
+    python tools/write_workshop_schedule.py --write      # rewrite INSTRUCTORS.md's workshop block
+    python tools/write_workshop_schedule.py --check      # exit 1 if the block is stale
+    python tools/write_workshop_schedule.py --sections   # minutes per section of every lesson
 
 Per lesson (a notebook of notebooks/, named by its two-digit prefix):
 
 - **run time**: ``wall_s`` of the passed, full-size (``quick`` false) rows of
-``data/notebook_runs.json``, the file
-  ``tools/run_notebooks.py`` writes. A row is a CPU row when its hardware starts with "CPU" (or its
-  device is "cpu"), a GPU row when its hardware names NVIDIA or H200 (or its device is "cuda"). The
-  schedule uses the slowest recorded CPU run of each lesson: a workshop runs on laptops. A run time
-  is kept whole: a notebook runs end to end.
+  ``data/notebook_runs.json``, the file ``tools/run_notebooks.py`` writes. A row is a CPU row when
+  its hardware starts with "CPU" (or its device is "cpu"), a GPU row when its hardware names NVIDIA
+  or H200 (or its device is "cuda"). The schedule uses the slowest recorded CPU run of each lesson:
+  a workshop runs on laptops. A run time is kept whole: a notebook runs end to end.
 - **reading**: the words of the markdown cells at ``WORDS_PER_MINUTE`` plus the non-blank lines of
-the code cells at
-  ``CODE_LINES_PER_MINUTE``. The Colab badge and set-up cells (tagged by
+  the code cells at ``CODE_LINES_PER_MINUTE``. The Colab badge and set-up cells (tagged by
   ``tools/write_colab_cells.py``) are left out: they are machinery, not lesson. Other output
   (printed tables, plots, the docstrings ``show_doc`` displays) is not counted, so reading stays a
   lower bound.
 - **printed source**: the package code a lesson displays with ``kvlab.lab.notebook.show_source``
-(``inspect.getsource``
-  of each argument) and ``show_diff`` (a unified diff of two functions' sources) is read too, though
-  it is not in the notebook's text: the non-blank lines each call displays count as code lines at
-  ``CODE_LINES_PER_MINUTE``, in the section (optional or not) of the cell that makes the call. For
-  ``show_diff`` the lines counted are those of the diff as ``show_diff`` builds it
-  (``difflib.unified_diff`` with the call's ``context``, by default the one ``show_diff``'s
-  signature gives; the ``---``/``+++``/``@@`` lines included), not both sources whole. To know what
-  a call displays, each notebook's code cells are parsed with ``ast`` and walked in order: every
-  top-level ``import`` and ``from ... import`` is executed in a fresh namespace of that notebook (so
-  kvlab and transformers are imported), and a top-level alias (``name = module.Attribute``, a dotted
-  name) is evaluated there, and each argument expression (``ast.unparse``) is evaluated there when
-  its cell is reached. An argument that is not found so, a name the notebook defines itself, is
-  looked up among the notebook's own top-level ``def``/``class`` nodes (``Name`` or
-  ``Name.attribute``), and the lines of that node counted. A call inside a function the notebook
-  defines displays only when that function is called: it is counted at every call of the function in
-  the notebook, in the calling cell's section; an argument that names the function's own local
-  values is looked up in ``RUNTIME_SHOWN`` (lesson 04's ``show(result)``, which displays the source
-  of the scenario that made ``result``). Anything still unresolved is an error: the tool names the
-  lesson, the cell (its 0-based index in the notebook) and the expression, and exits 1, rather than
-  counting 0. The counts are cached per notebook (by its text) within a run.
-- **exercises**: each at its own estimate (``Exercise.estimate``): a "(N min)" note in its
-  heading or bold line, else ``EXERCISE_ESTIMATES`` keyed by the checker its code cell calls
-  (``lessonNN.check_NAME``: robust to renumbered lessons and exercises), else ``WRITE_MINUTES``
-  for a stub to fill in and ``EXERCISE_MINUTES`` for a prediction, a number or a question.
-  An exercise is a markdown line that starts with ``**Exercise`` (lessons
-  00-02 write "**Exercise 1.**", lesson 05 "**Exercise 1 · Predict, then run**") or with a bold
-  number ``**1.**`` (lessons 03-06 write their Exercises sections so), a heading whose title starts
-  with "Exercise" and a number ("### Exercise 4 · The whole loop, by hand"), or a cell tagged
-  "exercise" that holds no such line (a code cell so tagged right after a counted exercise is taken
-  as its checker, not a new exercise, so a heading-led exercise and its tagged code cell count
-  once). Where an exercise is decides who does it:
+  (``inspect.getsource`` of each argument) and ``show_diff`` (a unified diff of two functions'
+  sources) is read too, though it is not in the notebook's text: the non-blank lines each call
+  displays count as code lines at ``CODE_LINES_PER_MINUTE``, in the section (optional or not) of the
+  cell that makes the call. For ``show_diff`` the lines counted are those of the diff as
+  ``show_diff`` builds it (``difflib.unified_diff`` with the call's ``context``, by default the one
+  ``show_diff``'s signature gives; the ``---``/``+++``/``@@`` lines included), not both sources
+  whole. To know what a call displays, each notebook's code cells are parsed with ``ast`` and walked
+  in order: every top-level ``import`` and ``from ... import`` is executed in a fresh namespace of
+  that notebook (so kvlab and transformers are imported), and a top-level alias (``name =
+  module.Attribute``, a dotted name) is evaluated there, and each argument expression
+  (``ast.unparse``) is evaluated there when its cell is reached. An argument that is not found so, a
+  name the notebook defines itself, is looked up among the notebook's own top-level
+  ``def``/``class`` nodes (``Name`` or ``Name.attribute``), and the lines of that node counted. A
+  call inside a function the notebook defines displays only when that function is called: it is
+  counted at every call of the function in the notebook, in the calling cell's section; an argument
+  that names the function's own local values is looked up in ``RUNTIME_SHOWN`` (lesson 04's
+  ``show(result)``, which displays the source of the scenario that made ``result``). Anything still
+  unresolved is an error: the tool names the lesson, the cell (its 0-based index in the notebook)
+  and the expression, and exits 1, rather than counting 0. The counts are cached per notebook (by
+  its text) within a run.
+- **exercises**: each at its own estimate (``Exercise.estimate``): a "(N min)" note in its heading
+  or bold line, else ``EXERCISE_ESTIMATES`` keyed by the checker its code cell calls
+  (``lessonNN.check_NAME``: robust to renumbered lessons and exercises), else ``WRITE_MINUTES`` for
+  a stub to fill in and ``EXERCISE_MINUTES`` for a prediction, a number or a question. An exercise
+  is a markdown line that starts with ``**Exercise`` (lessons 00-02 write "**Exercise 1.**", lesson
+  05 "**Exercise 1 · Predict, then run**") or with a bold number ``**1.**`` (lessons 03-06 write
+  their Exercises sections so), a heading whose title starts with "Exercise" and a number ("###
+  Exercise 4 · The whole loop, by hand"), or a cell tagged "exercise" that holds no such line (a
+  code cell so tagged right after a counted exercise is taken as its checker, not a new exercise, so
+  a heading-led exercise and its tagged code cell count once). Where an exercise is decides who does
+  it:
   - **homework**: an exercise in a lesson's "Exercises" section (a heading whose title ends with
-  "Exercises", until
-    the next heading of the same or a higher level). The section's words and code are part of its
-    exercises' minutes, not of reading, and the homework is left out of class's total, listed per
-    lesson apart.
+    "Exercises", until the next heading of the same or a higher level). The section's words and
+    code are part of its exercises' minutes, not of reading, and the homework is left out of
+    class's total, listed per lesson apart.
   - **in class**: an exercise anywhere else (the lesson body) that is not in an optional section.
-  Its minutes are
-    part of the lesson's total; its text is also counted as reading (where it ends is not marked),
-    so the total is on the safe side.
+    Its minutes are part of the lesson's total; its text is also counted as reading (where it ends
+    is not marked), so the total is on the safe side.
 - **optional sections**: a heading line that ends with "(optional)", or a cell tagged "optional"
-(from its first
-  heading on, or the whole cell), starts an optional section; it lasts until the next heading of the
-  same or a higher level (fewer ``#``). Reading, printed source and exercises inside it are left out
-  of the core path and shown apart.
+  (from its first heading on, or the whole cell), starts an optional section; it lasts until the
+  next heading of the same or a higher level (fewer ``#``). Reading, printed source and exercises
+  inside it are left out of the core path and shown apart.
 
 Every column is rounded up to whole minutes, and a lesson's total is the sum of its rounded columns
 (run, reading, printed source, in-class exercises), so the schedule's sums are the sums of the
