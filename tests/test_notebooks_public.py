@@ -128,7 +128,8 @@ ONE_WAY = {  # what a lesson calls instead of doing it by hand
     "getsource": "kvlab.lab.notebook.show_source (or show_diff, show_doc)",
     "Code": "kvlab.lab.notebook.show_source (or show_diff)",
     "load_model": "kvlab.lab.notebook.lesson_setup or course_model for the course model, "
-                  "kvlab.tiny_model for a tiny one (lesson 00, whose subject is loading, may call it)",
+                  "kvlab.tiny_model for a tiny one "
+                  "(lesson 00, whose subject is loading, may call it)",
 }
 
 
