@@ -3,7 +3,6 @@
 folder."""
 
 import json
-import os
 
 import pytest
 from tool_module import load_tool
@@ -187,9 +186,7 @@ def test_an_empty_folder_fails(tmp_path, capsys):
     broken(status, out, "no lessons")
 
 
-@pytest.mark.skipif(os.environ.get("KVLAB_BUDGETS") != "1",
-                    reason="set KVLAB_BUDGETS=1 to check the course's own notebooks "
-                           "(on once every lesson is rewritten)")
 def test_course_notebooks_meet_budgets(capsys):
+    """The course's own lessons, against data/notebook_runs.json's latest full-size CPU rows."""
     status, out = run([], capsys)
     assert status == 0, out
