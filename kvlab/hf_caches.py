@@ -9,11 +9,13 @@ StaticCache step as a captured graph, which is not, lives beside lesson 04's oth
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from transformers import DynamicCache, StaticCache
 
 from .decoding import OnToken, greedy
-from .runtime import check_dtype, count
+from .runtime import check_dtype, count, one_call
 from .sizes import model_sizes
 
 
@@ -265,11 +267,30 @@ def decode_compiled(
         if compiled_step is not None:
             raise ValueError("pass the cache that compiled_step was compiled over: cache=...")
         cache = make_static_cache(model, input_ids.shape[1] + max_new_tokens)
-    else:
+    elif compiled_step is not None:
+        check_compiled_over(compiled_step, model, cache)
+    # a held cache is reset here: one call at a time (on_token or another thread would reset it)
+    with one_call(cache, RuntimeError, "StaticCache", "kvlab.decode"):
         cache.reset()
-    check_room(cache, input_ids.shape[1], max_new_tokens, config=model.config)
-    step = compiled_step or compile_step(model, cache, mode=mode)
-    return cached_loop(model, input_ids, max_new_tokens, cache, step=step, on_token=on_token)
+        check_room(cache, input_ids.shape[1], max_new_tokens, config=model.config)
+        step = compiled_step or compile_step(model, cache, mode=mode)
+        return cached_loop(model, input_ids, max_new_tokens, cache, step=step, on_token=on_token)
+
+
+def check_compiled_over(compiled_step, model, cache) -> None:
+    """Refuse a ``compile_step`` result handed over with another cache or model than it was
+    compiled over: its steps would read and write that cache with that model's weights, while the
+    prefill fills this one. A step compiled elsewhere (not by ``compile_step``) is not checked."""
+    over = getattr(compiled_step, "kvlab_compiled_over", None)
+    if over is None:
+        return
+    was_model, was_cache = (ref() for ref in over)
+    if was_cache is not cache or was_model is not model:
+        whose = "cache" if was_cache is not cache else "model"
+        raise ValueError(f"compiled_step was compiled over another {whose}: its steps would "
+                         f"{'write that cache' if whose == 'cache' else 'read that model'} while "
+                         "the prefill uses this one. Pass the cache and compiled_step of one "
+                         "state (STRATEGIES[name].state(model, ...)), or neither")
 
 
 def reduce_overhead_state(model, input_ids, max_new_tokens, *, max_cache_len: int | None = None,
@@ -309,7 +330,9 @@ def compile_step(model, cache, *, mode: str = "reduce-overhead", dynamic: bool |
     ``fullgraph=True``)."""
     param = next(model.parameters())
     check_dtype(param.device, param.dtype)  # bf16 on a GPU without it (a T4): say to use float16
-    return torch.compile(decode_step_fn(model, cache), mode=mode, fullgraph=True, dynamic=dynamic)
+    step = torch.compile(decode_step_fn(model, cache), mode=mode, fullgraph=True, dynamic=dynamic)
+    step.kvlab_compiled_over = weakref.ref(model), weakref.ref(cache)  # check_compiled_over
+    return step
 
 
 def graph_breaks(fn, *args):

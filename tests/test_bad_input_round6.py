@@ -1,0 +1,88 @@
+"""Issue 48, probe round 6: what a hostile but ordinary user still got wrong after round 5's
+fixes."""
+
+import threading
+
+import pytest
+import torch
+
+import kvlab
+from kvlab.lab.models import tiny_model
+
+COMPILED = ["reduce-overhead", "reduce-overhead/gqa"]
+
+
+@pytest.mark.parametrize("strategy", COMPILED)
+def test_a_held_compiled_state_called_again_from_on_token_is_refused(strategy, prompt):
+    """A reduce-overhead state (a StaticCache and the step compiled over it) used again from inside
+    on_token reset the cache under the running call: the outer call returned wrong tokens with no
+    error (round 5 guarded only GraphSafeDecoders and batchers)."""
+    model = tiny_model("tiny-llama")
+    ids, other = prompt(6), prompt(4, seed=1)
+    state = kvlab.STRATEGIES[strategy].state(model, ids, 5, max_cache_len=24)
+    want = kvlab.decode(model, ids, 5)
+
+    def nested(k, token):
+        if k == 1:
+            kvlab.decode(model, other, 3, strategy=strategy, **state)
+
+    with pytest.raises(RuntimeError, match="already decoding.*on_token"):
+        kvlab.decode(model, ids, 5, strategy=strategy, on_token=nested, **state)
+    # usable afterwards
+    assert torch.equal(kvlab.decode(model, ids, 5, strategy=strategy, **state), want)
+    assert torch.equal(kvlab.decode(model, other, 3, strategy=strategy, **state),
+                       kvlab.decode(model, other, 3))
+
+
+def test_a_held_compiled_state_shared_by_two_threads_never_gives_wrong_tokens(prompt):
+    """Two threads decoding at once with one reduce-overhead state: the second reset the first's
+    cache, and the first returned wrong tokens with no error. Now the second is refused."""
+    model = tiny_model("tiny-llama")
+    ids = [prompt(6), prompt(4, seed=1)]
+    state = kvlab.STRATEGIES["reduce-overhead"].state(model, ids[0], 5, max_cache_len=24)
+    want = [kvlab.decode(model, x, 5) for x in ids]
+    inside, release = threading.Event(), threading.Event()
+    got = {}
+
+    def hold(k, token):  # thread 0 waits inside its decode until thread 1 has tried
+        if k == 1:
+            inside.set()
+            release.wait(60)
+
+    def run(i):
+        try:
+            got[i] = kvlab.decode(model, ids[i], 5, strategy="reduce-overhead",
+                                  on_token=hold if i == 0 else None, **state)
+        except Exception as e:  # what the thread saw is the test's result
+            got[i] = e
+
+    first = threading.Thread(target=run, args=(0,))
+    first.start()
+    assert inside.wait(120)
+    run(1)
+    release.set()
+    first.join(120)
+    assert torch.equal(got[0], want[0])
+    assert isinstance(got[1], RuntimeError) and "another thread" in str(got[1])
+    assert torch.equal(kvlab.decode(model, ids[1], 5, strategy="reduce-overhead", **state),
+                       want[1])
+
+
+def test_a_compiled_step_with_another_states_cache_or_model_is_refused(prompt):
+    """compiled_step= of one reduce-overhead state with cache= of another: the prefill filled one
+    cache and the compiled steps read the other, and the tokens were wrong with no error. The same
+    for a step compiled over another model."""
+    model, edited = tiny_model("tiny-llama"), tiny_model("tiny-llama")
+    with torch.no_grad():
+        edited.lm_head.weight.mul_(-1)
+    ids = prompt(6)
+    build = kvlab.STRATEGIES["reduce-overhead"].state
+    one, two = build(model, ids, 5), build(model, ids, 5)
+    with pytest.raises(ValueError, match="compiled over another cache"):
+        kvlab.decode(model, ids, 5, strategy="reduce-overhead", cache=two["cache"],
+                     compiled_step=one["compiled_step"])
+    with pytest.raises(ValueError, match="compiled over another model"):
+        kvlab.decode(edited, ids, 5, strategy="reduce-overhead", **one)
+    # one state's own pair decodes right
+    assert torch.equal(kvlab.decode(model, ids, 5, strategy="reduce-overhead", **two),
+                       kvlab.decode(model, ids, 5))
