@@ -267,10 +267,18 @@ def decode_compiled(
         if compiled_step is not None:
             raise ValueError("pass the cache that compiled_step was compiled over: cache=...")
         cache = make_static_cache(model, input_ids.shape[1] + max_new_tokens)
-    elif compiled_step is not None:
-        check_compiled_over(compiled_step, model, cache)
-    # a held cache is reset here: one call at a time (on_token or another thread would reset it)
-    with one_call(cache, RuntimeError, "StaticCache", "kvlab.decode"):
+    else:
+        _check_cache_for(model, cache, StaticCache, batch=input_ids.shape[0])
+        if compiled_step is not None:
+            check_compiled_over(compiled_step, model, cache)
+    import torch._dynamo
+
+    # a held cache is reset here: one call at a time (on_token or another thread would reset it).
+    # Module hooks among the compile's guards: torch skips them by default, and a step compiled
+    # before a hook was added (by this or an earlier state: one compile cache per process) would
+    # run without it
+    with (one_call(cache, RuntimeError, "StaticCache", "kvlab.decode"),
+          torch._dynamo.config.patch(skip_nnmodule_hook_guards=False)):
         cache.reset()
         check_room(cache, input_ids.shape[1], max_new_tokens, config=model.config)
         step = compiled_step or compile_step(model, cache, mode=mode)

@@ -86,3 +86,36 @@ def test_a_compiled_step_with_another_states_cache_or_model_is_refused(prompt):
     # one state's own pair decodes right
     assert torch.equal(kvlab.decode(model, ids, 5, strategy="reduce-overhead", **two),
                        kvlab.decode(model, ids, 5))
+
+
+def test_a_hook_added_after_a_compile_is_run_by_reduce_overhead(prompt):
+    """A forward hook registered after a reduce-overhead decode was skipped by every later one, held
+    state or fresh: torch.compile does not guard on module hooks by default, and the step compiled
+    before the hook (one compile cache per process) kept running without it: wrong tokens, no
+    error."""
+    model = tiny_model("tiny-llama")
+    ids = prompt(6)
+    state = kvlab.STRATEGIES["reduce-overhead"].state(model, ids, 5)
+    kvlab.decode(model, ids, 5, strategy="reduce-overhead", **state)
+    handle = model.model.layers[0].mlp.register_forward_hook(lambda module, args, out: out * 2)
+    hooked = kvlab.decode(model, ids, 5)
+    assert torch.equal(kvlab.decode(model, ids, 5, strategy="reduce-overhead", **state), hooked)
+    assert torch.equal(kvlab.decode(model, ids, 5, strategy="reduce-overhead"), hooked)
+    handle.remove()
+    assert torch.equal(kvlab.decode(model, ids, 5, strategy="reduce-overhead", **state),
+                       kvlab.decode(model, ids, 5))
+
+
+@pytest.mark.parametrize("change", ["batch", "dtype"])
+def test_a_held_compiled_state_refuses_another_batch_or_dtype_by_name(change, prompt):
+    """A reduce-overhead state built for batch 1 and handed a batch of 2, or kept after
+    model.half(), died inside the cache write with a raw `index_copy_(): ...` RuntimeError."""
+    model = tiny_model("tiny-llama")
+    state = kvlab.STRATEGIES["reduce-overhead"].state(model, prompt(6), 5)
+    kvlab.decode(model, prompt(6), 5, strategy="reduce-overhead", **state)
+    ids = prompt(6, batch=2) if change == "batch" else prompt(6)
+    if change == "dtype":
+        model.half()
+    match = "made for batch 1" if change == "batch" else "torch.float32.*torch.float16"
+    with pytest.raises(ValueError, match=match):
+        kvlab.decode(model, ids, 5, strategy="reduce-overhead", **state)
