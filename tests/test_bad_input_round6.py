@@ -119,3 +119,17 @@ def test_a_held_compiled_state_refuses_another_batch_or_dtype_by_name(change, pr
     match = "made for batch 1" if change == "batch" else "torch.float32.*torch.float16"
     with pytest.raises(ValueError, match=match):
         kvlab.decode(model, ids, 5, strategy="reduce-overhead", **state)
+
+
+def test_a_near_miss_is_never_called_zero_percent_off():
+    """check_cache_bytes(25601) for 25,600 said "which is 0.0% off": a wrong answer that reads as
+    a right one."""
+    from kvlab.exercises.lesson02 import check_cache_bytes
+
+    model = tiny_model("tiny-llama")
+    right = kvlab.sizes.kv_cache_bytes(model.config, 100, torch.bfloat16)
+    verdict = check_cache_bytes(right + 1, config=model.config, tokens=100, dtype=torch.bfloat16)
+    assert verdict.startswith("not quite") and "0.0% off" not in verdict
+    assert f"{100 / right:.2g}% off" in verdict
+    wrong = check_cache_bytes(right * 2, config=model.config, tokens=100, dtype=torch.bfloat16)
+    assert "100.0% off" in wrong

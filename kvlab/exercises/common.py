@@ -102,7 +102,10 @@ def check_number(answer, expected: float, *, what: str, hint: str, rel_tol: floa
     error = abs(answer - expected)
     if error <= rel_tol * abs(expected) or error == 0:
         return f"correct: {what} = {expected:,}"
-    off = f"{error / abs(expected):.1%} off" if expected else f"{error:g} off"
+    share = error / abs(expected) if expected else None
+    # a near miss keeps two digits: never "0.0% off" for a wrong answer
+    off = (f"{error:g} off" if share is None else f"{share:.1%} off" if round(share, 3)
+           else f"{share * 100:.2g}% off")
     return f"not quite: you gave {answer:,} for {what}, which is {off}. Hint: {hint}"
 
 
