@@ -133,3 +133,19 @@ def test_a_near_miss_is_never_called_zero_percent_off():
     assert f"{100 / right:.2g}% off" in verdict
     wrong = check_cache_bytes(right * 2, config=model.config, tokens=100, dtype=torch.bfloat16)
     assert "100.0% off" in wrong
+
+
+@pytest.mark.parametrize("spelled", ["B.", "(B)", "[b]", "'B.'"])
+def test_a_choice_spelled_with_a_full_stop_or_brackets_is_read(spelled):
+    """check_verify_prediction("B.") or "(B)", a right answer as a student types it, got "not
+    quite: ... is one of 'A', 'B', 'C', 'D', got 'B.'"; a NumPy array of one string too."""
+    import numpy as np
+
+    from kvlab.exercises import lesson07
+
+    right = next(c for c in "ABCD" if lesson07.check_verify_prediction(c).startswith("correct"))
+    assert right == "B"  # the cases above spell it
+    assert lesson07.check_verify_prediction(spelled).startswith("correct")
+    assert lesson07.check_verify_prediction(np.array([spelled])).startswith("correct")
+    assert lesson07.check_verify_prediction(spelled.replace("B", "A").replace("b", "a")
+                                            ).startswith("not quite")

@@ -410,16 +410,20 @@ def code_checker(solution):
 
 def choice_of(prediction, choices):
     """The key of ``choices`` that ``prediction`` names, else None. Any reasonable spelling of a key
-    names it: a list or tuple of one element, text in any case with spaces or quotes around
-    (``" b "``, ``"'B'"``), a number key as text (``"1000"``, ``"1,000"``, ``"1e3"``), a NumPy
-    scalar or a one-element tensor. Never hashes ``prediction`` (a list is not an error)."""
+    names it: a list or tuple of one element, text in any case with spaces, quotes, brackets or a
+    full stop around (``" b "``, ``"'B'"``, ``"(B)"``, ``"B."``), a number key as text (``"1000"``,
+    ``"1,000"``, ``"1e3"``), a NumPy scalar or array of one element or a one-element tensor. Never
+    hashes ``prediction`` (a list is not an error)."""
     if isinstance(prediction, list | tuple) and len(prediction) == 1:
         prediction = prediction[0]
     if isinstance(prediction, list | tuple):  # several elements, or a list in a list
         return None
+    if getattr(getattr(prediction, "dtype", None), "kind", "") == "U" and prediction.size == 1:
+        prediction = prediction.item()  # a NumPy array of one string
     numeric = [k for k in choices if isinstance(k, numbers.Real) and not isinstance(k, bool)]
     if isinstance(prediction, str):
-        text = prediction.strip().strip("'\"").strip()
+        # quotes, brackets or a full stop around: "'B'", "(B)", "B."
+        text = prediction.strip().strip("'\"()[].").strip()
         spelled = {"".join(str(k).split()).casefold(): k for k in choices if isinstance(k, str)}
         if "".join(text.split()).casefold() in spelled:
             return spelled["".join(text.split()).casefold()]
