@@ -284,7 +284,7 @@ class ContinuousBatcher:
         def emit(run: _Running, token: torch.Tensor) -> None:
             made[run.index].append(token)
             if on_token is not None:
-                on_token(run.index, run.made, token)
+                on_token(run.index, run.made, token.clone())  # the caller's copy
             run.made += 1
 
         try:

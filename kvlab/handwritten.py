@@ -166,5 +166,5 @@ def decode_handwritten(
         seq = torch.cat([seq, next_id], dim=1)
         fed = next_id  # its position is cache.get_seq_length(): the positions continue
         if on_token is not None:
-            on_token(step, next_id)
+            on_token(step, next_id.clone())  # the caller's copy: the next step reads it
     return seq[:, input_ids.shape[1]:]

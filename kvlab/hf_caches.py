@@ -151,13 +151,13 @@ def cached_loop(
     next_ids = greedy(logits)  # [batch, 1]
     out = [next_ids]
     if on_token is not None:
-        on_token(0, next_ids)
+        on_token(0, next_ids.clone())  # the caller's copy: the next step reads next_ids
     for i in range(1, max_new_tokens):
         # [batch, 1]: only the new token is computed (clone: a cudagraph output
         next_ids = step(next_ids).clone()
         out.append(next_ids)  # is overwritten by the next call)
         if on_token is not None:
-            on_token(i, next_ids)
+            on_token(i, next_ids.clone())  # the caller's copy
     return torch.cat(out, dim=1)  # [batch, max_new_tokens]
 
 

@@ -149,3 +149,32 @@ def test_a_choice_spelled_with_a_full_stop_or_brackets_is_read(spelled):
     assert lesson07.check_verify_prediction(np.array([spelled])).startswith("correct")
     assert lesson07.check_verify_prediction(spelled.replace("B", "A").replace("b", "a")
                                             ).startswith("not quite")
+
+
+EDITABLE = ["handwritten", "dynamic", "static", "reduce-overhead"]
+
+
+@pytest.mark.parametrize("strategy", EDITABLE)
+def test_an_on_token_that_edits_its_token_changes_no_result(strategy, prompt):
+    """on_token got the loop's own token tensor: a callback that edited it in place (token.fill_,
+    token[:] = ...) changed the returned tokens, and in handwritten's loop the next step's input,
+    with no error; the graph strategies and naive hand over a copy."""
+    model = tiny_model("tiny-llama")
+    ids = prompt(6, batch=2)
+    got = kvlab.decode(model, ids, 6, strategy=strategy,
+                       on_token=lambda k, token: token.fill_(7))
+    assert torch.equal(got, kvlab.decode(model, ids, 6))
+
+
+def test_a_serve_on_token_that_edits_its_token_changes_no_result(prompt):
+    """The same for ContinuousBatcher.serve: the token handed to on_token was the one kept for the
+    result."""
+    from kvlab.continuous_batching import Request, serve
+
+    model = tiny_model("tiny-llama")
+    requests = [Request(prompt(5)[0], 4), Request(prompt(7, seed=1)[0], 3)]
+    served = serve(model, requests, num_blocks=8, block_size=4,
+                   on_token=lambda i, k, token: token.fill_(7))
+    for request, tokens in zip(requests, served.tokens, strict=True):
+        assert torch.equal(tokens, kvlab.decode(model, request.prompt[None],
+                                                request.max_new_tokens)[0])
