@@ -13,11 +13,14 @@ every layer at every step.
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
+from functools import partial
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from .decoding import OnToken
+from .frozen_state import python_overrides
 from .fusion import fused_copy
 from .graph_decoder import GraphSafeDecoder, cache_length, decoder_for, model_step
 from .hf_caches import decode_reduce_overhead, reduce_overhead_state
@@ -38,6 +41,17 @@ def inductor_options(tune: bool = True, device: torch.device | str = "cuda"):
     return config.patch(options)
 
 
+def _rewritten(name: str, module, *, fuse: bool, gemv: bool) -> bool | str:
+    """What ``fused_copy`` loses of the module: True where it drops the module (its hooks and
+    patched forward with it), "forward" where it sets the module's forward (hooks still run)."""
+    part = name.rpartition(".")[2]
+    if fuse and part in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"):
+        return True
+    if (fuse and part in ("self_attn", "mlp")) or (gemv and isinstance(module, nn.Linear)):
+        return "forward"
+    return False
+
+
 def compiled_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *,
                      compile_mode: str | None = "max-autotune-no-cudagraphs", steps: int = 16,
                      fuse: bool = True, gemv: bool = True, attention: bool | str = "triton",
@@ -46,7 +60,8 @@ def compiled_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *,
     """The decoder ``decode_graph_safe_compiled`` builds for one call: a fused copy of the model
     (``fused_copy(model, fuse=, attention=, gemv=)``), ``model_step`` compiled with ``compile_mode``
     (None: not compiled), ``steps`` steps per captured graph. Its ``source`` is ``model``: an edit
-    of ``model`` after the build does not reach the copy, so build a new decoder after one.
+    of ``model`` after the build does not reach the copy, so build a new decoder after one. A hook
+    or a patched forward on a module the copy rebuilds (``_rewritten``) is refused.
 
     On CPU the step is neither compiled nor captured unless asked (``graph``): an inductor compile
     takes minutes on two cores, a compiled step cannot be captured by the emulation, and the
@@ -58,6 +73,11 @@ def compiled_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *,
         raise ValueError(f"compile_mode={compile_mode!r} with graph='emulate': the emulation "
                          "traces eager operations and cannot trace a compiled step. Pass "
                          "graph=True or graph=False")
+    overrides = python_overrides(model, partial(_rewritten, fuse=fuse, gemv=gemv))
+    if overrides:
+        raise ValueError(f"the fused copy rebuilds {'; '.join(overrides[:3])}, and would decode "
+                         "without them. Remove the hooks or the patched forward, pass fuse=False "
+                         "and gemv=False, or use the 'graph-safe' strategy")
     fused = fused_copy(model, fuse=fuse, attention=attention if fuse else False, gemv=gemv)
     step = model_step
     if compile_mode is not None:

@@ -17,8 +17,9 @@ What the snapshot holds (the check is one walk of the modules' own
 waits for a device):
 
 - every module, by identity (a submodule replaced, added or removed is seen), its instance
-  ``forward`` if one was set on it (a patched forward) and its number of forward (pre-)hooks, plus
-  the process's global forward hooks;
+  ``forward`` if one was set on it (a patched forward) and its forward (pre-)hooks, plus the
+  process's global forward hooks, each function by identity (a hook removed and another added, or
+  a forward patched again in a re-run cell, is a change even where the count stays the same);
 - every parameter and buffer, by identity, address, shape, dtype, device and in-place version
   (``tensor._version``: an in-place edit under ``torch.no_grad()`` or ``torch.inference_mode()``,
   ``copy_``, ``load_state_dict`` all bump it);
@@ -85,11 +86,34 @@ def layer_problem(model) -> str | None:
     return None
 
 
+def _ref(function):
+    """A weak reference to ``function`` (equal to another while it lives; a new function at a freed
+    address is not equal), or the function itself where it takes none."""
+    try:
+        return weakref.ref(function)
+    except TypeError:
+        return function
+
+
+def _hooks(forward: dict, pre: dict) -> tuple:
+    """Each forward (pre-)hook by its handle's id (never reused in a process) and function."""
+    return (tuple((k, _ref(f)) for k, f in forward.items()),
+            tuple((k, _ref(f)) for k, f in pre.items()))
+
+
+def _marks(module) -> tuple | None:
+    """(its instance ``forward``, its hooks), or None when it has neither."""
+    d = module.__dict__
+    if "forward" not in d and not d["_forward_hooks"] and not d["_forward_pre_hooks"]:
+        return None
+    return (_ref(d["forward"]) if "forward" in d else None,
+            _hooks(d["_forward_hooks"], d["_forward_pre_hooks"]))
+
+
 def _walk(model) -> tuple[list, list, tuple]:
-    """Modules (depth first), their parameters and buffers (None slots dropped), and the per-module
-    marks: the modules with an instance ``forward`` (index, its id) and the number of forward
-    (pre-)hooks of all of them."""
-    modules, tensors, patched, hooks = [], [], [], 0
+    """Modules (depth first), their parameters and buffers (None slots dropped), and the marks of
+    those with an instance ``forward`` or a forward (pre-)hook: (index, ``_marks``)."""
+    modules, tensors, marks = [], [], []
     stack = [model]
     while stack:
         module = stack.pop()
@@ -100,10 +124,9 @@ def _walk(model) -> tuple[list, list, tuple]:
         tensors += d["_parameters"].values()
         tensors += d["_buffers"].values()
         stack += d["_modules"].values()
-        hooks += len(d["_forward_hooks"]) + len(d["_forward_pre_hooks"])
-        if "forward" in d:  # patched on the instance
-            patched.append((len(modules) - 1, id(d["forward"])))
-    return modules, [t for t in tensors if t is not None], (tuple(patched), hooks)
+        if "forward" in d or d["_forward_hooks"] or d["_forward_pre_hooks"]:
+            marks.append((len(modules) - 1, _marks(module)))
+    return modules, [t for t in tensors if t is not None], tuple(marks)
 
 
 def _signature(tensors: list, versions: bool = True) -> list:
@@ -115,7 +138,7 @@ def _signature(tensors: list, versions: bool = True) -> list:
 def _global_hooks() -> tuple:
     from torch.nn.modules import module as m
 
-    return tuple(map(len, (m._global_forward_hooks, m._global_forward_pre_hooks)))
+    return _hooks(m._global_forward_hooks, m._global_forward_pre_hooks)
 
 
 def _config_settings(config) -> list:
@@ -174,15 +197,14 @@ class FrozenState:
     model: weakref.ref
     config: tuple  # (configured, present) decoder layers, then the _CONFIG_READ values
     modules: tuple  # weakref per module, walk order
-    # ((module index, id of its instance forward), ...), forward (pre-)hook count of all modules
-    marks: tuple
+    marks: tuple  # (module index, its instance forward and hooks) where it has any (``_marks``)
     tensors: tuple  # weakref per parameter and buffer, walk order
     signature: list  # (data_ptr, _version, shape) per tensor (version 0 without ``versions``)
     plan: list  # (module index, itemgetter of its setting names)
     settings: list  # their values
-    hooks: tuple  # the global forward (pre-)hook counts
+    hooks: tuple  # the global forward (pre-)hooks
     # by name, for messages: "modules", "tensors" (weakref, ptr, version, shape, dtype, device),
-    # "settings" (value), "marks" (id of an instance forward or None, hook count)
+    # "settings" (value), "marks" (``_marks``)
     named: dict
     versions: bool = True  # whether an in-place edit counts as a change
 
@@ -192,12 +214,6 @@ def _config(model) -> tuple:
     layers = getattr(getattr(model, "model", model), "layers", None)
     return ((config.num_hidden_layers, None if layers is None else len(layers)),
             *_config_settings(config))
-
-
-def _marks(module) -> tuple:
-    d = module.__dict__
-    return (id(d["forward"]) if "forward" in d else None,
-            len(d["_forward_hooks"]) + len(d["_forward_pre_hooks"]))
 
 
 def frozen_state(model, *, versions: bool = True) -> FrozenState:
@@ -273,17 +289,23 @@ def changes(before: FrozenState, model) -> list[str]:
             found.append(f"{_path(name)} was replaced (now a {type(now_modules[name]).__name__})")
     found += [f"{_path(name)} was added" for name in now_modules if name not in was_modules]
     for name, module in now_modules.items():
-        was = before.named["marks"].get(name)
-        if was is None or module is not was_modules[name]():
+        if name not in was_modules or module is not was_modules[name]():
             continue  # reported as a module change
-        forward, hooks = _marks(module)
-        if forward != was[0]:
-            found.append(f"{_path(name)}.forward was replaced on the instance")
-        if hooks != was[1]:
-            found.append(f"{_path(name)} has {hooks} forward hooks, had {was[1]}")
+        was = before.named["marks"][name]
+        now = _marks(module)
+        if now == was:
+            continue
+        none = (None, ((), ()))
+        (forward, hooks), (was_forward, was_hooks) = now or none, was or none
+        if forward != was_forward:
+            found.append(f"{_path(name)}.forward was "
+                         f"{'replaced on the instance' if forward is not None else 'restored'}")
+        if hooks != was_hooks:
+            found.append(f"{_path(name)}'s forward hooks changed ({sum(map(len, was_hooks))} "
+                         f"before, {sum(map(len, hooks))} now)")
     if _global_hooks() != before.hooks:
-        found.append("the global forward hooks "
-                     "(torch.nn.modules.module.register_module_forward_hook) changed")
+        found.append("the global forward hooks changed "
+                     "(torch.nn.modules.module.register_module_forward_hook)")
     now_tensors = _named_tensors(model)
     for name, (r, ptr, version, shape, dtype, device) in before.named["tensors"].items():
         t = now_tensors.get(name)
@@ -310,6 +332,32 @@ def changes(before: FrozenState, model) -> list[str]:
     for name, was, now in zip(_CONFIG_READ, before.config[1:], now_config, strict=True):
         if now != was and name != "num_hidden_layers":
             found.append(f"model.config.{name} changed from {was!r} to {now!r}")
+    return found
+
+
+def python_overrides(model, rewritten=None) -> list[str]:
+    """What a forward runs beyond the modules' classes: each module with an instance ``forward``
+    or a forward (pre-)hook, by name, and the process's global forward hooks. A path that never
+    runs the modules' Python (kvlab's kernels read the weights) or rebuilds some of them (a fused
+    copy) would leave these out. ``rewritten(name, module)``: what such a copy loses of each module
+    (False: nothing, ``"forward"``: its forward, True: the module and its hooks); global hooks are
+    then left out (they run on every module)."""
+    found = []
+    for name, module in _named_modules(model).items():
+        marks = _marks(module)
+        lost = True if rewritten is None else rewritten(name, module)
+        if marks is None or not lost:
+            continue
+        forward, (hooks, pre_hooks) = marks
+        if lost == "forward":
+            hooks = pre_hooks = ()
+        what = [w for w, has in (("a patched forward", forward is not None),
+                                 ("forward hooks", hooks), ("forward pre-hooks", pre_hooks)) if has]
+        if what:
+            found.append(f"{_path(name)} ({', '.join(what)})")
+    if rewritten is None and any(_global_hooks()):
+        found.append("global forward hooks (torch.nn.modules.module."
+                     "register_module_forward_hook)")
     return found
 
 

@@ -72,7 +72,7 @@ EDITS = {
     "patched forward": (lambda m: setattr(m.model.layers[0].mlp, "forward", lambda x: x),
                         r"model\.model\.layers\.0\.mlp\.forward was replaced on the instance"),
     "hook": (lambda m: m.model.layers[1].register_forward_hook(lambda *a: None),
-             r"model\.model\.layers\.1 has 1 forward hooks, had 0"),
+             r"model\.model\.layers\.1.s forward hooks changed \(0 before, 1 now\)"),
     "attention": (_set_attn_eager,
                   r"model\.config\._attn_implementation changed from 'sdpa' to 'eager'"),
 }

@@ -11,10 +11,12 @@ cache and the token (its arrival counters, its options) is bound here with
 
 The kernels read the model's own weights (q/k/v and gate/up as stacked parts), so the decoder holds
 no second copy: an in-place edit of a weight reaches the next replay, a weight replaced or moved is
-refused. The prefill is captured too, at the prompt's power-of-two bucket, and runs through the same
-kernels (``kernel_prefill``) up to ``KERNEL_PREFILL_MAX_ROWS`` prompt rows, through the model's
-forward above. ``speculative_kernels_decoder`` gives lesson 07's speculation the same step, its
-verify of k + 1 rows through the prefill's kernels.
+refused. They never run the modules' Python, so a model with forward hooks or a patched ``forward``
+is refused (``check_supported``): ``graph-safe`` runs them. The prefill is captured too, at the
+prompt's power-of-two bucket, and runs through the same kernels (``kernel_prefill``) up to
+``KERNEL_PREFILL_MAX_ROWS`` prompt rows, through the model's forward above.
+``speculative_kernels_decoder`` gives lesson 07's speculation the same step, its verify of k + 1
+rows through the prefill's kernels.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import torch
 
+from ..frozen_state import python_overrides
 from .attention import rope_cache_attention, rope_cache_prefill_attention
 from .gemv import gemv, greedy_head
 
@@ -42,7 +43,8 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def check_supported(model) -> None:
-    """Refuse, with what to do, a model whose layer is not the one the kernels compute."""
+    """Refuse, with what to do, a model whose layer is not the one the kernels compute, or whose
+    modules run Python the kernels would skip (hooks, a patched ``forward``)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     config = model.config
@@ -69,6 +71,12 @@ def check_supported(model) -> None:
         runs = ", ".join(map(str, KERNEL_DTYPES))
         raise ValueError(f"the model is {dtype}; kvlab's kernels run {runs}. Convert it "
                          "(model.float()), or use the 'graph-safe' strategy, which runs any dtype")
+    overrides = python_overrides(model)
+    if overrides:
+        raise ValueError(f"kvlab's kernels read the model's weights and never run its modules' "
+                         f"Python, so they would leave out {'; '.join(overrides[:3])}. Remove "
+                         "the hooks or the patched forward, or use the 'graph-safe' strategy, "
+                         "which runs them")
     why = None
     if config.model_type not in _SUPPORTED:
         why = f"model_type {config.model_type!r} (supported: {', '.join(_SUPPORTED)})"
