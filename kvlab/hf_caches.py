@@ -15,7 +15,7 @@ import torch
 from transformers import DynamicCache, StaticCache
 
 from .decoding import OnToken, greedy
-from .runtime import check_dtype, count, one_call
+from .runtime import check_dtype, count
 from .sizes import model_sizes
 
 
@@ -273,12 +273,10 @@ def decode_compiled(
             check_compiled_over(compiled_step, model, cache)
     import torch._dynamo
 
-    # a held cache is reset here: one call at a time (on_token or another thread would reset it).
     # Module hooks among the compile's guards: torch skips them by default, and a step compiled
     # before a hook was added (by this or an earlier state: one compile cache per process) would
     # run without it
-    with (one_call(cache, RuntimeError, "StaticCache", "kvlab.decode"),
-          torch._dynamo.config.patch(skip_nnmodule_hook_guards=False)):
+    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False):
         cache.reset()
         check_room(cache, input_ids.shape[1], max_new_tokens, config=model.config)
         step = compiled_step or compile_step(model, cache, mode=mode)

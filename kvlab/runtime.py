@@ -8,6 +8,7 @@ import operator
 import os
 import platform
 import threading
+import weakref
 from contextlib import contextmanager
 from functools import cache
 
@@ -326,13 +327,19 @@ def runtime_summary(device: torch.device | str | None = None) -> str:
 
 
 
+_RUNNING = weakref.WeakKeyDictionary()  # owner -> the lock its running call holds
+_RUNNING_LOCK = threading.Lock()
+
+
 @contextmanager
 def one_call(owner, error: type[Exception], what: str, entry: str):
     """The body of one call of ``owner.entry``, an object that owns state a call resets or advances
-    (a decoder's cache, a batcher's pool): a second call while one runs, from a callback of the
-    first (``on_token``) or from another thread, is refused with ``error`` instead of corrupting
-    the first call's state."""
-    lock = vars(owner).setdefault("_one_call", threading.Lock())  # setdefault: atomic
+    (a decoder's cache, a batcher's pool, a cache handed to ``kvlab.decode``): a second call while
+    one runs, from a callback of the first (``on_token``) or from another thread, is refused with
+    ``error`` instead of corrupting the first call's state. The lock lives here, not on ``owner``
+    (which stays copyable)."""
+    with _RUNNING_LOCK:
+        lock = _RUNNING.setdefault(owner, threading.Lock())
     if not lock.acquire(blocking=False):
         raise error(f"this {what} is already decoding: {entry}() was called again from inside a "
                     "call of it (an on_token callback) or from another thread, and would reset or "

@@ -23,8 +23,10 @@ import torch
 
 from .decoding import check_inputs, unpadded_ids
 from .graph_decoder import GraphSafeDecoder
-from .runtime import count
+from .runtime import count, one_call
 
+# what a state hands over that decodes one strategy's way (a cache is any strategy's)
+_BUILT_FOR = ("decoder", "compiled_step", "batcher")
 _DECODE_ONLY = {"on_token", "decoder", "batcher", "compiled_step", "tune"}  # what no builder takes
 # Python launches every kernel / torch.compile's graphs / kvlab captures
 KINDS = ("eager", "compiled", "graph")
@@ -112,6 +114,13 @@ class Strategy:
             raise TypeError(f"on_token must be a function on_token(k, token), got "
                             f"{type(on_token).__name__}")
         check_options(kwargs)
+        for key in _BUILT_FOR:
+            built_for = getattr(kwargs.get(key), "kvlab_strategy", self.name)
+            if built_for != self.name:
+                raise ValueError(f"this {key}= was built by STRATEGIES[{built_for!r}].state, and "
+                                 f"would decode as {built_for!r} under the name {self.name!r}. "
+                                 f"Pass strategy={built_for!r}, or build a state for "
+                                 f"{self.name!r}: STRATEGIES[{self.name!r}].state(model, ...)")
         if kwargs.get("max_cache_len") is not None:  # once here, before a builder computes with it
             kwargs["max_cache_len"] = count(kwargs["max_cache_len"], "max_cache_len")
         return input_ids, max_new_tokens
@@ -149,7 +158,11 @@ class Strategy:
         if self.builds is None:
             return {}
         made = _resolved(self.builds)(model, input_ids, max_new_tokens, **self.options, **kwargs)
-        return {"decoder": made} if isinstance(made, GraphSafeDecoder) else made
+        state = {"decoder": made} if isinstance(made, GraphSafeDecoder) else made
+        for key in _BUILT_FOR:
+            if key in state:  # checked() refuses it under another strategy's name
+                state[key].kvlab_strategy = self.name
+        return state
 
 
 _GRAPH_SAFE_FN = "kvlab.graph_decoder:decode_graph_safe", "kvlab.graph_decoder:graph_safe_decoder"
@@ -279,7 +292,13 @@ def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str
     chosen = strategy_named(strategy)
     input_ids, max_new_tokens = chosen.checked(model, input_ids, max_new_tokens, kwargs,
                                                chosen.keywords(), attention_mask=attention_mask)
-    return chosen(model, input_ids, max_new_tokens, **kwargs)
+    cache = kwargs.get("cache")
+    if cache is None or not hasattr(cache, "__weakref__"):  # no cache, or one the strategy refuses
+        return chosen(model, input_ids, max_new_tokens, **kwargs)
+    # a call empties or fills the cache it is handed: one call at a time (a nested call from
+    # on_token or another thread's would reset it under the running one)
+    with one_call(cache, RuntimeError, f"{type(cache).__name__} (cache=)", "kvlab.decode"):
+        return chosen(model, input_ids, max_new_tokens, **kwargs)
 
 
 # Fixed at build: a held decoder keeps them (kvlab.kernels.decoder.KERNEL_OPTIONS are the last
