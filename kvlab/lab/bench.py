@@ -32,6 +32,7 @@ import json
 import math
 import os
 import shlex
+import stat
 import subprocess
 import sys
 import time
@@ -110,12 +111,41 @@ def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, re
         check_writable(out)
 
 
+def _special(mode: int) -> str | None:
+    """What a file of ``mode`` is when it is not a regular file, a folder or a link, else None."""
+    for test, kind in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return (None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)
+            else "an unknown kind of file")
+
+
+def check_target(out) -> None:
+    """Refuse an ``out`` that names a device, pipe or socket (``/dev/null``): ``out`` is the stem of
+    two regular files, and ``/dev/null.json`` is not what was named. The name is followed through
+    links (``/dev/stdout``); the .json and .csv are not (``write`` replaces a link there)."""
+    checks = [(Path(out), os.stat)] + [(path, os.lstat) for path in out_paths(out)]
+    for path, look in checks:
+        try:
+            kind = _special(look(path).st_mode)
+        except OSError:  # nothing there (or unreadable: check_writable says so)
+            continue
+        if kind is not None:
+            json_path, csv_path = out_paths(out)
+            raise BenchArgumentError(f"--out {str(out)!r}: {path} is {kind}, not a file or "
+                                     f"folder; --out names the stem of two files ({json_path} "
+                                     f"and {csv_path}): give a path in a folder you can write to, "
+                                     "e.g. --out out/mybench")
+
+
 def check_writable(out) -> None:
     """Refuse an ``out`` whose .json or .csv cannot be written, by writing there: the folder is made
     (as ``write`` makes it), an existing file is opened for appending (its content kept), a new one
-    is tried as a temporary file."""
+    is tried as a temporary file. A device or pipe is refused first (``check_target``)."""
     import tempfile
 
+    check_target(out)
     for path in out_paths(out):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -594,6 +624,10 @@ def _out(text: str) -> str:
             if not folder.is_dir():
                 raise argparse.ArgumentTypeError(f"{text!r}: {folder} is a file, not a folder")
             break
+    try:
+        check_target(text)
+    except BenchArgumentError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--out ")) from None
     return text
 
 
@@ -630,7 +664,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="short run (also KVLAB_QUICK=1); skips torch.compile on CPU")
     p.add_argument("--out", type=_out, default=None,
-                   help="output path without suffix (default out/bench-<time>)")
+                   help="stem of the two files written, <stem>.json and <stem>.csv (a folder: "
+                        "bench.json and bench.csv in it; default out/bench-<time>)")
     args = p.parse_args(argv)
     args.error = p.error
     return args
