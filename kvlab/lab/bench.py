@@ -165,9 +165,14 @@ def check_writable(out) -> None:
                                      "to, e.g. --out out/mybench") from None
 
 
+def _secs(seconds: float) -> str:
+    """Seconds as the table prints numbers: 0.001 stays 0.001, never 0."""
+    return f"{seconds:.3g}" if abs(seconds) < 100 else f"{seconds:.0f}"
+
+
 def skip_reason(strategy, device, quick: bool, elapsed: float, budget: float | None) -> str | None:
     if budget is not None and elapsed > budget:
-        return f"time budget spent ({elapsed:.0f} s > --time-budget {budget:.0f} s)"
+        return f"time budget spent ({_secs(elapsed)} s > --time-budget {_secs(budget)} s)"
     if strategy.cuda_only and device.type != "cuda":
         return ("needs CUDA: kvlab captures the compiled step in a real CUDA graph; on CPU there "
                 "is no graph to capture it into (see graph-safe, emulated)")
@@ -188,6 +193,9 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
     ``out``: also write the record there after every strategy, so a run stopped early keeps what it
     measured. A write that fails is tried again after the next strategy; if the last one fails,
     ``BenchWriteError`` is raised once every strategy has run, holding the record.
+
+    ``time_budget``: seconds from the start after which the remaining strategies are skipped; the
+    first one that can run is timed whatever the budget, so no run is left empty by it.
     """
     from tqdm.auto import tqdm
 
@@ -265,8 +273,9 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
         for name in strategies:
             strategy = STRATEGIES[name]
             bar.set_postfix_str(f"batch {batch}: {name}")
+            # the budget skips nothing before the first result: a run never times nothing for it
             reason = skip_reason(strategy, device, quick, time.perf_counter() - started,
-                                 time_budget)
+                                 time_budget if results else None)
             if reason:
                 skipped.append({"strategy": name, "batch": batch, "reason": reason})
                 bar.update()
@@ -657,7 +666,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile-steps", type=_count(0), default=None,
                    help="decode steps traced by torch.profiler (default 16; quick: 2; 0: none)")
     p.add_argument("--time-budget", type=_seconds, default=None,
-                   help="seconds after which remaining strategies are skipped")
+                   help="seconds after which remaining strategies are skipped (the first "
+                        "one that can run is always timed)")
     p.add_argument("--device", type=_device, default=None,
                    help="cpu, cuda or cuda:N (default: cuda when there is a GPU)")
     p.add_argument("--seed", type=_bounded(0, 2**63 - 1), default=0)
@@ -707,6 +717,10 @@ def main(argv=None) -> dict:
     print(format_table(record))
     print(f"wrote {json_path} and {csv_path} ({record['env']['hardware']}, "
           f"{record['seconds']:.0f} s)")
+    if not record["results"]:
+        print("error: no strategy was timed: each one was skipped or failed (the reasons are "
+              "above)", file=sys.stderr)
+        raise SystemExit(1)
     return record
 
 
