@@ -173,7 +173,7 @@ def unpadded_ids(input_ids, attention_mask=None) -> torch.Tensor:
 
     Every strategy feeds each row's tokens at positions 0, 1, ...: a padded row would be decoded as
     if its padding were prompt text, so a batch must hold prompts of one length, and a mask with any
-    0 is refused. A mask given twice (in the tokenizer's output and as ``attention_mask=``) must
+    0 is refused. A mask holds 0 and 1 only, as int, bool or float (as transformers takes it). A mask given twice (in the tokenizer's output and as ``attention_mask=``) must
     be the same mask.
     """
     if isinstance(input_ids, Mapping):  # BatchEncoding or dict from a tokenizer
@@ -204,11 +204,14 @@ def unpadded_ids(input_ids, attention_mask=None) -> torch.Tensor:
             raise ValueError(
                 f"attention_mask must be a tensor of the ids' shape {tuple(input_ids.shape)}, got "
                 f"{tuple(getattr(attention_mask, 'shape', ())) or type(attention_mask).__name__}")
-        if (attention_mask.is_floating_point()
-                or bool(((attention_mask != 0) & (attention_mask != 1)).any())):
+        # an int, bool or float mask of 0/1, as transformers takes it
+        other = (attention_mask != 0) & (attention_mask != 1)
+        if attention_mask.is_complex() or bool(other.any()):
+            wrong = ("complex values" if attention_mask.is_complex() else
+                     ", ".join(map(str, sorted(set(attention_mask[other].tolist()), key=str)[:6])))
             raise ValueError("attention_mask must hold only 0 (padding) and 1 (a token), as a "
-                             f"tokenizer makes it; got {attention_mask.dtype} values "
-                             f"{sorted(set(attention_mask.flatten().tolist()))[:6]}")
+                             "tokenizer makes it (int, bool or float); got "
+                             f"{wrong} ({attention_mask.dtype})")
         padded = (attention_mask == 0).sum(dim=1)
         if bool(padded.any()):
             rows = [(i, int(n)) for i, n in enumerate(padded.tolist()) if n]
