@@ -91,23 +91,30 @@ def test_a_mask_of_other_values_names_the_allowed_and_the_wrong_ones(prompt):
 
 
 BAD_IDS = {  # input_ids -> what the refusal says
-    "list of lists": ([[1, 2, 3]], r"got a Python list of lists.*torch\.tensor\(\[\[1, 2, 3\]\]\)"),
-    "flat list": ([1, 2, 3], r"got a Python list of ints.*torch\.tensor\(\[\[1, 2, 3\]\]\)"),
-    "tuple": (((1, 2, 3),), r"got a Python tuple of tuples.*torch\.tensor\("),
-    "ragged": ([[1, 2], [3]], r"got a Python list of lists of lengths \[2, 1\].*one length"),
-    "empty list": ([], r"got an empty Python list.*at least one prompt"),
-    "numpy": (np.array([[1, 2, 3]]), r"got a NumPy array int64 \(1, 3\).*torch\.from_numpy"),
-    "text": ("hello", r"got a str \(text\).*tokenizer\(text, return_tensors='pt'\)"),
-    "None": (None, r"got None\b"),
+    "list of lists": ([[1, 2, 3]], r"got a Python list of lists\. .*torch\.tensor\(ids\), or "
+                                   r"tokenize with return_tensors='pt'"),
+    "flat list": ([1, 2, 3],
+                  r"got a Python list of ints \(one prompt\)\. .*torch\.tensor\(\[ids\]\)"),
+    "tuple": (((1, 2, 3),), r"got a Python tuple of tuples\. .*torch\.tensor\(ids\)"),
+    "ragged": ([[1, 2], [3]], r"got a Python list of lists of lengths \[2, 1\]\. .*one length"),
+    "empty list": ([], r"got an empty Python list\. Give at least one prompt"),
+    "numpy": (np.array([[1, 2, 3]]), r"got a NumPy array int64 \(1, 3\)\. .*torch\.from_numpy"),
+    "1-D numpy": (np.array([1, 2, 3]), r"got a NumPy array int64 \(3,\)\. .*\.long\(\)\[None\]"),
+    "list of tensors": ([torch.tensor([1, 2])], r"got a Python list of Tensors\. .*torch\.stack"),
+    "text": ("hello", r"got a str \(text, .*tokenizer\(text, return_tensors='pt'\)"),
+    "None": (None, r"got None\. Give the prompt's ids"),
     "tokenizer output of lists": ({"input_ids": [[1, 2, 3]], "attention_mask": [[1, 1, 1]]},
-                                  r"got a Python list of lists.*return_tensors='pt'"),
+                                  r"got a Python list of lists in the tokenizer's output\. Call "
+                                  r"the tokenizer with return_tensors='pt'"),
 }
 
 
 @pytest.mark.parametrize("bad", list(BAD_IDS))
 def test_ids_that_are_not_a_tensor_are_named_with_what_to_do(bad):
     """`decode(model, [[1, 2, 3]], 5)` was refused with 'got list  ()': neither what was given
-    nor how to make the LongTensor asked for."""
+    nor how to make the LongTensor asked for. The same for a tuple, a NumPy array, a flat, ragged
+    or empty list, text, None and a tokenizer's output of lists. They stay refused (the door takes
+    a LongTensor or a tokenizer's output of one, nothing converted behind the caller's back)."""
     ids, says = BAD_IDS[bad]
     with pytest.raises(ValueError, match=r"input_ids must be a LongTensor .*" + says):
         kvlab.decode(tiny_model("tiny-llama"), ids, 3)
