@@ -61,7 +61,7 @@ def test_bench_that_times_nothing_exits_1(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_a_float_or_bool_mask_of_ones_is_accepted(dtype, prompt):
+def test_a_float_mask_of_ones_is_accepted(dtype, prompt):
     """`attention_mask=torch.ones_like(ids, dtype=torch.float)`, which transformers accepts, was
     refused with 'got torch.float32 values [1.0]': a message that names an allowed value as the
     fault. The same in a tokenizer's output (a bool mask was accepted already)."""
