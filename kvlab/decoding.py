@@ -70,16 +70,61 @@ def _random_in_training(model) -> str | None:
     return None
 
 
-def _check_ids(input_ids) -> None:
-    if (not isinstance(input_ids, torch.Tensor) or input_ids.dtype != torch.long
-            or input_ids.dim() != 2):
+_TOKENIZE = "tokenizer(text, return_tensors='pt').input_ids"
+
+
+def _not_a_tensor(input_ids, tokenized: bool) -> str:
+    """What non-tensor ``input_ids`` are, and how to make the LongTensor asked for. ``tokenized``:
+    they came in a tokenizer's output (a tokenizer called without ``return_tensors='pt'``)."""
+    kind = type(input_ids).__name__
+    numpy = type(input_ids).__module__ == "numpy"
+    rows = input_ids if isinstance(input_ids, (list, tuple)) else None
+    if input_ids is None:
+        what, how = "None", f"Give the prompt's ids: {_TOKENIZE}"
+    elif isinstance(input_ids, str):
+        what, how = "a str (text, not token ids)", f"Tokenize it: {_TOKENIZE}"
+    elif numpy:
+        dims = getattr(input_ids, "ndim", None)
+        what = (f"a NumPy array {getattr(input_ids, 'dtype', '')} "
+                f"{tuple(getattr(input_ids, 'shape', ()))}")
+        how = ("Convert it: torch.from_numpy(ids).long()"
+               + ("[None] (a batch of one)" if dims == 1 else "" if dims == 2
+                  else ", of 2 dims [batch, prompt_len]"))
+    elif rows is None:
+        what, how = f"{'an' if kind[0] in 'aeiou' else 'a'} {kind}", f"Use {_TOKENIZE}"
+    elif not rows:
+        what, how = f"an empty Python {kind}", "Give at least one prompt: torch.tensor([[...]])"
+    else:
+        what = f"a Python {kind} of {'/'.join(sorted({type(r).__name__ for r in rows}))}s"
+        if all(isinstance(r, (list, tuple)) for r in rows):
+            lengths = [len(r) for r in rows]
+            if len(set(lengths)) > 1:
+                what += f" of lengths {lengths[:8]}"
+                how = ("kvlab decodes prompts of one length: decode each alone, as "
+                       "torch.tensor([prompt])")
+            else:
+                how = "Make a tensor: torch.tensor(ids), or tokenize with return_tensors='pt'"
+        elif all(isinstance(r, torch.Tensor) for r in rows):
+            how = "Stack them: torch.stack(ids) (prompts of one length)"
+        else:
+            what += " (one prompt)"
+            how = "Make a batch of one: torch.tensor([ids])"
+    if tokenized:  # the remedy is the tokenizer's
+        return f"{what} in the tokenizer's output. Call the tokenizer with return_tensors='pt'"
+    return f"{what}. {how}"
+
+
+def _check_ids(input_ids, tokenized: bool = False) -> None:
+    if not isinstance(input_ids, torch.Tensor):
+        raise ValueError("input_ids must be a LongTensor of shape [batch, prompt_len] (or a "
+                         "tokenizer's output); got " + _not_a_tensor(input_ids, tokenized))
+    if input_ids.dtype != torch.long or input_ids.dim() != 2:
         cast = (" (token ids held as another dtype: convert them with input_ids.long())"
-                if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 else "")
+                if input_ids.dim() == 2 else "")
         raise ValueError(
             "input_ids must be a LongTensor of shape [batch, prompt_len]; got "
-            f"{type(input_ids).__name__} {getattr(input_ids, 'dtype', '')} "
-            f"{tuple(getattr(input_ids, 'shape', ()))}{cast}. "
-            "Use tokenizer(text, return_tensors='pt').input_ids."
+            f"{type(input_ids).__name__} {input_ids.dtype} {tuple(input_ids.shape)}{cast}. "
+            f"Use {_TOKENIZE}."
         )
 
 
@@ -173,8 +218,8 @@ def unpadded_ids(input_ids, attention_mask=None) -> torch.Tensor:
 
     Every strategy feeds each row's tokens at positions 0, 1, ...: a padded row would be decoded as
     if its padding were prompt text, so a batch must hold prompts of one length, and a mask with any
-    0 is refused. A mask given twice (in the tokenizer's output and as ``attention_mask=``) must
-    be the same mask.
+    0 is refused. A mask holds 0 and 1 only, as int, bool or float (as transformers takes it). A
+    mask given twice (in the tokenizer's output and as ``attention_mask=``) must be the same mask.
     """
     if isinstance(input_ids, Mapping):  # BatchEncoding or dict from a tokenizer
         if "input_ids" not in input_ids:
@@ -197,6 +242,8 @@ def unpadded_ids(input_ids, attention_mask=None) -> torch.Tensor:
                              "decode(model, inputs, n) or "
                              "decode(model, inputs['input_ids'], n, attention_mask=mask)")
         input_ids = input_ids["input_ids"]
+        if not isinstance(input_ids, torch.Tensor):
+            _check_ids(input_ids, tokenized=True)
     if attention_mask is not None:
         _check_ids(input_ids)
         if (not isinstance(attention_mask, torch.Tensor)
@@ -204,11 +251,14 @@ def unpadded_ids(input_ids, attention_mask=None) -> torch.Tensor:
             raise ValueError(
                 f"attention_mask must be a tensor of the ids' shape {tuple(input_ids.shape)}, got "
                 f"{tuple(getattr(attention_mask, 'shape', ())) or type(attention_mask).__name__}")
-        if (attention_mask.is_floating_point()
-                or bool(((attention_mask != 0) & (attention_mask != 1)).any())):
+        # an int, bool or float mask of 0/1, as transformers takes it
+        other = (attention_mask != 0) & (attention_mask != 1)
+        if attention_mask.is_complex() or bool(other.any()):
+            wrong = ("complex values" if attention_mask.is_complex() else
+                     ", ".join(map(str, sorted(set(attention_mask[other].tolist()), key=str)[:6])))
             raise ValueError("attention_mask must hold only 0 (padding) and 1 (a token), as a "
-                             f"tokenizer makes it; got {attention_mask.dtype} values "
-                             f"{sorted(set(attention_mask.flatten().tolist()))[:6]}")
+                             "tokenizer makes it (int, bool or float); got "
+                             f"{wrong} ({attention_mask.dtype})")
         padded = (attention_mask == 0).sum(dim=1)
         if bool(padded.any()):
             rows = [(i, int(n)) for i, n in enumerate(padded.tolist()) if n]

@@ -32,6 +32,7 @@ import json
 import math
 import os
 import shlex
+import stat
 import subprocess
 import sys
 import time
@@ -110,12 +111,41 @@ def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, re
         check_writable(out)
 
 
+def _special(mode: int) -> str | None:
+    """What a file of ``mode`` is when it is not a regular file, a folder or a link, else None."""
+    for test, kind in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return kind
+    return (None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)
+            else "an unknown kind of file")
+
+
+def check_target(out) -> None:
+    """Refuse an ``out`` that names a device, pipe or socket (``/dev/null``): ``out`` is the stem of
+    two regular files, and ``/dev/null.json`` is not what was named. The name is followed through
+    links (``/dev/stdout``); the .json and .csv are not (``write`` replaces a link there)."""
+    checks = [(Path(out), os.stat)] + [(path, os.lstat) for path in out_paths(out)]
+    for path, look in checks:
+        try:
+            kind = _special(look(path).st_mode)
+        except OSError:  # nothing there (or unreadable: check_writable says so)
+            continue
+        if kind is not None:
+            json_path, csv_path = out_paths(out)
+            raise BenchArgumentError(f"--out {str(out)!r}: {path} is {kind}, not a file or "
+                                     f"folder; --out names the stem of two files ({json_path} "
+                                     f"and {csv_path}): give a path in a folder you can write to, "
+                                     "e.g. --out out/mybench")
+
+
 def check_writable(out) -> None:
     """Refuse an ``out`` whose .json or .csv cannot be written, by writing there: the folder is made
     (as ``write`` makes it), an existing file is opened for appending (its content kept), a new one
-    is tried as a temporary file."""
+    is tried as a temporary file. A device or pipe is refused first (``check_target``)."""
     import tempfile
 
+    check_target(out)
     for path in out_paths(out):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -135,9 +165,14 @@ def check_writable(out) -> None:
                                      "to, e.g. --out out/mybench") from None
 
 
+def _secs(seconds: float) -> str:
+    """Seconds as the table prints numbers: 0.001 stays 0.001, never 0."""
+    return f"{seconds:.3g}" if abs(seconds) < 100 else f"{seconds:.0f}"
+
+
 def skip_reason(strategy, device, quick: bool, elapsed: float, budget: float | None) -> str | None:
     if budget is not None and elapsed > budget:
-        return f"time budget spent ({elapsed:.0f} s > --time-budget {budget:.0f} s)"
+        return f"time budget spent ({_secs(elapsed)} s > --time-budget {_secs(budget)} s)"
     if strategy.cuda_only and device.type != "cuda":
         return ("needs CUDA: kvlab captures the compiled step in a real CUDA graph; on CPU there "
                 "is no graph to capture it into (see graph-safe, emulated)")
@@ -158,6 +193,9 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
     ``out``: also write the record there after every strategy, so a run stopped early keeps what it
     measured. A write that fails is tried again after the next strategy; if the last one fails,
     ``BenchWriteError`` is raised once every strategy has run, holding the record.
+
+    ``time_budget``: seconds from the start after which the remaining strategies are skipped; the
+    first one that can run is timed whatever the budget, so no run is left empty by it.
     """
     from tqdm.auto import tqdm
 
@@ -235,8 +273,9 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
         for name in strategies:
             strategy = STRATEGIES[name]
             bar.set_postfix_str(f"batch {batch}: {name}")
+            # the budget skips nothing before the first result: a run never times nothing for it
             reason = skip_reason(strategy, device, quick, time.perf_counter() - started,
-                                 time_budget)
+                                 time_budget if results else None)
             if reason:
                 skipped.append({"strategy": name, "batch": batch, "reason": reason})
                 bar.update()
@@ -594,6 +633,10 @@ def _out(text: str) -> str:
             if not folder.is_dir():
                 raise argparse.ArgumentTypeError(f"{text!r}: {folder} is a file, not a folder")
             break
+    try:
+        check_target(text)
+    except BenchArgumentError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--out ")) from None
     return text
 
 
@@ -623,14 +666,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile-steps", type=_count(0), default=None,
                    help="decode steps traced by torch.profiler (default 16; quick: 2; 0: none)")
     p.add_argument("--time-budget", type=_seconds, default=None,
-                   help="seconds after which remaining strategies are skipped")
+                   help="seconds after which remaining strategies are skipped (the first "
+                        "one that can run is always timed)")
     p.add_argument("--device", type=_device, default=None,
                    help="cpu, cuda or cuda:N (default: cuda when there is a GPU)")
     p.add_argument("--seed", type=_bounded(0, 2**63 - 1), default=0)
     p.add_argument("--quick", action="store_true",
                    help="short run (also KVLAB_QUICK=1); skips torch.compile on CPU")
     p.add_argument("--out", type=_out, default=None,
-                   help="output path without suffix (default out/bench-<time>)")
+                   help="stem of the two files written, <stem>.json and <stem>.csv (a folder: "
+                        "bench.json and bench.csv in it; default out/bench-<time>)")
     args = p.parse_args(argv)
     args.error = p.error
     return args
@@ -672,6 +717,10 @@ def main(argv=None) -> dict:
     print(format_table(record))
     print(f"wrote {json_path} and {csv_path} ({record['env']['hardware']}, "
           f"{record['seconds']:.0f} s)")
+    if not record["results"]:
+        print("error: no strategy was timed: each one was skipped or failed (the reasons are "
+              "above)", file=sys.stderr)
+        raise SystemExit(1)
     return record
 
 
