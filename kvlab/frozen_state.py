@@ -20,6 +20,7 @@ waits for a device):
   ``forward`` if one was set on it (a patched forward) and its forward (pre-)hooks, plus the
   process's global forward hooks, each function by identity (a hook removed and another added, or
   a forward patched again in a re-run cell, is a change even where the count stays the same);
+  transformers' own hooks that change no value (``_TRANSPARENT``) are left out;
 - every parameter and buffer, by identity, address, shape, dtype, device and in-place version
   (``tensor._version``: an in-place edit under ``torch.no_grad()`` or ``torch.inference_mode()``,
   ``copy_``, ``load_state_dict`` all bump it);
@@ -95,10 +96,24 @@ def _ref(function):
         return function
 
 
+# Hooks transformers installs that change no value: the output recorder a call with
+# output_hidden_states=True or output_attentions=True leaves on every layer (inactive outside such a
+# call), and gradient checkpointing's input hook (it sets requires_grad)
+_TRANSPARENT = {("transformers.utils.output_capturing", "output_capturing_hook"),
+                ("transformers.modeling_utils", "make_inputs_require_grads")}
+
+
+def transparent_hook(function) -> bool:
+    """Whether ``function`` is a hook transformers installs that changes no value
+    (``_TRANSPARENT``): a snapshot and the kernels leave it out."""
+    where = getattr(function, "__module__", None), getattr(function, "__name__", None)
+    return where in _TRANSPARENT
+
+
 def _hooks(forward: dict, pre: dict) -> tuple:
     """Each forward (pre-)hook by its handle's id (never reused in a process) and function."""
-    return (tuple((k, _ref(f)) for k, f in forward.items()),
-            tuple((k, _ref(f)) for k, f in pre.items()))
+    return (tuple((k, _ref(f)) for k, f in forward.items() if not transparent_hook(f)),
+            tuple((k, _ref(f)) for k, f in pre.items() if not transparent_hook(f)))
 
 
 def _marks(module) -> tuple | None:
@@ -106,8 +121,10 @@ def _marks(module) -> tuple | None:
     d = module.__dict__
     if "forward" not in d and not d["_forward_hooks"] and not d["_forward_pre_hooks"]:
         return None
-    return (_ref(d["forward"]) if "forward" in d else None,
-            _hooks(d["_forward_hooks"], d["_forward_pre_hooks"]))
+    hooks = _hooks(d["_forward_hooks"], d["_forward_pre_hooks"])
+    if "forward" not in d and hooks == ((), ()):
+        return None
+    return (_ref(d["forward"]) if "forward" in d else None, hooks)
 
 
 def _walk(model) -> tuple[list, list, tuple]:
@@ -124,8 +141,9 @@ def _walk(model) -> tuple[list, list, tuple]:
         tensors += d["_parameters"].values()
         tensors += d["_buffers"].values()
         stack += d["_modules"].values()
-        if "forward" in d or d["_forward_hooks"] or d["_forward_pre_hooks"]:
-            marks.append((len(modules) - 1, _marks(module)))
+        if ("forward" in d or d["_forward_hooks"] or d["_forward_pre_hooks"]) and (
+                mark := _marks(module)) is not None:
+            marks.append((len(modules) - 1, mark))
     return modules, [t for t in tensors if t is not None], tuple(marks)
 
 

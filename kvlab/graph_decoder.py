@@ -403,6 +403,9 @@ class GraphSafeDecoder:
     def _decode_steps(self, n: int) -> torch.Tensor:
         self._check_weights()
         used = int(self.cache.cache_position)
+        if used == 0:  # the token buffer holds no prompt's next token
+            raise GraphSafeError("the cache is empty: decode_steps continues a prompt, so call "
+                                 "decoder.prefill(input_ids) first (or decoder.generate)")
         if used + n > self.max_cache_len:
             raise GraphSafeError(
                 f"the cache holds {used} of {self.max_cache_len} tokens: {n} more steps would "

@@ -15,6 +15,10 @@ import re
 
 import torch
 
+from ..decoding import check_model
+from ..frozen_state import transparent_hook
+from ..runtime import count
+
 NOT_ANSWERED = "not answered yet: replace `answer = None` with your number and run the cell again"
 
 
@@ -123,12 +127,23 @@ def plain_setting(value):
     return int(value.item()) if integral and getattr(value, "ndim", None) == 0 else value
 
 
+_COUNTS = ("new_tokens", "prompt_len")  # a checker's settings that are counts of tokens
+
+
 def settings_read(fn):
-    """Make ``fn``'s keyword settings plain (:func:`plain_setting`) before it runs: the door of
-    every checker."""
+    """Make ``fn``'s keyword settings plain (:func:`plain_setting`) before it runs, and refuse a
+    wrong one (a count of tokens that is not a positive int, ``model=`` that is not a model) with
+    an error of its own: the door of every checker. A wrong setting is the caller's, never a "not
+    quite" for the student's code."""
     @functools.wraps(fn)
     def read(*args, **kwargs):
-        return fn(*args, **{k: plain_setting(v) for k, v in kwargs.items()})
+        settings = {k: plain_setting(v) for k, v in kwargs.items()}
+        for name in _COUNTS:
+            if name in settings:
+                settings[name] = count(settings[name], name)
+        if settings.get("model") is not None:
+            check_model(settings["model"])
+        return fn(*args, **settings)
 
     return read
 
@@ -216,6 +231,14 @@ def _restore(module, state: dict) -> None:
         vars(module)[key] = value
 
 
+def _values_changing(value):
+    """``value`` less the hooks transformers installs that change no value (a hooks dict), as it
+    is otherwise: a student's ``model(ids, output_hidden_states=True)`` changes nothing."""
+    if isinstance(value, dict) and any(map(transparent_hook, value.values())):
+        return {k: v for k, v in value.items() if not transparent_hook(v)}
+    return value
+
+
 def _same(a, b) -> bool:
     if a is b:
         return True
@@ -291,13 +314,15 @@ def model_kept(model):
         for name, m in modules.items():
             before, after = states[name], vars(m)
             for key in sorted(before.keys() | after.keys()):
+                if key == "_output_capturing_hooks_installed":  # transformers' (put back too)
+                    continue
                 if key not in before or key not in after:
                     changed.append(f"{path[name]}.{key} "
                                    f"{'added' if key not in before else 'removed'}")
                     continue
                 old = before[key][1] if before[key][1] is not None else before[key][0]
-                if _same(old, after[key]) or key == "_modules":  # modules: listed above, by path
-                    continue
+                if _same(*map(_values_changing, (old, after[key]))) or key == "_modules":
+                    continue  # modules: listed above, by path
                 if key == "training":
                     training[path[name]] = after[key]
                 elif key in ("_parameters", "_buffers") and isinstance(after[key], dict):
