@@ -58,7 +58,7 @@ from .paged_cache import (
     slots_of,
     table_row,
 )
-from .runtime import one_call
+from .runtime import count, one_call
 
 
 @dataclass
@@ -152,9 +152,7 @@ class ContinuousBatcher:
         if not buckets or buckets[-1] != max_batch:
             raise ValueError("buckets must be positive batch sizes whose largest is "
                              f"max_batch={max_batch}, got {buckets}")
-        if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
-            raise ValueError("warmup must be an int >= 0 (eager calls before capture), got "
-                             f"{warmup!r}")
+        warmup = count(warmup, "warmup", minimum=0)
         num_blocks, block_size = (_positive_int("num_blocks", num_blocks),
                                   _positive_int("block_size", block_size))
         if max_blocks_per_request is not None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ..runtime import as_dtype, pick_device, pick_dtype
+from ..runtime import as_dtype, count, pick_device, pick_dtype
 
 CACHE_ENV = "KVLAB_CACHE"
 WHEEL_ENV = "KVLAB_SMOLLM2_WHEEL"
@@ -80,10 +80,15 @@ def random_smollm2(*, device=None, dtype=None, seed: int = 0, layers: int | None
     import transformers
 
     full = SMOLLM2_SHAPE["num_hidden_layers"]
-    if layers is not None and (not isinstance(layers, int) or isinstance(layers, bool)
-                               or not 1 <= layers <= full):
-        raise ValueError(f"layers must be an int from 1 to {full} (or None for all {full}), "
-                         f"got {layers!r}")
+    if layers is not None:  # read by count: a NumPy or 0-dim tensor int too
+        try:
+            kept = count(layers, "layers")
+        except ValueError:
+            kept = 0
+        if not 1 <= kept <= full:
+            raise ValueError(f"layers must be an int from 1 to {full} (or None for all {full}), "
+                             f"got {layers!r}")
+        layers = kept
     device = pick_device(device)
     dtype = pick_dtype(device, dtype)
     shape = SMOLLM2_SHAPE | {"num_hidden_layers": layers or full}

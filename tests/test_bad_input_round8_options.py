@@ -1,0 +1,120 @@
+"""Issue 48, probe round 8 (options): right inputs refused and wrong ones accepted by the options of
+the strategies and their builders. NumPy and 0-dim tensor ints refused where every other count
+takes them, ``build`` refusing the ``attention_mask=`` that ``state`` takes, ``graph=None`` meaning
+the default in one speculative strategy and an error in the other, switches taking any truthy value
+(an ablation timing the opposite of what was asked) and ``tiny_model``'s dtype and seed."""
+
+import numpy as np
+import pytest
+import torch
+
+import kvlab
+from kvlab.graphs import capture
+from kvlab.lab.models import tiny_model
+
+INTS = {"numpy": np.int64, "0-dim tensor": torch.tensor}
+INT_OPTIONS = [
+    ("graph-safe", "prefill_bucket", 8, {"max_cache_len": 9}),
+    ("graph-safe-speculative", "k", 3, {}),
+    ("graph-safe-speculative", "prefill_bucket", 8, {"max_cache_len": 12}),
+    ("graph-safe-speculative/kernels", "k", 3, {}),
+    ("paged", "warmup", 1, {}),
+]
+
+
+@pytest.mark.parametrize("kind", INTS)
+@pytest.mark.parametrize("strategy, option, value, extra", INT_OPTIONS)
+def test_an_int_option_reads_numpy_and_tensor_ints(strategy, option, value, extra, kind, prompt):
+    """prefill_bucket, the speculative k and the batcher's warmup were checked with isinstance int:
+    np.int64(8) was refused ("prefill_bucket must be in [1, max_cache_len=9], got 8"), while
+    max_cache_len, steps and max_new_tokens took it. A bool is still no count."""
+    model, ids = tiny_model("tiny-llama"), prompt(5)
+    with pytest.raises(ValueError, match=option):
+        kvlab.decode(model, ids, 4, strategy=strategy, **{option: True}, **extra)
+    got = kvlab.decode(model, ids, 4, strategy=strategy, **{option: INTS[kind](value)}, **extra)
+    assert torch.equal(got, kvlab.decode(model, ids, 4))
+
+
+def _paged_allocator(n):
+    from kvlab.paged_cache import BlockAllocator
+
+    return BlockAllocator(n).allocate(n)
+
+
+def _paged_cache(n):
+    from kvlab.paged_cache import PagedKVCache
+
+    return PagedKVCache(tiny_model("tiny-llama").config, num_blocks=n, block_size=n,
+                        max_blocks_per_request=n).max_len
+
+
+def _accounting(n):
+    from kvlab.paged_cache import memory_accounting
+
+    return memory_accounting([3, 5], n, 10)
+
+
+def _capture(n):
+    buffer = torch.zeros(1)
+    capture(lambda t: t.add_(1), buffer, warmup=n, emulate=True).replay()
+    return buffer.item()
+
+
+def _flops(n):
+    from kvlab.sizes import flops_breakdown, kv_cache_bytes
+
+    config = tiny_model("tiny-llama").config
+    return flops_breakdown(config, n, n, batch=n), kv_cache_bytes(config, n, torch.float32, batch=n)
+
+
+def _recorder(n):
+    from kvlab.cache_view import CacheRecorder
+    from kvlab.graph_safe_cache import GraphSafeStaticCache
+
+    cache = GraphSafeStaticCache(config=tiny_model("tiny-llama").config, max_cache_len=8)
+    return CacheRecorder(cache, layers=(n - 2, n - 1)).layers
+
+
+def _bench(n):
+    from kvlab.lab import bench
+
+    return bench.check_settings(n, n, [n], ["naive"], n, n, n)
+
+
+def _serving(n):
+    from kvlab.lab.serving import arriving_requests
+
+    return [(r.prompt.tolist(), r.max_new_tokens, r.arrival)
+            for r in arriving_requests(n, 256, prompt_lens=(n, n), new_tokens=(n, n))]
+
+
+def _timing(n):
+    from kvlab.lab.measure import count
+
+    return count("repeats", n, 1)
+
+
+LIBRARY = {"BlockAllocator": _paged_allocator, "PagedKVCache": _paged_cache,
+           "memory_accounting's block_size": _accounting, "capture's warmup": _capture,
+           "flops_breakdown and kv_cache_bytes": _flops, "CacheRecorder's layers": _recorder,
+           "bench.check_settings": _bench, "arriving_requests' ranges": _serving,
+           "measure's counts": _timing}
+
+
+@pytest.mark.parametrize("kind", INTS)
+@pytest.mark.parametrize("where", LIBRARY)
+def test_the_library_counts_read_numpy_and_tensor_ints(where, kind):
+    """The same isinstance-int checks in the paged cache, capture, the size arithmetic, the
+    recorder, the bench's settings and the lab's timing helpers refused np.int64(2) or
+    torch.tensor(2) (measure's count took NumPy but no tensor)."""
+    assert LIBRARY[where](INTS[kind](2)) == LIBRARY[where](2)
+
+
+def test_the_bench_settings_come_back_as_python_ints():
+    """check_settings passed the caller's np.int64 on into the record, which json cannot write."""
+    from kvlab.lab import bench
+
+    read = bench.check_settings(*(np.int64(4),) * 2, [np.int64(1)], ["naive"],
+                                *(np.int64(2),) * 3)
+    assert read == (4, 4, [1], 2, 2, 2)
+    assert all(type(v) is int for v in [*read[:2], *read[2], *read[3:]])
