@@ -78,9 +78,10 @@ class Strategy:
         builder = _resolved(self.builds)
 
         @functools.wraps(builder)
-        def build(model, input_ids, max_new_tokens, **kwargs):
+        def build(model, input_ids, max_new_tokens, *, attention_mask=None, **kwargs):
             input_ids, max_new_tokens = self.checked(model, input_ids, max_new_tokens, kwargs,
-                                                     self.build_keywords(), "build")
+                                                     self.build_keywords(), "build",
+                                                     attention_mask)
             return builder(model, input_ids, max_new_tokens, **kwargs)
 
         return build

@@ -11,6 +11,7 @@ import torch
 import kvlab
 from kvlab.graphs import capture
 from kvlab.lab.models import tiny_model
+from kvlab.strategies import STRATEGIES
 
 INTS = {"numpy": np.int64, "0-dim tensor": torch.tensor}
 INT_OPTIONS = [
@@ -118,3 +119,23 @@ def test_the_bench_settings_come_back_as_python_ints():
                                 *(np.int64(2),) * 3)
     assert read == (4, 4, [1], 2, 2, 2)
     assert all(type(v) is int for v in [*read[:2], *read[2], *read[3:]])
+
+
+BUILT = ["graph-safe", "graph-safe-speculative", "graph-safe-kernels", "paged"]
+
+
+@pytest.mark.parametrize("strategy", BUILT)
+def test_build_takes_an_attention_mask_as_state_does(strategy, prompt):
+    """STRATEGIES[s].build(m, ids, n, attention_mask=...) was refused ("takes no attention_mask=")
+    although kvlab.decode and .state take it and build's docstring says it checks its inputs as
+    kvlab.decode does. A mask with padding is refused by both, with the same message."""
+    model, ids = tiny_model("tiny-llama"), prompt(5)
+    chosen = STRATEGIES[strategy]
+    assert chosen.build(model, ids, 4, attention_mask=torch.ones_like(ids)) is not None
+    padded = torch.ones_like(ids)
+    padded[0, 0] = 0
+    with pytest.raises(ValueError) as by_state:
+        chosen.state(model, ids, 4, attention_mask=padded)
+    with pytest.raises(ValueError) as by_build:
+        chosen.build(model, ids, 4, attention_mask=padded)
+    assert str(by_build.value) == str(by_state.value)
