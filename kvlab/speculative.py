@@ -266,9 +266,12 @@ def speculative_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, 
     """The decoder ``decode_speculative`` builds for one call: batch from the call, the cache
     ``max_cache_len`` (a given ``cache``'s own), else prompt + max_new_tokens + k - 1 (the last
     verify step's k drafts fit), ``settings`` for ``SpeculativeDecoder`` (``verify``, ``step`` and
-    ``prefill`` too: see ``kvlab.kernels.decoder.speculative_kernels_decoder``). Pass it back as
-    ``decoder=`` to replay its graphs in later calls."""
+    ``prefill`` too: see ``kvlab.kernels.decoder.speculative_kernels_decoder``; ``graph=None`` is
+    the default, True, as ``decode_speculative`` reads it). Pass it back as ``decoder=`` to replay
+    its graphs in later calls."""
     k = _check_draft_settings(k, settings.get("max_ngram", 3), settings.get("min_ngram", 1))[0]
+    if "graph" in settings and settings["graph"] is None:
+        del settings["graph"]
     if max_cache_len is None and cache is None:
         max_cache_len = input_ids.shape[1] + max_new_tokens + k - 1
     length = cache_length(input_ids, max_new_tokens, max_cache_len, cache)

@@ -139,3 +139,15 @@ def test_build_takes_an_attention_mask_as_state_does(strategy, prompt):
     with pytest.raises(ValueError) as by_build:
         chosen.build(model, ids, 4, attention_mask=padded)
     assert str(by_build.value) == str(by_state.value)
+
+
+@pytest.mark.parametrize("strategy", ["graph-safe-speculative", "graph-safe-speculative/kernels"])
+def test_graph_none_is_the_default_for_both_speculative_strategies(strategy, prompt):
+    """graph=None was graph-safe-speculative's default (decode_speculative drops it) but refused by
+    its own state and by graph-safe-speculative/kernels ("graph must be True, False or 'emulate',
+    got None")."""
+    model, ids = tiny_model("tiny-llama"), prompt(5)
+    assert torch.equal(kvlab.decode(model, ids, 4, strategy=strategy, graph=None),
+                       kvlab.decode(model, ids, 4))
+    decoder = STRATEGIES[strategy].state(model, ids, 4, graph=None)["decoder"]
+    assert decoder.use_graph
