@@ -153,13 +153,15 @@ class ContinuousBatcher:
             raise ValueError("buckets must be positive batch sizes whose largest is "
                              f"max_batch={max_batch}, got {buckets}")
         warmup = count(warmup, "warmup", minimum=0)
+        if emulate is not None and not isinstance(emulate, bool):  # "no" would force emulation
+            raise ValueError(f"emulate must be True, False or None, got {emulate!r:.80}")
         num_blocks, block_size = (_positive_int("num_blocks", num_blocks),
                                   _positive_int("block_size", block_size))
         if max_blocks_per_request is not None:
             max_blocks_per_request = _positive_int("max_blocks_per_request", max_blocks_per_request)
         param = next(model.parameters())
         self.model, self.device, self.dtype = model, param.device, param.dtype
-        if graph not in (True, False):
+        if not isinstance(graph, bool):
             raise ValueError(f"graph must be True or False, got {graph!r}")
         self.max_batch, self.buckets, self.use_graph, self.warmup, self.emulate = (
             max_batch, buckets, graph, warmup, emulate)

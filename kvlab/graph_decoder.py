@@ -109,9 +109,6 @@ def model_prefill(model, cache, prompt: torch.Tensor, valid: torch.Tensor,
     return token
 
 
-_GRAPH_SETTINGS = (True, False, "emulate")
-
-
 class GraphSafeDecoder:
     """Prefill, capture ``steps`` decode steps in one graph, replay it for any number of prompts.
 
@@ -139,7 +136,8 @@ class GraphSafeDecoder:
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be a function ({name}(model, cache, ...)), got "
                                 f"{type(fn).__name__}")
-        if graph not in _GRAPH_SETTINGS:
+        # a bool, not 0 or 1: graph=0 equals False yet `is not False` (use_graph) would capture
+        if not (isinstance(graph, bool) or isinstance(graph, str) and graph == "emulate"):
             raise ValueError(f"graph must be True, False or 'emulate', got {graph!r}")
         cache = max_cache_len if isinstance(max_cache_len, GraphSafeStaticCache) else None
         length = cache.max_cache_len if cache is not None else max_cache_len

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import kvlab
-from kvlab.graphs import capture
+from kvlab.graph_decoder import GraphSafeDecoder
+from kvlab.graphs import CaptureError, capture
 from kvlab.lab.models import tiny_model
-from kvlab.strategies import STRATEGIES
+from kvlab.strategies import STRATEGIES, check_options
 
 INTS = {"numpy": np.int64, "0-dim tensor": torch.tensor}
 INT_OPTIONS = [
@@ -151,3 +152,49 @@ def test_graph_none_is_the_default_for_both_speculative_strategies(strategy, pro
                        kvlab.decode(model, ids, 4))
     decoder = STRATEGIES[strategy].state(model, ids, 4, graph=None)["decoder"]
     assert decoder.use_graph
+
+
+SWITCHES = [("graph-safe-kernels", "tiles", "no"), ("graph-safe-kernels", "dot_attention", 0),
+            ("graph-safe-kernels", "captured_prefill", None),
+            ("graph-safe-kernels", "fill_splits", "False"), ("graph-safe-compiled", "fuse", 1),
+            ("graph-safe-compiled", "gemv", "yes"), ("graph-safe-compiled", "tune", 0)]
+
+
+@pytest.mark.parametrize("strategy, switch, value", SWITCHES)
+def test_a_switch_that_is_not_a_bool_is_refused(strategy, switch, value, prompt):
+    """The kernels' and the fused copy's switches took any value as its truth: tiles="no" ran the
+    tiles, dot_attention=0 broadcast, and an ablation timed the opposite of what was asked."""
+    model, ids = tiny_model("tiny-llama"), prompt(5)
+    message = f"{switch} must be True or False, got {value!r}"
+    with pytest.raises(ValueError, match=message):
+        kvlab.decode(model, ids, 4, strategy=strategy, **{switch: value})
+    if switch != "tune":  # a decode's keyword, no builder's
+        with pytest.raises(ValueError, match=message):
+            STRATEGIES[strategy].state(model, ids, 4, **{switch: value})
+
+
+def test_the_declared_switches_still_pass(prompt):
+    """The ablations fix their switches in options (MappingProxyType({"tiles": False})): the new
+    check must take them, and the variant still decodes the naive tokens."""
+    for strategy in STRATEGIES.values():
+        check_options(dict(strategy.options))
+    model, ids = tiny_model("tiny-llama"), prompt(5)
+    assert torch.equal(kvlab.decode(model, ids, 4, strategy="graph-safe-kernels/row-gemv"),
+                       kvlab.decode(model, ids, 4))
+
+
+def test_graph_and_emulate_take_bools_only():
+    """ContinuousBatcher's emulate="no" forced the emulation on a GPU, capture's too; and
+    GraphSafeDecoder's graph=0 passed as False (0 == False) but captured (`graph is not False`)."""
+    from kvlab.continuous_batching import ContinuousBatcher
+
+    model = tiny_model("tiny-llama")
+    with pytest.raises(ValueError, match="emulate must be True, False or None, got 'no'"):
+        ContinuousBatcher(model, num_blocks=4, emulate="no")
+    with pytest.raises(ValueError, match="graph must be True or False, got 1"):
+        ContinuousBatcher(model, num_blocks=4, graph=1)
+    with pytest.raises(CaptureError, match="emulate must be True, False or None, got 'no'"):
+        capture(lambda t: t.add_(1), torch.zeros(1), emulate="no")
+    with pytest.raises(ValueError, match="graph must be True, False or 'emulate', got 0"):
+        GraphSafeDecoder(model, 16, graph=0)
+    assert GraphSafeDecoder(model, 16, graph="".join(["emu", "late"])).emulate
