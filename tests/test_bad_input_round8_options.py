@@ -198,3 +198,20 @@ def test_graph_and_emulate_take_bools_only():
     with pytest.raises(ValueError, match="graph must be True, False or 'emulate', got 0"):
         GraphSafeDecoder(model, 16, graph=0)
     assert GraphSafeDecoder(model, 16, graph="".join(["emu", "late"])).emulate
+
+
+def test_tiny_model_takes_dtype_none_and_refuses_what_it_cannot_build():
+    """tiny_model(name, dtype=None) was refused ("unknown dtype None") though load_model's default
+    is None; seed=2**70 failed with "Overflow when unpacking long long" and dtype="float8_e4m3fn"
+    with "couldn't find storage object Float8_e4m3fnStorage"."""
+    default = tiny_model("tiny-llama", dtype=None)
+    assert next(default.parameters()).dtype == torch.float32
+    plain = tiny_model("tiny-llama").parameters()
+    assert all(torch.equal(a, b) for a, b in zip(default.parameters(), plain, strict=True))
+    for seed in (2**70, 2**64, -2**63 - 1):
+        with pytest.raises(ValueError, match="seed must fit in 64 bits"):
+            tiny_model("tiny-llama", seed=seed)
+    tiny_model("tiny-llama", seed=2**64 - 1)
+    for dtype in ("float8_e4m3fn", torch.int32):
+        with pytest.raises(ValueError, match="cannot hold the course's weights: use float32"):
+            tiny_model("tiny-llama", dtype=dtype)

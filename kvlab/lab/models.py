@@ -112,8 +112,14 @@ def cache_dir() -> Path:
 _TINY_LOCK = threading.Lock()  # tiny_model seeds the global generator: one build at a time
 
 
-def tiny_model(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32):
-    """A tiny random-weight model of one architecture, identical for the same name and seed.
+# what the course's weights are made in; torch.manual_seed's range
+WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+SEEDS = range(-2**63, 2**64)
+
+
+def tiny_model(name: str, *, seed: int = 0, dtype: torch.dtype | str | None = torch.float32):
+    """A tiny random-weight model of one architecture, identical for the same name and seed
+    (``dtype``: default float32, also for None, as ``load_model`` on CPU).
 
     transformers initialises weights from torch's global CPU generator: it is seeded inside
     ``fork_rng`` (the caller's generator state comes back afterwards) under a lock, so builds in
@@ -126,7 +132,13 @@ def tiny_model(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32):
     if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise ValueError(f"seed must be an int, got {seed!r}")
     seed = int(seed)
-    dtype = as_dtype(dtype)
+    if seed not in SEEDS:
+        raise ValueError(f"seed must fit in 64 bits (-2**63 to 2**64 - 1, torch.manual_seed's "
+                         f"range), got {seed}")
+    dtype = torch.float32 if dtype is None else as_dtype(dtype)
+    if dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"dtype {dtype} cannot hold the course's weights: use float32, bfloat16, "
+                         "float16 or float64")
     cls_name, extra = TINY_CONFIGS[name]
     config = getattr(transformers, cls_name)(**{**TINY_COMMON, **extra})
     # one build at a time; the caller's generator restored
