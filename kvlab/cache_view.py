@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .decoding import StepClock
-from .runtime import pick_device
+from .runtime import count, pick_device
 
 
 def describe_layer(layer) -> dict:
@@ -77,11 +77,13 @@ class CacheRecorder:
     """
 
     def __init__(self, cache, layers=(0,), then=None):
-        self.cache, self.layers, self.then = cache, tuple(layers), then
-        if any(not isinstance(i, int) or isinstance(i, bool) for i in self.layers):
+        self.cache, self.then = cache, then
+        try:  # count reads a NumPy or 0-dim tensor int as an int; -1 (the last layer) is one too
+            self.layers = tuple(count(i, "layers", minimum=-2**63) for i in layers)
+        except (TypeError, ValueError):
             raise ValueError(
                 f"layers must be layer indices (ints), e.g. layers=(0, 1); got {layers!r}"
-            )
+            ) from None
         # a cache made from a config has its layers now (a hand-written one makes them on first use)
         if cache.layers:
             self._check_layers(allocated=False)

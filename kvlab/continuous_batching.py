@@ -58,7 +58,7 @@ from .paged_cache import (
     slots_of,
     table_row,
 )
-from .runtime import one_call
+from .runtime import count, one_call
 
 
 @dataclass
@@ -152,16 +152,16 @@ class ContinuousBatcher:
         if not buckets or buckets[-1] != max_batch:
             raise ValueError("buckets must be positive batch sizes whose largest is "
                              f"max_batch={max_batch}, got {buckets}")
-        if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
-            raise ValueError("warmup must be an int >= 0 (eager calls before capture), got "
-                             f"{warmup!r}")
+        warmup = count(warmup, "warmup", minimum=0)
+        if emulate is not None and not isinstance(emulate, bool):  # "no" would force emulation
+            raise ValueError(f"emulate must be True, False or None, got {emulate!r:.80}")
         num_blocks, block_size = (_positive_int("num_blocks", num_blocks),
                                   _positive_int("block_size", block_size))
         if max_blocks_per_request is not None:
             max_blocks_per_request = _positive_int("max_blocks_per_request", max_blocks_per_request)
         param = next(model.parameters())
         self.model, self.device, self.dtype = model, param.device, param.dtype
-        if graph not in (True, False):
+        if not isinstance(graph, bool):
             raise ValueError(f"graph must be True or False, got {graph!r}")
         self.max_batch, self.buckets, self.use_graph, self.warmup, self.emulate = (
             max_batch, buckets, graph, warmup, emulate)

@@ -109,9 +109,6 @@ def model_prefill(model, cache, prompt: torch.Tensor, valid: torch.Tensor,
     return token
 
 
-_GRAPH_SETTINGS = (True, False, "emulate")
-
-
 class GraphSafeDecoder:
     """Prefill, capture ``steps`` decode steps in one graph, replay it for any number of prompts.
 
@@ -139,15 +136,20 @@ class GraphSafeDecoder:
             if fn is not None and not callable(fn):
                 raise TypeError(f"{name} must be a function ({name}(model, cache, ...)), got "
                                 f"{type(fn).__name__}")
-        if graph not in _GRAPH_SETTINGS:
+        # a bool, not 0 or 1: graph=0 equals False yet `is not False` (use_graph) would capture
+        if not (isinstance(graph, bool) or isinstance(graph, str) and graph == "emulate"):
             raise ValueError(f"graph must be True, False or 'emulate', got {graph!r}")
         cache = max_cache_len if isinstance(max_cache_len, GraphSafeStaticCache) else None
         length = cache.max_cache_len if cache is not None else max_cache_len
-        if prefill_bucket is not None and (not isinstance(prefill_bucket, int)
-                                           or isinstance(prefill_bucket, bool)
-                                           or not 1 <= prefill_bucket <= length):
-            raise ValueError(f"prefill_bucket must be in [1, max_cache_len={length}], got "
-                             f"{prefill_bucket}")
+        if prefill_bucket is not None:  # read by count: a NumPy or 0-dim tensor int too
+            try:
+                bucket = count(prefill_bucket, "prefill_bucket")
+            except ValueError:
+                bucket = 0
+            if not 1 <= bucket <= length:
+                raise ValueError(f"prefill_bucket must be in [1, max_cache_len={length}], got "
+                                 f"{prefill_bucket!r}")
+            prefill_bucket = bucket
         param = next(model.parameters())
         self.model = self.source = model
         self.batch, self.steps, self.step_fn, self.prefill_fn = batch, steps, step, prefill

@@ -47,7 +47,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .runtime import collector_paused
+from .runtime import collector_paused, count
 
 # Operations that need the host to see a tensor's value (or a data-dependent shape): CUDA refuses
 # them while a stream is capturing, and the emulation refuses them too.
@@ -577,13 +577,17 @@ def capture(fn: Callable, *static_inputs: torch.Tensor, warmup: int = 3,
 
 def _check_capture(static_inputs: tuple, warmup: int, emulate: bool | None) -> bool:
     """The door of ``capture``: at least one tensor input, all on one device, ``warmup`` an
-    int >= 0, and no ``emulate=False`` (a real CUDA graph) for inputs that are not on a CUDA device.
-    Returns whether the capture is a real CUDA graph."""
+    int >= 0, ``emulate`` a bool or None, and no ``emulate=False`` (a real CUDA graph) for inputs
+    that are not on a CUDA device. Returns whether the capture is a real CUDA graph."""
     if not static_inputs or not all(isinstance(t, torch.Tensor) for t in static_inputs):
         raise CaptureError("capture(fn, *static_inputs) needs at least one tensor input (the "
                            "buffer you refill before each replay)")
-    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
-        raise CaptureError(f"warmup must be an int >= 0, got {warmup!r}")
+    try:
+        count(warmup, "warmup", minimum=0)  # a NumPy or 0-dim tensor int reads as one
+    except ValueError as error:
+        raise CaptureError(str(error)) from None
+    if emulate is not None and not isinstance(emulate, bool):  # "no" would force the emulation
+        raise CaptureError(f"emulate must be True, False or None, got {emulate!r:.80}")
     device = static_inputs[0].device
     if any(t.device != device for t in static_inputs):
         raise CaptureError("all static inputs must be on one device, got "

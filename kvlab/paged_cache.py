@@ -34,6 +34,8 @@ from contextlib import contextmanager
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
+from .runtime import count
+
 
 class PagedCacheError(RuntimeError):
     """The paged cache or its allocator refused an operation; the message says what to do."""
@@ -55,9 +57,7 @@ class BlockAllocator:
     """
 
     def __init__(self, num_blocks: int):
-        if not isinstance(num_blocks, int) or isinstance(num_blocks, bool) or num_blocks < 1:
-            raise ValueError(f"num_blocks must be a positive int, got {num_blocks!r}")
-        self.num_blocks = num_blocks
+        self.num_blocks = num_blocks = count(num_blocks, "num_blocks")
         self._free = deque(range(num_blocks))
         self._used: set[int] = set()
 
@@ -70,8 +70,7 @@ class BlockAllocator:
         return len(self._used)
 
     def allocate(self, n: int = 1) -> list[int]:
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ValueError(f"allocate takes a number of blocks, an int >= 0, got {n!r:.80}")
+        n = count(n, "allocate takes a number of blocks: n", minimum=0)
         if n > len(self._free):
             raise OutOfBlocksError(
                 f"asked for {n} block(s) but only {len(self._free)} of {self.num_blocks} are free: "
@@ -113,8 +112,7 @@ def _accounting_inputs(lengths, block_size: int) -> list[int]:
     lengths = [int(n) for n in lengths]
     if any(n < 0 for n in lengths):
         raise ValueError(f"lengths are tokens in the cache, >= 0; got {lengths}")
-    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int, got {block_size!r:.80}")
+    count(block_size, "block_size")
     return lengths
 
 
@@ -229,10 +227,9 @@ class PagedKVCache(Cache):
 
     def __init__(self, config, *, num_blocks: int, block_size: int, max_blocks_per_request: int,
                  dtype: torch.dtype = torch.float32, device="cpu"):
-        for name, value in (("num_blocks", num_blocks), ("block_size", block_size),
-                            ("max_blocks_per_request", max_blocks_per_request)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        num_blocks, block_size, max_blocks_per_request = (
+            count(num_blocks, "num_blocks"), count(block_size, "block_size"),
+            count(max_blocks_per_request, "max_blocks_per_request"))
         text = config.get_text_config(decoder=True)
         layer_types, _ = get_layer_types_and_kwargs(text)
         others = sorted(set(layer_types) - {"full_attention"})

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .runtime import as_dtype
+from .runtime import as_dtype, count
 
 
 @dataclass(frozen=True)
@@ -92,9 +92,9 @@ def model_sizes(config) -> ModelSizes:
     )
 
 
-def _check_int(name: str, value, least: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < least:
-        raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+def _check_int(name: str, value, least: int) -> int:
+    """``value`` as a Python int >= ``least`` (``count``: a NumPy or 0-dim tensor int too)."""
+    return count(value, name, minimum=least)
 
 
 def flops_breakdown(config, new_tokens: int, past: int = 0, *, batch: int = 1, logits: str = "all",
@@ -106,9 +106,8 @@ def flops_breakdown(config, new_tokens: int, past: int = 0, *, batch: int = 1, l
     without one). ``logits``: ``"all"`` (HF computes logits at every fed position, the default) or
     ``"last"``.
     """
-    _check_int("new_tokens", new_tokens, 1)
-    _check_int("past", past, 0)
-    _check_int("batch", batch, 1)
+    new_tokens, past, batch = (_check_int("new_tokens", new_tokens, 1),
+                               _check_int("past", past, 0), _check_int("batch", batch, 1))
     if logits not in ("all", "last"):
         raise ValueError(f"logits must be 'all' or 'last', got {logits!r}")
     s = model_sizes(config)
@@ -140,8 +139,8 @@ def decode_step_flops(
     ``cached=True``: step 0 is the prefill, then one token per step after ``prompt_len + i - 1``
     cached ones.
     """
-    _check_int("prompt_len", prompt_len, 1)
-    _check_int("new_tokens", new_tokens, 1)
+    prompt_len = _check_int("prompt_len", prompt_len, 1)
+    new_tokens = _check_int("new_tokens", new_tokens, 1)
     if not cached:
         return [forward_flops(config, prompt_len + i, 0, batch=batch) for i in range(new_tokens)]
     return [forward_flops(config, prompt_len, 0, batch=batch)] + [
@@ -200,8 +199,7 @@ def kv_bytes_per_token(config, dtype) -> int:
 
 def kv_cache_bytes(config, tokens: int, dtype, *, batch: int = 1) -> int:
     """Bytes of keys and values held for ``batch`` sequences of ``tokens`` cached tokens each."""
-    _check_int("tokens", tokens, 0)
-    _check_int("batch", batch, 0)
+    tokens, batch = _check_int("tokens", tokens, 0), _check_int("batch", batch, 0)
     return batch * tokens * kv_bytes_per_token(config, dtype)
 
 

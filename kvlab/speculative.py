@@ -35,16 +35,18 @@ import torch
 from .decoding import OnToken
 from .graph_decoder import GraphSafeDecoder, cache_length, decoder_for, forward_mask, model_step
 from .graph_safe_cache import GraphSafeError, GraphSafeStaticCache
+from .runtime import count
 
 
-def _check_draft_settings(k: int, max_ngram: int, min_ngram: int) -> None:
-    """Refuse draft settings that are not positive ints with ``min_ngram <= max_ngram``."""
-    for name, value in (("k", k), ("max_ngram", max_ngram), ("min_ngram", min_ngram)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+def _check_draft_settings(k: int, max_ngram: int, min_ngram: int) -> tuple[int, int, int]:
+    """``(k, max_ngram, min_ngram)`` as Python ints (``count``: a NumPy or 0-dim tensor int too),
+    refused unless positive with ``min_ngram <= max_ngram``."""
+    k, max_ngram, min_ngram = (count(k, "k"), count(max_ngram, "max_ngram"),
+                               count(min_ngram, "min_ngram"))
     if min_ngram > max_ngram:
         raise ValueError(f"min_ngram ({min_ngram}) must be <= max_ngram ({max_ngram}): the lookup "
                          "tries n-grams from max_ngram down to min_ngram")
+    return k, max_ngram, min_ngram
 
 
 def _check_draft_input(tokens, k: int, max_ngram: int, min_ngram: int) -> list[int]:
@@ -157,7 +159,7 @@ class SpeculativeDecoder(GraphSafeDecoder):
                  k: int = 4, max_ngram: int = 3, min_ngram: int = 1, verify=model_verify,
                  step=model_step, prefill=None, prefill_bucket: int | None = None,
                  graph: bool | str = True):
-        _check_draft_settings(k, max_ngram, min_ngram)
+        k, max_ngram, min_ngram = _check_draft_settings(k, max_ngram, min_ngram)
         if not callable(verify):
             raise TypeError("verify must be a function (verify(model, cache, rows, verified)), got "
                             f"{type(verify).__name__}")
@@ -264,9 +266,12 @@ def speculative_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, 
     """The decoder ``decode_speculative`` builds for one call: batch from the call, the cache
     ``max_cache_len`` (a given ``cache``'s own), else prompt + max_new_tokens + k - 1 (the last
     verify step's k drafts fit), ``settings`` for ``SpeculativeDecoder`` (``verify``, ``step`` and
-    ``prefill`` too: see ``kvlab.kernels.decoder.speculative_kernels_decoder``). Pass it back as
-    ``decoder=`` to replay its graphs in later calls."""
-    _check_draft_settings(k, settings.get("max_ngram", 3), settings.get("min_ngram", 1))
+    ``prefill`` too: see ``kvlab.kernels.decoder.speculative_kernels_decoder``; ``graph=None`` is
+    the default, True, as ``decode_speculative`` reads it). Pass it back as ``decoder=`` to replay
+    its graphs in later calls."""
+    k = _check_draft_settings(k, settings.get("max_ngram", 3), settings.get("min_ngram", 1))[0]
+    if "graph" in settings and settings["graph"] is None:
+        del settings["graph"]
     if max_cache_len is None and cache is None:
         max_cache_len = input_ids.shape[1] + max_new_tokens + k - 1
     length = cache_length(input_ids, max_new_tokens, max_cache_len, cache)

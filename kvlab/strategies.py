@@ -78,9 +78,10 @@ class Strategy:
         builder = _resolved(self.builds)
 
         @functools.wraps(builder)
-        def build(model, input_ids, max_new_tokens, **kwargs):
+        def build(model, input_ids, max_new_tokens, *, attention_mask=None, **kwargs):
             input_ids, max_new_tokens = self.checked(model, input_ids, max_new_tokens, kwargs,
-                                                     self.build_keywords(), "build")
+                                                     self.build_keywords(), "build",
+                                                     attention_mask)
             return builder(model, input_ids, max_new_tokens, **kwargs)
 
         return build
@@ -307,9 +308,22 @@ DECODER_SETTINGS = ("graph", "compile_mode", "prefill_bucket", "captured_prefill
                     "gemv", "attention", "dot_attention", "tiles", "fill_splits")
 
 
+# Switches of a path's kernels or ablations: a truthy "no" or a falsy 0 would time the opposite
+FLAGS = ("captured_prefill", "fuse", "gemv", "dot_attention", "tiles", "fill_splits", "tune")
+
+
+def check_flags(options) -> None:
+    """Refuse a switch (``FLAGS``) that is not True or False."""
+    for name in FLAGS:
+        if name in options and not isinstance(options[name], bool):
+            raise ValueError(f"{name} must be True or False, got {options[name]!r:.80}")
+
+
 def check_options(options: dict) -> None:
     """Refuse options of which a strategy would silently use only one: a ``decoder`` brings its own
-    cache, cache length and settings, and a ``cache`` its own length."""
+    cache, cache length and settings, and a ``cache`` its own length; and a switch (``FLAGS``) that
+    is not a bool."""
+    check_flags(options)
     given = [name for name in ("decoder", "cache", "max_cache_len")
              if options.get(name) is not None]
     settings = [name for name in DECODER_SETTINGS if name in options]

@@ -295,7 +295,7 @@ def test_the_paged_strategy_names_the_setting_the_caller_passed(settings, messag
     ({"num_blocks": 4, "max_blocks_per_request": -1},
      "max_blocks_per_request must be a positive int"),
     ({"num_blocks": 4, "buckets": [0, 8]}, "each of buckets must be a positive int, got 0"),
-    ({"num_blocks": 4, "warmup": -1}, "warmup must be an int >= 0"),
+    ({"num_blocks": 4, "warmup": -1}, "warmup must be a non-negative int"),
 ])
 def test_batcher_settings_are_checked_at_the_door(settings, message):
     with pytest.raises(ValueError, match=message):

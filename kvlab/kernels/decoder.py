@@ -73,7 +73,7 @@ def decode_graph_safe_kernels(model, input_ids: torch.Tensor, max_new_tokens: in
 def speculative_kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, k: int = 4,
                                 max_ngram: int = 3, min_ngram: int = 1,
                                 max_cache_len: int | None = None,
-                                graph: bool | str = True,
+                                graph: bool | str | None = True,
                                 prefill_bucket: int | None = None) -> SpeculativeDecoder:
     """The decoder ``decode_speculative_kernels`` builds for one call:
     ``kvlab.speculative.speculative_decoder`` (its ``settings``: ``k``, ``max_ngram``,

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from ..decoding import decode_naive, first_mismatch
-from ..runtime import as_dtype, cpu_name, environment, pick_device, pick_dtype, quick_mode
+from ..runtime import as_dtype, count, cpu_name, environment, pick_device, pick_dtype, quick_mode
 from ..sizes import floor_ms, model_facts
 from ..strategies import BENCHMARKED, DEFAULT_STRATEGIES, STRATEGIES
 from .measure import copy_bandwidth_gbps, free_unreferenced, profile_steps, time_decode
@@ -87,19 +87,34 @@ class BenchWriteError(OSError):
         self.record = record
 
 
+def _read_int(value, least: int) -> int | None:
+    """``value`` as a Python int >= ``least`` (``count``: a NumPy or 0-dim tensor int too), else
+    None."""
+    try:
+        return count(value, "value", minimum=least)
+    except ValueError:
+        return None
+
+
 def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, repeats, profile_k,
-                   out=None) -> None:
+                   out=None) -> tuple:
     """Refuse impossible settings up front: a negative count would otherwise record checks that
     never ran, and an ``out`` that cannot be written would lose every measurement after the first
-    strategy's timing."""
+    strategy's timing. Returns ``(prompt_len, new_tokens, batches, check_tokens, repeats,
+    profile_k)`` as Python ints (the record is JSON)."""
+    counts = []
     for name, value, least in (("prompt_len", prompt_len, 1), ("check_tokens", check_tokens, 0),
                                ("repeats", repeats, 1), ("profile_steps", profile_k, 0)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        counts.append(_read_int(value, least))
+        if counts[-1] is None:
             raise BenchArgumentError(f"{name} must be an int >= {least}, got {value!r}")
-    if not isinstance(new_tokens, int) or isinstance(new_tokens, bool) or new_tokens < 2:
-        raise BenchArgumentError(f"new_tokens must be >= 2, got {new_tokens!r}: "
+    prompt_len, check_tokens, repeats, profile_k = counts
+    asked, new_tokens = new_tokens, _read_int(new_tokens, 2)
+    if new_tokens is None:
+        raise BenchArgumentError(f"new_tokens must be >= 2, got {asked!r}: "
                                  "the step time is (T(n) - T(1)) / (n - 1)")
-    if not batches or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches):
+    read = [_read_int(b, 1) for b in batches]
+    if not batches or None in read:
         raise BenchArgumentError(f"batch sizes must be ints >= 1, got {list(batches)!r}")
     if not strategies:
         raise BenchArgumentError(f"no strategy given; choose from {', '.join(BENCHMARKED)}")
@@ -109,6 +124,7 @@ def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, re
                                  f"choose from {', '.join(BENCHMARKED)}")
     if out is not None:
         check_writable(out)
+    return prompt_len, new_tokens, read, check_tokens, repeats, profile_k
 
 
 def _special(mode: int) -> str | None:
@@ -202,8 +218,8 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
     started = time.perf_counter()
     strategies = list(DEFAULT_STRATEGIES if strategies is None else strategies)
     batches = list(batches)
-    check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, repeats, profile_k,
-                   out)
+    prompt_len, new_tokens, batches, check_tokens, repeats, profile_k = check_settings(
+        prompt_len, new_tokens, batches, strategies, check_tokens, repeats, profile_k, out)
     device = pick_device(device)
     dtype = pick_dtype(device, dtype)
     # fp32 + bf16 + batch sizes: more than the default 8

@@ -34,6 +34,7 @@ import torch
 
 from ..cache_view import CacheRecorder
 from ..decoding import first_mismatch
+from ..runtime import count
 from .plots import figure as styled_figure
 
 CAPTION_TOKENS = 160  # characters of the tokens' text a caption keeps (the newest ones)
@@ -199,9 +200,8 @@ class Run:
                             f"callback of the decode), got {type(self.recorder).__name__}")
         for name in ("prompt_len", "bucket"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 0):
-                raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
+            if value is not None:  # a NumPy or 0-dim tensor int read as an int
+                setattr(self, name, count(value, f"{name} (or None)", minimum=0))
         if self.bucket is not None and (self.prompt_len is None or self.bucket < self.prompt_len):
             raise ValueError(f"bucket ({self.bucket}) needs the prompt_len it pads, and must be at "
                              f"least as long (got prompt_len={self.prompt_len})")
@@ -283,10 +283,8 @@ class Inspection:
             raise ValueError("the runs recorded no layer in common "
                              f"({[(r.label, r.layers) for r in runs]}): record "
                              "the same layers, e.g. CacheRecorder(cache, layers=(0, 1)) for each")
-        if max_slots is not None and (isinstance(max_slots, bool) or not isinstance(max_slots, int)
-                                      or max_slots < 1):
-            raise ValueError("max_slots must be a positive int or None (every slot), "
-                             f"got {max_slots!r}")
+        if max_slots is not None:
+            max_slots = count(max_slots, "max_slots (or None: every slot)")
         self.runs, self.layers, self.tokenizer, self.max_slots, self.env = (
             runs, layers, tokenizer, max_slots, env)
         labels = [r.label for r in runs]

@@ -19,7 +19,6 @@ nothing: ``time_strategy`` refuses ``per_step`` for strategies declared with
 from __future__ import annotations
 
 import gc
-import numbers
 import resource
 import statistics
 import sys
@@ -35,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..decoding import OnToken, StepClock, check_inputs, unpadded_ids
 from ..graph_decoder import GraphSafeDecoder
 from ..runtime import collector_paused, environment, pick_device, synchronize
+from ..runtime import count as runtime_count
 from ..sizes import tensor_bytes
 from ..strategies import check_options, decode, strategy_named
 
@@ -102,11 +102,12 @@ class DecodeTiming:
 
 
 def count(name: str, value, least: int, why: str = "") -> int:
-    """``value`` as a Python int where it is a whole number >= ``least`` (a NumPy integer too), else
-    a ValueError naming ``name``."""
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < least:
-        raise ValueError(f"{name} must be an int >= {least}{why}, got {value!r:.80}")
-    return int(value)
+    """``value`` as a Python int where it is a whole number >= ``least`` (a NumPy or 0-dim tensor
+    integer too: ``kvlab.runtime.count``), else a ValueError naming ``name``."""
+    try:
+        return runtime_count(value, name, minimum=least)
+    except ValueError:
+        raise ValueError(f"{name} must be an int >= {least}{why}, got {value!r:.80}") from None
 
 
 def _check_timing_args(new_tokens, repeats, warmup_tokens) -> tuple[int, int, int | None]:

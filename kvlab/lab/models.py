@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ..runtime import as_dtype, pick_device, pick_dtype
+from ..runtime import as_dtype, count, pick_device, pick_dtype
 
 CACHE_ENV = "KVLAB_CACHE"
 WHEEL_ENV = "KVLAB_SMOLLM2_WHEEL"
@@ -80,10 +80,15 @@ def random_smollm2(*, device=None, dtype=None, seed: int = 0, layers: int | None
     import transformers
 
     full = SMOLLM2_SHAPE["num_hidden_layers"]
-    if layers is not None and (not isinstance(layers, int) or isinstance(layers, bool)
-                               or not 1 <= layers <= full):
-        raise ValueError(f"layers must be an int from 1 to {full} (or None for all {full}), "
-                         f"got {layers!r}")
+    if layers is not None:  # read by count: a NumPy or 0-dim tensor int too
+        try:
+            kept = count(layers, "layers")
+        except ValueError:
+            kept = 0
+        if not 1 <= kept <= full:
+            raise ValueError(f"layers must be an int from 1 to {full} (or None for all {full}), "
+                             f"got {layers!r}")
+        layers = kept
     device = pick_device(device)
     dtype = pick_dtype(device, dtype)
     shape = SMOLLM2_SHAPE | {"num_hidden_layers": layers or full}
@@ -107,8 +112,14 @@ def cache_dir() -> Path:
 _TINY_LOCK = threading.Lock()  # tiny_model seeds the global generator: one build at a time
 
 
-def tiny_model(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32):
-    """A tiny random-weight model of one architecture, identical for the same name and seed.
+# what the course's weights are made in; torch.manual_seed's range
+WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+SEEDS = range(-2**63, 2**64)
+
+
+def tiny_model(name: str, *, seed: int = 0, dtype: torch.dtype | str | None = torch.float32):
+    """A tiny random-weight model of one architecture, identical for the same name and seed
+    (``dtype``: default float32, also for None, as ``load_model`` on CPU).
 
     transformers initialises weights from torch's global CPU generator: it is seeded inside
     ``fork_rng`` (the caller's generator state comes back afterwards) under a lock, so builds in
@@ -121,7 +132,13 @@ def tiny_model(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32):
     if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise ValueError(f"seed must be an int, got {seed!r}")
     seed = int(seed)
-    dtype = as_dtype(dtype)
+    if seed not in SEEDS:
+        raise ValueError(f"seed must fit in 64 bits (-2**63 to 2**64 - 1, torch.manual_seed's "
+                         f"range), got {seed}")
+    dtype = torch.float32 if dtype is None else as_dtype(dtype)
+    if dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"dtype {dtype} cannot hold the course's weights: use float32, bfloat16, "
+                         "float16 or float64")
     cls_name, extra = TINY_CONFIGS[name]
     config = getattr(transformers, cls_name)(**{**TINY_COMMON, **extra})
     # one build at a time; the caller's generator restored

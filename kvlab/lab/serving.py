@@ -12,8 +12,6 @@ held step by step against a static cache, tokens per second of each.
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 
 from ..continuous_batching import ContinuousBatcher, Request
@@ -127,13 +125,17 @@ def arriving_requests(count: int, vocab_size: int, *, prompt_lens=(8, 96), new_t
     as a server sees them."""
     count, vocab_size = whole_number("count", count, 1), whole_number("vocab_size", vocab_size, 1)
     every, seed = whole_number("every", every, 0), whole_number("seed", seed, 0)
+    ranges = []
     for name, pair in (("prompt_lens", prompt_lens), ("new_tokens", new_tokens)):
-        if (not isinstance(pair, list | tuple) or len(pair) != 2
-                or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
-                           for v in pair)
-                or not 1 <= pair[0] <= pair[1]):
+        try:  # a NumPy or 0-dim tensor int reads as an int
+            low, high = (whole_number(name, v, 1) for v in pair)
+        except (TypeError, ValueError):
+            low = high = 0
+        if not isinstance(pair, list | tuple) or not 1 <= low <= high:
             raise ValueError(f"{name} must be an inclusive range (low, high) of ints with "
                              f"1 <= low <= high, got {pair!r:.80}")
+        ranges.append((low, high))
+    prompt_lens, new_tokens = ranges
     gen = torch.Generator().manual_seed(seed)
 
     def pick(low_high):
