@@ -23,7 +23,7 @@ from .decoding import OnToken
 from .frozen_state import python_overrides
 from .fusion import fused_copy
 from .graph_decoder import GraphSafeDecoder, cache_length, decoder_for, model_step
-from .hf_caches import decode_reduce_overhead, reduce_overhead_state
+from .hf_caches import check_pair, decode_reduce_overhead, reduce_overhead_state
 from .runtime import PDL, check_dtype, gpu_supports
 
 
@@ -159,6 +159,7 @@ def decode_reduce_overhead_gqa(model, input_ids: torch.Tensor, max_new_tokens: i
     set to ``gqa_sdpa_attention`` for the call (``gqa_attention``), so the compiled step reads the
     cache's kv heads without copying them. The model's attention implementation is set back after
     the call."""
+    check_pair(cache, compiled_step, "reduce-overhead/gqa")
     with gqa_attention(model):
         return decode_reduce_overhead(model, input_ids, max_new_tokens, on_token=on_token,
                                       cache=cache, compiled_step=compiled_step, **settings)

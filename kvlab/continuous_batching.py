@@ -171,6 +171,7 @@ class ContinuousBatcher:
                                   device=self.device)
         self.allocator = BlockAllocator(num_blocks)
         self.block_size, self.width = block_size, width
+        self.sized_by_length = False  # True where paged_batcher sized it from max_cache_len=
         # the static buffers: refilled in place before every replay, never rebound
         with torch.inference_mode(False):
             # [max_batch, 1] in AND out
@@ -376,10 +377,17 @@ class ContinuousBatcher:
         arrivals = []
         for i, r in enumerate(requests):
             prompt = r.prompt
-            if not isinstance(prompt, torch.Tensor) or prompt.dim() != 1:
+            if (not isinstance(prompt, torch.Tensor) or prompt.dim() != 1
+                    or prompt.dtype != torch.long):
+                cast = (f"{prompt.dtype} (token ids held as another dtype: convert them with "
+                        "prompt.long())" if isinstance(prompt, torch.Tensor) and prompt.dim() == 1
+                        else tuple(getattr(prompt, 'shape', ())) or type(prompt).__name__)
                 raise ValueError(f"request {i}: prompt must be a 1-D LongTensor [prompt_len], got "
-                                 f"{tuple(getattr(prompt, 'shape', ())) or type(prompt).__name__}")
-            check_inputs(self.model, prompt[None], r.max_new_tokens)
+                                 f"{cast}")
+            try:
+                check_inputs(self.model, prompt[None], r.max_new_tokens, name="prompt")
+            except ValueError as e:
+                raise ValueError(f"request {i}: {e}") from None
             arrival = (r.arrival.item()
                        if isinstance(r.arrival, torch.Tensor) and r.arrival.numel() == 1
                        else r.arrival)
@@ -392,11 +400,13 @@ class ContinuousBatcher:
             length = prompt.shape[0] + r.max_new_tokens - 1
             need = blocks_for(length, self.block_size)
             if length > self.cache.max_len or need > self.allocator.num_blocks:
+                fix = (f"build the state with max_cache_len >= {length} (STRATEGIES['paged']"
+                       ".state(..., max_cache_len=))" if self.sized_by_length else
+                       "build the batcher with more blocks (num_blocks=, max_blocks_per_request=)")
                 raise PagedCacheError(
                     f"request {i} needs {length} slots ({need} blocks of {self.block_size}), but a "
                     f"request may hold {self.cache.max_len} slots ({self.width} blocks) and the "
-                    f"pool has {self.allocator.num_blocks} blocks: build the batcher with more "
-                    "blocks (num_blocks=, max_blocks_per_request=) or ask for fewer tokens")
+                    f"pool has {self.allocator.num_blocks} blocks: {fix} or ask for fewer tokens")
         if self._pools is not None and self._pools != self.cache.pool_addresses():
             raise PagedCacheError("the cache's pools moved since the graphs were captured: a "
                                   "replay would read the old memory. Build a new ContinuousBatcher")
@@ -447,8 +457,10 @@ def paged_batcher(model, input_ids: torch.Tensor, max_new_tokens: int, *,
                              f"max_cache_len >= {written}, or none")
     width = blocks_for(length, block_size)
     batch = input_ids.shape[0]
-    return {"batcher": ContinuousBatcher(model, num_blocks=batch * width, block_size=block_size,
-                                         max_batch=batch, max_blocks_per_request=width, **settings)}
+    batcher = ContinuousBatcher(model, num_blocks=batch * width, block_size=block_size,
+                                max_batch=batch, max_blocks_per_request=width, **settings)
+    batcher.sized_by_length = True  # its blocks come from max_cache_len=: check() says so
+    return {"batcher": batcher}
 
 
 def decode_paged(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None,

@@ -54,6 +54,13 @@ def check_model(model) -> None:
         raise TypeError(f"{type(model).__name__} has no language-model head (lm_head), so it gives "
                         "no next-token logits: load the causal-LM model "
                         "(transformers.AutoModelForCausalLM, or kvlab.load_model(...))")
+    # a falsy return_dict makes every forward return a tuple: kvlab reads outputs by name
+    for where, config in (("", model.config), (".get_text_config()",
+                                                model.config.get_text_config())):
+        if not getattr(config, "return_dict", True):
+            raise ValueError(f"model.config{where}.return_dict is {config.return_dict!r}: the "
+                             "model returns tuples, and kvlab reads its outputs by name (.logits). "
+                             f"Set model.config{where}.return_dict = True")
 
 
 def _random_in_training(model) -> str | None:
@@ -114,10 +121,12 @@ def _not_a_tensor(input_ids, tokenized: bool) -> str:
     return f"{what}. {how}"
 
 
-def _check_ids(input_ids, tokenized: bool = False) -> None:
+def _check_ids(input_ids, tokenized: bool = False, tokenizer_output: bool = True) -> None:
+    """``tokenizer_output``: the caller takes a tokenizer's output too (the door unpacks it)."""
     if not isinstance(input_ids, torch.Tensor):
-        raise ValueError("input_ids must be a LongTensor of shape [batch, prompt_len] (or a "
-                         "tokenizer's output); got " + _not_a_tensor(input_ids, tokenized))
+        also = " (or a tokenizer's output)" if tokenizer_output else ""
+        raise ValueError(f"input_ids must be a LongTensor of shape [batch, prompt_len]{also}; got "
+                         + _not_a_tensor(input_ids, tokenized))
     if input_ids.dtype != torch.long or input_ids.dim() != 2:
         cast = (" (token ids held as another dtype: convert them with input_ids.long())"
                 if input_ids.dim() == 2 else "")
@@ -136,11 +145,14 @@ def _vocabulary(model) -> int:
     return rows if rows is not None else model.config.get_text_config().vocab_size
 
 
-def check_inputs(model, input_ids: torch.Tensor, max_new_tokens: int) -> int:
+def check_inputs(model, input_ids: torch.Tensor, max_new_tokens: int, *,
+                 tokenizer_output: bool = True, name: str = "input_ids") -> int:
     """Reject what would otherwise fail deep inside the model, or silently decode the wrong thing.
-    Returns ``max_new_tokens`` as an int (a numpy or 0-dim tensor integer is accepted)."""
+    Returns ``max_new_tokens`` as an int (a numpy or 0-dim tensor integer is accepted).
+    ``tokenizer_output``: the caller takes a tokenizer's output too (the door: its messages offer
+    it); ``name``: what the caller calls the ids, in the messages about their device and values."""
     check_model(model)
-    _check_ids(input_ids)
+    _check_ids(input_ids, tokenizer_output=tokenizer_output)
     if input_ids.shape[0] == 0:
         raise ValueError("the batch is empty (input_ids has 0 rows): give at least one prompt")
     if input_ids.shape[1] == 0:
@@ -152,8 +164,8 @@ def check_inputs(model, input_ids: torch.Tensor, max_new_tokens: int) -> int:
                          "load real weights, e.g. kvlab.load_model(...) or "
                          "model.to_empty(device=...) followed by loading a state dict")
     if input_ids.device != device:
-        raise ValueError(f"input_ids are on {input_ids.device} but the model is on {device}: call "
-                         f"input_ids.to({str(device)!r})")
+        raise ValueError(f"{name} on {input_ids.device}, but the model is on {device}: call "
+                         f"{name}.to({str(device)!r})")
     dropout = _random_in_training(model)
     if dropout is not None:
         raise ValueError(dropout)
@@ -174,8 +186,8 @@ def check_inputs(model, input_ids: torch.Tensor, max_new_tokens: int) -> int:
         edited = (f" (model.config.vocab_size says {config.vocab_size}; the embedding has {vocab} "
                   "rows: resize it with model.resize_token_embeddings(n))"
                   if config.vocab_size != vocab else "")
-        raise ValueError(f"input_ids hold ids outside the model's vocabulary [0, {vocab}){edited}: "
-                         "was the prompt tokenized for another model?")
+        raise ValueError(f"{name} holds ids outside the model's vocabulary [0, {vocab}){edited}: "
+                         "was it tokenized for another model?")
     limit = getattr(config, "max_position_embeddings", None)
     if limit is not None and input_ids.shape[1] + max_new_tokens > limit:
         raise ValueError(

@@ -157,6 +157,7 @@ class GraphSafeDecoder:
         self.dtype, self.device = param.dtype, param.device
         self.prefill_bucket = prefill_bucket
         self.cache = self._own_cache(cache, length)
+        self._cache_given = cache is not None  # the caller's: a longer one is theirs to make
         # a step's static input AND output
         self._token = torch.zeros(batch, 1, dtype=torch.long, device=self.device)
         # valid prompt length, on the device
@@ -194,6 +195,14 @@ class GraphSafeDecoder:
             cache = GraphSafeStaticCache(config=self.model.config, max_cache_len=max_cache_len)
             cache.owner = weakref.ref(self)
             return cache
+        owner = getattr(cache, "owner", None)
+        if cache.frozen and (owner is None or owner() is None):  # kvlab.decode built and dropped it
+            raise GraphSafeError("this cache is bound to the graphs of a GraphSafeDecoder that is "
+                                 "gone (kvlab.decode builds one per call, then drops it), and "
+                                 "reset() does not unbind it. Pass a fresh cache to each call, or "
+                                 "build the decoder once: state = kvlab.STRATEGIES[strategy].state("
+                                 "model, ids, n, cache=fresh_cache), then pass **state to each "
+                                 "kvlab.decode(..., strategy=strategy)")
         if cache.frozen:
             raise GraphSafeError("this cache is already bound to a captured graph: use the "
                                  "GraphSafeDecoder that captured it, or a fresh cache")
@@ -203,7 +212,6 @@ class GraphSafeDecoder:
         if cache.is_initialized and int(cache.get_seq_length()):
             raise GraphSafeError(f"the cache already holds {int(cache.get_seq_length())} tokens: "
                                  "pass an empty one (`with torch.inference_mode(): cache.reset()`)")
-        owner = getattr(cache, "owner", None)
         if owner is not None and owner() is not None:
             raise GraphSafeError("this cache already belongs to another GraphSafeDecoder: two "
                                  "decoders on one cache would each continue the other's sequence. "
@@ -251,7 +259,7 @@ class GraphSafeDecoder:
     # ---- host-side checks, all before any tensor is written
     # ----------------------------------------
     def _check(self, input_ids: torch.Tensor, max_new_tokens: int) -> None:
-        check_inputs(self.model, input_ids, max_new_tokens)
+        check_inputs(self.model, input_ids, max_new_tokens, tokenizer_output=False)
         batch, prompt_len = input_ids.shape
         if batch != self.batch:
             raise GraphSafeError("this decoder was built (and its graph captured) for batch "
@@ -264,10 +272,10 @@ class GraphSafeDecoder:
                                  "Build a new GraphSafeDecoder.")
         need = prompt_len + max_new_tokens - 1  # the last new token is never written
         if need > self.max_cache_len:
+            fix = "pass a cache of" if self._cache_given else "build the decoder with"
             raise GraphSafeError(
                 f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) - 1 = {need} tokens do "
-                f"not fit in max_cache_len={self.max_cache_len}: build the decoder with "
-                f"max_cache_len >= {need}"
+                f"not fit in max_cache_len={self.max_cache_len}: {fix} max_cache_len >= {need}"
             )
         if self.prefill_bucket is not None and prompt_len > self.prefill_bucket:
             raise GraphSafeError(f"the prompt ({prompt_len} tokens) is longer than prefill_bucket="

@@ -141,6 +141,18 @@ def cat_bytes_copied(config, prompt_len: int, new_tokens: int, dtype, *, batch: 
     return kv_bytes_per_token(config, dtype) * batch * (n * p + n * (n - 1) // 2)
 
 
+def check_cache(cache):
+    """``cache``, refused unless an empty ``HandwrittenCache`` (``decode_handwritten``'s door)."""
+    if not isinstance(cache, HandwrittenCache):
+        raise ValueError(f"cache must be a HandwrittenCache, got {type(cache).__name__}: pass a "
+                         "fresh HandwrittenCache() (or none). A transformers cache is "
+                         "strategy='dynamic' or 'static'")
+    if cache.get_seq_length() != 0:
+        raise ValueError(f"this HandwrittenCache already holds {cache.get_seq_length()} tokens and "
+                         "would continue the old sequence: pass a fresh HandwrittenCache()")
+    return cache
+
+
 @torch.inference_mode()
 def decode_handwritten(
     model, input_ids: torch.Tensor, max_new_tokens: int, *, on_token: OnToken = None, cache:
@@ -151,12 +163,7 @@ def decode_handwritten(
 
     Pass your own empty ``cache`` to inspect it afterwards (bytes held, bytes copied).
     """
-    cache = HandwrittenCache() if cache is None else cache
-    if not isinstance(cache, HandwrittenCache) or cache.get_seq_length() != 0:
-        raise ValueError(
-            "cache must be a fresh, empty HandwrittenCache(): a used one would continue the old "
-            "sequence"
-        )
+    cache = HandwrittenCache() if cache is None else check_cache(cache)
     seq = input_ids  # [batch, prompt_len]
     fed = input_ids  # what the model has not seen yet: the prompt, later only the newest token
     for step in range(max_new_tokens):

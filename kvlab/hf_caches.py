@@ -93,10 +93,13 @@ def _check_cache_for(model, cache, kind=None, *, batch: int | None = None) -> No
     if not isinstance(cache, kind):
         raise TypeError(f"cache must be a transformers {kind.__name__}, got {type(cache).__name__}")
     sizes = model_sizes(model.config)
+    name = type(cache).__name__
     if cache.layers and len(cache.layers) != sizes.layers:
+        made = ("DynamicCache(config=model.config)" if isinstance(cache, DynamicCache) else
+                f"{name}(config=model.config, max_cache_len=...)")
         raise ValueError(
-            f"the cache has {len(cache.layers)} layers but the model has {sizes.layers}: build it "
-            "from this model's config, e.g. DynamicCache(config=model.config)"
+            f"the {name} has {len(cache.layers)} layers but the model has {sizes.layers}: build "
+            f"it from this model's config: {made}"
         )
     param = next(model.parameters())
     for layer in cache.layers:
@@ -109,9 +112,10 @@ def _check_cache_for(model, cache, kind=None, *, batch: int | None = None) -> No
             continue
         if batch is not None and keys.shape[0] != batch:
             raise ValueError(
-                f"the cache's buffers were made for batch {keys.shape[0]}, this decode has batch "
-                f"{batch}: pass a fresh cache (a StaticCache allocates its buffers for the first "
-                "batch it sees)"
+                f"the {name}'s buffers were made for batch {keys.shape[0]}, this decode has batch "
+                f"{batch}: pass a fresh {name}"
+                + (" (a StaticCache allocates its buffers for the first batch it sees)"
+                   if isinstance(cache, StaticCache) else "")
             )
         got = (keys.shape[1], keys.shape[-1], keys.dtype, keys.device)
         want = (sizes.kv_heads, sizes.head_dim, param.dtype, param.device)
@@ -299,6 +303,14 @@ def check_compiled_over(compiled_step, model, cache) -> None:
                          "state (STRATEGIES[name].state(model, ...)), or neither")
 
 
+def check_pair(cache, compiled_step, strategy: str) -> None:
+    """Refuse a ``cache`` handed over without the step compiled over it (``strategy``'s state)."""
+    if cache is not None and compiled_step is None:
+        raise ValueError(f"cache= needs compiled_step=, the step compiled over that cache: pass "
+                         f"both (state = kvlab.STRATEGIES[{strategy!r}].state(model, ids, n), "
+                         "then **state), or neither")
+
+
 def reduce_overhead_state(model, input_ids, max_new_tokens, *, max_cache_len: int | None = None,
                           dynamic: bool | None = None) -> dict:
     """What ``decode_reduce_overhead`` builds for one call: a StaticCache (``max_cache_len``, else
@@ -316,12 +328,8 @@ def decode_reduce_overhead(
 ) -> torch.Tensor:
     """The ``"reduce-overhead"`` strategy: ``decode_compiled`` over ``cache`` with ``compiled_step``
     (else those of ``reduce_overhead_state(model, ..., **settings)``, built for this call)."""
+    check_pair(cache, compiled_step, "reduce-overhead")
     if compiled_step is None:
-        if cache is not None:
-            raise ValueError(
-                "pass the cache that compiled_step was compiled over with it "
-                "(reduce_overhead_state)"
-            )
         cache, compiled_step = reduce_overhead_state(
             model, input_ids, max_new_tokens, **settings
         ).values()

@@ -273,17 +273,25 @@ DEFAULT_STRATEGIES = [name for name, s in STRATEGIES.items()
 BENCHMARKED = [name for name, s in STRATEGIES.items() if s.exact]  # what the benchmark accepts
 
 
-def strategy_named(name: str) -> Strategy:
-    """The declared strategy called ``name``."""
+def strategy_named(name: str | Strategy) -> Strategy:
+    """The declared strategy called ``name`` (a ``Strategy`` of the table stands for its name)."""
+    if isinstance(name, Strategy):
+        if STRATEGIES.get(name.name) != name:
+            raise ValueError(f"strategy {name.name!r} is not declared in kvlab.STRATEGIES: declare "
+                             "it there (STRATEGIES[s.name] = s) and pass its name")
+        name = name.name
+    if not isinstance(name, str):
+        raise TypeError(f"strategy= takes a name, one of {', '.join(STRATEGIES)}; got "
+                        f"{type(name).__name__}")
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
     return STRATEGIES[name]
 
 
-def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *, strategy: str = "naive",
-           attention_mask=None, **kwargs) -> torch.Tensor:
+def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *,
+           strategy: str | Strategy = "naive", attention_mask=None, **kwargs) -> torch.Tensor:
     """Greedy-decode ``max_new_tokens`` tokens after ``input_ids`` with the named strategy
-    (``kvlab.STRATEGIES``).
+    (``kvlab.STRATEGIES``: its name, or its ``Strategy``).
 
     ``input_ids``: ``[batch, prompt_len]``, or a tokenizer's output; a batch with padding (an
     ``attention_mask`` with zeros) is refused. Returns a LongTensor ``[batch, max_new_tokens]`` of

@@ -427,8 +427,9 @@ def load_model(name: str = DEFAULT_MODEL, *, device=None, dtype=None, seed: int 
     ``name``: ``"smollm2-135m"`` (the real SmolLM2-135M-Instruct, converted once into
     ``$KVLAB_CACHE``), a tiny random model (``"tiny-llama"``, ``"tiny-qwen3"``, ... see
     ``TINY_CONFIGS``; byte-level tokenizer, weights fixed by ``seed``), or any HuggingFace hub id or
-    local folder. ``device``: default CUDA if present, else CPU. ``dtype``: default bf16 (or fp16)
-    on CUDA, fp32 on CPU.
+    local folder (not ``RANDOM_SMOLLM2``, the benchmark's model: ``random_smollm2`` builds it).
+    ``device``: default CUDA if present, else CPU. ``dtype``: default bf16 (or fp16) on CUDA, fp32
+    on CPU.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -458,6 +459,12 @@ def load_model(name: str = DEFAULT_MODEL, *, device=None, dtype=None, seed: int 
     elif name.startswith(("/", ".", "~")) or "\\" in name:
         raise ModelUnavailableError(f"{name!r} looks like a path, but there is no such folder. "
                                     f"Check the path (the working directory is {Path.cwd()}).")
+    elif name == RANDOM_SMOLLM2:  # the benchmark's model (build_model): it has no tokenizer
+        raise ValueError(f"{name!r} names the benchmark's model: random weights in SmolLM2-135M's "
+                         "shape, with no tokenizer. Build it with "
+                         "kvlab.lab.models.random_smollm2(device=..., dtype=...), or use "
+                         f"load_model({DEFAULT_MODEL!r}) (the real model) or "
+                         "load_model('tiny-llama')")
     else:
         # a hub id; offline, only the local HF cache can serve it
         hub, source, local = True, name, not _hub_reachable()
