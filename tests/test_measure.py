@@ -230,9 +230,14 @@ def test_step_op_counts_equal_a_make_fx_trace(model, cache_class):
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 def test_allocated_by_counts_the_allocators_blocks_on_cuda_and_nothing_elsewhere(device):
     # 4 MiB of float32
-    made, grew = measure.allocated_by(lambda: torch.empty(1024, 1024, device=device), device)
+    made, grew, asked = measure.allocated_by(lambda: torch.empty(1024, 1024, device=device),
+                                             device)
     assert made.shape == (1024, 1024)
-    assert grew == (4 * 2**20 if device == "cuda" else None)
+    assert grew == asked == (4 * 2**20 if device == "cuda" else None)
+    if device == "cuda":  # 1 MiB + 8 bytes: rounded up to the 512-byte granule
+        _, grew, asked = measure.allocated_by(lambda: torch.empty(2**20 + 8, dtype=torch.uint8,
+                                                                  device=device), device)
+        assert asked == 2**20 + 8 and grew >= 2**20 + 512
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(),

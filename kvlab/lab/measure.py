@@ -427,19 +427,24 @@ def peak_memory_bytes(device) -> int:
     return process_peak_rss_bytes()
 
 
-def allocated_by(make: Callable[[], object], device) -> tuple[object, int | None]:
-    """``make()``, and the bytes of CUDA memory it left allocated (``torch.cuda.memory_allocated``
-    after minus before: whole blocks of the caching allocator). Garbage is collected first and the
-    collector paused meanwhile, so that nothing else is freed in between; None off CUDA."""
+def allocated_by(make: Callable[[], object], device) -> tuple[object, int | None, int | None]:
+    """``make()``, the bytes of CUDA memory it left allocated (``torch.cuda.memory_allocated``
+    after minus before: whole blocks of the caching allocator) and the bytes its tensors asked for
+    (``requested_bytes.all.current`` of ``torch.cuda.memory_stats``). The two differ by the
+    allocator's rounding: 512-byte granules, and a block of over 1 MiB may keep a remainder of up
+    to 1 MiB that it does not split off. Garbage is collected first and the collector paused
+    meanwhile, so that nothing else is freed in between; None, None off CUDA."""
     if torch.device(device).type != "cuda":
-        return make(), None
+        return make(), None, None
     gc.collect()
+    key = "requested_bytes.all.current"
     with collector_paused():
         torch.cuda.synchronize(device)
-        before = torch.cuda.memory_allocated(device)
+        before = torch.cuda.memory_allocated(device), torch.cuda.memory_stats(device)[key]
         made = make()
         torch.cuda.synchronize(device)
-        return made, torch.cuda.memory_allocated(device) - before
+        return (made, torch.cuda.memory_allocated(device) - before[0],
+                torch.cuda.memory_stats(device)[key] - before[1])
 
 
 def cache_bytes(cache) -> int:
