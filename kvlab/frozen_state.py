@@ -16,7 +16,8 @@ What the snapshot holds (the check is one walk of the modules' own
 ``_parameters``/``_buffers``/``_modules`` dicts; it reads no tensor's data, so it never
 waits for a device):
 
-- every module, by identity (a submodule replaced, added or removed is seen), its instance
+- every module, by identity and class (a submodule replaced, added or removed, or its
+  ``__class__`` swapped, is seen), its instance
   ``forward`` if one was set on it (a patched forward) and its forward (pre-)hooks, plus the
   process's global forward hooks, each function by identity (a hook removed and another added, or
   a forward patched again in a re-run cell, is a change even where the count stays the same);
@@ -28,8 +29,9 @@ waits for a device):
 - each module's public scalar attributes (float, int, bool, str, None), and the config fields a
   forward reads (``_CONFIG_READ``). ``training`` is left out: kvlab decodes the same tokens in train
   mode (a model with live dropout is refused by ``check_inputs``) and toggling ``model.eval()`` is
-  common. Private attributes (``_name``) are left out. The snapshot holds weak references only: it
-  keeps no old weight alive.
+  common; so is ``gradient_checkpointing`` (it acts only where gradients are computed). Private
+  attributes (``_name``) are left out. The snapshot holds weak references only (and the classes):
+  it keeps no old weight alive.
 
 What it cannot see: a weight edited through ``tensor.data`` (``p.data.mul_(2)``: ``.data`` has its
 own version counter), through a raw ``data_ptr``, by another process or by a CUDA kernel of someone
@@ -52,6 +54,9 @@ _CONFIG_READ = ("num_hidden_layers", "_attn_implementation", "sliding_window", "
                "max_window_layers", "layer_types",
                "attention_chunk_size")  # read by a forward's masks and loop
 _MISSING = object()
+# module settings no decode reads: kvlab decodes the same tokens in train mode, and gradient
+# checkpointing acts only where gradients are computed
+_UNREAD = ("training", "gradient_checkpointing")
 
 
 def _decoder_layers(model) -> tuple[int, int | None]:
@@ -196,7 +201,7 @@ def _settings_plan(modules: list) -> list:
     plan = []
     for i, module in enumerate(modules):
         names = tuple(k for k, v in module.__dict__.items()
-                      if type(v) in _SCALARS and not k.startswith("_") and k != "training")
+                      if type(v) in _SCALARS and not k.startswith("_") and k not in _UNREAD)
         if names:
             plan.append((i, itemgetter(*names)))
     return plan
@@ -215,6 +220,7 @@ class FrozenState:
     model: weakref.ref
     config: tuple  # (configured, present) decoder layers, then the _CONFIG_READ values
     modules: tuple  # weakref per module, walk order
+    classes: tuple  # type per module, walk order
     marks: tuple  # (module index, its instance forward and hooks) where it has any (``_marks``)
     tensors: tuple  # weakref per parameter and buffer, walk order
     signature: list  # (data_ptr, _version, shape) per tensor (version 0 without ``versions``)
@@ -250,10 +256,12 @@ def frozen_state(model, *, versions: bool = True) -> FrozenState:
                     for n, t in _named_tensors(model).items()},
         "settings": {f"{n}.{k}" if n else k: v
                      for n, m in named_modules.items() for k, v in m.__dict__.items()
-                     if type(v) in _SCALARS and not k.startswith("_") and k != "training"},
+                     if type(v) in _SCALARS and not k.startswith("_") and k not in _UNREAD},
         "marks": {n: _marks(m) for n, m in named_modules.items()},
+        "classes": {n: type(m) for n, m in named_modules.items()},
     }
-    return FrozenState(weakref.ref(model), _config(model), tuple(map(weakref.ref, modules)), marks,
+    return FrozenState(weakref.ref(model), _config(model), tuple(map(weakref.ref, modules)),
+                       tuple(map(type, modules)), marks,
                        tuple(map(weakref.ref, tensors)), _signature(tensors, versions), plan,
                        _settings(modules, plan), _global_hooks(), named, versions)
 
@@ -271,6 +279,7 @@ def unchanged(before: FrozenState, model) -> bool:
         return False
     modules, tensors, marks = _walk(model)
     if not (marks == before.marks and _same_objects(before.modules, modules)
+            and tuple(map(type, modules)) == before.classes
             and _same_objects(before.tensors, tensors)
             and _signature(tensors, before.versions) == before.signature):
         return False
@@ -305,6 +314,10 @@ def changes(before: FrozenState, model) -> list[str]:
             found.append(f"{_path(name)} was removed")
         elif now_modules[name] is not r():
             found.append(f"{_path(name)} was replaced (now a {type(now_modules[name]).__name__})")
+        elif type(now_modules[name]) is not before.named["classes"][name]:
+            found.append(f"{_path(name)}'s class changed from "
+                         f"{before.named['classes'][name].__name__} to "
+                         f"{type(now_modules[name]).__name__}")
     found += [f"{_path(name)} was added" for name in now_modules if name not in was_modules]
     for name, module in now_modules.items():
         if name not in was_modules or module is not was_modules[name]():
@@ -353,23 +366,31 @@ def changes(before: FrozenState, model) -> list[str]:
     return found
 
 
+def _own_class(module) -> str | None:
+    """The name of the module's class where it is not transformers' or torch's own (a subclass or a
+    swapped ``__class__`` whose forward the weights alone do not say), else None."""
+    where = type(module).__module__
+    return None if where.startswith(("transformers.", "torch.")) else type(module).__qualname__
+
+
 def python_overrides(model, rewritten=None) -> list[str]:
-    """What a forward runs beyond the modules' classes: each module with an instance ``forward``
-    or a forward (pre-)hook, by name, and the process's global forward hooks. A path that never
-    runs the modules' Python (kvlab's kernels read the weights) or rebuilds some of them (a fused
-    copy) would leave these out. ``rewritten(name, module)``: what such a copy loses of each module
-    (False: nothing, ``"forward"``: its forward, True: the module and its hooks); global hooks are
-    then left out (they run on every module)."""
+    """What a forward runs beyond transformers' and torch's classes: each module with an instance
+    ``forward``, a class of its own or a forward (pre-)hook, by name, and the process's global
+    forward hooks. A path that never runs the modules' Python (kvlab's kernels read the weights)
+    or rebuilds some of them (a fused copy) would leave these out. ``rewritten(name, module)``:
+    what such a copy loses of each module (False: nothing, ``"forward"``: its forward, True: the
+    module and its hooks); global hooks are then left out (they run on every module)."""
     found = []
     for name, module in _named_modules(model).items():
-        marks = _marks(module)
+        marks, own = _marks(module), _own_class(module)
         lost = True if rewritten is None else rewritten(name, module)
-        if marks is None or not lost:
+        if (marks is None and own is None) or not lost:
             continue
-        forward, (hooks, pre_hooks) = marks
+        forward, (hooks, pre_hooks) = marks or (None, ((), ()))
         if lost == "forward":
             hooks = pre_hooks = ()
         what = [w for w, has in (("a patched forward", forward is not None),
+                                 (f"a class of its own, {own}", own),
                                  ("forward hooks", hooks), ("forward pre-hooks", pre_hooks)) if has]
         if what:
             found.append(f"{_path(name)} ({', '.join(what)})")

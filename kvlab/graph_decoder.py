@@ -346,7 +346,7 @@ class GraphSafeDecoder:
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Reset the cache (in place) and prefill ``input_ids``; returns the first new token
         ``[batch, 1]`` (a copy: the static buffer ``token`` is overwritten by the next step)."""
-        with one_call(self, GraphSafeError, "decoder", "prefill"):
+        with one_call(self.cache, GraphSafeError, "decoder", "prefill"):
             self._check(input_ids, 1)
             with self.cache.unchecked():  # room was checked above, once
                 return self._prefill(input_ids).clone()
@@ -378,7 +378,7 @@ class GraphSafeDecoder:
                  on_token: OnToken = None) -> torch.Tensor:
         """Greedy-decode ``max_new_tokens`` after ``input_ids`` [batch, prompt_len]; returns
         ``[batch, max_new_tokens]``. One call at a time (``on_token`` may not call it again)."""
-        with one_call(self, GraphSafeError, "decoder", "generate"):
+        with one_call(self.cache, GraphSafeError, "decoder", "generate"):
             return self._generate(input_ids, max_new_tokens, on_token=on_token)
 
     @torch.inference_mode()
@@ -407,7 +407,7 @@ class GraphSafeDecoder:
         """``n`` more tokens ``[batch, n]`` after what the cache holds (after ``prefill``): one host
         read of the counter first, then replays with no sync. Refuses steps past ``max_cache_len``:
         their keys and values would go to the trash slot and the tokens be garbage."""
-        with one_call(self, GraphSafeError, "decoder", "decode_steps"):
+        with one_call(self.cache, GraphSafeError, "decoder", "decode_steps"):
             return self._decode_steps(count(n, "n"))
 
     def _decode_steps(self, n: int) -> torch.Tensor:

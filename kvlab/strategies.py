@@ -79,10 +79,12 @@ class Strategy:
 
         @functools.wraps(builder)
         def build(model, input_ids, max_new_tokens, *, attention_mask=None, **kwargs):
+            accepted = self.build_keywords()  # less what the strategy fixes, as state's
+            accepted = accepted if accepted is None else accepted - set(self.options)
             input_ids, max_new_tokens = self.checked(model, input_ids, max_new_tokens, kwargs,
-                                                     self.build_keywords(), "build",
-                                                     attention_mask)
-            return builder(model, input_ids, max_new_tokens, **kwargs)
+                                                     accepted, "build", attention_mask)
+            return self._tagged(builder(model, input_ids, max_new_tokens, **self.options,
+                                        **kwargs))
 
         return build
 
@@ -159,11 +161,17 @@ class Strategy:
         if self.builds is None:
             return {}
         made = _resolved(self.builds)(model, input_ids, max_new_tokens, **self.options, **kwargs)
+        made = self._tagged(made)
+        return {"decoder": made} if isinstance(made, GraphSafeDecoder) else made
+
+    def _tagged(self, made):
+        """``made`` (a builder's decoder or dict of state) with what decodes this strategy's way
+        marked with its name: ``checked`` refuses it under another strategy's."""
         state = {"decoder": made} if isinstance(made, GraphSafeDecoder) else made
         for key in _BUILT_FOR:
-            if key in state:  # checked() refuses it under another strategy's name
+            if key in state:
                 state[key].kvlab_strategy = self.name
-        return state
+        return made
 
 
 _GRAPH_SAFE_FN = "kvlab.graph_decoder:decode_graph_safe", "kvlab.graph_decoder:graph_safe_decoder"
@@ -302,10 +310,12 @@ def decode(model, input_ids: torch.Tensor, max_new_tokens: int, *,
     input_ids, max_new_tokens = chosen.checked(model, input_ids, max_new_tokens, kwargs,
                                                chosen.keywords(), attention_mask=attention_mask)
     cache = kwargs.get("cache")
-    if cache is None or not hasattr(cache, "__weakref__"):  # no cache, or one the strategy refuses
-        return chosen(model, input_ids, max_new_tokens, **kwargs)
     # a call empties or fills the cache it is handed: one call at a time (a nested call from
-    # on_token or another thread's would reset it under the running one)
+    # on_token or another thread's would reset it under the running one). A GraphSafeDecoder built
+    # around it takes that lock itself (graph strategies with a builder)
+    if (cache is None or not hasattr(cache, "__weakref__")  # none, or one the strategy refuses
+            or (chosen.kind == "graph" and chosen.builds is not None)):
+        return chosen(model, input_ids, max_new_tokens, **kwargs)
     with one_call(cache, RuntimeError, f"{type(cache).__name__} (cache=)", "kvlab.decode"):
         return chosen(model, input_ids, max_new_tokens, **kwargs)
 

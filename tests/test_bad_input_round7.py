@@ -192,8 +192,11 @@ def test_a_cache_decoding_in_one_thread_is_refused_to_another(strategy, prompt):
     release.set()
     first.join(120)
     assert torch.equal(got[0], want[0])
-    assert isinstance(got[1], RuntimeError) and "already decoding" in str(got[1])
-    assert "another thread" in str(got[1])
+    assert isinstance(got[1], RuntimeError)
+    if strategy == "graph-safe":  # the second call's decoder cannot bind a cache bound to the first
+        assert "already bound to a captured graph" in str(got[1])
+    else:
+        assert "already decoding" in str(got[1]) and "another thread" in str(got[1])
 
 
 @pytest.mark.parametrize("strategy", ["handwritten", "static"])
