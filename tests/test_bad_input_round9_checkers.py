@@ -86,3 +86,26 @@ def test_prompt_ids_are_checked_at_the_door(check, answer):
         check(answer, prompt_ids=[[1, 2, 3]])
     with pytest.raises(ValueError, match=r"prompt_ids holds ids outside the model's vocabulary"):
         check(answer, prompt_ids=torch.tensor([[1, 2, 10**6]]))
+
+
+@pytest.mark.parametrize("call", [
+    lambda: lesson07.check_blocks_held(3, lengths=(5, -40)),
+    lambda: lesson07.check_blocks_held(3, lengths=(5.5,)),
+    lambda: lesson07.check_blocks_held(3, lengths=()),
+    lambda: lesson06.check_padding_rows(3, buckets=(0, 4)),
+    lambda: lesson06.check_padding_rows(3, buckets=()),
+])
+def test_a_list_of_counts_is_checked_at_the_door(call):
+    """lengths=(5, -40) or (5.5,) was checked as if right ("not quite: you gave 3 ... 400.0% off"
+    for a request of -40 tokens); an empty lengths or buckets, or a bucket of 0, was "could not be
+    checked", blaming the answer."""
+    with pytest.raises(ValueError, match=r"(lengths|buckets) must be"):
+        call()
+
+
+def test_more_running_sequences_than_the_largest_bucket_is_the_callers_error():
+    """check_padding_rows(3, running=100) with buckets up to 32 said "not quite: this answer could
+    not be checked (ValueError: 100 sequences do not fit in any bucket ...)", blaming the answer for
+    the settings."""
+    with pytest.raises(ValueError, match=r"running=100 sequences fit in no bucket.*running <= 32"):
+        lesson06.check_padding_rows(3, running=100)

@@ -133,6 +133,8 @@ def plain_setting(value):
 _COUNTS = {"new_tokens": 1, "prompt_len": 1, "tokens": 1, "batch": 1, "max_cache_len": 1,
            "length": 1, "n": 2, "warmup": 1, "extra": 1, "k": 1, "bucket": 1, "steps": 0,
            "rows": 1, "running": 1, "block_size": 1}
+# settings that are a list of such counts: not empty, each at least this
+_COUNT_LISTS = {"lengths": 1, "buckets": 1}
 _OWN_MINIMUMS = {
     # step 0 is the prefill: one token makes no step to check
     "check_decode_step": {"new_tokens": 2},
@@ -185,6 +187,9 @@ def settings_read(fn):
         for name, minimum in least.items():
             if name in settings:
                 settings[name] = count(settings[name], name, minimum=minimum)
+        for name, minimum in _COUNT_LISTS.items():
+            if name in settings:
+                settings[name] = _counts(settings[name], name, minimum)
         if settings.get("model") is not None:
             check_model(settings["model"])
             dropout = _random_in_training(settings["model"])
@@ -195,11 +200,24 @@ def settings_read(fn):
     return read
 
 
+def _counts(values, name: str, minimum: int) -> tuple[int, ...]:
+    """``values`` (a list or tuple of counts) as a tuple of ints of at least ``minimum``, else a
+    ValueError naming ``name``."""
+    if not isinstance(values, list | tuple) or not values:
+        raise ValueError(f"{name} must be a non-empty list or tuple of ints, got {values!r:.80}")
+    return tuple(count(v, f"every entry of {name}", minimum=minimum) for v in values)
+
+
 def check_prompt_ids(model, prompt_ids, new_tokens: int) -> None:
     """Refuse ``prompt_ids=`` of a checker that the model cannot decode from (not a LongTensor
     ``[batch, prompt_len]`` on the model's device, ids outside its vocabulary, too long), with
     kvlab.decode's own messages."""
     check_inputs(model, prompt_ids, new_tokens, tokenizer_output=False, name="prompt_ids")
+
+
+class SettingError(ValueError):
+    """Settings of a checker that do not go together (each right alone): the caller's error, raised
+    to the caller, never a verdict on the answer."""
 
 
 def summary(fn) -> str:
@@ -219,6 +237,8 @@ def checker(fn):
             return NOT_ANSWERED
         try:
             return fn(answer, *args, **kwargs)
+        except SettingError:
+            raise
         except Exception as e:
             # the answer's shape or type, or a setting the checker cannot use: say so
             return (f"not quite: this answer could not be checked ({type(e).__name__}: "
