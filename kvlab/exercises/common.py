@@ -15,7 +15,7 @@ import re
 
 import torch
 
-from ..decoding import check_model
+from ..decoding import _random_in_training, check_inputs, check_model
 from ..frozen_state import transparent_hook
 from ..runtime import count
 
@@ -127,25 +127,97 @@ def plain_setting(value):
     return int(value.item()) if integral and getattr(value, "ndim", None) == 0 else value
 
 
-_COUNTS = ("new_tokens", "prompt_len")  # a checker's settings that are counts of tokens
+# The checkers' int settings and the least each takes, by name: a count of tokens, of steps, of
+# rows, a size. A checker whose exercise needs more of one names it in _OWN_MINIMUMS (by the
+# checker's name), e.g. a graph replayed needs two tokens: one from the prefill, one replayed.
+_COUNTS = {"new_tokens": 1, "prompt_len": 1, "tokens": 1, "batch": 1, "max_cache_len": 1,
+           "length": 1, "n": 2, "warmup": 1, "extra": 1, "k": 1, "bucket": 1, "steps": 0,
+           "rows": 1, "running": 1, "block_size": 1}
+# settings that are a list of such counts: not empty, each at least this
+_COUNT_LISTS = {"lengths": 1, "buckets": 1}
+_OWN_MINIMUMS = {
+    # step 0 is the prefill: one token makes no step to check
+    "check_decode_step": {"new_tokens": 2},
+    # one token is the prefill's: the graph is never replayed
+    "check_no_warmup_prediction": {"new_tokens": 2},
+}
+
+
+def _bound(read, args: tuple, kwargs: dict) -> None:
+    """Refuse a call that does not fit the checker's own signature (the one its caller sees): a
+    setting it does not take, a setting given by position, a setting it needs left out."""
+    sig = inspect.signature(read)  # follows __wrapped__ to the check function written
+    params = list(sig.parameters.values())
+    name = read.__name__
+    settings = [p.name for p in params[1:] if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    takes = (f"it takes {', '.join(f'{s}=' for s in settings)}" if settings
+             else "it takes no settings")
+    unknown = [k for k in kwargs if k not in sig.parameters]
+    if unknown:
+        raise TypeError(f"{name}() has no setting {unknown[0]!r}: {takes} (a typo?)")
+    try:
+        sig.bind_partial(*args, **kwargs)
+    except TypeError:
+        by_position = [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]
+        named = [p.name for p in params if p.kind is p.KEYWORD_ONLY]
+        example = "model" if "model" in named else named[0] if named else "model"
+        raise TypeError(f"{name}() got {len(args)} values by position, but takes only "
+                        f"{' and '.join(by_position) or 'none'} so: pass the settings by name "
+                        f"(e.g. {example}=...); {takes}") from None
+    given = {p.name for p in params[:len(args)]} | kwargs.keys()
+    missing = [p.name for p in params[1:] if p.default is p.empty
+               and p.kind is not p.VAR_KEYWORD and p.kind is not p.VAR_POSITIONAL
+               and p.name not in given]
+    if missing:
+        raise TypeError(f"{name}() needs the setting {missing[0]}=: {takes}")
 
 
 def settings_read(fn):
     """Make ``fn``'s keyword settings plain (:func:`plain_setting`) before it runs, and refuse a
-    wrong one (a count of tokens that is not a positive int, ``model=`` that is not a model) with
-    an error of its own: the door of every checker. A wrong setting is the caller's, never a "not
+    wrong one with an error of its own: the door of every checker. Refused: a call that does not
+    fit the checker's signature (an unknown setting, a setting given by position, one left out), a
+    count below its least (``_COUNTS``), ``model=`` that is not a model or one in train mode with
+    a live dropout (it would make random tokens). A wrong setting is the caller's, never a "not
     quite" for the student's code."""
     @functools.wraps(fn)
     def read(*args, **kwargs):
+        _bound(read, args, kwargs)
         settings = {k: plain_setting(v) for k, v in kwargs.items()}
-        for name in _COUNTS:
+        least = {**_COUNTS, **_OWN_MINIMUMS.get(read.__name__, {})}
+        for name, minimum in least.items():
             if name in settings:
-                settings[name] = count(settings[name], name)
+                settings[name] = count(settings[name], name, minimum=minimum)
+        for name, minimum in _COUNT_LISTS.items():
+            if name in settings:
+                settings[name] = _counts(settings[name], name, minimum)
         if settings.get("model") is not None:
             check_model(settings["model"])
+            dropout = _random_in_training(settings["model"])
+            if dropout is not None:
+                raise ValueError(f"model=: {dropout}")
         return fn(*args, **settings)
 
     return read
+
+
+def _counts(values, name: str, minimum: int) -> tuple[int, ...]:
+    """``values`` (a list or tuple of counts) as a tuple of ints of at least ``minimum``, else a
+    ValueError naming ``name``."""
+    if not isinstance(values, list | tuple) or not values:
+        raise ValueError(f"{name} must be a non-empty list or tuple of ints, got {values!r:.80}")
+    return tuple(count(v, f"every entry of {name}", minimum=minimum) for v in values)
+
+
+def check_prompt_ids(model, prompt_ids, new_tokens: int) -> None:
+    """Refuse ``prompt_ids=`` of a checker that the model cannot decode from (not a LongTensor
+    ``[batch, prompt_len]`` on the model's device, ids outside its vocabulary, too long), with
+    kvlab.decode's own messages."""
+    check_inputs(model, prompt_ids, new_tokens, tokenizer_output=False, name="prompt_ids")
+
+
+class SettingError(ValueError):
+    """Settings of a checker that do not go together (each right alone): the caller's error, raised
+    to the caller, never a verdict on the answer."""
 
 
 def summary(fn) -> str:
@@ -165,6 +237,8 @@ def checker(fn):
             return NOT_ANSWERED
         try:
             return fn(answer, *args, **kwargs)
+        except SettingError:
+            raise
         except Exception as e:
             # the answer's shape or type, or a setting the checker cannot use: say so
             return (f"not quite: this answer could not be checked ({type(e).__name__}: "

@@ -22,6 +22,7 @@ from .common import (
     call_student,
     check_number,
     check_prediction,
+    check_prompt_ids,
     checker,
     choice_of,
     code_checker,
@@ -401,6 +402,9 @@ def check_crop_prediction(prediction, *, model=None, prompt_ids=None, extra: int
     """"Predict, then run": what does ``StaticCache.crop(-k)`` do to the buffers? ``prediction`` is
     a key of :data:`CROP_CHOICES`; the experiment runs only once a prediction is given. The verdict,
     then what it measured."""
+    if prompt_ids is not None:  # checked against the model it will run on
+        model = check_model() if model is None else model
+        check_prompt_ids(model, prompt_ids, extra)
     what = f"what crop(-{k}) does"
     if (prediction is None and not solutions_filled_in()) or (
             prediction is not None and choice_of(prediction, CROP_CHOICES) is None):

@@ -25,6 +25,7 @@ from .common import (
     NotAttempted,
     call_student,
     check_prediction,
+    check_prompt_ids,
     choice_of,
     code_checker,
     kept,
@@ -68,6 +69,9 @@ def check_no_warmup_prediction(prediction, *, model=None, prompt_ids=None,
     """"Predict, then run": the first attempt of section 2 with ``warmup=0``: which token first
     differs from the eager loop? ``prediction`` is a key of :data:`NO_WARMUP_CHOICES`; the run
     happens once a prediction is given."""
+    if prompt_ids is not None:  # checked against the model it will run on
+        model = check_model() if model is None else model
+        check_prompt_ids(model, prompt_ids, new_tokens)
     what = "the first differing token with warmup=0"
     if (prediction is None and not solutions_filled_in()) or (
             prediction is not None and choice_of(prediction, NO_WARMUP_CHOICES) is None):

@@ -20,6 +20,7 @@ from ..lab.measure import DecodeTiming
 from .common import (
     NOT_ANSWERED,
     NotANumber,
+    SettingError,
     as_number,
     bad_measurement,
     call_student,
@@ -297,6 +298,9 @@ def bucket_for(n: int, buckets) -> int:
 def check_padding_rows(answer, *, running: int = 5, buckets=(1, 2, 4, 8, 16, 32)) -> str:
     """Exercise: ``running`` sequences decode together; graphs were captured for ``buckets`` batch
     sizes. How many padded (wasted) rows does each replay compute?"""
+    if running > max(buckets):
+        raise SettingError(f"running={running} sequences fit in no bucket of buckets="
+                           f"{tuple(buckets)}: give running <= {max(buckets)}, or a larger bucket")
     if answer is None:
         return NOT_ANSWERED
     answer = as_number(answer)
