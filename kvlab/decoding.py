@@ -169,6 +169,12 @@ def check_inputs(model, input_ids: torch.Tensor, max_new_tokens: int, *,
     dropout = _random_in_training(model)
     if dropout is not None:
         raise ValueError(dropout)
+    if torch.is_autocast_enabled(device.type):
+        raise ValueError(f"torch.autocast is on for {device.type}: it runs some of the model's "
+                         "operations in another dtype, and the strategies would disagree (a cache "
+                         "write refuses the mix, a graph replays the dtypes it captured). Decode "
+                         "outside the autocast block, or convert the model "
+                         "(model.to(torch.bfloat16))")
     # a forward runs layers[:num_hidden_layers]; a cache has num_hidden_layers
     layers = layer_problem(model)
     if layers is not None:

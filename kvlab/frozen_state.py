@@ -26,7 +26,7 @@ waits for a device):
   (``tensor._version``: an in-place edit under ``torch.no_grad()`` or ``torch.inference_mode()``,
   ``copy_``, ``load_state_dict`` all bump it);
 - the decoder layers configured (``config.num_hidden_layers``) and present (``model.model.layers``);
-- each module's public scalar attributes (float, int, bool, str, None), and the config fields a
+- each module's public scalar attributes (numbers, NumPy's too, str, None), and the config fields a
   forward reads (``_CONFIG_READ``). ``training`` is left out: kvlab decodes the same tokens in train
   mode (a model with live dropout is refused by ``check_inputs``) and toggling ``model.eval()`` is
   common; so is ``gradient_checkpointing`` (it acts only where gradients are computed). Private
@@ -43,13 +43,17 @@ container (a list or dict attribute) or in a private attribute; a config field o
 
 from __future__ import annotations
 
+import numbers
 import weakref
 from dataclasses import dataclass
 from operator import itemgetter
 
+import numpy as np
+
 from .graph_safe_cache import GraphSafeError
 
-_SCALARS = (float, int, bool, str, type(None))
+# a setting: a plain number, text or None, NumPy's scalars too (np.float32 is no float)
+_SCALARS = (numbers.Number, str, type(None), np.generic)
 _CONFIG_READ = ("num_hidden_layers", "_attn_implementation", "sliding_window", "use_sliding_window",
                "max_window_layers", "layer_types",
                "attention_chunk_size")  # read by a forward's masks and loop
@@ -201,7 +205,7 @@ def _settings_plan(modules: list) -> list:
     plan = []
     for i, module in enumerate(modules):
         names = tuple(k for k, v in module.__dict__.items()
-                      if type(v) in _SCALARS and not k.startswith("_") and k not in _UNREAD)
+                      if isinstance(v, _SCALARS) and not k.startswith("_") and k not in _UNREAD)
         if names:
             plan.append((i, itemgetter(*names)))
     return plan
@@ -256,7 +260,7 @@ def frozen_state(model, *, versions: bool = True) -> FrozenState:
                     for n, t in _named_tensors(model).items()},
         "settings": {f"{n}.{k}" if n else k: v
                      for n, m in named_modules.items() for k, v in m.__dict__.items()
-                     if type(v) in _SCALARS and not k.startswith("_") and k not in _UNREAD},
+                     if isinstance(v, _SCALARS) and not k.startswith("_") and k not in _UNREAD},
         "marks": {n: _marks(m) for n, m in named_modules.items()},
         "classes": {n: type(m) for n, m in named_modules.items()},
     }

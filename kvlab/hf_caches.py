@@ -238,6 +238,7 @@ def decode_generate(model, input_ids, max_new_tokens, *, on_token: OnToken = Non
     token, like the course's loops). With ``"static"`` on a GPU it compiles the step itself.
     ``on_token`` is fed through a streamer, which copies each step's tokens to the host (one sync
     per token)."""
+    check_generation_config(model)
     pad = model.generation_config.pad_token_id
     out = model.generate(
         input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
@@ -246,6 +247,40 @@ def decode_generate(model, input_ids, max_new_tokens, *, on_token: OnToken = Non
         streamer=_OnTokenStreamer(on_token) if on_token is not None else None
     )
     return out[:, input_ids.shape[1]:]
+
+
+# model.generation_config fields that pick no other token in decode_generate's greedy call: token
+# ids (it passes its own end and pad), lengths it sets, sampling settings (do_sample=False), what it
+# caches and outputs beside the tokens, and bookkeeping
+_GENERATION_NEUTRAL = {
+    "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "max_length",
+    "max_new_tokens", "min_length", "min_new_tokens", "do_sample", "temperature", "top_k", "top_p",
+    "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "use_cache", "cache_implementation",
+    "output_attentions", "output_hidden_states", "output_scores", "output_logits",
+    "transformers_version", "_from_model_config"}
+
+
+def check_generation_config(model) -> None:
+    """Refuse a ``model.generation_config`` that ``model.generate`` follows to other tokens than
+    greedy decoding (a repetition penalty, beams, suppressed tokens, ...) or to another output
+    (``return_dict_in_generate``): every strategy returns naive's tokens."""
+    from transformers import GenerationConfig
+
+    config = getattr(model, "generation_config", None)
+    if not isinstance(config, GenerationConfig):
+        raise TypeError(f"model.generation_config is {type(config).__name__}, not a "
+                        "GenerationConfig: model.generate needs one. Set it back: "
+                        "model.generation_config = transformers.GenerationConfig()")
+    neutral = GenerationConfig()._get_default_generation_params()
+    picked = {k: v for k, v in config.to_diff_dict().items()
+              if k not in _GENERATION_NEUTRAL and (k not in neutral or v != neutral[k])}
+    if picked:
+        shown = ", ".join(f"{k}={v!r}" for k, v in sorted(picked.items()))
+        reset = "; ".join(f"model.generation_config.{k} = None" for k in sorted(picked))
+        raise ValueError(f"'generate-static' runs model.generate, which follows "
+                         f"model.generation_config: {shown} would pick other tokens than greedy "
+                         f"decoding, and kvlab's strategies all return naive's tokens. Set them "
+                         f"back ({reset}), or use another strategy")
 
 
 @torch.inference_mode()
