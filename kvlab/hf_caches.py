@@ -101,6 +101,7 @@ def _check_cache_for(model, cache, kind=None, *, batch: int | None = None) -> No
             f"the {name} has {len(cache.layers)} layers but the model has {sizes.layers}: build "
             f"it from this model's config: {made}"
         )
+    _check_layer_kinds(model.config, cache)
     param = next(model.parameters())
     for layer in cache.layers:
         keys = getattr(layer, "keys", None)
@@ -125,6 +126,38 @@ def _check_cache_for(model, cache, kind=None, *, batch: int | None = None) -> No
                 f"{got[3]}; this model needs {want[0]}, {want[1]}, {want[2]} on {want[3]}: pass a "
                 "fresh cache made for this model (and dtype)"
             )
+
+
+def _check_layer_kinds(config, cache) -> None:
+    """Refuse a cache whose layers are not the kind this model's config makes: each layer sliding
+    or full as the model's, and a sliding layer with the model's window. A cache built from another
+    config (a sliding-window one for a full-attention model, or another window) keeps or drops
+    other tokens than the model attends to: wrong tokens, no error."""
+    windows = _sliding_windows(config, len(cache.layers))
+    for i, (layer, want) in enumerate(zip(cache.layers, windows, strict=True)):
+        if not hasattr(layer, "is_sliding"):
+            continue  # a layer of another kind: nothing to compare
+        if not layer.is_sliding:
+            if want is None:
+                continue
+            held = "full attention"
+        else:
+            window = getattr(layer, "sliding_window", None)  # DynamicSlidingWindowLayer
+            slots = getattr(layer, "max_cache_len", None)  # StaticSlidingWindowLayer
+            if window is None and slots is not None and not getattr(layer, "is_croppable", True):
+                window = slots  # max_cache_len was above the window: it holds the window
+            if want is not None and (window == want or window is None and (slots or 0) <= want):
+                continue  # (a window it does not say is at least its slots)
+            held = "a sliding window" + (f" of {window}" if window is not None else "")
+        uses = "full attention" if want is None else f"a sliding window of {want}"
+        name = type(cache).__name__
+        made = ("DynamicCache(config=model.config)" if isinstance(cache, DynamicCache) else
+                f"{name}(config=model.config, max_cache_len=...)")
+        raise ValueError(
+            f"the {name}'s layer {i} holds {held} but this model's layer {i} uses {uses}: the "
+            "cache was built from another config and would keep other tokens than the model "
+            f"attends to. Build it from this model's config: {made}"
+        )
 
 
 def require_empty(cache) -> None:

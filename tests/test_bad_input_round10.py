@@ -1,0 +1,48 @@
+"""Issue 48, probe round 10: a cache built from another config (sliding window or full attention)
+than the model's, and a model with dynamic RoPE under the graph strategies."""
+
+import pytest
+import torch
+import transformers
+
+import kvlab
+from kvlab.lab.models import TINY_COMMON, tiny_model
+
+SLIDING = transformers.MistralConfig(**TINY_COMMON, sliding_window=4)
+
+
+def _cache(strategy, config):
+    if strategy == "dynamic":
+        return transformers.DynamicCache(config=config)
+    return transformers.StaticCache(config=config, max_cache_len=64)
+
+
+@pytest.mark.parametrize("strategy", ["dynamic", "static"])
+def test_a_sliding_window_cache_is_refused_for_a_full_attention_model(strategy, prompt):
+    """A DynamicCache or StaticCache built from a sliding-window config was accepted for a
+    full-attention Llama: its layers dropped all but the last 4 tokens, and the tokens differed
+    from "naive" from the second one, no error. The door checked the cache's class, layer count and
+    buffer shapes, not each layer's kind."""
+    model = tiny_model("tiny-llama")
+    ids = prompt(6, batch=2)
+    with pytest.raises(ValueError, match=r"layer 0 holds a sliding window of 4 .* full attention"
+                       r".*config=model.config"):
+        kvlab.decode(model, ids, 12, strategy=strategy, cache=_cache(strategy, SLIDING))
+
+
+@pytest.mark.parametrize("strategy", ["dynamic", "static"])
+def test_a_cache_of_another_window_or_full_attention_is_refused_for_a_sliding_model(strategy,
+                                                                                   prompt):
+    """The other direction: a full-attention cache, or one of another window, for a model with a
+    sliding window of 8. Only the kinds are compared, so a cache of the model's own config still
+    decodes as "naive" does."""
+    model = transformers.MistralForCausalLM(
+        transformers.MistralConfig(**TINY_COMMON, sliding_window=8)).eval()
+    ids = prompt(6, batch=2)
+    full = tiny_model("tiny-llama").config
+    with pytest.raises(ValueError, match="holds full attention .* sliding window of 8"):
+        kvlab.decode(model, ids, 12, strategy=strategy, cache=_cache(strategy, full))
+    with pytest.raises(ValueError, match="sliding window of 4 .* sliding window of 8"):
+        kvlab.decode(model, ids, 12, strategy=strategy, cache=_cache(strategy, SLIDING))
+    own = kvlab.decode(model, ids, 12, strategy=strategy, cache=_cache(strategy, model.config))
+    assert torch.equal(own, kvlab.decode(model, ids, 12, strategy="naive"))
