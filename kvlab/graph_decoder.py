@@ -36,7 +36,7 @@ import torch
 from .decoding import OnToken, check_inputs, check_model, greedy
 from .frozen_state import check_unchanged, frozen_state
 from .graph_safe_cache import GraphSafeError, GraphSafeStaticCache
-from .graphs import capture
+from .graphs import capture, check_capturable_rope
 from .runtime import count, one_call
 
 
@@ -139,6 +139,10 @@ class GraphSafeDecoder:
         # a bool, not 0 or 1: graph=0 equals False yet `is not False` (use_graph) would capture
         if not (isinstance(graph, bool) or isinstance(graph, str) and graph == "emulate"):
             raise ValueError(f"graph must be True, False or 'emulate', got {graph!r}")
+        if graph is not False:
+            check_capturable_rope(model, "a GraphSafeDecoder (strategies 'graph-safe', "
+                                  "'graph-safe-speculative')", "pass graph=False (its steps run "
+                                  "eagerly)")
         cache = max_cache_len if isinstance(max_cache_len, GraphSafeStaticCache) else None
         length = cache.max_cache_len if cache is not None else max_cache_len
         if prefill_bucket is not None:  # read by count: a NumPy or 0-dim tensor int too

@@ -46,3 +46,38 @@ def test_a_cache_of_another_window_or_full_attention_is_refused_for_a_sliding_mo
         kvlab.decode(model, ids, 12, strategy=strategy, cache=_cache(strategy, SLIDING))
     own = kvlab.decode(model, ids, 12, strategy=strategy, cache=_cache(strategy, model.config))
     assert torch.equal(own, kvlab.decode(model, ids, 12, strategy="naive"))
+
+
+def _dynamic_rope_llama():
+    config = transformers.LlamaConfig(**TINY_COMMON,
+                                      rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("strategy,options", [
+    ("graph-safe", {}), ("graph-safe", {"graph": "emulate"}), ("graph-safe-speculative", {}),
+    ("graph-safe-speculative", {"graph": "emulate"}), ("paged", {}),
+])
+def test_a_dynamic_rope_is_refused_by_the_graph_strategies_at_the_door(strategy, options, prompt):
+    """A Llama with dynamic RoPE under a captured strategy failed mid-capture with
+    "Tensor.__bool__() ... move the check outside the captured function": the `if` is inside
+    transformers' RoPE, so
+    the advice could not be followed. It is refused before anything is captured, naming the
+    strategies that run it; with graph=False (nothing captured) it decodes as "naive" does."""
+    from kvlab.graphs import CaptureError
+
+    model, ids = _dynamic_rope_llama(), prompt(6)
+    with pytest.raises(CaptureError, match=r"'dynamic' RoPE .* strategy='static', 'dynamic' or "
+                                           r"'naive', or pass graph=False") as caught:
+        kvlab.decode(model, ids, 8, strategy=strategy, **options)
+    assert "__bool__" not in str(caught.value)
+    eager = kvlab.decode(model, ids, 8, strategy=strategy, graph=False)
+    assert torch.equal(eager, kvlab.decode(model, ids, 8, strategy="naive"))
+
+
+def test_the_kernels_send_a_dynamic_rope_to_a_strategy_that_runs_it(prompt):
+    """graph-safe-kernels refused a dynamic RoPE with "use the 'graph-safe' strategy for it", which
+    cannot capture it either: it names the strategies that run it."""
+    with pytest.raises(ValueError, match=r"'dynamic' RoPE .* strategy='static', 'dynamic' or "
+                                         r"'naive', or strategy='graph-safe' with graph=False"):
+        kvlab.decode(_dynamic_rope_llama(), prompt(6), 8, strategy="graph-safe-kernels")
