@@ -6,6 +6,7 @@ import torch
 import transformers
 
 import kvlab
+from kvlab.graph_safe_cache import GraphSafeError
 from kvlab.lab.models import TINY_COMMON, tiny_model
 
 SLIDING = transformers.MistralConfig(**TINY_COMMON, sliding_window=4)
@@ -81,3 +82,26 @@ def test_the_kernels_send_a_dynamic_rope_to_a_strategy_that_runs_it(prompt):
     with pytest.raises(ValueError, match=r"'dynamic' RoPE .* strategy='static', 'dynamic' or "
                                          r"'naive', or strategy='graph-safe' with graph=False"):
         kvlab.decode(_dynamic_rope_llama(), prompt(6), 8, strategy="graph-safe-kernels")
+
+
+def test_a_prefill_bucket_beyond_the_sized_cache_says_to_pass_max_cache_len(prompt):
+    """kvlab.decode(..., strategy="graph-safe", prefill_bucket=64) for 12 + 21 tokens said only
+    "prefill_bucket must be in [1, max_cache_len=33], got 64", a max_cache_len the user never
+    passed: it says what to pass."""
+    model = tiny_model("tiny-llama")
+    with pytest.raises(ValueError, match=r"max_cache_len=33\].* pass max_cache_len >= 64 too, or "
+                                         r"a smaller prefill_bucket"):
+        kvlab.decode(model, prompt(12), 21, strategy="graph-safe", prefill_bucket=64)
+    out = kvlab.decode(model, prompt(12), 21, strategy="graph-safe", prefill_bucket=64,
+                       max_cache_len=64)
+    assert torch.equal(out, kvlab.decode(model, prompt(12), 21, strategy="naive"))
+
+
+def test_an_eager_decoder_does_not_speak_of_a_captured_prefill(prompt):
+    """With graph=False a prompt longer than prefill_bucket was refused as longer than "the captured
+    prefill's length", when nothing was captured."""
+    model = tiny_model("tiny-llama")
+    decoder = kvlab.GraphSafeDecoder(model, 32, prefill_bucket=8, graph=False)
+    with pytest.raises(GraphSafeError, match="padded to") as caught:
+        decoder.generate(prompt(12), 5)
+    assert "captured" not in str(caught.value)
