@@ -105,3 +105,17 @@ def test_an_eager_decoder_does_not_speak_of_a_captured_prefill(prompt):
     with pytest.raises(GraphSafeError, match="padded to") as caught:
         decoder.generate(prompt(12), 5)
     assert "captured" not in str(caught.value)
+
+
+def test_the_state_of_a_strategy_that_builds_none_says_where_its_keywords_go(prompt):
+    """STRATEGIES["static"].state(model, ids, 20, max_cache_len=64) said "takes no max_cache_len=;
+    it takes no options", as if static took no max_cache_len: static builds no state, and
+    max_cache_len= goes to kvlab.decode (or a held cache= is the state to keep)."""
+    model, ids = tiny_model("tiny-llama"), prompt(5)
+    with pytest.raises(TypeError, match=r"static builds no state to hold.* pass max_cache_len= to "
+                                        r"kvlab.decode.*hold a cache=") as caught:
+        kvlab.STRATEGIES["static"].state(model, ids, 20, max_cache_len=64)
+    assert "no options" not in str(caught.value)
+    with pytest.raises(TypeError, match=r"naive builds no state.* 'naive' takes on_token="):
+        kvlab.STRATEGIES["naive"].state(model, ids, 20, max_cache_len=64)
+    assert kvlab.STRATEGIES["static"].state(model, ids, 20) == {}
