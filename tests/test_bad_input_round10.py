@@ -1,5 +1,6 @@
 """Issue 48, probe round 10: a cache built from another config (sliding window or full attention)
-than the model's, and a model with dynamic RoPE under the graph strategies."""
+than the model's, a model with dynamic RoPE under the graph strategies, a prefill_bucket past the
+cache a call sized, the state of a strategy that builds none, and the bench's quick-mode record."""
 
 import pytest
 import torch
@@ -119,3 +120,20 @@ def test_the_state_of_a_strategy_that_builds_none_says_where_its_keywords_go(pro
     with pytest.raises(TypeError, match=r"naive builds no state.* 'naive' takes on_token="):
         kvlab.STRATEGIES["naive"].state(model, ids, 20, max_cache_len=64)
     assert kvlab.STRATEGIES["static"].state(model, ids, 20) == {}
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_the_bench_record_says_the_mode_the_run_used(quick, tmp_path, monkeypatch):
+    """`python -m kvlab.lab.bench --quick` recorded env.quick_mode False (and env_quick_mode False
+    in the CSV) beside settings.quick True: the env read only the KVLAB_QUICK variable."""
+    import csv
+
+    from kvlab.lab import bench
+
+    monkeypatch.setenv("KVLAB_QUICK", "0" if quick else "1")  # the variable says the other mode
+    rec = bench.run_bench("tiny-llama", prompt_len=4, new_tokens=3, strategies=["naive"],
+                          check_tokens=0, profile_k=0, repeats=1, quick=quick, progress=False,
+                          out=tmp_path / "run")
+    assert rec["settings"]["quick"] is quick and rec["env"]["quick_mode"] is quick
+    with open(tmp_path / "run.csv") as f:
+        assert [row["env_quick_mode"] for row in csv.DictReader(f)] == [str(quick)]
