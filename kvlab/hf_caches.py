@@ -129,34 +129,29 @@ def _check_cache_for(model, cache, kind=None, *, batch: int | None = None) -> No
 
 
 def _check_layer_kinds(config, cache) -> None:
-    """Refuse a cache whose layers are not the kind this model's config makes: each layer sliding
-    or full as the model's, and a sliding layer with the model's window. A cache built from another
-    config (a sliding-window one for a full-attention model, or another window) keeps or drops
-    other tokens than the model attends to: wrong tokens, no error."""
+    """Refuse a cache built from another config whose layers keep fewer tokens than this model's
+    attend to: a sliding-window layer for a full-attention one, or a narrower window. It would drop
+    tokens the model still reads: wrong tokens, no error. A layer that keeps more (full attention,
+    or a wider window, for a sliding layer) only holds tokens the model's mask leaves out."""
     windows = _sliding_windows(config, len(cache.layers))
     for i, (layer, want) in enumerate(zip(cache.layers, windows, strict=True)):
-        if not hasattr(layer, "is_sliding"):
-            continue  # a layer of another kind: nothing to compare
-        if not layer.is_sliding:
-            if want is None:
-                continue
-            held = "full attention"
-        else:
-            window = getattr(layer, "sliding_window", None)  # DynamicSlidingWindowLayer
-            slots = getattr(layer, "max_cache_len", None)  # StaticSlidingWindowLayer
-            if window is None and slots is not None and not getattr(layer, "is_croppable", True):
-                window = slots  # max_cache_len was above the window: it holds the window
-            if want is not None and (window == want or window is None and (slots or 0) <= want):
-                continue  # (a window it does not say is at least its slots)
-            held = "a sliding window" + (f" of {window}" if window is not None else "")
+        if not getattr(layer, "is_sliding", False):
+            continue  # a full layer (or one of another kind) keeps every token
+        window = getattr(layer, "sliding_window", None)  # DynamicSlidingWindowLayer
+        if window is None and not getattr(layer, "is_croppable", True):
+            # StaticSlidingWindowLayer whose max_cache_len was above its window: holds the window
+            # (one at most max_cache_len never rolls: check_room sees that it holds enough)
+            window = getattr(layer, "max_cache_len", None)
+        if window is None or want is not None and window >= want:
+            continue
         uses = "full attention" if want is None else f"a sliding window of {want}"
         name = type(cache).__name__
         made = ("DynamicCache(config=model.config)" if isinstance(cache, DynamicCache) else
                 f"{name}(config=model.config, max_cache_len=...)")
         raise ValueError(
-            f"the {name}'s layer {i} holds {held} but this model's layer {i} uses {uses}: the "
-            "cache was built from another config and would keep other tokens than the model "
-            f"attends to. Build it from this model's config: {made}"
+            f"the {name}'s layer {i} keeps a sliding window of {window} tokens but this model's "
+            f"layer {i} uses {uses}: the cache was built from another config and would drop "
+            f"tokens the model attends to. Build it from this model's config: {made}"
         )
 
 

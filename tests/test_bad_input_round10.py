@@ -27,27 +27,27 @@ def test_a_sliding_window_cache_is_refused_for_a_full_attention_model(strategy, 
     buffer shapes, not each layer's kind."""
     model = tiny_model("tiny-llama")
     ids = prompt(6, batch=2)
-    with pytest.raises(ValueError, match=r"layer 0 holds a sliding window of 4 .* full attention"
-                       r".*config=model.config"):
+    with pytest.raises(ValueError, match=r"layer 0 keeps a sliding window of 4 tokens .* full "
+                                         r"attention.*config=model.config"):
         kvlab.decode(model, ids, 12, strategy=strategy, cache=_cache(strategy, SLIDING))
 
 
-@pytest.mark.parametrize("strategy", ["dynamic", "static"])
-def test_a_cache_of_another_window_or_full_attention_is_refused_for_a_sliding_model(strategy,
-                                                                                   prompt):
-    """The other direction: a full-attention cache, or one of another window, for a model with a
-    sliding window of 8. Only the kinds are compared, so a cache of the model's own config still
-    decodes as "naive" does."""
+def test_a_narrower_window_is_refused_for_a_sliding_model_and_a_wider_one_decodes(prompt):
+    """A DynamicCache of window 4 for a model of window 8 was accepted and dropped tokens the model
+    attends to: wrong tokens past 4 positions, no error. A cache that keeps more than the model
+    reads (full attention, a wider window) holds only what the mask leaves out, and decodes as
+    "naive" does, as does one built from the model's own config."""
     model = transformers.MistralForCausalLM(
         transformers.MistralConfig(**TINY_COMMON, sliding_window=8)).eval()
     ids = prompt(6, batch=2)
-    full = tiny_model("tiny-llama").config
-    with pytest.raises(ValueError, match="holds full attention .* sliding window of 8"):
-        kvlab.decode(model, ids, 12, strategy=strategy, cache=_cache(strategy, full))
-    with pytest.raises(ValueError, match="sliding window of 4 .* sliding window of 8"):
-        kvlab.decode(model, ids, 12, strategy=strategy, cache=_cache(strategy, SLIDING))
-    own = kvlab.decode(model, ids, 12, strategy=strategy, cache=_cache(strategy, model.config))
-    assert torch.equal(own, kvlab.decode(model, ids, 12, strategy="naive"))
+    with pytest.raises(ValueError, match="window of 4 tokens .* sliding window of 8"):
+        kvlab.decode(model, ids, 40, strategy="dynamic", cache=_cache("dynamic", SLIDING))
+    naive = kvlab.decode(model, ids, 40, strategy="naive")
+    wider = transformers.MistralConfig(**TINY_COMMON, sliding_window=16)
+    for config in (tiny_model("tiny-llama").config, wider, model.config):
+        for strategy in ("dynamic", "static"):
+            out = kvlab.decode(model, ids, 40, strategy=strategy, cache=_cache(strategy, config))
+            assert torch.equal(out, naive), (config.model_type, strategy)
 
 
 def _dynamic_rope_llama():
