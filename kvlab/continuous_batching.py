@@ -45,7 +45,7 @@ import torch
 
 from .decoding import OnToken, check_inputs, check_model
 from .frozen_state import check_unchanged, frozen_state
-from .graphs import EagerStep, capture
+from .graphs import EagerStep, capture, check_capturable_rope
 from .paged_cache import (
     BlockAllocator,
     OutOfBlocksError,
@@ -163,6 +163,9 @@ class ContinuousBatcher:
         self.model, self.device, self.dtype = model, param.device, param.dtype
         if not isinstance(graph, bool):
             raise ValueError(f"graph must be True or False, got {graph!r}")
+        if graph:
+            check_capturable_rope(model, "a ContinuousBatcher (strategy 'paged')",
+                                  "pass graph=False (its steps run eagerly)")
         self.max_batch, self.buckets, self.use_graph, self.warmup, self.emulate = (
             max_batch, buckets, graph, warmup, emulate)
         width = num_blocks if max_blocks_per_request is None else max_blocks_per_request

@@ -36,7 +36,7 @@ import torch
 from .decoding import OnToken, check_inputs, check_model, greedy
 from .frozen_state import check_unchanged, frozen_state
 from .graph_safe_cache import GraphSafeError, GraphSafeStaticCache
-from .graphs import capture
+from .graphs import capture, check_capturable_rope
 from .runtime import count, one_call
 
 
@@ -139,6 +139,10 @@ class GraphSafeDecoder:
         # a bool, not 0 or 1: graph=0 equals False yet `is not False` (use_graph) would capture
         if not (isinstance(graph, bool) or isinstance(graph, str) and graph == "emulate"):
             raise ValueError(f"graph must be True, False or 'emulate', got {graph!r}")
+        if graph is not False:
+            check_capturable_rope(model, "a GraphSafeDecoder (strategies 'graph-safe', "
+                                  "'graph-safe-speculative')", "pass graph=False (its steps run "
+                                  "eagerly)")
         cache = max_cache_len if isinstance(max_cache_len, GraphSafeStaticCache) else None
         length = cache.max_cache_len if cache is not None else max_cache_len
         if prefill_bucket is not None:  # read by count: a NumPy or 0-dim tensor int too
@@ -147,8 +151,13 @@ class GraphSafeDecoder:
             except ValueError:
                 bucket = 0
             if not 1 <= bucket <= length:
-                raise ValueError(f"prefill_bucket must be in [1, max_cache_len={length}], got "
-                                 f"{prefill_bucket!r}")
+                # the prefill writes prefill_bucket slots: the cache must hold them all
+                fix = ("pass a cache of" if cache is not None else "pass") + (
+                    f" max_cache_len >= {bucket} too, or a smaller prefill_bucket"
+                    if bucket > length else " a prefill_bucket of at least 1")
+                raise ValueError(f"prefill_bucket must be in [1, max_cache_len={length}] (the "
+                                 "padded prefill writes prefill_bucket cache slots), got "
+                                 f"{prefill_bucket!r}: {fix}")
             prefill_bucket = bucket
         param = next(model.parameters())
         self.model = self.source = model
@@ -278,10 +287,12 @@ class GraphSafeDecoder:
                 f"not fit in max_cache_len={self.max_cache_len}: {fix} max_cache_len >= {need}"
             )
         if self.prefill_bucket is not None and prompt_len > self.prefill_bucket:
+            what = ("the captured prefill's length" if self.use_graph else
+                    "the length the prefill is padded to (graph=False runs it eagerly, at that "
+                    "same shape)")
             raise GraphSafeError(f"the prompt ({prompt_len} tokens) is longer than prefill_bucket="
-                                 f"{self.prefill_bucket}, the captured prefill's length: build the "
-                                 "decoder for the longest prompt it will serve (or with a larger "
-                                 "prefill_bucket)")
+                                 f"{self.prefill_bucket}, {what}: build the decoder for the "
+                                 "longest prompt it will serve (or with a larger prefill_bucket)")
         if self._fingerprint is not None and self.cache.fingerprint() != self._fingerprint:
             raise GraphSafeError(
                 "the cache's buffers were reallocated or rebound since the graph was captured: "

@@ -431,6 +431,26 @@ class CapturedStep:
 _CUDA_ERRORS = (RuntimeError, getattr(torch, "AcceleratorError", RuntimeError))
 
 
+# RoPE kinds whose frequencies change with the length: transformers picks them with a Python `if`
+# on a tensor inside the forward, which no captured graph can hold
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+
+def check_capturable_rope(model, strategy: str, off: str) -> None:
+    """Refuse, before anything is captured, a model whose RoPE cannot be captured: a 'dynamic' or
+    'longrope' RoPE decides on the host, inside transformers' forward, whether the length has
+    outgrown its frequencies. ``off`` says how to run the same strategy without capture."""
+    kinds = {getattr(m, "rope_type", None) for m in model.modules()} & set(LENGTH_DEPENDENT_ROPE)
+    if kinds:
+        kind = sorted(kinds)[0]
+        raise CaptureError(
+            f"this model has {kind!r} RoPE (its frequencies change with the length): "
+            "transformers checks the length with an `if` on a tensor inside the model's forward, "
+            f"which a captured graph cannot hold, so {strategy} cannot capture it. Decode it with "
+            f"strategy='static', 'dynamic' or 'naive', or {off}"
+        )
+
+
 def _refused(e: BaseException) -> CaptureError:
     # what a graph destroyed mid-capture leaves, among other causes
     if "previous error during capture" in str(e):

@@ -101,6 +101,7 @@ def _check_cache_for(model, cache, kind=None, *, batch: int | None = None) -> No
             f"the {name} has {len(cache.layers)} layers but the model has {sizes.layers}: build "
             f"it from this model's config: {made}"
         )
+    _check_layer_kinds(model.config, cache)
     param = next(model.parameters())
     for layer in cache.layers:
         keys = getattr(layer, "keys", None)
@@ -125,6 +126,33 @@ def _check_cache_for(model, cache, kind=None, *, batch: int | None = None) -> No
                 f"{got[3]}; this model needs {want[0]}, {want[1]}, {want[2]} on {want[3]}: pass a "
                 "fresh cache made for this model (and dtype)"
             )
+
+
+def _check_layer_kinds(config, cache) -> None:
+    """Refuse a cache built from another config whose layers keep fewer tokens than this model's
+    attend to: a sliding-window layer for a full-attention one, or a narrower window. It would drop
+    tokens the model still reads: wrong tokens, no error. A layer that keeps more (full attention,
+    or a wider window, for a sliding layer) only holds tokens the model's mask leaves out."""
+    windows = _sliding_windows(config, len(cache.layers))
+    for i, (layer, want) in enumerate(zip(cache.layers, windows, strict=True)):
+        if not getattr(layer, "is_sliding", False):
+            continue  # a full layer (or one of another kind) keeps every token
+        window = getattr(layer, "sliding_window", None)  # DynamicSlidingWindowLayer
+        if window is None and not getattr(layer, "is_croppable", True):
+            # StaticSlidingWindowLayer whose max_cache_len was above its window: holds the window
+            # (one at most max_cache_len never rolls: check_room sees that it holds enough)
+            window = getattr(layer, "max_cache_len", None)
+        if window is None or want is not None and window >= want:
+            continue
+        uses = "full attention" if want is None else f"a sliding window of {want}"
+        name = type(cache).__name__
+        made = ("DynamicCache(config=model.config)" if isinstance(cache, DynamicCache) else
+                f"{name}(config=model.config, max_cache_len=...)")
+        raise ValueError(
+            f"the {name}'s layer {i} keeps a sliding window of {window} tokens but this model's "
+            f"layer {i} uses {uses}: the cache was built from another config and would drop "
+            f"tokens the model attends to. Build it from this model's config: {made}"
+        )
 
 
 def require_empty(cache) -> None:

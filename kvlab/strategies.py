@@ -105,6 +105,18 @@ class Strategy:
         input_ids = unpadded_ids(input_ids, attention_mask)
         max_new_tokens = check_inputs(model, input_ids, max_new_tokens)
         unknown = [] if accepted is None else sorted(set(kwargs) - accepted)
+        if unknown and what == "state" and self.builds is None:
+            # nothing is built, so nothing is held: the keywords belong to each decode call
+            keys = ", ".join(f"{k}=" for k in unknown)
+            decodes = self.keywords() or set()
+            where = (f"pass {keys} to kvlab.decode(..., strategy={self.name!r})"
+                     if set(unknown) <= decodes else
+                     f"strategy {self.name!r} takes "
+                     + (", ".join(f"{k}=" for k in sorted(decodes)) or "no options"))
+            hold = (", or hold a cache= (make one and pass it to every call)"
+                    * ("cache" in decodes and set(unknown) <= decodes))
+            raise TypeError(f"{self.name} builds no state to hold, so STRATEGIES[{self.name!r}]"
+                            f".state takes no {keys}: {where}{hold}")
         if unknown:
             takes = ", ".join(f"{k}=" for k in sorted(accepted)) or "no options"
             who = (f"strategy {self.name!r}" if what == "decode"

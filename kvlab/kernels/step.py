@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 
 from ..frozen_state import python_overrides
+from ..graphs import LENGTH_DEPENDENT_ROPE
 from .attention import rope_cache_attention, rope_cache_prefill_attention
 from .gemv import gemv, greedy_head
 
@@ -77,21 +78,27 @@ def check_supported(model) -> None:
                          f"Python, so they would leave out {'; '.join(overrides[:3])}. Remove "
                          "the hooks or the patched forward, or use the 'graph-safe' strategy, "
                          "which runs them")
-    why = None
+    why, uncapturable = None, False
     if config.model_type not in _SUPPORTED:
         why = f"model_type {config.model_type!r} (supported: {', '.join(_SUPPORTED)})"
     elif getattr(config, "hidden_act", "silu") != "silu":
         why = f"hidden_act {config.hidden_act!r} (the kernel fuses SiLU)"
     elif getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         why = "a sliding window"
-    elif model.model.rotary_emb.rope_type in ("dynamic", "longrope"):
+    elif model.model.rotary_emb.rope_type in LENGTH_DEPENDENT_ROPE:
         why = f"{model.model.rotary_emb.rope_type!r} RoPE (its frequencies change with the length)"
+        uncapturable = True
     elif getattr(model.lm_head, "bias", None) is not None:
         why = "a bias in the LM head"
     else:
         attn = model.model.layers[0].self_attn
         if attn.head_dim & (attn.head_dim - 1):
             why = f"head_dim {attn.head_dim} (must be a power of two)"
+    if uncapturable:  # no captured graph holds it: graph-safe refuses it too
+        raise ValueError(
+            f"kvlab's decode kernels compute a Llama-style layer; this model has {why}, which no "
+            "captured graph can hold. Decode it with strategy='static', 'dynamic' or 'naive', or "
+            "strategy='graph-safe' with graph=False (its steps run eagerly).")
     if why:
         raise ValueError(
             f"kvlab's decode kernels compute a Llama-style layer; this model has {why}. "

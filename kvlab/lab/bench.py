@@ -228,7 +228,9 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
             setattr(torch._dynamo.config, knob, 64)
     env = environment(device) | {
         "cpu": cpu_name(),
-        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        # the mode this run used (--quick or KVLAB_QUICK, read by main), as settings["quick"]
+        "quick_mode": bool(quick)}
     try:
         check_model = build_model(model, device, seed=seed)
     except ValueError as e:  # an unknown name: a setting, refused before any timing
