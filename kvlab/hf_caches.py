@@ -288,6 +288,10 @@ _GENERATION_NEUTRAL = {
     "transformers_version", "_from_model_config"}
 
 
+# fields that change what model.generate returns, not which tokens
+_GENERATION_OUTPUT = {"return_dict_in_generate", "num_return_sequences"}
+
+
 def check_generation_config(model) -> None:
     """Refuse a ``model.generation_config`` that ``model.generate`` follows to other tokens than
     greedy decoding (a repetition penalty, beams, suppressed tokens, ...) or to another output
@@ -305,10 +309,13 @@ def check_generation_config(model) -> None:
     if picked:
         shown = ", ".join(f"{k}={v!r}" for k, v in sorted(picked.items()))
         reset = "; ".join(f"model.generation_config.{k} = None" for k in sorted(picked))
+        what = ("return another output than the new tokens, or pick other tokens than greedy "
+                "decoding" if set(picked) & _GENERATION_OUTPUT else
+                "pick other tokens than greedy decoding")
         raise ValueError(f"'generate-static' runs model.generate, which follows "
-                         f"model.generation_config: {shown} would pick other tokens than greedy "
-                         f"decoding, and kvlab's strategies all return naive's tokens. Set them "
-                         f"back ({reset}), or use another strategy")
+                         f"model.generation_config: {shown} would {what}, and kvlab's strategies "
+                         f"all return naive's tokens. Set them back ({reset}), or use another "
+                         "strategy")
 
 
 @torch.inference_mode()

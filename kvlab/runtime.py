@@ -341,10 +341,11 @@ def one_call(owner, error: type[Exception], what: str, entry: str):
     with _RUNNING_LOCK:
         lock = _RUNNING.setdefault(owner, threading.Lock())
     if not lock.acquire(blocking=False):
-        raise error(f"this {what} is already decoding: {entry}() was called again from inside a "
-                    "call of it (an on_token callback) or from another thread, and would reset or "
-                    "advance the state the running call reads. Finish the first call before the "
-                    f"next, or give each thread (or nested decode) its own {what}")
+        raise error(f"this {what} is already decoding: {entry}() (directly or through "
+                    "kvlab.decode) was called again from inside a call of it (an on_token "
+                    "callback) or from another thread, and would reset or advance the state the "
+                    "running call reads. Finish the first call before the next, or give each "
+                    f"thread (or nested decode) its own {what}")
     try:
         yield
     finally:

@@ -75,3 +75,23 @@ def test_decoding_under_autocast_is_refused(strategy, prompt):
                                                                     match="torch.autocast is on"):
         kvlab.decode(model, ids, 5, strategy=strategy)
     assert torch.equal(kvlab.decode(model, ids, 5, strategy=strategy), kvlab.decode(model, ids, 5))
+
+
+@pytest.mark.parametrize("checker", ["check_naive_decode", "check_cache_update"])
+def test_a_checker_needs_two_tokens_to_check_a_loop(checker):
+    """Round 11: check_naive_decode(bad, new_tokens=1) called a loop that never appends its token
+    "correct": one token is the prefill's argmax, the same for a broken loop."""
+    from kvlab.exercises import lesson01, lesson02
+
+    check = getattr(lesson01, checker, None) or getattr(lesson02, checker)
+    with pytest.raises(ValueError, match="new_tokens must be"):
+        check(lambda model, ids, n: ids[:, -n:], model=tiny_model("tiny-llama"), new_tokens=1)
+
+
+def test_return_dict_in_generate_is_named_for_what_it_changes(prompt):
+    """Round 11: return_dict_in_generate was refused as picking other tokens; it changes the
+    output."""
+    model = tiny_model("tiny-llama")
+    model.generation_config.return_dict_in_generate = True
+    with pytest.raises(ValueError, match="return another output than the new tokens"):
+        kvlab.decode(model, prompt(8), 6, strategy="generate-static")

@@ -136,6 +136,10 @@ _COUNTS = {"new_tokens": 1, "prompt_len": 1, "tokens": 1, "batch": 1, "max_cache
 # settings that are a list of such counts: not empty, each at least this
 _COUNT_LISTS = {"lengths": 1, "buckets": 1}
 _OWN_MINIMUMS = {
+    # one token is the prefill's argmax: a loop that never appends it would pass
+    "check_naive_decode": {"new_tokens": 2},
+    # one token never reads the student's cache back in the model's decode
+    "check_cache_update": {"new_tokens": 2},
     # step 0 is the prefill: one token makes no step to check
     "check_decode_step": {"new_tokens": 2},
     # one token is the prefill's: the graph is never replayed
