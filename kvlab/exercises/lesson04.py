@@ -11,6 +11,8 @@ replays from ``kvlab.graphs`` (emulated on CPU, a real CUDA graph on a GPU) and 
 
 from __future__ import annotations
 
+import functools
+import inspect
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -18,17 +20,19 @@ import torch
 
 from ..cache_view import counters, slot_norms
 from ..decoding import first_mismatch, greedy
-from ..failures import control_rewound, decode_static_graph
+from ..failures import bucket_len, control_rewound, decode_static_graph
 from ..graphs import CapturedStep, capture
 from ..hf_caches import decode_static, make_static_cache
 from .common import (
     NotAttempted,
+    SettingError,
     call_student,
     check_prediction,
     check_prompt_ids,
     choice_of,
     code_checker,
     kept,
+    plain_setting,
     settings_read,
     solutions_filled_in,
 )
@@ -323,6 +327,31 @@ def fix_problem(name: str, result, seen, prompt_len: int, warmup: int) -> str | 
             "(fill_), whatever moved it.")
 
 
+def padding_unlike_warmup(check):
+    """Refuse, at ``check_put_back``'s door, a ``prompt_len=`` whose padding
+    (``bucket_len(prompt_len) - prompt_len``) equals ``warmup=``: both scenarios would then move
+    the counters by the same amount, and a fix that subtracts a fixed amount would pass as one that
+    fills each counter to valid_len. The other settings are refused by the checker's own door."""
+    defaults = inspect.signature(check).parameters
+
+    @functools.wraps(check)
+    def checked(*args, **kwargs):
+        prompt_len, warmup = (plain_setting(kwargs.get(k, defaults[k].default))
+                              for k in ("prompt_len", "warmup"))
+        if (all(type(v) is int and v >= 1 for v in (prompt_len, warmup))
+                and bucket_len(prompt_len) - prompt_len == warmup):
+            raise SettingError(
+                f"check_put_back(prompt_len={prompt_len}, warmup={warmup}): the padded prefill "
+                f"adds {warmup} padding rows (bucket_len({prompt_len}) - {prompt_len}), as many "
+                f"as the {warmup} warm-up calls, so the two scenarios cannot tell 'subtract a "
+                "fixed amount' from 'fill to valid_len'; choose a warmup= or prompt_len= that "
+                "makes them differ")
+        return check(*args, **kwargs)
+
+    return checked
+
+
+@padding_unlike_warmup
 @code_checker(put_back)
 def check_put_back(student, *, prompt_len: int = 9, n: int = 12, warmup: int = 2) -> str:
     """Write every layer's counter in place (layer.cumulative_length.fill_(valid_len)); never assign

@@ -17,6 +17,7 @@ from ..cache_view import counters
 from ..graph_safe_cache import GraphSafeStaticCache
 from ..graphs import CapturedStep
 from .common import (
+    SettingError,
     as_number,
     call_student,
     check_number,
@@ -121,6 +122,11 @@ def check_counters_prediction(prediction=None, *, prompt_len: int = 21, bucket: 
     ``steps`` tokens are decoded, once on a vanilla StaticCache and once on a GraphSafeStaticCache
     (valid window = the prompt). Which of ``COUNTER_CHOICES`` are the two counters? The run is made
     here, live."""
+    if prompt_len >= bucket:
+        # no padding: vanilla and graph-safe counters agree, and all four choices say the same
+        raise SettingError(f"check_counters_prediction(prompt_len={prompt_len}, bucket={bucket}): "
+                           "the question needs padding (prompt_len < bucket); without it every "
+                           "choice describes the same counters")
     vanilla, safe = padded_prefill_counters(prompt_len, bucket, steps)
     p, b = prompt_len + steps, bucket + steps
     table = {"A": (p, p), "B": (b, p), "C": (b, b), "D": (p, b)}

@@ -109,6 +109,9 @@ def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, re
         if counts[-1] is None:
             raise BenchArgumentError(f"{name} must be an int >= {least}, got {value!r}")
     prompt_len, check_tokens, repeats, profile_k = counts
+    if check_tokens == 1:
+        raise BenchArgumentError(f"check_tokens must be 0 (no check) or >= 2, got {check_tokens!r}:"
+                                 " one token is the prefill's argmax, no decode step is checked")
     asked, new_tokens = new_tokens, _read_int(new_tokens, 2)
     if new_tokens is None:
         raise BenchArgumentError(f"new_tokens must be >= 2, got {asked!r}: "
@@ -560,6 +563,18 @@ def _count(least: int):
     return parse
 
 
+def _check_tokens(text: str) -> int:
+    # 0: no check (recorded as such); one token is the prefill's argmax: no decode step checked
+    value = _count(0)(text)
+    if value == 1:
+        raise argparse.ArgumentTypeError("1 checks no decode step (one token is the prefill's "
+                                         "argmax): give 0 (no check) or >= 2")
+    return value
+
+
+_check_tokens.__name__ = "0 or an int >= 2"
+
+
 def _batches(text: str) -> list[int]:
     try:
         sizes = [int(b) for b in text.split(",")]
@@ -680,7 +695,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", type=_dtype, default=None,
                    help="timing dtype (default bfloat16 on CUDA, float32 on CPU); checks run in "
                         "float32")
-    p.add_argument("--check-tokens", type=_count(0), default=None,
+    p.add_argument("--check-tokens", type=_check_tokens, default=None,
                    help="tokens of the fp32 check against naive (default 32; quick: 8; 0: no "
                         "check)")
     p.add_argument("--no-check-compiled", action="store_true",
