@@ -27,7 +27,7 @@ from .common import (
     kept,
     real_number,
 )
-from .lesson00 import describe, small_gqa_config
+from .lesson00 import describe, head_dim_mistake, small_gqa_config
 from .mistakes import first_match, show_sources
 
 # ---- exercise 2: the naive greedy loop -----------------------------------------------------------
@@ -168,6 +168,7 @@ def flops_mistakes(config, length: int) -> list[tuple[int | float | None, str]]:
     return [
         (right - per_pair * length / 2, diagonal),  # L^2/2 pairs
         (right - per_pair * length, diagonal),  # L(L-1)/2 pairs
+        head_dim_mistake(config, lambda c: forward_flops(c, length)),
         (right / 2, "a multiply-add is 2 FLOPs: every matrix product of an m x k by a k x n matrix "
                     "costs 2*m*k*n."),
         (forward_flops(config, length, causal=False) if length > 1 else None,
