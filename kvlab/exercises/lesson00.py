@@ -31,11 +31,13 @@ from .mistakes import first_match
 
 
 def small_gqa_config():
-    """A small untied Llama config with grouped-query attention (4 query heads, 2 kv heads)."""
+    """A small untied Llama config with grouped-query attention (4 query heads, 2 kv heads) and a
+    head_dim (12) that is not hidden / heads (8), as some models have."""
     from transformers import LlamaConfig
 
     return LlamaConfig(vocab_size=200, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
-                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=12,
+                       tie_word_embeddings=False)
 
 
 def with_changes(config, **changes):
@@ -50,7 +52,18 @@ def describe(config) -> str:
     s = model_sizes(config)
     tied = "tied" if getattr(config, "tie_word_embeddings", False) else "untied"
     return (f"a config of {s.layers} layers, hidden {s.hidden}, {s.heads} query / {s.kv_heads} kv "
-            f"heads, MLP {s.intermediate}, vocab {s.vocab}, {tied} lm_head")
+            f"heads of head_dim {s.head_dim}, MLP {s.intermediate}, vocab {s.vocab}, {tied} "
+            "lm_head")
+
+
+def head_dim_mistake(config, count):
+    """``(count(config with head_dim = hidden // heads), hint)``, the count None where the config's
+    head_dim is hidden // heads already."""
+    s = model_sizes(config)
+    odd = s.head_dim != s.hidden // s.heads
+    return (count(with_changes(config, head_dim=s.hidden // s.heads)) if odd else None,
+            f"head_dim is config.head_dim ({s.head_dim} here) where the config sets it, not hidden "
+            f"/ heads ({s.hidden // s.heads}): read it as kvlab.sizes.model_sizes does.")
 
 
 def parameter_mistakes(config) -> list[tuple[int | None, str]]:
@@ -61,6 +74,7 @@ def parameter_mistakes(config) -> list[tuple[int | None, str]]:
     tied = bool(getattr(config, "tie_word_embeddings", False))
     per_layer = llama_parameter_count(with_changes(config, num_hidden_layers=s.layers + 1)) - right
     return [
+        head_dim_mistake(config, llama_parameter_count),
         (llama_parameter_count(with_changes(config, num_key_value_heads=s.heads))
          if s.kv_heads != s.heads else None,
          "k_proj and v_proj are hidden x (num_key_value_heads x head_dim): with grouped-query "

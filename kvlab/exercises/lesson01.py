@@ -27,7 +27,7 @@ from .common import (
     kept,
     real_number,
 )
-from .lesson00 import describe, small_gqa_config
+from .lesson00 import describe, head_dim_mistake, small_gqa_config
 from .mistakes import first_match, show_sources
 
 # ---- exercise 2: the naive greedy loop -----------------------------------------------------------
@@ -162,7 +162,13 @@ def flops_mistakes(config, length: int) -> list[tuple[int | float | None, str]]:
     right = sum(parts.values())
     mha = copy.deepcopy(config)
     mha.num_key_value_heads = s.heads
+    per_pair = s.layers * 2 * (2 * s.heads * s.head_dim)  # attention FLOPs per (query, key) pair
+    diagonal = ("causal attention: position j sees the j + 1 keys up to AND including itself: "
+                "L(L+1)/2 pairs, not L^2/2 or L(L-1)/2.")
     return [
+        (right - per_pair * length / 2, diagonal),  # L^2/2 pairs
+        (right - per_pair * length, diagonal),  # L(L-1)/2 pairs
+        head_dim_mistake(config, lambda c: forward_flops(c, length)),
         (right / 2, "a multiply-add is 2 FLOPs: every matrix product of an m x k by a k x n matrix "
                     "costs 2*m*k*n."),
         (forward_flops(config, length, causal=False) if length > 1 else None,
@@ -194,7 +200,7 @@ def check_step_flops(student, *, config=None, length: int = 1000) -> str:
     """Per layer and position: q/k/v/o projections, attention over j+1 keys, 3 MLP matrices; then
     the lm_head.
 
-    Checks ``step_flops(config, length)`` against ``kvlab.sizes.forward_flops`` (within 1%) at
+    Checks ``step_flops(config, length)`` against ``kvlab.sizes.forward_flops`` (exactly) at
     lengths 1, 7 and ``length``, on ``config`` and on a small GQA config (whose parts all differ in
     size, so that each mistake shows apart), and names the mistake behind a wrong count."""
     lengths = tuple(dict.fromkeys((1, 7, length)))
@@ -206,8 +212,9 @@ def check_step_flops(student, *, config=None, length: int = 1000) -> str:
                 got = real_number(got, spelled=False)
             except NotANumber as e:
                 return f"not quite: step_flops should return a number, got {e}"
-            if abs(got - right) > 0.01 * right:
-                hint = first_match(got, flops_mistakes(cfg, L), rtol=0.005) or (
+            # FLOPs are whole numbers: a float must equal the count exactly
+            if got != right:
+                hint = first_match(got, flops_mistakes(cfg, L)) or (
                     "count part by part (kvlab.sizes' docstring above has the formula): per layer "
                     "and position 2*hidden*(H*d + 2*K*d + H*d) for the projections and "
                     "3*2*hidden*I for the MLP, 2*2*H*d per "

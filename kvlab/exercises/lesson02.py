@@ -108,7 +108,8 @@ def check_attend(student) -> str:
 
     Checks ``attend(q, keys, values)`` on a decode step (1 query over 6 keys), 3 queries over 8 keys
     and a prefill (4 over 4), given in float64, against the reference (within float32 rounding, or
-    the rounding of the dtype returned), and names the mistake behind a wrong output."""
+    the rounding of the dtype returned, 16 bits at least), and names the mistake behind a wrong
+    output."""
     for seed, (T, S) in enumerate(ATTEND_CASES):
         q, keys, values = attend_case(T, S, seed)
         right = attend(q, keys, values)
@@ -126,6 +127,11 @@ def check_attend(student) -> str:
                 why = "one output row of d per query."
             return (f"not quite: for {where}, expected shape {tuple(right.shape)}, got "
                     f"{tuple(got.shape)}. Hint: {why}")
+        # under 16 bits the rounding alone hides the mistakes: all zeros, no causal mask
+        if got.dtype.is_floating_point and torch.finfo(got.dtype).bits < 16:
+            return (f"not quite: for {where}, you returned {got.dtype}, too coarse to tell a right "
+                    f"attention from a wrong one: return the inputs' dtype ({q.dtype}), or at "
+                    "least 16 bits (float16, bfloat16).")
         tol = attend_tolerance(got.dtype)
         got = got.to(right.dtype)
         if torch.allclose(got, right, rtol=tol, atol=tol):

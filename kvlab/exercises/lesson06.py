@@ -56,7 +56,9 @@ def tokens_per_s_solution(t1, tn, n: int, batch: int) -> float:
     return timing.tokens_per_s
 
 
-RATE_CASES = [(16, 4, 5), (64, 1, 3), (9, 8, 3)]  # (n new tokens, batch, repeats)
+# (n new tokens, batch, repeats); an even count of repeats, whose median is the mean of the middle
+# two, tells the median from the upper or lower one
+RATE_CASES = [(16, 4, 5), (64, 1, 3), (9, 8, 3), (12, 2, 4)]
 
 
 def timing_case(n: int, batch: int, repeats: int, seed: int) -> tuple[list[float], list[float]]:
@@ -86,6 +88,12 @@ def _rate_variants(t1, tn, n: int, batch: int) -> dict[str, float]:
         "you paired repeat i of T(1) with repeat i of T(n): they are separate runs; take the "
         "median of each first": (
             statistics.median(batch * (n - 1) / (b - a) for a, b in zip(t1, tn, strict=True))),
+        "you took the upper middle repeat: with an even number of repeats the median is the mean "
+        "of the two middle ones (statistics.median)": (
+            batch * (n - 1) / (statistics.median_high(tn) - statistics.median_high(t1))),
+        "you took the lower middle repeat: with an even number of repeats the median is the mean "
+        "of the two middle ones (statistics.median)": (
+            batch * (n - 1) / (statistics.median_low(tn) - statistics.median_low(t1))),
         "each step makes one token for every sequence of the batch: multiply by batch": (
             (n - 1) / (medn - med1)),
         "that is seconds per step; tokens per second is batch / seconds per step": (

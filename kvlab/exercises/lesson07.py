@@ -226,6 +226,8 @@ DRAFT_CASES = [  # (label, tokens, k, max_ngram)
     ("nothing seen before", [1, 2, 3, 4, 5], 3, 2),
     ("one token", [42], 2, 3),
     ("max_ngram 1", [6, 1, 2, 6, 3, 4, 6], 2, 1),
+    # the 3-gram suffix (1, 2, 3) occurs earlier, but max_ngram is 2: (2, 3) first occurs at 0
+    ("an n-gram longer than max_ngram seen before", [2, 3, 7, 1, 2, 3, 9, 2, 3, 8, 1, 2, 3], 2, 2),
 ]
 
 
