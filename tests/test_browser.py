@@ -371,6 +371,8 @@ def _saved_problems(nb, saved: bool) -> list[str]:
 
 
 def _inspector_problems(page, facts: dict, caption_timeout_s: float) -> list[str]:
+    from playwright.sync_api import expect
+
     roots = page.locator(".kvlab-inspector")
     try:
         roots.first.wait_for(state="attached", timeout=30_000)
@@ -394,7 +396,14 @@ def _inspector_problems(page, facts: dict, caption_timeout_s: float) -> list[str
             continue
         if not image.evaluate("img => img.complete && img.naturalWidth > 0"):
             problems.append(f"{where}: the image did not load (naturalWidth 0)")
-        text = caption.inner_text()
+        try:  # the caption's box shows before its HTML arrives (and may be drawn again): wait
+            # for its text through the locator, which finds the node anew at each try
+            expect(caption).to_have_text(CAPTION_STEP, timeout=caption_timeout_s * 1000)
+        except AssertionError:  # said below, with the text it has
+            pass
+        # the text it holds: innerText is empty while JupyterLab leaves the cell unpainted
+        # (a notebook window draws only what is on screen)
+        text = caption.text_content() or ""
         if not CAPTION_STEP.match(text):
             problems.append(f"{where}: the caption does not start with 'step <k>': {text[:80]!r}")
             continue
