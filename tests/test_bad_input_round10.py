@@ -131,8 +131,8 @@ def test_the_bench_record_says_the_mode_the_run_used(quick, tmp_path, monkeypatc
     from kvlab.lab import bench
 
     monkeypatch.setenv("KVLAB_QUICK", "0" if quick else "1")  # the variable says the other mode
-    rec = bench.run_bench("tiny-llama", prompt_len=4, new_tokens=3, strategies=["naive"],
-                          check_tokens=0, profile_k=0, repeats=1, quick=quick, progress=False,
+    rec = bench.run_bench("tiny-llama", prompt_len=4, new_tokens=16, strategies=["naive"],
+                          check_tokens=0, profile_k=0, repeats=3, quick=quick, progress=False,
                           out=tmp_path / "run")
     assert rec["settings"]["quick"] is quick and rec["env"]["quick_mode"] is quick
     with open(tmp_path / "run.csv") as f:
