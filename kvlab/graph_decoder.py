@@ -29,6 +29,7 @@ unless handed one (``decoder=``).
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 import torch
@@ -318,6 +319,17 @@ class GraphSafeDecoder:
         if self._source_frozen is not None:
             check_unchanged(self._source_frozen, self.source, "this decoder's copy of the model")
 
+    @contextlib.contextmanager
+    def _emptied_if_stopped(self):
+        """A call stopped past its checks (``on_token`` raised, an interrupt) leaves the counter
+        after tokens the caller never got: empty the cache, so that ``decode_steps`` refuses rather
+        than continue from there."""
+        try:
+            yield
+        except BaseException:
+            self.cache.set_position(0)
+            raise
+
     def capture_graph(self, fn, static: torch.Tensor):
         """Capture ``fn(static)`` and undo the warm-up calls' side effects in place: counter, token,
         slots."""
@@ -359,7 +371,7 @@ class GraphSafeDecoder:
         ``[batch, 1]`` (a copy: the static buffer ``token`` is overwritten by the next step)."""
         with one_call(self.cache, GraphSafeError, "decoder", "prefill"):
             self._check(input_ids, 1)
-            with self.cache.unchecked():  # room was checked above, once
+            with self._emptied_if_stopped(), self.cache.unchecked():  # room was checked above
                 return self._prefill(input_ids).clone()
 
     def _prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -398,7 +410,7 @@ class GraphSafeDecoder:
         self._check(input_ids, max_new_tokens)
         out = torch.empty(self.batch, max_new_tokens, dtype=torch.long, device=self.device)
         # room was checked above, once for every step: no host sync per step
-        with self.cache.unchecked():
+        with self._emptied_if_stopped(), self.cache.unchecked():
             out[:, :1].copy_(self._prefill(input_ids))
             if on_token is not None:
                 on_token(0, out[:, :1].clone())  # the caller's copy
@@ -426,7 +438,8 @@ class GraphSafeDecoder:
         used = int(self.cache.cache_position)
         if used == 0:  # the token buffer holds no prompt's next token
             raise GraphSafeError("the cache is empty: decode_steps continues a prompt, so call "
-                                 "decoder.prefill(input_ids) first (or decoder.generate)")
+                                 "decoder.prefill(input_ids) first (or decoder.generate). A call "
+                                 "that stopped early (on_token raised, an interrupt) empties it.")
         if used + n > self.max_cache_len:
             raise GraphSafeError(
                 f"the cache holds {used} of {self.max_cache_len} tokens: {n} more steps would "
@@ -434,7 +447,7 @@ class GraphSafeDecoder:
                 "max_cache_len."
             )
         out = torch.empty(self.batch, n, dtype=torch.long, device=self.device)
-        with self.cache.unchecked():
+        with self._emptied_if_stopped(), self.cache.unchecked():
             made = 0
             while made < n:
                 k = min(self.steps, n - made)

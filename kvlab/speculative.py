@@ -214,7 +214,7 @@ class SpeculativeDecoder(GraphSafeDecoder):
         history = input_ids.tolist()
         verify_steps = drafted = accepted_drafts = 0
         # room was checked above; rows past the end go to the trash slot
-        with self.cache.unchecked():
+        with self._emptied_if_stopped(), self.cache.unchecked():
             # counter = prompt_len: the first token's position
             out[:, :1].copy_(self._prefill(input_ids))
             for row, token in zip(history, out[:, 0].tolist(), strict=True):
