@@ -52,3 +52,23 @@ def test_a_refused_generate_keeps_what_the_cache_holds(name, options, prompt):
     with pytest.raises(GraphSafeError, match="do not fit"):
         decoder.generate(ids, 100)
     assert torch.equal(decoder.decode_steps(2), kvlab.decode(model, ids, 6)[:, 4:])
+
+
+def test_a_code_checkers_own_setting_error_is_the_callers_not_the_students():
+    """A code checker turned every exception into "not quite: your code raised", its own refusal of
+    settings that do not go together too."""
+    from kvlab.exercises.common import SettingError, code_checker
+
+    def solution(x):
+        return x
+
+    @code_checker(solution)
+    def check(student, *, a: int = 1):
+        if a == 2:
+            raise SettingError("a=2 does not go with this question")
+        return "correct" if student(a) == a else "not quite"
+
+    assert check(solution) == "correct"
+    with pytest.raises(SettingError, match="a=2"):
+        check(solution, a=2)
+    assert check(lambda x: 1 / 0).startswith("not quite: your code raised ZeroDivisionError")

@@ -503,6 +503,8 @@ def code_checker(solution):
                     return NOT_ATTEMPTED
                 return (f"(the reference solution, filled in by {SOLUTIONS_ENV}=1) "
                         + check(solution, *args, **kwargs))
+            except SettingError:
+                raise
             except Exception as e:  # the student's code failed: say how, and where to look
                 return (f"not quite: your code raised {type(e).__name__}: "
                         f"{str(e).splitlines()[0][:200] if str(e) else ''}. Hint: {summary(check)}")
