@@ -1,7 +1,8 @@
 """Shared fixtures. ``prompt``: random prompt ids; ``real_model``: the real SmolLM2-135M-Instruct,
-or a skip that says how to get it."""
+or a skip that says how to get it; ``one_waits_inside``: two decodes at once, in two threads."""
 
 import os
+import threading
 
 # Under pytest-xdist (`-n`), one intra-op thread per worker: two workers of two threads each on a
 # 2-core machine spin against each other. Notebook kernels inherit the variable.
@@ -64,6 +65,37 @@ def prompt():
     """``prompt(length, *, batch=1, seed=0, device="cpu")``: random prompt ids
     (``random_prompt``)."""
     return random_prompt
+
+
+def decode_while_one_waits_inside(decode) -> dict:
+    """``decode(i, on_token)`` for i = 0 in a thread, held inside its decode (at its second token)
+    while ``decode(1, None)`` runs here; what each returned or raised, by i."""
+    inside, release, got = threading.Event(), threading.Event(), {}
+
+    def hold(k, token):
+        if k == 1:
+            inside.set()
+            release.wait(120)
+
+    def run(i):
+        try:
+            got[i] = decode(i, hold if i == 0 else None)
+        except Exception as e:  # what the thread saw is the test's result
+            got[i] = e
+
+    first = threading.Thread(target=run, args=(0,))
+    first.start()
+    assert inside.wait(120)
+    run(1)
+    release.set()
+    first.join(120)
+    return got
+
+
+@pytest.fixture(scope="session")
+def one_waits_inside():
+    """``one_waits_inside(decode)``: two decodes at once (``decode_while_one_waits_inside``)."""
+    return decode_while_one_waits_inside
 
 
 BROWSED = pytest.StashKey[list]()  # the lessons tests/test_browser.py runs instead of nbmake

@@ -1,7 +1,6 @@
 """Issue 48, probe round 5: what a hostile but ordinary user still got wrong after round 4's
 fixes."""
 
-import threading
 
 import pytest
 import torch
@@ -93,7 +92,8 @@ def test_a_held_decoder_called_again_from_on_token_is_refused(strategy, prompt):
 
 
 @pytest.mark.parametrize("strategy", [*HELD, "reduce-overhead"])
-def test_a_held_decoder_shared_by_two_threads_never_gives_wrong_tokens(strategy, prompt):
+def test_a_held_decoder_shared_by_two_threads_never_gives_wrong_tokens(strategy, prompt,
+                                                                     one_waits_inside):
     """Two threads decoding at once with one held decoder (or batcher, or reduce-overhead state, as
     round 6 found) interleaved their prefills and steps on its one cache: a thread got wrong
     tokens with no error. Now the second call is refused while one runs."""
@@ -101,27 +101,11 @@ def test_a_held_decoder_shared_by_two_threads_never_gives_wrong_tokens(strategy,
     ids = [prompt(6), prompt(4, seed=1)]
     state = kvlab.STRATEGIES[strategy].state(model, ids[0], 5, max_cache_len=24)
     want = [kvlab.decode(model, x, 5) for x in ids]
-    inside, release = threading.Event(), threading.Event()
-    got = {}
 
-    def hold(k, token):  # thread 0 waits inside its decode until thread 1 has tried
-        if k == 1:
-            inside.set()
-            release.wait(120)
+    def decode(i, on_token):
+        return kvlab.decode(model, ids[i], 5, strategy=strategy, on_token=on_token, **state)
 
-    def run(i):
-        try:
-            got[i] = kvlab.decode(model, ids[i], 5, strategy=strategy,
-                                  on_token=hold if i == 0 else None, **state)
-        except Exception as e:  # what the thread saw is the test's result
-            got[i] = e
-
-    first = threading.Thread(target=run, args=(0,))
-    first.start()
-    assert inside.wait(120)
-    run(1)
-    release.set()
-    first.join(120)
+    got = one_waits_inside(decode)
     assert torch.equal(got[0], want[0])
     refusal = RuntimeError if strategy == "reduce-overhead" else GraphSafeError | PagedCacheError
     assert isinstance(got[1], refusal) and "another thread" in str(got[1])

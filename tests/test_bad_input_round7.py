@@ -162,7 +162,7 @@ def _fresh_cache(strategy, model, length=24):
 
 
 @pytest.mark.parametrize("strategy", SHARED)
-def test_a_cache_decoding_in_one_thread_is_refused_to_another(strategy, prompt):
+def test_a_cache_decoding_in_one_thread_is_refused_to_another(strategy, prompt, one_waits_inside):
     """Two threads handing one cache= to kvlab.decode interleaved their prefills and steps in it
     and got wrong tokens (static and handwritten: most of 80 races); round 6's guard covered only
     reduce-overhead's cache. The second call is refused while the first runs."""
@@ -170,27 +170,11 @@ def test_a_cache_decoding_in_one_thread_is_refused_to_another(strategy, prompt):
     ids = [prompt(6), prompt(4, seed=1)]
     want = [kvlab.decode(model, x, 5) for x in ids]
     cache = _fresh_cache(strategy, model)
-    inside, release = threading.Event(), threading.Event()
-    got = {}
 
-    def hold(k, token):
-        if k == 1:
-            inside.set()
-            release.wait(120)
+    def decode(i, on_token):
+        return kvlab.decode(model, ids[i], 5, strategy=strategy, cache=cache, on_token=on_token)
 
-    def run(i):
-        try:
-            got[i] = kvlab.decode(model, ids[i], 5, strategy=strategy, cache=cache,
-                                  on_token=hold if i == 0 else None)
-        except Exception as e:  # what the thread saw is the test's result
-            got[i] = e
-
-    first = threading.Thread(target=run, args=(0,))
-    first.start()
-    assert inside.wait(120)
-    run(1)
-    release.set()
-    first.join(120)
+    got = one_waits_inside(decode)
     assert torch.equal(got[0], want[0])
     assert isinstance(got[1], RuntimeError)
     if strategy == "graph-safe":  # the second call's decoder cannot bind a cache bound to the first
