@@ -38,7 +38,8 @@ own version counter), through a raw ``data_ptr``, by another process or by a CUD
 else's; a tensor held in a plain attribute (not a parameter or buffer); a method patched on the
 class (``LlamaMLP.forward = ...``) or a module-level function a forward calls; a setting held in a
 container (a list or dict attribute) or in a private attribute; a config field outside
-``_CONFIG_READ``; an int setting turned into the equal bool (``1`` -> ``True``).
+``_CONFIG_READ``; an int setting turned into the equal bool (``1`` -> ``True``); an in-place edit of
+an inference tensor (a weight made under ``torch.inference_mode()`` keeps no version).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 import numpy as np
+import torch
 
 from .graph_safe_cache import GraphSafeError
 
@@ -156,10 +158,16 @@ def _walk(model) -> tuple[list, list, tuple]:
     return modules, [t for t in tensors if t is not None], tuple(marks)
 
 
+def _version(t: torch.Tensor) -> int:
+    """``t``'s in-place version; an inference tensor (made under ``torch.inference_mode()``) keeps
+    none: -1."""
+    return -1 if t.is_inference() else t._version
+
+
 def _signature(tensors: list, versions: bool = True) -> list:
     """(address, in-place version, shape) per tensor: a new dtype or device needs new memory, so a
     new address. Without ``versions`` the version is left out (0)."""
-    return [(t.data_ptr(), t._version if versions else 0, t.shape) for t in tensors]
+    return [(t.data_ptr(), _version(t) if versions else 0, t.shape) for t in tensors]
 
 
 def _global_hooks() -> tuple:
@@ -256,7 +264,7 @@ def frozen_state(model, *, versions: bool = True) -> FrozenState:
     named_modules = _named_modules(model)
     named = {
         "modules": {n: weakref.ref(m) for n, m in named_modules.items()},
-        "tensors": {n: (weakref.ref(t), t.data_ptr(), t._version, t.shape, t.dtype, t.device)
+        "tensors": {n: (weakref.ref(t), t.data_ptr(), _version(t), t.shape, t.dtype, t.device)
                     for n, t in _named_tensors(model).items()},
         "settings": {f"{n}.{k}" if n else k: v
                      for n, m in named_modules.items() for k, v in m.__dict__.items()
@@ -351,7 +359,7 @@ def changes(before: FrozenState, model) -> list[str]:
         elif (t.data_ptr(), t.shape, t.dtype, t.device) != (ptr, shape, dtype, device):
             found.append(f"{_path(name)} now holds other memory ({tuple(t.shape)} {t.dtype} on "
                          f"{t.device}, was {tuple(shape)} {dtype} on {device})")
-        elif before.versions and t._version != version:
+        elif before.versions and _version(t) != version:
             found.append(f"{_path(name)} was edited in place")
     found += [f"{_path(name)} was added" for name in now_tensors
               if name not in before.named["tensors"]]
