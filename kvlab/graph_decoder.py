@@ -268,8 +268,9 @@ class GraphSafeDecoder:
 
     # ---- host-side checks, all before any tensor is written
     # ----------------------------------------
-    def _check(self, input_ids: torch.Tensor, max_new_tokens: int) -> None:
-        check_inputs(self.model, input_ids, max_new_tokens, tokenizer_output=False)
+    def _check(self, input_ids: torch.Tensor, max_new_tokens: int) -> int:
+        """Refuse what this decoder cannot decode; returns ``max_new_tokens`` as an int."""
+        max_new_tokens = check_inputs(self.model, input_ids, max_new_tokens, tokenizer_output=False)
         batch, prompt_len = input_ids.shape
         if batch != self.batch:
             raise GraphSafeError("this decoder was built (and its graph captured) for batch "
@@ -301,6 +302,7 @@ class GraphSafeDecoder:
                 "cache.reset(). Build a new GraphSafeDecoder."
             )
         self._check_weights()
+        return max_new_tokens
 
     def copied_from(self, source) -> None:
         """Say that ``self.model`` is a copy of ``source`` (a builder's fused copy):
@@ -407,7 +409,7 @@ class GraphSafeDecoder:
     @torch.inference_mode()
     def _generate(self, input_ids: torch.Tensor, max_new_tokens: int, *,
                   on_token: OnToken = None) -> torch.Tensor:
-        self._check(input_ids, max_new_tokens)
+        max_new_tokens = self._check(input_ids, max_new_tokens)
         out = torch.empty(self.batch, max_new_tokens, dtype=torch.long, device=self.device)
         # room was checked above, once for every step: no host sync per step
         with self._emptied_if_stopped(), self.cache.unchecked():

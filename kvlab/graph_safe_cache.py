@@ -29,6 +29,7 @@ from __future__ import annotations
 import weakref
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 from transformers import StaticCache
 from transformers.cache_utils import StaticLayer, get_layer_types_and_kwargs
@@ -197,6 +198,8 @@ class GraphSafeStaticCache(StaticCache):
     def set_position(self, position: int | torch.Tensor) -> None:
         """Put the counter at ``position`` with an in-place write (the tensor a graph captured stays
         the same)."""
+        if isinstance(position, np.integer):
+            position = int(position)
         if isinstance(position, bool) or not isinstance(position, int | torch.Tensor):
             raise TypeError("position must be an int or a 0-dim integer tensor, got "
                             f"{type(position).__name__}")

@@ -85,13 +85,17 @@ def _sliding_windows(config, layers: int) -> list[int | None]:
 
 def _check_cache_for(model, cache, kind=None, *, batch: int | None = None) -> None:
     """Refuse a cache that cannot belong to ``model`` before anything is written: another class than
-    ``kind``, other layer counts, or (layers already allocated) other kv heads, head_dim, dtype or
-    device."""
+    ``kind``, other layer counts, (layers already allocated) other kv heads, head_dim, dtype or
+    device, or one bound to a GraphSafeDecoder's captured graphs."""
     from transformers.cache_utils import Cache
 
     kind = kind or Cache
     if not isinstance(cache, kind):
         raise TypeError(f"cache must be a transformers {kind.__name__}, got {type(cache).__name__}")
+    if getattr(cache, "frozen", False):  # a GraphSafeStaticCache whose decoder captured graphs
+        raise ValueError("this cache is bound to a GraphSafeDecoder's captured graphs: a decode "
+                         "here would change the sequence its next replay continues. Pass a fresh "
+                         "cache (or decode with that decoder)")
     sizes = model_sizes(model.config)
     name = type(cache).__name__
     if cache.layers and len(cache.layers) != sizes.layers:

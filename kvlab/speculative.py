@@ -207,7 +207,7 @@ class SpeculativeDecoder(GraphSafeDecoder):
         ``[batch, max_new_tokens]``, the tokens of ``kvlab.decode(model, input_ids,
         max_new_tokens)``. ``on_token`` gets each verify step's tokens one by one, after its replay.
         What the call did goes to ``self.last_stats``."""
-        self._check(input_ids, max_new_tokens)
+        max_new_tokens = self._check(input_ids, max_new_tokens)
         k = self.k
         out = torch.empty(self.batch, max_new_tokens, dtype=torch.long, device=self.device)
         # per row: prompt + output so far, on the host, where drafting happens
