@@ -9,12 +9,25 @@ from .decoding import StepClock
 from .runtime import count, pick_device
 
 
+def _check_per_sequence(layer) -> None:
+    """Refuse a layer whose keys are not one row per sequence ``[batch, kv_heads, slots,
+    head_dim]`` (a paged pool is shared by every request)."""
+    keys = getattr(layer, "keys", None)
+    if isinstance(keys, torch.Tensor) and keys.dim() != 4:
+        raise ValueError(f"this layer's keys are {tuple(keys.shape)}, not [batch, kv_heads, slots, "
+                         "head_dim]: a paged pool [slots, kv_heads, head_dim] is shared by every "
+                         "request. The cache view shows a per-sequence cache (static, dynamic, "
+                         "graph-safe, hand-written); a paged request's slots are its block "
+                         "table's (kvlab.paged_cache.slots_of)")
+
+
 def describe_layer(layer) -> dict:
     """The live state of one cache layer (StaticLayer or DynamicLayer): shapes, counter, slots
     written, address."""
     if not getattr(layer, "is_initialized", False) or getattr(layer, "keys", None) is None:
         return {"type": type(layer).__name__, "initialized": False,
                 "note": "buffers are allocated lazily, on the first update (the prefill)"}
+    _check_per_sequence(layer)
     keys, values = layer.keys, layer.values  # [batch, kv_heads, slots, head_dim]
     counter = getattr(layer, "cumulative_length", None)
     return {
@@ -35,6 +48,7 @@ def describe_layer(layer) -> dict:
 def slot_norms(layer, batch: int = 0) -> torch.Tensor:
     """L2 norm of the stored keys of each cache slot, over heads and head_dim: ``[slots]`` (0 =
     never written)."""
+    _check_per_sequence(layer)
     keys = layer.keys[batch]  # [kv_heads, slots, head_dim]
     return keys.detach().float().norm(dim=(0, 2)).cpu()
 
@@ -119,6 +133,8 @@ class CacheRecorder:
                 f"layers {missing} are not in this cache: it has {n} layers (0..{n - 1}). Record "
                 f"some of them, e.g. CacheRecorder(cache, layers=(0, {n - 1}))"
             )
+        for i in self.layers:
+            _check_per_sequence(self.cache.layers[i])
         empty = [i for i in self.layers if getattr(self.cache.layers[i], "keys", None) is None]
         if allocated and empty:
             raise ValueError(

@@ -321,6 +321,11 @@ class PagedKVCache(Cache):
                                   f"{tuple(self._slots.shape)} and the pool's {self.kv_heads} kv "
                                   f"heads of head_dim {self.head_dim}")
         layer = self.layers[layer_idx]
+        if (key_states.dtype, key_states.device) != (layer.keys.dtype, layer.keys.device):
+            raise PagedCacheError(f"the model's keys are {key_states.dtype} on "
+                                  f"{key_states.device}, the pool holds {layer.keys.dtype} on "
+                                  f"{layer.keys.device}: build the PagedKVCache with the model's "
+                                  "dtype= and device=")
         where = self._slots.reshape(-1)  # [batch * T] pool slots
         layer.keys.index_copy_(0, where,
                                key_states.transpose(1, 2).reshape(batch * length, heads, dim))
