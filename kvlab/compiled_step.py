@@ -54,11 +54,12 @@ def _rewritten(name: str, module, *, fuse: bool, gemv: bool) -> bool | str:
 
 def compiled_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *,
                      compile_mode: str | None = "max-autotune-no-cudagraphs", steps: int = 16,
-                     fuse: bool = True, gemv: bool = True, attention: bool | str = "triton",
+                     fuse: bool = True, gemv: bool = True, attention: bool | str | None = None,
                      max_cache_len: int | None = None,
                      graph: bool | str | None = None) -> GraphSafeDecoder:
     """The decoder ``decode_graph_safe_compiled`` builds for one call: a fused copy of the model
-    (``fused_copy(model, fuse=, attention=, gemv=)``), ``model_step`` compiled with ``compile_mode``
+    (``fused_copy(model, fuse=, attention=, gemv=)``; ``attention`` default "triton", and only
+    with ``fuse``: unfused, the model keeps its own), ``model_step`` compiled with ``compile_mode``
     (None: not compiled), ``steps`` steps per captured graph. Its ``source`` is ``model``: an edit
     of ``model`` after the build does not reach the copy, so build a new decoder after one. A hook
     or a patched forward on a module the copy rebuilds (``_rewritten``) is refused.
@@ -78,7 +79,11 @@ def compiled_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *,
         raise ValueError(f"the fused copy rebuilds {'; '.join(overrides[:3])}, and would decode "
                          "without them. Remove the hooks or the patched forward, pass fuse=False "
                          "and gemv=False, or use the 'graph-safe' strategy")
-    fused = fused_copy(model, fuse=fuse, attention=attention if fuse else False, gemv=gemv)
+    if not fuse and attention not in (None, False):
+        raise ValueError(f"attention={attention!r} picks the fused attention's kernel, and "
+                         "fuse=False keeps the model's own attention: pass one of the two")
+    attention = False if not fuse else "triton" if attention is None else attention
+    fused = fused_copy(model, fuse=fuse, attention=attention, gemv=gemv)
     step = model_step
     if compile_mode is not None:
         param = next(model.parameters())

@@ -136,11 +136,13 @@ class ContinuousBatcher:
 
     ``max_blocks_per_request``: the block-table width (default: every block), so a request holds at
     most ``max_blocks_per_request * block_size`` tokens. ``graph=False`` runs the same step eagerly;
-    ``emulate=True`` forces the CPU emulation of capture on a GPU too (``kvlab.graphs.capture``).
+    ``emulate=True`` (or ``graph="emulate"``, as ``GraphSafeDecoder`` takes it) forces the CPU
+    emulation of capture on a GPU too (``kvlab.graphs.capture``).
     """
 
     def __init__(self, model, *, num_blocks: int, block_size: int = 16, max_batch: int = 8,
-                 max_blocks_per_request: int | None = None, buckets=None, graph: bool = True,
+                 max_blocks_per_request: int | None = None, buckets=None,
+                 graph: bool | str = True,
                  warmup: int = 2, emulate: bool | None = None):
         check_model(model)
         max_batch = _positive_int("max_batch", max_batch)
@@ -161,8 +163,12 @@ class ContinuousBatcher:
             max_blocks_per_request = _positive_int("max_blocks_per_request", max_blocks_per_request)
         param = next(model.parameters())
         self.model, self.device, self.dtype = model, param.device, param.dtype
+        if isinstance(graph, str) and graph == "emulate":
+            if emulate is False:
+                raise ValueError("graph='emulate' with emulate=False: pass one of the two")
+            graph, emulate = True, True
         if not isinstance(graph, bool):
-            raise ValueError(f"graph must be True or False, got {graph!r}")
+            raise ValueError(f"graph must be True, False or 'emulate', got {graph!r}")
         if graph:
             check_capturable_rope(model, "a ContinuousBatcher (strategy 'paged')",
                                   "pass graph=False (its steps run eagerly)")

@@ -26,7 +26,7 @@ from .graph_decoder import GraphSafeDecoder
 from .runtime import count, one_call
 
 # what a state hands over that decodes one strategy's way (a cache is any strategy's)
-_BUILT_FOR = ("decoder", "compiled_step", "batcher")
+STATE_KEYS = ("decoder", "compiled_step", "batcher")
 _DECODE_ONLY = {"on_token", "decoder", "batcher", "compiled_step", "tune"}  # what no builder takes
 # Python launches every kernel / torch.compile's graphs / kvlab captures
 KINDS = ("eager", "compiled", "graph")
@@ -124,15 +124,15 @@ class Strategy:
             raise TypeError(f"{who} takes no "
                             f"{', '.join(f'{k}=' for k in unknown)}; it takes {takes}. Drop it, or "
                             "pick a strategy that takes it (kvlab.STRATEGIES)")
-        on_token = kwargs.get("on_token")
-        if on_token is not None and not callable(on_token):
-            raise TypeError(f"on_token must be a function on_token(k, token), got "
-                            f"{type(on_token).__name__}")
+        _check_on_token(kwargs.get("on_token"))
         check_options(kwargs)
-        for key in _BUILT_FOR:
-            built_for = getattr(kwargs.get(key), "kvlab_strategy", self.name)
+        for key in STATE_KEYS:
+            held = kwargs.get(key)
+            built_for = getattr(held, "kvlab_strategy", None) or _made_as(held, self.name)
             if built_for != self.name:
-                raise ValueError(f"this {key}= was built by STRATEGIES[{built_for!r}].state, and "
+                how = (f"was built by STRATEGIES[{built_for!r}].state"
+                       if hasattr(held, "kvlab_strategy") else f"decodes the {built_for!r} way")
+                raise ValueError(f"this {key}= {how}, and "
                                  f"would decode as {built_for!r} under the name {self.name!r}. "
                                  f"Pass strategy={built_for!r}, or build a state for "
                                  f"{self.name!r}: STRATEGIES[{self.name!r}].state(model, ...)")
@@ -180,10 +180,45 @@ class Strategy:
         """``made`` (a builder's decoder or dict of state) with what decodes this strategy's way
         marked with its name: ``checked`` refuses it under another strategy's."""
         state = {"decoder": made} if isinstance(made, GraphSafeDecoder) else made
-        for key in _BUILT_FOR:
+        for key in STATE_KEYS:
             if key in state:
                 state[key].kvlab_strategy = self.name
         return made
+
+
+def _check_on_token(on_token) -> None:
+    """Refuse an ``on_token`` that cannot be called as ``on_token(k, token)``, before any work."""
+    if on_token is None:
+        return
+    if not callable(on_token):
+        raise TypeError(f"on_token must be a function on_token(k, token), got "
+                        f"{type(on_token).__name__}")
+    try:
+        signature = inspect.signature(on_token)
+    except (TypeError, ValueError):  # a builtin without one: it is called as it is
+        return
+    try:
+        signature.bind(0, None)
+    except TypeError:
+        raise TypeError(f"on_token is called as on_token(k, token) (the step, then the new token "
+                        f"ids [batch, 1]); {getattr(on_token, '__name__', 'it')}{signature} cannot "
+                        "take those two arguments") from None
+
+
+def _made_as(decoder, name: str) -> str:
+    """The strategy a decoder built by hand (untagged) decodes as, where kvlab can tell; ``name``
+    for anything else."""
+    if type(decoder) is not GraphSafeDecoder and type(decoder).__name__ != "SpeculativeDecoder":
+        return name  # a subclass of the caller's own: its decode is the caller's
+    step = getattr(decoder.step_fn, "func", decoder.step_fn)
+    if type(decoder).__name__ == "SpeculativeDecoder":
+        kernels = getattr(decoder.verify_fn, "__name__", "") == "kernel_verify"
+        return "graph-safe-speculative/kernels" if kernels else "graph-safe-speculative"
+    if decoder.source is not decoder.model:  # a fused copy
+        return name if name.startswith("graph-safe-compiled") else "graph-safe-compiled"
+    if getattr(step, "__name__", "") == "kernel_step":
+        return name if name.startswith("graph-safe-kernels") else "graph-safe-kernels"
+    return "graph-safe"
 
 
 _GRAPH_SAFE_FN = "kvlab.graph_decoder:decode_graph_safe", "kvlab.graph_decoder:graph_safe_decoder"

@@ -191,7 +191,7 @@ def test_graph_and_emulate_take_bools_only():
     model = tiny_model("tiny-llama")
     with pytest.raises(ValueError, match="emulate must be True, False or None, got 'no'"):
         ContinuousBatcher(model, num_blocks=4, emulate="no")
-    with pytest.raises(ValueError, match="graph must be True or False, got 1"):
+    with pytest.raises(ValueError, match="graph must be True, False or .emulate., got 1"):
         ContinuousBatcher(model, num_blocks=4, graph=1)
     with pytest.raises(CaptureError, match="emulate must be True, False or None, got 'no'"):
         capture(lambda t: t.add_(1), torch.zeros(1), emulate="no")

@@ -223,5 +223,5 @@ def test_the_batcher_refuses_a_graph_setting_it_cannot_take():
     from kvlab.continuous_batching import ContinuousBatcher
 
     for graph in ("yes", None):
-        with pytest.raises(ValueError, match="graph must be True or False"):
+        with pytest.raises(ValueError, match="graph must be True, False or .emulate."):
             ContinuousBatcher(tiny_model("tiny-llama"), num_blocks=4, graph=graph)

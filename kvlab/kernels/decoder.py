@@ -27,6 +27,7 @@ import torch
 
 from ..decoding import OnToken
 from ..graph_decoder import GraphSafeDecoder, cache_length, decoder_for, prompt_bucket
+from ..runtime import count
 from ..speculative import SpeculativeDecoder, decode_speculative, speculative_decoder
 from .step import arrival_counters, check_supported, kernel_prefill, kernel_step, kernel_verify
 
@@ -39,19 +40,24 @@ KERNEL_PREFILL_MAX_ROWS = 1024
 
 def kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, steps: int = 16,
                     max_cache_len: int | None = None, graph: bool | str = True,
-                    captured_prefill: bool = True,
+                    captured_prefill: bool = True, prefill_bucket: int | None = None,
                     dot_attention: bool = True, tiles: bool = True,
                     fill_splits: bool = True) -> GraphSafeDecoder:
     """The decoder ``decode_graph_safe_kernels`` builds for one call: ``kernel_step`` with its
     options (``KERNEL_OPTIONS``, ``kernel_step``'s docstring), ``steps`` steps per captured graph.
-    ``captured_prefill``: the prefill is captured too (``prefill_bucket``: ``prompt_bucket`` of this
-    prompt), so the first token costs one replay instead of an eager prefill that launches every
-    kernel from Python; it serves prompts up to that bucket, so build it for the longest prompt it
-    will see."""
+    ``captured_prefill``: the prefill is captured too, at ``prefill_bucket`` tokens (default
+    ``prompt_bucket`` of this prompt), so the first token costs one replay instead of an eager
+    prefill that launches every kernel from Python; it serves prompts up to that bucket, so build
+    it for the longest prompt it will see, or give a larger ``prefill_bucket``."""
     check_supported(model)
     batch = input_ids.shape[0]
     length = cache_length(input_ids, max_new_tokens, max_cache_len)
-    bucket = prompt_bucket(input_ids.shape[1], length) if captured_prefill else None
+    if prefill_bucket is not None and not captured_prefill:
+        raise ValueError("prefill_bucket= is the captured prefill's length, and captured_prefill="
+                         "False runs the prefill eagerly at the prompt's own length: pass one of "
+                         "the two")
+    bucket = (None if not captured_prefill else prompt_bucket(input_ids.shape[1], length)
+              if prefill_bucket is None else count(prefill_bucket, "prefill_bucket"))
     step = partial(kernel_step, counters=arrival_counters(model, batch, input_ids.device),
                    dot_attention=dot_attention, tiles=tiles, fill_splits=fill_splits)
     through_kernels = batch * (bucket or input_ids.shape[1]) <= KERNEL_PREFILL_MAX_ROWS

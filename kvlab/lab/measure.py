@@ -36,7 +36,7 @@ from ..graph_decoder import GraphSafeDecoder
 from ..runtime import collector_paused, environment, pick_device, synchronize
 from ..runtime import count as runtime_count
 from ..sizes import tensor_bytes
-from ..strategies import check_options, decode, strategy_named
+from ..strategies import STATE_KEYS, check_options, decode, strategy_named
 
 
 def wall(fn: Callable[[], object], device) -> float:
@@ -220,10 +220,11 @@ def time_strategy(model, input_ids: torch.Tensor, new_tokens: int, *, strategy: 
                          "per-step times would mean nothing. Time it with per_step=False (the "
                          "rule needs no per-token clock)")
     input_ids = unpadded_ids(input_ids, kwargs.pop("attention_mask", None))
-    if not {"decoder", "cache", "compiled_step"} & kwargs.keys():
+    chosen = strategy_named(strategy)
+    if chosen.builds is not None and not set(STATE_KEYS) & kwargs.keys():
         check_inputs(model, input_ids, new_tokens)
         check_options(kwargs)
-        kwargs = strategy_named(strategy).state(model, input_ids, new_tokens, **kwargs) or kwargs
+        kwargs = chosen.state(model, input_ids, new_tokens, **kwargs)
 
     def run(n, on_token):
         return decode(model, input_ids, n, strategy=strategy, on_token=on_token, **kwargs)
