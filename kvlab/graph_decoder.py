@@ -175,7 +175,8 @@ class GraphSafeDecoder:
         if prefill_bucket is not None:
             # [batch, T]
             self.prompt = torch.zeros(batch, prefill_bucket, dtype=torch.long, device=self.device)
-        # steps per replay -> captured graph (at most two: steps and the rest)
+        # steps per replay -> captured graph (per call two at most: steps and the rest; a held
+        # decoder keeps one per remainder it has met)
         self.graphs: dict[int, object] = {}
         self.prefill_graph = None
         self._fingerprint = None  # the cache's addresses at capture
