@@ -45,7 +45,14 @@ from ..runtime import as_dtype, count, cpu_name, environment, pick_device, pick_
 from ..sizes import floor_ms, model_facts
 from ..strategies import BENCHMARKED, DEFAULT_STRATEGIES, STRATEGIES
 from .measure import copy_bandwidth_gbps, free_unreferenced, profile_steps, time_decode
-from .models import RANDOM_SMOLLM2, TINY_CONFIGS, ModelUnavailableError, build_model, cast
+from .models import (
+    DEFAULT_MODEL,
+    RANDOM_SMOLLM2,
+    TINY_CONFIGS,
+    ModelUnavailableError,
+    build_model,
+    cast,
+)
 
 # max_cache_len = prompt + new tokens rounded up: one cache length per run, graphs reused
 CACHE_ROUNDING = 16
@@ -96,12 +103,21 @@ def _read_int(value, least: int) -> int | None:
         return None
 
 
+def _as_list(items) -> list:
+    """``items`` as a list: one name or number (a str, an int) stands for a list of itself."""
+    if isinstance(items, str) or not hasattr(items, "__iter__"):
+        return [items]
+    return list(items)
+
+
 def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, repeats, profile_k,
                    out=None) -> tuple:
     """Refuse impossible settings up front: a negative count would otherwise record checks that
-    never ran, and an ``out`` that cannot be written would lose every measurement after the first
-    strategy's timing. Returns ``(prompt_len, new_tokens, batches, check_tokens, repeats,
-    profile_k)`` as Python ints (the record is JSON)."""
+    never ran, a name given twice would be timed in two rows of one key, and an ``out`` that
+    cannot be written would lose every measurement after the first strategy's timing. Returns
+    ``(prompt_len, new_tokens, batches, check_tokens, repeats, profile_k)`` as Python ints (the
+    record is JSON)."""
+    batches, strategies = _as_list(batches), _as_list(strategies)
     counts = []
     for name, value, least in (("prompt_len", prompt_len, 1), ("check_tokens", check_tokens, 0),
                                ("repeats", repeats, 1), ("profile_steps", profile_k, 0)):
@@ -119,6 +135,9 @@ def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, re
     read = [_read_int(b, 1) for b in batches]
     if not batches or None in read:
         raise BenchArgumentError(f"batch sizes must be ints >= 1, got {list(batches)!r}")
+    twice = given_twice(read, "batch size") or given_twice(strategies, "strategy")
+    if twice:
+        raise BenchArgumentError(twice)
     if not strategies:
         raise BenchArgumentError(f"no strategy given; choose from {', '.join(BENCHMARKED)}")
     unknown = [s for s in strategies if s not in BENCHMARKED]
@@ -219,12 +238,27 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
     from tqdm.auto import tqdm
 
     started = time.perf_counter()
-    strategies = list(DEFAULT_STRATEGIES if strategies is None else strategies)
-    batches = list(batches)
+    strategies = _as_list(DEFAULT_STRATEGIES if strategies is None else strategies)
     prompt_len, new_tokens, batches, check_tokens, repeats, profile_k = check_settings(
         prompt_len, new_tokens, batches, strategies, check_tokens, repeats, profile_k, out)
-    device = pick_device(device)
-    dtype = pick_dtype(device, dtype)
+    # the command line's rules, before any model is built or timed
+    for name, value in (("check_compiled", check_compiled), ("quick", quick),
+                        ("progress", progress)):
+        if not isinstance(value, bool):  # kvlab.strategies.check_flags' rule: "no" is truthy
+            raise BenchArgumentError(f"{name} must be True or False, got {value!r:.80}")
+    try:
+        check_model_name(model)
+    except ValueError as e:
+        raise BenchArgumentError(f"--model {e}") from None
+    try:
+        seed = count(seed, "seed", minimum=0)
+        if seed > SEED_MAX:
+            raise ValueError(f"seed must be at most 2**63 - 1, got {seed}")
+        time_budget = None if time_budget is None else seconds(time_budget, "time_budget")
+        device = bench_device(device)
+        dtype = pick_dtype(device, None if dtype is None else timed_dtype(dtype))
+    except (ValueError, RuntimeError) as e:
+        raise BenchArgumentError(str(e)) from None
     # fp32 + bf16 + batch sizes: more than the default 8
     for knob in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, knob):
@@ -408,14 +442,29 @@ def add_ratios(results: list[dict]) -> None:
 def out_paths(out: str | Path) -> tuple[Path, Path]:
     """``out``.json and ``out``.csv: the suffixes are added to the name as given (``run.1`` ->
     ``run.1.json``), a ``.json``/``.csv`` ending is replaced, and a folder (an existing one, or a
-    name ending in "/") gets ``bench.*``."""
+    name ending in "/") gets ``bench.*``. ``load`` reads what ``write`` wrote through it."""
     text = str(out)
     path = Path(out)
     if text.endswith(("/", "\\")) or path.is_dir():
         path = path / "bench"
-    if path.suffix in (".json", ".csv"):
+    if path.suffix.lower() in (".json", ".csv"):
         path = path.with_suffix("")
     return path.parent / (path.name + ".json"), path.parent / (path.name + ".csv")
+
+
+def new_stem(stem: str | Path) -> str:
+    """``stem``, or ``stem-2``, ``stem-3``, ... : the first whose .json no run has taken. The .json
+    is created empty, exclusively (``O_EXCL``), so two runs started in the same second never get
+    one name; ``write`` replaces it."""
+    Path(stem).parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        name = str(stem) if n == 1 else f"{stem}-{n}"
+        try:
+            os.close(os.open(out_paths(name)[0], os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+        except FileExistsError:
+            continue
+        return name
+    raise OSError(f"{stem}: 10,000 records of that name already exist: give --out")
 
 
 def write(record: dict, out: str | Path) -> tuple[Path, Path]:
@@ -465,6 +514,8 @@ def merge(*records: dict) -> dict:
     earlier one of the same strategy and batch. Each row gets ``part`` (its index in ``parts``,
     which keeps every part's command, git state, settings and time); ``complete`` says whether every
     (strategy, batch) of all parts' settings has a result."""
+    if not records:
+        raise ValueError("merge takes the records to merge, e.g. merge(load(a), load(b))")
     first = records[0]
     for r in records[1:]:
         if (r["env"].get("hardware") != first["env"].get("hardware")
@@ -481,7 +532,9 @@ def merge(*records: dict) -> dict:
         "parts": [{"command": r["command"], "git": r["git"], "settings": r["settings"],
                    "seconds": r["seconds"], "complete": r["complete"]} for r in records],
         "results": list(rows.values()),
-        "skipped": [s for r in records for s in r["skipped"]],
+        # a skip stays only where no part has a result for its (strategy, batch)
+        "skipped": [s for r in records for s in r["skipped"]
+                    if (s["strategy"], s["batch"]) not in rows],
         "traces": {k: v for r in records for k, v in r["traces"].items()},
         "seconds": sum(r["seconds"] for r in records),
         "complete": wanted <= set(rows),
@@ -494,8 +547,8 @@ def merge(*records: dict) -> dict:
 
 
 def load(path: str | Path) -> dict:
-    """A record written by ``write`` (the .json)."""
-    return json.loads(Path(path).with_suffix(".json").read_text())
+    """The record ``write(record, path)`` wrote: its .json (``out_paths``)."""
+    return json.loads(out_paths(path)[0].read_text())
 
 
 DATA = Path(__file__).resolve().parents[2] / "data"  # the course's recorded results
@@ -587,12 +640,18 @@ def _batches(text: str) -> list[int]:
     return sizes
 
 
-def _once(text: str, names: list, what: str) -> None:
-    """Refuse a list that names one item twice: it would be timed twice, in two rows of one key."""
+def given_twice(names: list, what: str) -> str | None:
+    """What is wrong with a list that names one item twice (it would be timed twice, in two rows of
+    one key, and ``merge`` would keep one of them), else None."""
     twice = sorted({str(n) for n in names if names.count(n) > 1})
+    return f"{what} {', '.join(twice)} given twice: name each once" if twice else None
+
+
+def _once(text: str, names: list, what: str) -> None:
+    """The command line's refusal of a list that names one item twice (``given_twice``)."""
+    twice = given_twice(names, what)
     if twice:
-        raise argparse.ArgumentTypeError(f"{text!r}: {what} {', '.join(twice)} given twice: "
-                                         "name each once")
+        raise argparse.ArgumentTypeError(f"{text!r}: {twice}")
 
 
 def _strategies(text: str) -> list[str]:
@@ -611,39 +670,77 @@ def _strategies(text: str) -> list[str]:
 TIMED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _dtype(text: str) -> torch.dtype:
-    try:
-        dtype = as_dtype(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+SEED_MAX = 2**63 - 1  # --seed's largest value
+
+
+def timed_dtype(value) -> torch.dtype:
+    """``value`` (a torch dtype or a name) as a dtype the benchmark times, else a ValueError."""
+    dtype = as_dtype(value)
     if dtype not in TIMED_DTYPES:
         what = ("a dtype the benchmark times" if dtype.is_floating_point
                 else "a floating-point dtype")
-        raise argparse.ArgumentTypeError(f"{text!r} is not {what}: use bfloat16, float16 or "
-                                         "float32")
+        raise ValueError(f"{str(value)!r} is not {what}: use bfloat16, float16 or float32")
     return dtype
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number of seconds >= 0")
-    return value
+def seconds(value, name: str | None = None) -> float:
+    """``value`` (a number, or its text) as a finite number of seconds >= 0, else a ValueError
+    (naming ``name``)."""
+    try:  # a bool is no number of seconds
+        number = None if isinstance(value, bool) or "bool" in type(value).__name__ else float(value)
+    except (TypeError, ValueError, RuntimeError):
+        number = None
+    where = f"{name} " if name else ""
+    if number is None:
+        raise ValueError(f"{where}{value!r:.80} is not a number of seconds")
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{where}{value!r:.80}: give a finite number of seconds >= 0")
+    return number
 
 
-def _device(text: str) -> torch.device:
-    try:
-        device = pick_device(text)
-    except (RuntimeError, ValueError) as e:
-        raise argparse.ArgumentTypeError(str(e).splitlines()[0]) from None
+def bench_device(value) -> torch.device:
+    """``value`` (None: CUDA when present) as a device the benchmark decodes on, else a
+    ValueError (or pick_device's RuntimeError for a GPU that is not there)."""
+    device = pick_device(value)
     if device.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"{text!r}: the benchmark decodes on cpu, cuda or cuda:N "
-                                         f"({device.type!r} tensors hold no values to decode or "
-                                         "time); give one of those")
+        raise ValueError(f"{str(value)!r}: the benchmark decodes on cpu, cuda or cuda:N "
+                         f"({device.type!r} tensors hold no values to decode or time); give one "
+                         "of those")
     return device
+
+
+def check_model_name(name) -> None:
+    """Refuse a name that is not a string, and one that differs from a course model's name only in
+    case (``"TINY-llama"``): names are case-sensitive, and it would go to the hub as an id. Each
+    message starts with the name."""
+    if not isinstance(name, str | Path) or not str(name).strip():
+        raise ValueError(f"{name!r:.80}: not a model name: give a name, a hub id or a folder")
+    known = [*TINY_CONFIGS, RANDOM_SMOLLM2, DEFAULT_MODEL]
+    text = str(name)
+    for right in known:
+        if text != right and text.strip().lower() == right:
+            raise ValueError(f"{text!r}: model names are case-sensitive: did you mean {right!r}?")
+    if text.startswith("tiny-") and text not in TINY_CONFIGS:
+        raise ValueError(f"{text!r}: no tiny model of that name; choose one of "
+                         f"{', '.join(sorted(TINY_CONFIGS))}")
+
+
+def _argument(rule):
+    """A command-line parser of ``rule``'s value: its ValueError (or RuntimeError) becomes
+    argparse's error, first line only."""
+    def parse(text: str):
+        try:
+            return rule(text)
+        except (RuntimeError, ValueError) as e:
+            raise argparse.ArgumentTypeError(str(e).splitlines()[0]) from None
+
+    parse.__name__ = rule.__name__.strip("_")
+    return parse
+
+
+_dtype = _argument(timed_dtype)
+_seconds = _argument(seconds)
+_device = _argument(bench_device)
 
 
 def _bounded(least: int, most: int):
@@ -660,9 +757,10 @@ def _bounded(least: int, most: int):
 
 
 def _model(text: str) -> str:
-    if text.startswith("tiny-") and text not in TINY_CONFIGS:
-        raise argparse.ArgumentTypeError(f"{text!r}: no tiny model of that name; choose one of "
-                                         f"{', '.join(sorted(TINY_CONFIGS))}")
+    try:
+        check_model_name(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     return text
 
 
@@ -709,7 +807,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "one that can run is always timed)")
     p.add_argument("--device", type=_device, default=None,
                    help="cpu, cuda or cuda:N (default: cuda when there is a GPU)")
-    p.add_argument("--seed", type=_bounded(0, 2**63 - 1), default=0)
+    p.add_argument("--seed", type=_bounded(0, SEED_MAX), default=0)
     p.add_argument("--quick", action="store_true",
                    help="short run (also KVLAB_QUICK=1); skips torch.compile on CPU")
     p.add_argument("--out", type=_out, default=None,
@@ -726,7 +824,10 @@ def main(argv=None) -> dict:
     pick = lambda value, full, short: (  # noqa: E731
         value if value is not None else (short if quick else full))
     command = "python -m kvlab.lab.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
-    out = args.out or f"out/bench-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        out = args.out or new_stem(f"out/bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    except OSError as e:
+        args.error(f"cannot make a record in out/ ({e}): give --out in a folder you can write to")
     try:
         record = run_bench(
             args.model, prompt_len=pick(args.prompt_len, 64, 16),
@@ -738,6 +839,9 @@ def main(argv=None) -> dict:
             device=args.device, seed=args.seed, quick=quick, command=command, out=out,
         )
     except (BenchArgumentError, ModelUnavailableError) as e:  # raised before any timing
+        if args.out is None:  # the empty record new_stem reserved
+            with contextlib.suppress(OSError):
+                out_paths(out)[0].unlink()
         args.error(str(e))
     # every strategy ran; the record is whole in memory: keep it somewhere
     except BenchWriteError as e:
@@ -746,6 +850,7 @@ def main(argv=None) -> dict:
 
         fallback = Path(tempfile.gettempdir()) / f"kvlab-bench-{time.strftime('%Y%m%d-%H%M%S')}"
         try:
+            fallback = new_stem(fallback)
             json_path, csv_path = write(e.record, fallback)
             kept = f"the record was written to {json_path} and {csv_path} instead"
         except OSError as again:
