@@ -137,7 +137,7 @@ def time_decode(run: Callable[[int, OnToken], torch.Tensor], new_tokens: int, de
     clocked = []
     for _ in range(repeats):
         clock = StepClock(device)
-        tokens = run(new_tokens, clock)
+        tokens = _tokens(label, run(new_tokens, clock), new_tokens)
         clocked.append(clock.times)
     if any(len(times) != tokens.shape[1] for times in clocked):
         raise ValueError(f"{label or 'run'} called on_token {len(clocked[0])} times for "
@@ -183,15 +183,26 @@ def time_decodes(runs: dict[str, Callable[[int, OnToken], torch.Tensor]], new_to
                            totals[label], None, peaks[label], device) for label in runs}
 
 
+def _tokens(label, tokens, new_tokens: int) -> torch.Tensor:
+    """``tokens``, what ``run(new_tokens)`` returned, if a tensor [batch, new_tokens], else a
+    TimingError."""
+    if not isinstance(tokens, torch.Tensor):
+        raise TimingError(f"{label or 'run'}({new_tokens}) returned a {type(tokens).__name__}, not "
+                          f"a tensor of tokens [batch, {new_tokens}]: return the decode's tokens "
+                          "as a tensor (torch.tensor(...) of a list)")
+    if tokens.dim() != 2 or tokens.shape[1] != new_tokens:
+        raise TimingError(f"{label or 'run'}({new_tokens}) returned tokens of shape "
+                          f"{tuple(tokens.shape)}, not [batch, {new_tokens}]: the rule needs the "
+                          "run to make exactly the tokens it was asked for")
+    return tokens
+
+
 def _timing(label, tokens, new_tokens, warmup, prefills, totals, steps, peak,
             device) -> DecodeTiming:
     """The DecodeTiming of one path (its T(1) and T(n): the medians of ``prefills`` and ``totals``,
     each repeat's), refused where the rule's number would mean nothing."""
     prefill, total = statistics.median(prefills), statistics.median(totals)
-    if tokens.dim() != 2 or tokens.shape[1] != new_tokens:
-        raise TimingError(f"{label or 'run'}({new_tokens}) returned tokens of shape "
-                          f"{tuple(tokens.shape)}, not [batch, {new_tokens}]: the rule needs the "
-                          "run to make exactly the tokens it was asked for")
+    tokens = _tokens(label, tokens, new_tokens)
     # T(n) <= T(1): the step time would be zero or negative, a number that means nothing
     if total <= prefill:
         raise TimingError(
@@ -212,25 +223,42 @@ def time_strategy(model, input_ids: torch.Tensor, new_tokens: int, *, strategy: 
     (``input_ids``: a tensor or a tokenizer's output, as ``kvlab.decode`` takes them). What the
     strategy builds per call (a decoder and its graphs, a compiled step: ``Strategy.state``) is
     built once, here, unless ``kwargs`` hands it over; its capture or compile then falls in the
-    warm-up call."""
-
-    if per_step and strategy_named(strategy).steps_per_replay > 1:
-        raise ValueError(f"{strategy!r} replays {strategy_named(strategy).steps_per_replay} steps "
+    warm-up call. A ``cache=`` handed over is emptied in place (``reset``) before every call: each
+    timed decode starts from an empty cache. ``strategy``: a name or a ``kvlab.STRATEGIES``
+    entry."""
+    chosen = strategy_named(strategy)
+    strategy = chosen.name  # the label, and what kvlab.decode is given
+    if per_step and chosen.steps_per_replay > 1:
+        raise ValueError(f"{strategy!r} replays {chosen.steps_per_replay} steps "
                          "per graph: its tokens reach on_token in a burst after each replay, so "
                          "per-step times would mean nothing. Time it with per_step=False (the "
                          "rule needs no per-token clock)")
     input_ids = unpadded_ids(input_ids, kwargs.pop("attention_mask", None))
-    chosen = strategy_named(strategy)
     if chosen.builds is not None and not set(STATE_KEYS) & kwargs.keys():
         check_inputs(model, input_ids, new_tokens)
         check_options(kwargs)
         kwargs = chosen.state(model, input_ids, new_tokens, **kwargs)
 
     def run(n, on_token):
+        if kwargs.get("cache") is not None:
+            empty(kwargs["cache"])
         return decode(model, input_ids, n, strategy=strategy, on_token=on_token, **kwargs)
 
     return time_decode(run, new_tokens, input_ids.device, repeats=repeats, per_step=per_step,
                        label=strategy)
+
+
+def empty(cache) -> None:
+    """Empty ``cache`` in place, its tensors kept where they are: a transformers cache by its
+    ``reset``, a ``HandwrittenCache`` (layers made on first use) by dropping its layers."""
+    if callable(getattr(cache, "reset", None)):
+        with torch.inference_mode():  # a cache filled under inference mode holds its tensors
+            cache.reset()
+    elif isinstance(getattr(cache, "layers", None), list):
+        cache.layers.clear()
+    else:
+        raise ValueError(f"cache= must be a cache kvlab.decode takes (a transformers cache or a "
+                         f"HandwrittenCache), got {type(cache).__name__}")
 
 
 def time_call(fn, *, label: str = "", min_run_time: float = 0.5,
@@ -262,6 +290,7 @@ def time_interleaved(fns: dict, *, rounds: int = 5, device=None,
         raise ValueError("fns must be a non-empty dict of name -> function to time, "
                          f"got {fns!r:.80}")
     rounds = count("rounds", rounds, 1)
+    device = pick_device(device or "cpu")  # a clear error for "cuda" without a GPU
     names = list(fns)
     times: dict[str, list[float]] = {name: [] for name in names}
     for fn in fns.values():
@@ -269,7 +298,7 @@ def time_interleaved(fns: dict, *, rounds: int = 5, device=None,
     with collector_paused():
         for r in range(rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
-                times[name].append(wall(fns[name], device or "cpu"))
+                times[name].append(wall(fns[name], device))
                 if collect_garbage:
                     # not timed; never inside a capture (the functions run replays, not captures)
                     gc.collect()
@@ -349,9 +378,13 @@ def profile_steps(run: Callable[[int], object], k: int, device) -> dict:
     ``run(1)`` and ``run(1 + k)`` (k decode steps apart, each run once unprofiled before), with the
     last step's timeline and its heaviest kernels."""
     k = count("k", k, 1, " (decode steps between the two profiles)")
+    device = pick_device(device)  # a clear error for "cuda" without a GPU
     # unprofiled first: a length not run before may capture or compile (its warm-up is not a step)
     run(1), run(1 + k)
     one, many = profile(lambda: run(1), device).kernels, profile(lambda: run(1 + k), device).kernels
+    if not many:
+        raise ValueError(f"run({1 + k}) ran no operation under the profiler: profile_steps "
+                         "profiles a decode; give run(n) that decodes n tokens")
     per_step = (len(many) - len(one)) / k
     # a difference: noise can push it below 0
     busy = max(0.0, (sum(e[1] for e in many) - sum(e[1] for e in one)) / k)
@@ -390,20 +423,45 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+def _snapshot(cache) -> Callable[[], None]:
+    """A function that puts ``cache`` back as it is now: the cache's and each layer's attributes
+    (a layer made or a tensor allocated on first use is dropped again), and the contents of every
+    tensor they hold, copied back in place (a captured graph keeps reading the same addresses)."""
+    objects = [cache, *cache.layers]
+    layers = list(cache.layers)
+    attributes = [dict(vars(obj)) for obj in objects]
+    saved = [{k: v.clone() for k, v in attrs.items() if isinstance(v, torch.Tensor)}
+             for attrs in attributes]
+
+    def restore() -> None:
+        cache.layers[:] = layers
+        for obj, attrs, tensors in zip(objects, attributes, saved, strict=True):
+            for name in set(vars(obj)) - set(attrs):
+                delattr(obj, name)
+            for name, value in attrs.items():
+                setattr(obj, name, value)
+                if name in tensors:
+                    value.copy_(tensors[name])
+
+    return restore
+
+
 def step_op_counts(model, cache, token: torch.Tensor) -> Counter:
     """The operations one decode step of ``model`` over ``cache`` runs: ``{op name: count}``, views
     left out (they launch no kernel). Counted by a dispatch mode with make_fx's decompositions (the
     same counts as a make_fx trace, without building its graph). The step runs once; the cache's
-    state is restored after it."""
-    state = [t for layer in cache.layers
-             for t in (layer.keys, layer.values, layer.cumulative_length)]
-    saved = [t.clone() for t in state]
+    state is restored after it (any cache with ``.layers``: empty or filled, static or grown)."""
+    if not isinstance(getattr(cache, "layers", None), list):
+        raise ValueError(f"cache must be a KV cache with .layers (a transformers cache, a "
+                         f"HandwrittenCache), got {type(cache).__name__}")
     counter = _OpCounter()
     with torch.inference_mode():
-        with counter:
-            model(input_ids=token, cache=cache)
-        for t, old in zip(state, saved, strict=True):
-            t.copy_(old)
+        restore = _snapshot(cache)
+        try:
+            with counter:
+                model(input_ids=token, cache=cache)
+        finally:
+            restore()
     return Counter({name: n for name, n in counter.ops.items() if name not in VIEW_OPS})
 
 
@@ -504,6 +562,8 @@ def eager_vs_replay(model, input_ids: torch.Tensor, *, steps: int = 32, rounds: 
     per step: on CUDA the kernel launches (profiler), elsewhere the aten operations of the traced
     step.
     """
+    steps, rounds = count("steps", steps, 1), count("rounds", rounds, 1)
+    check_inputs(model, input_ids, steps, tokenizer_output=False)  # ids [batch, prompt_len]
     device = input_ids.device
     length = input_ids.shape[1] + steps + 8
     eager = GraphSafeDecoder(model, length, input_ids.shape[0], graph=False)

@@ -58,12 +58,26 @@ def speculation_runs(model, prompts: dict[str, torch.Tensor], new_tokens: int, *
     ``tokens_per_verify``, ``verify_steps``, ``drafted`` and ``accepted`` (one set for every
     speculative path: the drafts follow the tokens, which are exact)."""
     device = pick_device(device)
+    if not isinstance(prompts, dict) or not prompts or not all(
+            isinstance(ids, torch.Tensor) and ids.dim() == 2 for ids in prompts.values()):
+        raise ValueError("prompts must be a non-empty dict of name -> ids [1, prompt_len], got "
+                         f"{prompts!r:.80}")
+    if not isinstance(pairs, dict) or not pairs:
+        raise ValueError(f"pairs must be a non-empty dict of speculative strategy -> its base, "
+                         f"e.g. kvlab.lab.serving.PAIRS; got {pairs!r:.80}")
+    new_tokens = whole_number("new_tokens", new_tokens, 1)
+    # the check compares each path's first check_tokens tokens: at most the tokens it made
+    check_tokens = new_tokens if check_tokens is None else whole_number(
+        "check_tokens", check_tokens, 1, f" and at most new_tokens ({new_tokens}), or None for all")
+    if check_tokens > new_tokens:
+        raise ValueError(f"check_tokens ({check_tokens}) is above new_tokens ({new_tokens}): "
+                         "each path makes new_tokens tokens, so only that many can be checked; "
+                         "give check_tokens <= new_tokens, or None for all")
     longest = max(prompts.values(), key=lambda ids: ids.shape[1])  # its prefill serves shorter
     max_cache_len = longest.shape[1] + new_tokens + k - 1  # the last verify step's k drafts fit
     built = {name: STRATEGIES[name].state(model, longest, new_tokens, max_cache_len=max_cache_len,
                                           **({"k": k} if name in pairs else {}))
              for name in [*pairs.values(), *pairs]}  # the bases, then the speculative paths
-    check_tokens = new_tokens if check_tokens is None else check_tokens
     runs = []
     for prompt, ids in prompts.items():
         paths = {name: (lambda name=name, ids=ids: decode(model, ids, new_tokens, strategy=name,
@@ -97,6 +111,14 @@ def k_sweep(model, ids: torch.Tensor, new_tokens: int, ks=(1, 2, 4, 8), *, round
     ``"graph-safe"`` (k = 0): tokens per verify and seconds of a whole decode (medians of
     ``rounds`` in turns), every output equal to graph-safe's."""
     device = pick_device(device)
+    asked = ks
+    try:  # a NumPy or 0-dim tensor int reads as an int
+        ks = [whole_number("k", k, 1) for k in ks]
+    except (TypeError, ValueError):
+        ks = []
+    if not ks or len(set(ks)) != len(ks):
+        raise ValueError("ks must be draft lengths, ints >= 1 each given once, e.g. (1, 2, 4, 8); "
+                         f"got {asked!r:.80}")
     cache_len = ids.shape[1] + new_tokens + max(ks) - 1
     decoders = {0: GraphSafeDecoder(model, cache_len)} | {
         k: STRATEGIES[SPECULATIVE].build(model, ids, new_tokens, k=k, max_cache_len=cache_len)
