@@ -34,7 +34,7 @@ from contextlib import contextmanager
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
-from .runtime import count
+from .runtime import as_dtype, count
 
 
 class PagedCacheError(RuntimeError):
@@ -92,14 +92,16 @@ class BlockAllocator:
 
 def blocks_for(length: int, block_size: int) -> int:
     """The blocks that hold ``length`` tokens: ceil(length / block_size)."""
+    length, block_size = count(length, "length", minimum=0), count(block_size, "block_size")
     return -(-length // block_size)
 
 
 # -------------------------------------------------------------------------------- memory accounting
 
-def bytes_per_token(config, dtype: torch.dtype = torch.float32) -> int:
+def bytes_per_token(config, dtype: torch.dtype | str = torch.float32) -> int:
     """Bytes one token's keys and values take in every layer: 2 x layers x kv_heads x head_dim x
-    element size."""
+    element size (``dtype``: a torch dtype or a name, ``"bfloat16"``)."""
+    dtype = as_dtype(dtype)
     text = config.get_text_config(decoder=True)
     kv_heads, head_dim = _kv_shape(text)
     return (2 * text.num_hidden_layers * kv_heads * head_dim
@@ -226,7 +228,8 @@ class PagedKVCache(Cache):
     """
 
     def __init__(self, config, *, num_blocks: int, block_size: int, max_blocks_per_request: int,
-                 dtype: torch.dtype = torch.float32, device="cpu"):
+                 dtype: torch.dtype | str = torch.float32, device="cpu"):
+        dtype = as_dtype(dtype)  # a name too: "bfloat16"
         num_blocks, block_size, max_blocks_per_request = (
             count(num_blocks, "num_blocks"), count(block_size, "block_size"),
             count(max_blocks_per_request, "max_blocks_per_request"))
@@ -345,9 +348,22 @@ class PagedKVCache(Cache):
         return tuple(t.data_ptr() for layer in self.layers for t in (layer.keys, layer.values))
 
 
+def _check_positions(blocks, start, stop, block_size) -> None:
+    """``slots_of``'s door: 0 <= start <= stop, and positions the request's blocks hold (a negative
+    position would index ``blocks`` from its end: another request's slots)."""
+    start, stop = count(start, "start", minimum=0), count(stop, "stop", minimum=0)
+    if stop < start:
+        raise ValueError(f"stop ({stop}) is below start ({start}): positions start .. stop - 1")
+    if stop > len(blocks) * count(block_size, "block_size"):
+        raise ValueError(f"position {stop - 1} is past the {len(blocks)} block(s) of "
+                         f"{block_size} slots the request holds: allocate "
+                         f"blocks_for({stop}, {block_size}) blocks first")
+
+
 def slots_of(blocks: list[int], start: int, stop: int, block_size: int) -> list[int]:
     """Pool slots of logical positions ``start .. stop - 1`` of a request holding
     ``blocks`` (host side)."""
+    _check_positions(blocks, start, stop, block_size)
     return [blocks[p // block_size] * block_size + p % block_size for p in range(start, stop)]
 
 

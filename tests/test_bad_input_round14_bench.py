@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import kvlab
+from kvlab.handwritten import HandwrittenCache
 from kvlab.lab import bench
 
 KW = dict(prompt_len=4, new_tokens=3, check_tokens=0, repeats=1, profile_k=0, progress=False)
@@ -154,3 +155,186 @@ def test_main_leaves_no_empty_record_behind_a_refused_setting(tmp_path, monkeypa
         bench.main(["--model", "tiny-llama"])
     assert not list((tmp_path / "out").glob("*.json"))
     assert os.path.isdir(tmp_path / "out")
+
+
+# --------------------------------------------------------------------------------------- serving
+def test_speculation_runs_refuses_more_check_tokens_than_it_makes(model):
+    """check_tokens=10 with new_tokens=6 compared 6-token outputs with a 10-token reference: every
+    path was marked inexact."""
+    from kvlab.lab import serving
+
+    ids = torch.randint(1, 256, (1, 8))
+    with pytest.raises(ValueError, match=r"check_tokens \(10\) is above new_tokens \(6\)"):
+        serving.speculation_runs(model, {"p": ids}, 6, rounds=1, check_tokens=10,
+                                 pairs={"graph-safe-speculative": "graph-safe"})
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda S, m, ids: S.k_sweep(m, ids, 6, ks=(), rounds=1), "ks must be draft lengths"),
+    (lambda S, m, ids: S.k_sweep(m, ids, 6, ks=(2, 2), rounds=1), "each given once"),
+    (lambda S, m, ids: S.speculation_runs(m, {}, 6, rounds=1), "non-empty dict"),
+    (lambda S, m, ids: S.speculation_runs(m, {"p": ids}, 6, pairs={}), "pairs must be"),
+])
+def test_serving_refuses_empty_sweeps(model, call, match):
+    """k_sweep(ks=()) and speculation_runs(m, {}) raised "max() arg is an empty sequence"."""
+    from kvlab.lab import serving
+
+    with pytest.raises(ValueError, match=match):
+        call(serving, model, torch.randint(1, 256, (1, 8)))
+
+
+# --------------------------------------------------------------------------------------- measure
+@pytest.mark.parametrize("make_cache", [
+    lambda m: __import__("transformers").StaticCache(config=m.config, max_cache_len=16),
+    lambda m: __import__("transformers").DynamicCache(config=m.config),
+    lambda m: HandwrittenCache(),
+])
+def test_time_strategy_empties_a_cache_it_is_handed_before_every_run(model, make_cache):
+    """time_strategy(..., cache=StaticCache(...)) failed after its own warm-up ("this cache
+    already holds 11 tokens"): every timed run continued the last one's cache."""
+    from kvlab.lab import measure
+
+    name = "handwritten" if isinstance(make_cache(model), HandwrittenCache) else None
+    cache = make_cache(model)
+    strategy = name or ("static" if "Static" in type(cache).__name__ else "dynamic")
+    ids = torch.randint(1, 256, (1, 8))
+    timing = measure.time_strategy(model, ids, 4, strategy=strategy, repeats=1, cache=cache)
+    assert torch.equal(timing.tokens, kvlab.decode(model, ids, 4, strategy="naive"))
+
+
+def test_time_strategy_takes_a_strategy_object(model):
+    """time_strategy(strategy=kvlab.STRATEGIES["naive"]) raised "unhashable type:
+    mappingproxy" (the Strategy was a dict key), though kvlab.decode takes it."""
+    from kvlab.lab import measure
+
+    timing = measure.time_strategy(model, torch.randint(1, 256, (1, 8)), 4,
+                                   strategy=kvlab.STRATEGIES["naive"], repeats=1)
+    assert timing.label == "naive"
+
+
+def test_profile_steps_of_a_run_that_does_nothing_says_so():
+    """profile_steps(lambda n: None, 2, "cpu") raised IndexError."""
+    from kvlab.lab import measure
+
+    with pytest.raises(ValueError, match="ran no operation"):
+        measure.profile_steps(lambda n: None, 2, "cpu")
+
+
+@pytest.mark.parametrize("per_step", [False, True])
+def test_time_decode_of_a_run_returning_a_list_says_so(per_step):
+    """time_decode(lambda n, t: [[0] * n], 4, "cpu") raised "'list' object has no attribute
+    'dim'"."""
+    from kvlab.lab import measure
+
+    with pytest.raises(measure.TimingError, match="returned a list, not a tensor"):
+        measure.time_decode(lambda n, t: [[0] * n], 4, "cpu", repeats=1, per_step=per_step)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_time_interleaved_on_cuda_without_a_gpu_says_so():
+    """time_interleaved(..., device="cuda") on a CPU-only machine raised "AssertionError: Torch not
+    compiled with CUDA" from the synchronize."""
+    from kvlab.lab import measure
+
+    with pytest.raises(RuntimeError, match="sees no CUDA GPU"):
+        measure.time_interleaved({"a": lambda: None}, device="cuda")
+
+
+@pytest.mark.parametrize("make_cache", [
+    lambda m: __import__("transformers").StaticCache(config=m.config, max_cache_len=16),
+    lambda m: __import__("transformers").DynamicCache(config=m.config),
+    lambda m: HandwrittenCache(),
+])
+def test_step_op_counts_of_any_cache_leaves_it_as_it_was(model, make_cache):
+    """step_op_counts on a fresh StaticCache raised "'NoneType' object has no attribute 'clone'",
+    on a DynamicCache "no attribute 'cumulative_length'"."""
+    from kvlab.lab import measure
+
+    cache = make_cache(model)
+    token = torch.ones(1, 1, dtype=torch.long)
+    ops = measure.step_op_counts(model, cache, token)
+    assert ops and sum(ops.values()) > 0
+    assert cache.get_seq_length() == 0
+    # filled: the step leaves the tokens it found, and the same ops again
+    with torch.inference_mode():
+        model(input_ids=torch.ones(1, 3, dtype=torch.long), cache=cache)
+    assert measure.step_op_counts(model, cache, token) and cache.get_seq_length() == 3
+
+
+def test_eager_vs_replay_refuses_a_list_of_ids(model):
+    """eager_vs_replay(m, [[1, 2, 3]]) raised "'list' object has no attribute 'device'"."""
+    from kvlab.lab import measure
+
+    with pytest.raises((TypeError, ValueError), match="tensor"):
+        measure.eager_vs_replay(model, [[1, 2, 3]])
+
+
+# ----------------------------------------------------------------------------------- paged cache
+@pytest.mark.parametrize("args,match", [(([3, 5], -1, 1, 4), "start"),
+                                        (([3], 0, 6, 4), "past the 1 block"),
+                                        (([3], 2, 1, 4), "below start")])
+def test_slots_of_refuses_positions_the_blocks_do_not_hold(args, match):
+    """slots_of([3, 5], -1, 1, 4) returned [23, 12] (a negative position indexed the blocks from
+    the end), and slots_of([3], 0, 6, 4) raised IndexError."""
+    from kvlab import paged_cache
+
+    with pytest.raises(ValueError, match=match):
+        paged_cache.slots_of(*args)
+
+
+def test_blocks_for_refuses_a_block_size_of_zero():
+    """blocks_for(5, 0) raised ZeroDivisionError."""
+    from kvlab import paged_cache
+
+    with pytest.raises(ValueError, match="block_size"):
+        paged_cache.blocks_for(5, 0)
+
+
+def test_paged_cache_takes_dtype_names(model):
+    """bytes_per_token(cfg, "bfloat16") and PagedKVCache(..., dtype="bfloat16") raised TypeError;
+    the rest of kvlab reads dtype names."""
+    from kvlab import paged_cache
+
+    assert (paged_cache.bytes_per_token(model.config, "bfloat16")
+            == paged_cache.bytes_per_token(model.config, torch.bfloat16))
+    cache = paged_cache.PagedKVCache(model.config, num_blocks=2, block_size=4,
+                                     max_blocks_per_request=2, dtype="bf16")
+    assert cache.layers[0].keys.dtype == torch.bfloat16
+
+
+# ---------------------------------------------------------------------------------------- models
+def test_byte_tokenizer_takes_a_list_of_strings():
+    """ByteTokenizer()(["ab", "cd"]) raised "'list' object has no attribute 'encode'"."""
+    from kvlab.lab.models import ByteTokenizer
+
+    tok = ByteTokenizer()
+    out = tok(["ab", "cd"])
+    assert out["input_ids"].tolist() == [list(b"ab"), list(b"cd")]
+    padded = tok(["a", "bcd"], padding=True)
+    assert padded["attention_mask"].tolist() == [[0, 0, 1], [1, 1, 1]]
+    assert tok.batch_decode(padded["input_ids"][:, -1:]) == ["a", "d"]
+    with pytest.raises(ValueError, match="padding=True"):
+        tok(["a", "bcd"])
+
+
+def test_byte_tokenizer_decodes_what_kvlab_decode_returns(model):
+    """ByteTokenizer().decode(kvlab.decode(m, ids, 3)), a [1, n] tensor, raised "only one element
+    tensors can be converted"; there was no batch_decode."""
+    from kvlab.lab.models import ByteTokenizer
+
+    tok = ByteTokenizer()
+    tokens = kvlab.decode(model, tok("hello")["input_ids"], 3)
+    text = bytes(tokens[0].tolist()).decode("utf-8", errors="replace")
+    assert tok.decode(tokens) == text == tok.batch_decode(tokens)[0]
+    with pytest.raises(ValueError, match="batch_decode"):
+        tok.decode(torch.zeros(2, 3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("kw,match", [(dict(seed=1.5), "seed must be an int"),
+                                      (dict(dtype=torch.int32), "cannot hold")])
+def test_random_smollm2_refuses_what_tiny_model_refuses(kw, match):
+    """random_smollm2(seed=1.5) was silently accepted and dtype=torch.int32 failed in torch."""
+    from kvlab.lab.models import random_smollm2
+
+    with pytest.raises(ValueError, match=match):
+        random_smollm2(layers=1, device="cpu", **kw)

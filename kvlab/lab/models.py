@@ -79,6 +79,7 @@ def random_smollm2(*, device=None, dtype=None, seed: int = 0, layers: int | None
     same kernels per layer)."""
     import transformers
 
+    seed = _seed(seed)
     full = SMOLLM2_SHAPE["num_hidden_layers"]
     if layers is not None:  # read by count: a NumPy or 0-dim tensor int too
         try:
@@ -90,7 +91,7 @@ def random_smollm2(*, device=None, dtype=None, seed: int = 0, layers: int | None
                              f"got {layers!r}")
         layers = kept
     device = pick_device(device)
-    dtype = pick_dtype(device, dtype)
+    dtype = _weight_dtype(pick_dtype(device, dtype))
     shape = SMOLLM2_SHAPE | {"num_hidden_layers": layers or full}
     with (torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
           torch.device(device)):
@@ -117,6 +118,25 @@ WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 SEEDS = range(-2**63, 2**64)
 
 
+def _seed(seed) -> int:
+    """``seed`` as a Python int in torch.manual_seed's range, else a ValueError."""
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
+        raise ValueError(f"seed must be an int, got {seed!r}")
+    seed = int(seed)
+    if seed not in SEEDS:
+        raise ValueError(f"seed must fit in 64 bits (-2**63 to 2**64 - 1, torch.manual_seed's "
+                         f"range), got {seed}")
+    return seed
+
+
+def _weight_dtype(dtype: torch.dtype) -> torch.dtype:
+    """``dtype`` if the course's weights can be made in it, else a ValueError."""
+    if dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"dtype {dtype} cannot hold the course's weights: use float32, bfloat16, "
+                         "float16 or float64")
+    return dtype
+
+
 def tiny_model(name: str, *, seed: int = 0, dtype: torch.dtype | str | None = torch.float32):
     """A tiny random-weight model of one architecture, identical for the same name and seed
     (``dtype``: default float32, also for None, as ``load_model`` on CPU).
@@ -129,16 +149,8 @@ def tiny_model(name: str, *, seed: int = 0, dtype: torch.dtype | str | None = to
 
     if name not in TINY_CONFIGS:
         raise ValueError(f"unknown tiny model {name!r}; choose one of {sorted(TINY_CONFIGS)}")
-    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
-        raise ValueError(f"seed must be an int, got {seed!r}")
-    seed = int(seed)
-    if seed not in SEEDS:
-        raise ValueError(f"seed must fit in 64 bits (-2**63 to 2**64 - 1, torch.manual_seed's "
-                         f"range), got {seed}")
-    dtype = torch.float32 if dtype is None else as_dtype(dtype)
-    if dtype not in WEIGHT_DTYPES:
-        raise ValueError(f"dtype {dtype} cannot hold the course's weights: use float32, bfloat16, "
-                         "float16 or float64")
+    seed = _seed(seed)
+    dtype = _weight_dtype(torch.float32 if dtype is None else as_dtype(dtype))
     cls_name, extra = TINY_CONFIGS[name]
     config = getattr(transformers, cls_name)(**{**TINY_COMMON, **extra})
     # one build at a time; the caller's generator restored
@@ -149,19 +161,59 @@ def tiny_model(name: str, *, seed: int = 0, dtype: torch.dtype | str | None = to
 
 
 class ByteTokenizer:
-    """A stand-in tokenizer for tiny models: one id per UTF-8 byte (vocab 256)."""
+    """A stand-in tokenizer for tiny models: one id per UTF-8 byte (vocab 256). Called as a
+    transformers tokenizer is: a string or a list of strings (``padding=True`` pads shorter ones on
+    the left with ``pad_token_id``, masked out), ``decode`` of one sequence, ``batch_decode`` of
+    several."""
 
     eos_token_id = None
     pad_token_id = 0
+    padding_side = "left"  # a decoder continues each row from its last token
 
-    def __call__(self, text: str, return_tensors: str = "pt"):
+    def __call__(self, text: str | list[str], return_tensors: str | None = "pt",
+                 padding: bool | str = False):
         from transformers import BatchEncoding
 
-        return BatchEncoding({"input_ids": torch.tensor([list(text.encode("utf-8"))],
-                                                        dtype=torch.long)})
+        texts = [text] if isinstance(text, str) else text
+        if not isinstance(texts, list | tuple) or not texts or not all(
+                isinstance(t, str) for t in texts):
+            raise TypeError(f"ByteTokenizer takes a string or a non-empty list of strings, got "
+                            f"{text!r:.80}")
+        if return_tensors not in ("pt", None):
+            raise ValueError(f"return_tensors must be 'pt' (tensors) or None (lists), got "
+                             f"{return_tensors!r}")
+        rows = [list(t.encode("utf-8")) for t in texts]
+        width = max(len(r) for r in rows)
+        if padding not in (True, False, "longest", "do_not_pad"):
+            raise ValueError(f"padding must be True ('longest') or False, got {padding!r:.80}")
+        if padding in (False, "do_not_pad") and len({len(r) for r in rows}) > 1:
+            raise ValueError(f"the strings are {sorted({len(r) for r in rows})} bytes long, and a "
+                             "batch is one length: pass padding=True (kvlab.decode refuses padded "
+                             "rows: decode those one at a time)")
+        masks = [[0] * (width - len(r)) + [1] * len(r) for r in rows]
+        rows = [[self.pad_token_id] * (width - len(r)) + r for r in rows]
+        if isinstance(text, str) and return_tensors is None:
+            rows, masks = rows[0], masks[0]
+        wrap = (lambda x: torch.tensor(x, dtype=torch.long)) if return_tensors else list
+        return BatchEncoding({"input_ids": wrap(rows), "attention_mask": wrap(masks)})
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        """The text of one sequence of ids: a list, a tensor [n], or a batch of one row [1, n]."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        if isinstance(ids, list | tuple) and len(ids) == 1 and isinstance(ids[0], list | tuple):
+            ids = ids[0]  # one row of a batch, as kvlab.decode returns it
+        if isinstance(ids, int) or not all(
+                isinstance(i, int) or hasattr(i, "__index__") for i in ids):
+            raise ValueError("decode takes one sequence of ids (a list, a tensor [n] or [1, n]); "
+                             "for a batch of several rows use batch_decode")
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+    def batch_decode(self, rows, skip_special_tokens: bool = True) -> list[str]:
+        """The text of each row of ``rows`` (a tensor [batch, n] or a list of id lists)."""
+        if isinstance(rows, torch.Tensor):
+            rows = rows.tolist()
+        return [self.decode(list(row), skip_special_tokens) for row in rows]
 
 
 # ---- the real model: wheel -> GGUF -> safetensors folder, once ----
@@ -436,9 +488,7 @@ def load_model(name: str = DEFAULT_MODEL, *, device=None, dtype=None, seed: int 
     if not isinstance(name, str | Path) or not str(name).strip():
         raise ValueError(f"name must be a model name, a hub id or a folder, got {name!r} "
                          f"(default: {DEFAULT_MODEL!r})")
-    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
-        raise ValueError(f"seed must be an int, got {seed!r}")
-    seed = int(seed)
+    seed = _seed(seed)
     name = str(name).strip()  # a pathlib.Path works too
     device = pick_device(device)
     dtype = pick_dtype(device, dtype)
