@@ -127,8 +127,13 @@ def check_attend(student) -> str:
                 why = "one output row of d per query."
             return (f"not quite: for {where}, expected shape {tuple(right.shape)}, got "
                     f"{tuple(got.shape)}. Hint: {why}")
+        # attention outputs are real floats: a cast to a complex or integer dtype drops or rounds
+        if not got.dtype.is_floating_point:
+            return (f"not quite: for {where}, you returned {got.dtype}; attention outputs are real "
+                    f"floating-point numbers: return the inputs' dtype ({q.dtype}), with no "
+                    "complex part and no integer rounding.")
         # under 16 bits the rounding alone hides the mistakes: all zeros, no causal mask
-        if got.dtype.is_floating_point and torch.finfo(got.dtype).bits < 16:
+        if torch.finfo(got.dtype).bits < 16:
             return (f"not quite: for {where}, you returned {got.dtype}, too coarse to tell a right "
                     f"attention from a wrong one: return the inputs' dtype ({q.dtype}), or at "
                     "least 16 bits (float16, bfloat16).")

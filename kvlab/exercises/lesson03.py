@@ -84,10 +84,9 @@ def check_static_cache_bytes(answer, *, config, max_cache_len: int, dtype, batch
         slips.append((kv_cache_bytes(config, max_cache_len, dtype, batch=1),
                       f"one sequence: the batch holds {batch}"))
     for other in (torch.float32, torch.float16, torch.bfloat16):
-        if torch.finfo(other).bits != torch.finfo(dtype).bits:
+        if other.itemsize != dtype.itemsize:  # dtype: a torch.dtype (the door reads a name)
             slips.append((kv_cache_bytes(config, max_cache_len, other, batch=batch),
-                          f"{torch.finfo(other).bits // 8} bytes per element: {dtype} has "
-                          f"{torch.finfo(dtype).bits // 8}"))
+                          f"{other.itemsize} bytes per element: {dtype} has {dtype.itemsize}"))
     what = f"StaticCache bytes for max_cache_len={max_cache_len}, batch {batch}, in {dtype}"
     if isinstance(answer, int | float) and not isinstance(answer, bool) and answer != expected:
         # several slips can agree
