@@ -278,3 +278,25 @@ def test_count_lists_as_arrays_and_tensors():
     lengths = np.array([5, 40, 130])
     right = lesson07.blocks_held([5, 40, 130], 16)
     assert lesson07.check_blocks_held(right, lengths=lengths).startswith("correct")
+
+
+def test_write_positions_varies_max_cache_len():
+    """Positions with max_cache_len hard-coded to 16 passed: every case used 16."""
+    def sixteen(counter, valid, bucket, max_cache_len):
+        return lesson05.write_positions_solution(counter, valid, bucket, 16)
+    assert lesson05.check_write_positions(sixteen).startswith("not quite")
+
+
+def test_write_valid_varies_max_cache_len():
+    """write_valid with max_cache_len hard-coded to 16 (the trash slot at 16) passed: every case
+    used 16."""
+    def sixteen(keys, values, new_k, new_v, counter, valid):
+        rows = torch.arange(new_k.shape[2])
+        slots = torch.where((rows < valid) & (counter + rows < 16), counter + rows,
+                            torch.tensor(16))
+        keys.index_copy_(2, slots, new_k)
+        values.index_copy_(2, slots, new_v)
+        counter.add_(valid)
+        return counter
+    assert lesson05.check_write_valid(lesson05.write_valid_solution).startswith("correct")
+    assert lesson05.check_write_valid(sixteen).startswith("not quite")

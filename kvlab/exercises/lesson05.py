@@ -157,7 +157,10 @@ def write_positions_solution(counter, valid, bucket: int, max_cache_len: int) ->
 
 
 # counter, valid, bucket, slots
-POSITION_CASES = [(0, 5, 8, 16), (10, 3, 4, 16), (0, 8, 8, 16), (14, 4, 4, 16), (7, 1, 1, 16)]
+# (counter, valid, bucket, max_cache_len); the last two have another max_cache_len: a function
+# that hard-codes 16 fails them
+POSITION_CASES = [(0, 5, 8, 16), (10, 3, 4, 16), (0, 8, 8, 16), (14, 4, 4, 16), (7, 1, 1, 16),
+                  (3, 2, 4, 8), (6, 4, 4, 8)]
 
 
 def _positions_mistake(got: torch.Tensor, counter: int, valid: int, bucket: int, slots: int) -> str:
@@ -259,6 +262,7 @@ WRITE_CASES = [  # (batch, kv_heads, max_cache_len, head_dim, T, counter, valid)
     (2, 2, 16, 4, 4, 9, 3),  # batch 2, a later chunk
     (1, 2, 16, 4, 1, 7, 1),  # one decode step
     (1, 2, 16, 4, 4, 14, 2),  # near the end: the padded rows would land past the buffer
+    (1, 2, 12, 4, 4, 10, 2),  # another max_cache_len, near its end: 16 hard-coded fails here
 ]
 
 
