@@ -300,3 +300,28 @@ def test_write_valid_varies_max_cache_len():
         return counter
     assert lesson05.check_write_valid(lesson05.write_valid_solution).startswith("correct")
     assert lesson05.check_write_valid(sixteen).startswith("not quite")
+
+
+def test_reset_in_place_refuses_the_builtin_through_its_class():
+    """type(layer).reset(layer), transformers' own reset called through the class, was accepted;
+    cache.reset() is refused."""
+    def through_class(cache):
+        for layer in cache.layers:
+            type(layer).reset(layer)
+    verdict = lesson03.check_reset_in_place(through_class)
+    assert verdict.startswith("not quite") and "reset()" in verdict
+    assert lesson03.check_reset_in_place(lesson03.reset_in_place).startswith("correct")
+
+
+def test_step_flops_fraction_shown():
+    """A count 0.5 off printed "you count 68,672 FLOPs, the formula 68,672 (+0.0%)"."""
+    verdict = lesson01.check_step_flops(lambda c, L: lesson01.step_flops(c, L) + 0.5)
+    assert verdict.startswith("not quite") and ".5 FLOPs" in verdict and "+0.0%" not in verdict
+
+
+def test_filled_prediction_says_so(monkeypatch):
+    """Under KVLAB_SOLUTIONS=1 a missing prediction was filled in and called "correct:" with no
+    note, unlike the code checkers."""
+    monkeypatch.setenv("KVLAB_SOLUTIONS", "1")
+    verdict = lesson01.check_doubling_prediction(None, seconds=1.0, doubled_seconds=3.0)
+    assert verdict.startswith("(the measured answer, filled in by KVLAB_SOLUTIONS=1) correct")

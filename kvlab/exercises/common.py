@@ -636,19 +636,24 @@ def bad_measurement(measured: dict, fix: str = RUN_AGAIN) -> str | None:
     return None
 
 
+# the start of a verdict on a prediction that KVLAB_SOLUTIONS=1 filled in with the measured answer
+FILLED_PREDICTION = f"(the measured answer, filled in by {SOLUTIONS_ENV}=1) "
+
+
 def check_prediction(prediction, *, measured, choices: dict, what: str) -> str:
     """A "predict, then run" question: ``prediction`` names one key of ``choices`` (key -> what it
     would mean; any spelling :func:`choice_of` reads), ``measured`` the key the run just showed.
     Under ``KVLAB_SOLUTIONS=1`` a missing prediction is filled in."""
+    filled = ""
     if prediction is None:
         if not solutions_filled_in():
             return ("not predicted: write your prediction (one of " + ", ".join(map(repr, choices))
                     + ") before running")
-        prediction = measured
+        prediction, filled = measured, FILLED_PREDICTION
     given, prediction = prediction, choice_of(prediction, choices)
     if prediction is None:
         return f"not quite: {what} is one of {', '.join(map(repr, choices))}, got {given!r:.80}"
     if prediction == measured:
-        return f"correct: {what} is {measured!r}: {choices[measured]}"
+        return f"{filled}correct: {what} is {measured!r}: {choices[measured]}"
     return (f"not quite: you predicted {prediction!r} ({choices[prediction]}), but the run shows "
             f"{measured!r}: {choices[measured]}")

@@ -120,16 +120,25 @@ class UsedBuiltinReset(Exception):
 
 @contextmanager
 def builtin_reset_refused(cache):
-    """Inside: ``cache.reset()`` and every layer's ``reset()`` raise :class:`UsedBuiltinReset`."""
+    """Inside: ``cache.reset()`` and every layer's ``reset()`` raise :class:`UsedBuiltinReset`,
+    called on the object or through its class (``type(layer).reset(layer)``)."""
     def refuse(*args, **kwargs):
         raise UsedBuiltinReset
 
     targets = [cache, *cache.layers]
+    # every class from the object's own up to the one that defines reset: a call through any
+    classes = {cls for target in targets for cls in type(target).__mro__
+               if "reset" in vars(cls)}
+    held = {cls: vars(cls)["reset"] for cls in classes}
     for target in targets:
         target.reset = refuse  # an instance attribute hides the method
+    for cls in classes:
+        cls.reset = refuse
     try:
         yield
     finally:
+        for cls, method in held.items():
+            cls.reset = method
         for target in targets:
             target.__dict__.pop("reset", None)
 

@@ -17,6 +17,7 @@ from ..cache_view import counters
 from ..graph_safe_cache import GraphSafeStaticCache
 from ..graphs import CapturedStep
 from .common import (
+    FILLED_PREDICTION,
     SettingError,
     as_number,
     bad_measurement,
@@ -140,7 +141,7 @@ def check_counters_prediction(prediction=None, *, prompt_len: int = 21, bucket: 
     verdict = check_prediction(prediction, measured=measured, choices=COUNTER_CHOICES,
                                what=f"the pair of counters after a {prompt_len}-token prompt "
                                     f"padded to {bucket}, then {steps} steps")
-    if verdict.startswith(("correct", "not quite: you predicted")):
+    if verdict.removeprefix(FILLED_PREDICTION).startswith(("correct", "not quite: you predicted")):
         verdict += f" (measured just now: vanilla {vanilla}, graph-safe {safe}). Why: {COUNTER_WHY}"
     return verdict
 

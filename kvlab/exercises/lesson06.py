@@ -18,6 +18,7 @@ from .. import sizes
 from ..kernels import gemv as kernels_gemv
 from ..lab.measure import DecodeTiming
 from .common import (
+    FILLED_PREDICTION,
     NOT_ANSWERED,
     NotANumber,
     SettingError,
@@ -299,7 +300,7 @@ def check_fastest_prediction(prediction=None, record: dict | None = None, *,
                 f"{'is' if len(tied) == 1 else 'are'} fastest ({top:,.0f} tokens/s).")
     verdict = check_prediction(prediction, measured=fastest, choices=choices,
                                what=f"the fastest strategy at batch {batch} in the record")
-    if verdict.startswith(("correct", "not quite: you predicted")):
+    if verdict.removeprefix(FILLED_PREDICTION).startswith(("correct", "not quite: you predicted")):
         if len(tied) > 1:
             verdict += f" (a tie: {', '.join(map(repr, tied))} make the same tokens/s)"
         verdict += "\n" + "\n".join(f"  {name:<20} {rate:>10,.0f} tokens/s" for name, rate in
@@ -341,7 +342,7 @@ def check_tile_prediction(prediction=None, record: dict | None = None, *, projec
     verdict = check_prediction(prediction, measured=cell["path"], choices=TILE_PATHS,
                                what=f"the fastest kernel for {projection} at {rows} rows in the "
                                     "recorded sweep")
-    if verdict.startswith(("correct", "not quite: you predicted")):
+    if verdict.removeprefix(FILLED_PREDICTION).startswith(("correct", "not quite: you predicted")):
         verdict += (f" (GEMV kernel {cell['gemv']:.1f} µs, cuBLAS {cell['torch']:.1f} µs, best "
                     f"tile {cell['tile']:.1f} µs)")
     return verdict
