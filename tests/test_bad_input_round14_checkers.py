@@ -325,3 +325,11 @@ def test_filled_prediction_says_so(monkeypatch):
     monkeypatch.setenv("KVLAB_SOLUTIONS", "1")
     verdict = lesson01.check_doubling_prediction(None, seconds=1.0, doubled_seconds=3.0)
     assert verdict.startswith("(the measured answer, filled in by KVLAB_SOLUTIONS=1) correct")
+
+
+def test_attend_varies_head_dim():
+    """An attention with the scale hard-coded to 1/sqrt(8) passed: every case had head_dim 8."""
+    def scale_eight(q, keys, values):
+        return lesson02.attend(q * (q.shape[-1] / 8) ** 0.5, keys, values)
+    assert lesson02.check_attend(scale_eight).startswith("not quite")
+    assert lesson02.check_attend(lesson02.attend).startswith("correct")
