@@ -333,3 +333,11 @@ def test_attend_varies_head_dim():
         return lesson02.attend(q * (q.shape[-1] / 8) ** 0.5, keys, values)
     assert lesson02.check_attend(scale_eight).startswith("not quite")
     assert lesson02.check_attend(lesson02.attend).startswith("correct")
+
+
+def test_cache_vs_weights_swapped_is_not_checked():
+    """weight_bytes and cache_bytes_per_token swapped (one token's cache heavier than all weights)
+    called 100 correct ("= 0 tokens", the nearest choice): such a measurement cannot answer."""
+    verdict = lesson02.check_cache_vs_weights_prediction(100, weight_bytes=9_216,
+                                                         cache_bytes_per_token=269_060_000)
+    assert verdict.startswith("not checked") and "swapped" in verdict

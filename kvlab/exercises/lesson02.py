@@ -370,6 +370,13 @@ def check_cache_vs_weights_prediction(prediction, *, weight_bytes: int,
     weight_bytes, cache_bytes_per_token = (real_number(weight_bytes),
                                            real_number(cache_bytes_per_token))
     tokens = weight_bytes / cache_bytes_per_token
+    if tokens < 1:
+        # one token's K and V (a vector per layer and kv head) never outweigh every weight matrix
+        return (f"not checked: the measurements say one cached token holds "
+                f"{cache_bytes_per_token:,} B, more than all the weights ({weight_bytes:,} B), "
+                "which no model's cache does: the two are swapped, or one is not what it says "
+                "(bytes, not elements or MiB); measure them again and pass weight_bytes= and "
+                "cache_bytes_per_token=.")
     nearest = min(CACHE_VS_WEIGHTS_CHOICES, key=lambda k: abs(math.log10(tokens / k)))
     verdict = check_prediction(prediction, measured=nearest, choices=CACHE_VS_WEIGHTS_CHOICES,
                                what="the length at which the cache outweighs the weights")
