@@ -341,3 +341,19 @@ def test_cache_vs_weights_swapped_is_not_checked():
     verdict = lesson02.check_cache_vs_weights_prediction(100, weight_bytes=9_216,
                                                          cache_bytes_per_token=269_060_000)
     assert verdict.startswith("not checked") and "swapped" in verdict
+
+
+def test_decode_step_int16_ids_refused():
+    """A decode step returning int16 ids (which wrap past 32767) got "your code raised
+    RuntimeError" from the embedding the checker fed them to; the dtype is now named."""
+    def step(model, cache, ids, position):
+        return lesson03.decode_step(model, cache, ids, position).to(torch.int16)
+    verdict = lesson03.check_decode_step(step)
+    assert verdict.startswith("not quite") and "int16" in verdict
+
+
+def test_chat_ids_uint8_refused():
+    """Chat ids cast to uint8 got "your ids differ from the template's from position 0" (the
+    special tokens wrapped), not that the dtype is too narrow."""
+    verdict = lesson00.check_chat_ids(lambda tok, q: lesson00.chat_ids(tok, q).to(torch.uint8))
+    assert verdict.startswith("not quite") and "uint8" in verdict

@@ -255,8 +255,8 @@ def index_dtype_problem(tensor: torch.Tensor, what: str) -> str | None:
                   or tensor.dtype == torch.bool)
     why = (f"{tensor.dtype} is too narrow: ids and positions past its range would wrap (SmolLM2's "
            "vocabulary is 49152)" if narrow else f"they are integers, not {tensor.dtype}")
-    return (f"{what} are indices: return a LongTensor (torch.long, as argmax and torch.arange give "
-            f"it); {why}.")
+    return (f"{what} are indices: return a LongTensor (torch.long, what argmax, torch.arange and "
+            f"tokenizers give); {why}.")
 
 
 class SettingError(ValueError):

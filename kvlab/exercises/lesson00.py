@@ -24,6 +24,7 @@ from .common import (
     call_student,
     check_prediction,
     code_checker,
+    index_dtype_problem,
     real_number,
 )
 from .mistakes import first_match
@@ -234,9 +235,9 @@ def chat_problem(got, right: torch.Tensor, tokenizer, question: str) -> str | No
         return f"return a LongTensor [1, prompt_len], not a {type(got).__name__}."
     if got.dim() == 1 and torch.equal(got.cpu(), right[0]):
         return "the ids are right, but keep the batch dimension: shape [1, prompt_len]."
-    if got.is_floating_point():
-        return ("token ids are integers: return a LongTensor (torch.long), as the tokenizer makes "
-                "it.")
+    wrong_dtype = index_dtype_problem(got, "token ids")
+    if wrong_dtype:
+        return wrong_dtype
     got = got.cpu()
     if torch.equal(got, right):
         return None

@@ -26,6 +26,7 @@ from .common import (
     checker,
     choice_of,
     code_checker,
+    index_dtype_problem,
     kept,
     settings_read,
     solutions_filled_in,
@@ -292,8 +293,11 @@ def decode_step_verdict(step, model, prompt_len: int, new_tokens: int) -> str:
                 ids = call_student(step, model, cache, ids, position)
                 calls.append(seen[start:])
                 if (not isinstance(ids, torch.Tensor) or tuple(ids.shape) != (1, 1)
-                    or ids.is_floating_point()):
+                    or index_dtype_problem(ids, "token ids")):
                     got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+                    if isinstance(ids, torch.Tensor) and got == (1, 1):
+                        return (f"not quite: step {i} returned {ids.dtype}: "
+                                f"{index_dtype_problem(ids, 'token ids')}")
                     return (f"not quite: step {i} returned {got}. Hint: return the next token ids "
                             "as [batch, 1] integers: greedy(logits), i.e. logits[:, "
                             "-1:].argmax(-1).")
