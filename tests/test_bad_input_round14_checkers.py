@@ -357,3 +357,11 @@ def test_chat_ids_uint8_refused():
     special tokens wrapped), not that the dtype is too narrow."""
     verdict = lesson00.check_chat_ids(lambda tok, q: lesson00.chat_ids(tok, q).to(torch.uint8))
     assert verdict.startswith("not quite") and "uint8" in verdict
+
+
+def test_fastest_all_wrong_tokens_said_plainly():
+    """A batch whose rows all made wrong tokens (exact False) raised "no token-exact result at batch
+    1; its batch sizes are [1]", naming the batch it said was missing."""
+    rows = [{"strategy": s, "batch": 1, "exact": False, "tokens_per_s": 10.0} for s in "ab"]
+    with pytest.raises(ValueError, match="exact False"):
+        lesson06.check_fastest_prediction("a", {"results": rows}, batch=1)

@@ -251,8 +251,13 @@ def rates_at(record: dict, batch: int) -> dict[str, float]:
     rates = {r["strategy"]: r["tokens_per_s"] for r in record["results"] if r["batch"] == batch
              and r["exact"]}
     if not rates:
-        raise ValueError(f"the record has no token-exact result at batch {batch}; its batch sizes "
-                         f"are {sorted({r['batch'] for r in record['results']})}")
+        batches = sorted({r["batch"] for r in record["results"]})
+        if batch in batches:  # rows there, none token-exact: every one made other tokens
+            raise ValueError(f"at batch {batch} every result of the record made tokens that differ "
+                             "from the reference (exact False): none can be the fastest; record "
+                             "again, or pick another batch=")
+        raise ValueError(f"the record has no result at batch {batch}; its batch sizes are "
+                         f"{batches}: pass one of them as batch=")
     return rates
 
 
