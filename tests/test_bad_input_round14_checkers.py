@@ -365,3 +365,16 @@ def test_fastest_all_wrong_tokens_said_plainly():
     rows = [{"strategy": s, "batch": 1, "exact": False, "tokens_per_s": 10.0} for s in "ab"]
     with pytest.raises(ValueError, match="exact False"):
         lesson06.check_fastest_prediction("a", {"results": rows}, batch=1)
+
+
+def test_parameter_count_refuses_a_config_the_formula_does_not_cover():
+    """A Gemma2 config (four norms per layer) had its true count called wrong against the Llama
+    formula; the checker now refuses the config and says why."""
+    from transformers import Gemma2Config
+
+    from kvlab.exercises.common import SettingError
+    config = Gemma2Config(vocab_size=200, hidden_size=32, intermediate_size=48,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=8)
+    with pytest.raises(SettingError, match="does not cover"):
+        lesson00.check_parameter_count(lesson00.llama_parameter_count, config=config)

@@ -226,11 +226,11 @@ def check_step_flops(student, *, config=None, length: int = 1000) -> str:
                 # a count off by a fraction shows it: never "68,672 ... (+0.0%)" for a wrong one
                 shown = f"{got:,.0f}" if float(got).is_integer() else f"{got:,}"
                 off = f"{share:+.1%}" if round(share, 3) else f"{share * 100:+.2g}%"
-                whole = ("" if float(got).is_integer() else " FLOPs are whole numbers: a count "
-                         "of multiplies and adds has no fraction.")
+                whole = ("" if float(got).is_integer() else "FLOPs are whole numbers (a count "
+                         "of multiplies and adds has no fraction); ")
                 return (f"not quite: for {describe(cfg)}, a step over {L} "
                         f"position{'s' if L > 1 else ''}: you count {shown} FLOPs, the formula "
-                        f"{right:,} ({off}). Hint: {whole and whole[1:] + ' '}{hint}")
+                        f"{right:,} ({off}). Hint: {whole}{hint}")
     return ("correct: your FLOPs match kvlab.sizes.forward_flops at lengths "
             f"{', '.join(map(str, lengths))} on {len(configs)} "
             f"config{'s' if len(configs) > 1 else ''}")
