@@ -110,8 +110,9 @@ def test_static_cache_bytes_reads_any_dtype(dtype):
                                       dtype=dtype).startswith("correct")
 
 
-def test_cache_bytes_refuses_a_dtype_that_is_none():
-    """dtype=3 was passed on to the formula; it is now refused at the door with what to give."""
+def test_cache_bytes_refuses_what_is_no_dtype():
+    """dtype=3 reached the formula and came back as a "could not be checked" verdict on the answer;
+    it is now refused at the door (the caller's setting), with what to give."""
     with pytest.raises(ValueError, match="torch.dtype"):
         lesson03.check_static_cache_bytes(1, config=LlamaConfig(**SMOLLM2_SHAPE),
                                           max_cache_len=8, dtype=3)
@@ -146,7 +147,8 @@ def test_torch_not_implemented_is_not_not_attempted(monkeypatch):
 
 
 def test_stub_still_not_attempted(monkeypatch):
-    """The stub's own raise stays "not attempted" (the guard above must not catch it)."""
+    """The stub's own raise stays "not attempted" (a guard: the fix above must not catch it; this
+    one passed before the fix too)."""
     def stub(model, prompt_ids, n):
         raise NotImplementedError  # your code here
     monkeypatch.setenv("KVLAB_SOLUTIONS", "0")
