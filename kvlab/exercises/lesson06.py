@@ -272,7 +272,7 @@ FASTEST_EXAMPLE = ("kvlab.lab.bench.recorded('h200_batch_sweep'), or the dict (o
 
 
 @settings_read
-def check_fastest_prediction(prediction=None, record: dict | None = None, *,
+def check_fastest_prediction(prediction=None, record: dict | str | None = None, *,
                              batch: int = 64) -> str:
     """Predict, then read: which strategy of ``record`` makes the most tokens/s at ``batch``? Only
     strategies proven token-exact compete: a row whose tokens were not checked is not."""
@@ -323,8 +323,8 @@ TILE_PATHS = {"gemv": "the GEMV kernel, one weight read per row",
 
 
 @settings_read
-def check_tile_prediction(prediction=None, record: dict | None = None, *, projection: str = "down",
-                          rows: int = 64) -> str:
+def check_tile_prediction(prediction=None, record: dict | str | None = None, *,
+                          projection: str = "down", rows: int = 64) -> str:
     """Predict, then read: in the recorded tile sweep (``kvlab.lab.bench.tile_sweep``), which of
     ``TILE_PATHS`` is fastest for ``projection`` (the first word of its name) at ``rows`` rows?"""
     if record is None:
