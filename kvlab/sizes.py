@@ -155,7 +155,9 @@ def llama_parameter_count(config) -> int:
     Per layer: W_q and W_o ``h x H*d`` each, W_k and W_v ``h x K*d`` each, the MLP's three ``h x I``
     matrices and two norm vectors of ``h``; then the embedding ``V x h``, a final norm, and an
     lm_head ``V x h`` unless ``tie_word_embeddings`` shares the embedding. Biases count where
-    ``attention_bias``/``mlp_bias`` ask for them.
+    ``attention_bias``/``mlp_bias`` ask for them. Two families add to the Llama layer: Qwen2's
+    q/k/v projections always carry a bias (its config has no setting for it), Qwen3 normalizes
+    queries and keys per head (``q_norm``, ``k_norm``: one ``d`` vector each per layer).
     """
     s = model_sizes(config)
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -163,6 +165,11 @@ def llama_parameter_count(config) -> int:
     attention = 2 * h * q_width + 2 * h * kv_width
     if getattr(cfg, "attention_bias", False):
         attention += q_width + 2 * kv_width + h
+    model_type = getattr(cfg, "model_type", "")
+    if model_type == "qwen2":
+        attention += q_width + 2 * kv_width  # q_proj, k_proj, v_proj biases (o_proj has none)
+    if model_type == "qwen3":
+        attention += 2 * s.head_dim  # q_norm and k_norm
     mlp = 3 * h * s.intermediate + (
         2 * s.intermediate + h if getattr(cfg, "mlp_bias", False) else 0
     )

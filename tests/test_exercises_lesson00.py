@@ -11,6 +11,7 @@ from student_code import assert_unattempted_filled_in_and_raising, raises
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from kvlab.exercises import lesson00
+from kvlab.exercises.common import FILLED_PREDICTION
 from kvlab.lab import models
 from kvlab.lab.models import tiny_model
 from kvlab.sizes import llama_parameter_count
@@ -174,8 +175,9 @@ def test_gqa_prediction_unanswered(monkeypatch):
     assert lesson00.check_gqa_prediction(None, gqa_parameters=100,
                                          mha_parameters=110).startswith("not predicted")
     monkeypatch.setenv("KVLAB_SOLUTIONS", "1")
-    assert lesson00.check_gqa_prediction(None, gqa_parameters=100,
-                                         mha_parameters=110).startswith("correct")
+    # filled in, and says so (round 14)
+    assert lesson00.check_gqa_prediction(None, gqa_parameters=100, mha_parameters=110).startswith(
+        FILLED_PREDICTION + "correct")
 
 
 CODE_CHECKERS = [lesson00.check_parameter_count, lesson00.check_chat_ids]

@@ -106,7 +106,8 @@ def test_naive_decode_shapes_and_batches():
     one_row = lesson01.check_naive_decode(lambda m, ids, n: decode_naive(m, ids, n)[0])
     assert "keep the batch dimension" in one_row
     first_prompt_only = lesson01.check_naive_decode(lambda m, ids, n: decode_naive(m, ids[:1], n))
-    assert "2 prompts" in first_prompt_only and "(2, 6)" in first_prompt_only
+    # the batch of two decodes n + 1 = 7 tokens (round 14: two different n)
+    assert "2 prompts" in first_prompt_only and "(2, 7)" in first_prompt_only
     as_list = lesson01.check_naive_decode(lambda m, ids, n: decode_naive(m, ids, n).tolist())
     assert "LongTensor" in as_list
     for dtype in (torch.float32, torch.bool):  # torch.equal compares values, not dtypes

@@ -9,7 +9,7 @@ from student_code import assert_unattempted_filled_in_and_raising
 
 from kvlab import paged_cache, speculative
 from kvlab.exercises import lesson07
-from kvlab.exercises.common import NOT_ANSWERED
+from kvlab.exercises.common import FILLED_PREDICTION, NOT_ANSWERED
 
 CODE_CHECKERS = [lesson07.check_kept_drafts, lesson07.check_draft, lesson07.check_slots]
 
@@ -263,7 +263,8 @@ def test_verify_prediction(monkeypatch):
             and "ONE counter" in wrong)
     # any case
     assert check("b").startswith("correct") and "one of 'A', 'B', 'C', 'D'" in check("E")
-    assert check(None).startswith("correct")  # KVLAB_SOLUTIONS=1 fills it in
+    # KVLAB_SOLUTIONS=1 fills it in, and says so (round 14)
+    assert check(None).startswith(FILLED_PREDICTION + "correct")
     monkeypatch.delenv("KVLAB_SOLUTIONS", raising=False)
     unanswered = check(None)
     assert unanswered.startswith("not predicted") and "min" not in unanswered  # nothing given away

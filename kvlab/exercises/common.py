@@ -8,16 +8,18 @@ import copy
 import decimal
 import functools
 import inspect
+import linecache
 import math
 import numbers
 import os
 import re
 
 import torch
+import transformers
 
 from ..decoding import _random_in_training, check_inputs, check_model
 from ..frozen_state import transparent_hook
-from ..runtime import count
+from ..runtime import as_dtype, count
 
 NOT_ANSWERED = "not answered yet: replace `answer = None` with your number and run the cell again"
 
@@ -197,6 +199,8 @@ def settings_read(fn):
         for name, minimum in _COUNT_LISTS.items():
             if name in settings:
                 settings[name] = _counts(settings[name], name, minimum)
+        if settings.get("dtype") is not None:
+            settings["dtype"] = dtype_setting(settings["dtype"])
         if settings.get("model") is not None:
             check_model(settings["model"])
             dropout = _random_in_training(settings["model"])
@@ -207,9 +211,24 @@ def settings_read(fn):
     return read
 
 
+def dtype_setting(dtype) -> torch.dtype:
+    """A checker's ``dtype=`` as a torch.dtype: a torch.dtype, or a name (``"float16"``, ``"fp16"``,
+    ``"torch.bfloat16"``); anything else (a number, a NumPy dtype, an unknown name) is a
+    ValueError that says what to give."""
+    try:
+        if isinstance(dtype, torch.dtype | str):
+            return as_dtype(dtype)
+    except ValueError:
+        pass
+    raise ValueError(f"dtype= must be a torch.dtype (e.g. torch.float16, or model.dtype) or its "
+                     f"name (\"float16\", \"bf16\"), got {dtype!r:.80}")
+
+
 def _counts(values, name: str, minimum: int) -> tuple[int, ...]:
-    """``values`` (a list or tuple of counts) as a tuple of ints of at least ``minimum``, else a
-    ValueError naming ``name``."""
+    """``values`` (a list or tuple of counts, a 1-D NumPy array or tensor of integers) as a tuple of
+    ints of at least ``minimum``, else a ValueError naming ``name``."""
+    if getattr(values, "ndim", None) == 1 and callable(getattr(values, "tolist", None)):
+        values = [plain_setting(v) for v in values]  # an array or tensor: its entries, each checked
     if not isinstance(values, list | tuple) or not values:
         raise ValueError(f"{name} must be a non-empty list or tuple of ints, got {values!r:.80}")
     return tuple(count(v, f"every entry of {name}", minimum=minimum) for v in values)
@@ -220,6 +239,24 @@ def check_prompt_ids(model, prompt_ids, new_tokens: int) -> None:
     ``[batch, prompt_len]`` on the model's device, ids outside its vocabulary, too long), with
     kvlab.decode's own messages."""
     check_inputs(model, prompt_ids, new_tokens, tokenizer_output=False, name="prompt_ids")
+
+
+# integer dtypes wide enough for any token id or position (a vocabulary of 49152, a long context)
+WIDE_INTEGERS = (torch.int64, torch.int32)
+
+
+def index_dtype_problem(tensor: torch.Tensor, what: str) -> str | None:
+    """What is wrong with ``tensor``'s dtype for ``what`` (token ids, positions: indices), else
+    None: they must be int64 (torch.long, what argmax and arange give) or int32; a float, a complex,
+    a bool or a narrower integer (uint8 wraps at 256, int16 at 32768) is refused."""
+    if tensor.dtype in WIDE_INTEGERS:
+        return None
+    narrow = not (tensor.dtype.is_floating_point or tensor.dtype.is_complex
+                  or tensor.dtype == torch.bool)
+    why = (f"{tensor.dtype} is too narrow: ids and positions past its range would wrap (SmolLM2's "
+           "vocabulary is 49152)" if narrow else f"they are integers, not {tensor.dtype}")
+    return (f"{what} are indices: return a LongTensor (torch.long, what argmax, torch.arange and "
+            f"tokenizers give); {why}.")
 
 
 class SettingError(ValueError):
@@ -283,12 +320,35 @@ def solutions_filled_in() -> bool:
     return os.environ.get(SOLUTIONS_ENV, "") == "1"
 
 
+# code under these raises its own NotImplementedError: never the stub's
+_LIBRARIES = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, transformers)) + (
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,)  # kvlab's own
+
+
+def stub_raised(error: NotImplementedError) -> bool:
+    """True where ``error`` is the stub's own ``raise NotImplementedError``: raised by a raise
+    statement in the student's code (not by torch or transformers underneath it, e.g. a meta tensor
+    copied to the CPU), or bare (no message) where the source line cannot be read."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return not error.args
+    filename = tb.tb_frame.f_code.co_filename
+    if filename.startswith(_LIBRARIES) or "site-packages" in filename:
+        return False
+    line = linecache.getline(filename, tb.tb_lineno, tb.tb_frame.f_globals).strip()
+    return bool(re.search(r"\braise\b", line)) if line else not error.args
+
+
 def call_student(fn, *args, **kwargs):
-    """Call the student's ``fn``; a NotImplementedError becomes NotAttempted, any other error
-    propagates."""
+    """Call the student's ``fn``; the stub's own NotImplementedError (:func:`stub_raised`) becomes
+    NotAttempted, any other error propagates (one torch raises inside the student's code too)."""
     try:
         return fn(*args, **kwargs)
     except NotImplementedError as e:
+        if not stub_raised(e):
+            raise
         raise NotAttempted from e
 
 
@@ -516,12 +576,20 @@ def code_checker(solution):
     return wrap
 
 
+def _loosely(text: str) -> str:
+    """``text`` cased down, without spaces, hyphens, dashes or underscores, and without an ``x``
+    between two numbers (``"2x-4x"`` and ``"2-4x"`` both read ``"24x"``)."""
+    bare = re.sub(r"[\s\-_\u2010-\u2015]", "", text).casefold()
+    return re.sub(r"(?<=\d)x(?=\d)", "", bare)
+
+
 def choice_of(prediction, choices):
     """The key of ``choices`` that ``prediction`` names, else None. Any reasonable spelling of a key
     names it: a list or tuple of one element, text in any case with spaces, quotes, brackets or a
-    full stop around (``" b "``, ``"'B'"``, ``"(B)"``, ``"B."``), a number key as text (``"1000"``,
-    ``"1,000"``, ``"1e3"``), a NumPy scalar or array of one element or a one-element tensor. Never
-    hashes ``prediction`` (a list is not an error)."""
+    full stop around (``" b "``, ``"'B'"``, ``"(B)"``, ``"B."``), with spaces, hyphens or
+    underscores for one another (``"kept hidden"`` for ``"kept-hidden"``, :func:`_loosely`), a
+    number key as text (``"1000"``, ``"1,000"``, ``"1e3"``), a NumPy scalar or array of one element
+    or a one-element tensor. Never hashes ``prediction`` (a list is not an error)."""
     if isinstance(prediction, list | tuple) and len(prediction) == 1:
         prediction = prediction[0]
     if isinstance(prediction, list | tuple):  # several elements, or a list in a list
@@ -535,6 +603,13 @@ def choice_of(prediction, choices):
         spelled = {"".join(str(k).split()).casefold(): k for k in choices if isinstance(k, str)}
         if "".join(text.split()).casefold() in spelled:
             return spelled["".join(text.split()).casefold()]
+        # looser: "kept hidden", "Kept_Hidden" for "kept-hidden"; "2-4x" for "2x-4x"
+        loose: dict = {}
+        for k in choices:
+            if isinstance(k, str):
+                loose.setdefault(_loosely(k), []).append(k)
+        if len(loose.get(_loosely(text), ())) == 1:  # two keys spelled alike: neither
+            return loose[_loosely(text)][0]
         if not numeric:
             return None
     try:
@@ -562,19 +637,24 @@ def bad_measurement(measured: dict, fix: str = RUN_AGAIN) -> str | None:
     return None
 
 
+# the start of a verdict on a prediction that KVLAB_SOLUTIONS=1 filled in with the measured answer
+FILLED_PREDICTION = f"(the measured answer, filled in by {SOLUTIONS_ENV}=1) "
+
+
 def check_prediction(prediction, *, measured, choices: dict, what: str) -> str:
     """A "predict, then run" question: ``prediction`` names one key of ``choices`` (key -> what it
     would mean; any spelling :func:`choice_of` reads), ``measured`` the key the run just showed.
     Under ``KVLAB_SOLUTIONS=1`` a missing prediction is filled in."""
+    filled = ""
     if prediction is None:
         if not solutions_filled_in():
             return ("not predicted: write your prediction (one of " + ", ".join(map(repr, choices))
                     + ") before running")
-        prediction = measured
+        prediction, filled = measured, FILLED_PREDICTION
     given, prediction = prediction, choice_of(prediction, choices)
     if prediction is None:
         return f"not quite: {what} is one of {', '.join(map(repr, choices))}, got {given!r:.80}"
     if prediction == measured:
-        return f"correct: {what} is {measured!r}: {choices[measured]}"
+        return f"{filled}correct: {what} is {measured!r}: {choices[measured]}"
     return (f"not quite: you predicted {prediction!r} ({choices[prediction]}), but the run shows "
             f"{measured!r}: {choices[measured]}")

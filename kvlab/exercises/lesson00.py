@@ -19,10 +19,12 @@ import torch
 from ..sizes import llama_parameter_count, model_sizes
 from .common import (
     NotANumber,
+    SettingError,
     bad_measurement,
     call_student,
     check_prediction,
     code_checker,
+    index_dtype_problem,
     real_number,
 )
 from .mistakes import first_match
@@ -100,6 +102,27 @@ def parameter_mistakes(config) -> list[tuple[int | None, str]]:
     ]
 
 
+def formula_covers(config) -> None:
+    """Refuse (SettingError) a ``config=`` whose model has parameters that
+    ``kvlab.sizes.llama_parameter_count`` does not count (experts, extra norms, ...): the truth is
+    the model's own ``sum(p.numel())``, built on the meta device (no memory). A config transformers
+    cannot build is left to the formula."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(copy.deepcopy(config))
+    except Exception:  # not a causal LM transformers knows: nothing to compare with
+        return
+    true = sum(p.numel() for p in model.parameters())
+    if true != llama_parameter_count(config):
+        raise SettingError(
+            f"config=: a {getattr(config, 'model_type', type(config).__name__)} model has "
+            f"{true:,} parameters, but the exercise's Llama-style formula counts "
+            f"{llama_parameter_count(config):,}: its layers hold parts the formula does not cover; "
+            "check with a Llama, Mistral, Qwen2 or Qwen3 config (or none: a small GQA config)")
+
+
 @code_checker(llama_parameter_count)
 def check_parameter_count(student, *, config=None) -> str:
     """Per layer q/k/v/o projections, 3 MLP matrices, 2 norms; then embedding, final norm, lm_head
@@ -109,6 +132,8 @@ def check_parameter_count(student, *, config=None) -> str:
     config with the other ``tie_word_embeddings`` and a small untied GQA config, and names the
     mistake behind a wrong count."""
     base = small_gqa_config() if config is None else config
+    if config is not None:
+        formula_covers(config)
     configs = [base,
                with_changes(base,
                             tie_word_embeddings=not getattr(base, "tie_word_embeddings", False)),
@@ -210,9 +235,9 @@ def chat_problem(got, right: torch.Tensor, tokenizer, question: str) -> str | No
         return f"return a LongTensor [1, prompt_len], not a {type(got).__name__}."
     if got.dim() == 1 and torch.equal(got.cpu(), right[0]):
         return "the ids are right, but keep the batch dimension: shape [1, prompt_len]."
-    if got.is_floating_point():
-        return ("token ids are integers: return a LongTensor (torch.long), as the tokenizer makes "
-                "it.")
+    wrong_dtype = index_dtype_problem(got, "token ids")
+    if wrong_dtype:
+        return wrong_dtype
     got = got.cpu()
     if torch.equal(got, right):
         return None
@@ -276,6 +301,14 @@ def check_gqa_prediction(prediction, *, gqa_parameters: int, mha_parameters: int
         return bad
     gqa_parameters, mha_parameters = real_number(gqa_parameters), real_number(mha_parameters)
     ratio = mha_parameters / gqa_parameters
+    if ratio <= 1:
+        # one kv head per query head only adds k_proj/v_proj rows: never fewer parameters
+        return (f"not checked: the measured counts give the model with grouped-query attention "
+                f"{gqa_parameters:,} parameters and its multi-head twin {mha_parameters:,}, but "
+                "the twin has more k_proj and v_proj rows, so it cannot have as many or fewer: "
+                "the two counts are swapped, or the twin is the same model (num_key_value_heads "
+                "not set to num_attention_heads); count both again and pass gqa_parameters= "
+                "(the model's) and mha_parameters= (the twin's).")
     verdict = check_prediction(prediction, measured=nearest_choice(ratio, GQA_RATIOS),
                                choices=GQA_CHOICES,
                                what="the growth without grouped-query attention")

@@ -24,6 +24,7 @@ from .common import (
     call_student,
     check_prediction,
     code_checker,
+    index_dtype_problem,
     kept,
     real_number,
 )
@@ -32,10 +33,11 @@ from .mistakes import first_match, show_sources
 
 # ---- exercise 2: the naive greedy loop -----------------------------------------------------------
 
-# (batch, prompt_len, seed): one prompt, then a batch of two; seeds whose
+# (batch, prompt_len, seed, extra n): one prompt, then a batch of two; seeds whose
 # first step tells apart the argmax of the first, second-to-last and last position and of the newest
-# token alone
-DECODE_CASES = ((1, 5, 1), (2, 4, 3))
+# token alone. The second case decodes one token more than new_tokens: each of n, the prompt length
+# and the batch differs between the cases, so a loop that hard-codes any of them fails one.
+DECODE_CASES = ((1, 5, 1, 0), (2, 4, 3, 1))
 
 
 def case_prompt(model, batch: int, length: int, seed: int) -> torch.Tensor:
@@ -77,9 +79,9 @@ def decode_problem(model, prompt: torch.Tensor, got, right: torch.Tensor) -> str
         return "the tokens are right, but keep the batch dimension: return shape [batch, n]."
     if got.dim() != 2 or got.shape[0] != batch:
         return f"return shape [batch, n] = ({batch}, {n}), got {tuple(got.shape)}."
-    if got.is_floating_point() or got.is_complex() or got.dtype == torch.bool:
-        return (f"token ids are integers: return a LongTensor, not {got.dtype} (argmax gives "
-                "torch.long; keep it, and build seq with torch.cat of long tensors).")
+    wrong_dtype = index_dtype_problem(got, "token ids")
+    if wrong_dtype:
+        return wrong_dtype + " Keep argmax's torch.long, and build seq with torch.cat of them."
     returned_prompt = got.shape[1] > n and got.shape[1] >= p and torch.equal(got[:, :p], prompt)
     if returned_prompt:
         if torch.equal(got[:, p:], right):
@@ -131,17 +133,17 @@ def check_naive_decode(student, *, model=None, new_tokens: int = 6) -> str:
 
 def naive_decode_verdict(student, model, new_tokens: int) -> str:
     """``check_naive_decode``'s cases on ``model``."""
-    for batch, length, seed in DECODE_CASES:
-        prompt = case_prompt(model, batch, length, seed)
-        right = decode_naive(model, prompt, new_tokens)
+    for batch, length, seed, extra in DECODE_CASES:
+        prompt, n = case_prompt(model, batch, length, seed), new_tokens + extra
+        right = decode_naive(model, prompt, n)
         with torch.inference_mode():
-            got = call_student(student, model, prompt.clone(), new_tokens)
+            got = call_student(student, model, prompt.clone(), n)
         problem = decode_problem(model, prompt, got, right)
         if problem:
             return (f"not quite: for {batch} prompt{'s' if batch > 1 else ''} of {length} tokens "
-                    f"and n = {new_tokens}, {problem}")
+                    f"and n = {n}, {problem}")
     return (f"correct: your loop makes the naive loop's tokens exactly (torch.equal), {new_tokens} "
-            "new tokens for one prompt and for a batch of two")
+            f"new tokens for one prompt and {new_tokens + 1} for a batch of two")
 
 
 # ---- exercise 3: the FLOPs of one naive step -----------------------------------------------------
@@ -220,9 +222,15 @@ def check_step_flops(student, *, config=None, length: int = 1000) -> str:
                     "3*2*hidden*I for the MLP, 2*2*H*d per "
                     "(query, key) pair for attention, and 2*hidden*vocab per position for the "
                     "lm_head.")
+                share = (got - right) / right
+                # a count off by a fraction shows it: never "68,672 ... (+0.0%)" for a wrong one
+                shown = f"{got:,.0f}" if float(got).is_integer() else f"{got:,}"
+                off = f"{share:+.1%}" if round(share, 3) else f"{share * 100:+.2g}%"
+                whole = ("" if float(got).is_integer() else "FLOPs are whole numbers (a count "
+                         "of multiplies and adds has no fraction); ")
                 return (f"not quite: for {describe(cfg)}, a step over {L} "
-                        f"position{'s' if L > 1 else ''}: you count {got:,.0f} FLOPs, the formula "
-                        f"{right:,} ({(got - right) / right:+.1%}). Hint: {hint}")
+                        f"position{'s' if L > 1 else ''}: you count {shown} FLOPs, the formula "
+                        f"{right:,} ({off}). Hint: {whole}{hint}")
     return ("correct: your FLOPs match kvlab.sizes.forward_flops at lengths "
             f"{', '.join(map(str, lengths))} on {len(configs)} "
             f"config{'s' if len(configs) > 1 else ''}")
@@ -256,6 +264,13 @@ def check_doubling_prediction(prediction, *, seconds: float, doubled_seconds: fl
         return bad
     seconds, doubled_seconds = real_number(seconds), real_number(doubled_seconds)
     ratio = doubled_seconds / seconds
+    if ratio <= 1:
+        # twice the tokens, each step at least as long as before: never faster
+        return (f"not checked: the doubled run took {doubled_seconds:.3g} s, no longer than the "
+                f"single one ({seconds:.3g} s, x{ratio:.2f}): decoding 2n tokens cannot be faster "
+                "than n, so this is noise (a run too short to time) or a wrong run (the same n "
+                "twice?); the measurement cannot answer the question. Time n and 2n again, with "
+                "n large enough to take a second or more.")
     verdict = check_prediction(prediction, measured=doubling_choice(ratio),
                                choices=DOUBLING_CHOICES,
                                what="T(2n) / T(n) of the naive loop")

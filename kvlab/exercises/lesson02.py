@@ -63,13 +63,15 @@ def attend_tolerance(dtype: torch.dtype) -> float:
 # (T queries, S cached keys): a decode step, a chunk after a cache, a prefill
 ATTEND_CASES = ((1, 6), (3, 8), (4, 4))
 HEAD_DIM = 8
+# the head_dim of each case: two of them, so that a scale hard-coded to 1/sqrt(8) fails one
+ATTEND_HEAD_DIMS = (HEAD_DIM, HEAD_DIM, 2 * HEAD_DIM)
 
 
-def attend_case(T: int, S: int, seed: int):
-    """Random ``q [T, d]``, ``keys`` and ``values [S, d]`` in float64, the same for the same
-    seed."""
+def attend_case(T: int, S: int, seed: int, head_dim: int = HEAD_DIM):
+    """Random ``q [T, d]``, ``keys`` and ``values [S, d]`` in float64 (``d = head_dim``), the same
+    for the same seed."""
     gen = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(n, HEAD_DIM, dtype=torch.float64, generator=gen) for n in (T, S, S))
+    return tuple(torch.randn(n, head_dim, dtype=torch.float64, generator=gen) for n in (T, S, S))
 
 
 def attend_mistakes(q, keys, values) -> list[tuple[torch.Tensor | None, str]]:
@@ -107,15 +109,15 @@ def check_attend(student) -> str:
     -> [T, d].
 
     Checks ``attend(q, keys, values)`` on a decode step (1 query over 6 keys), 3 queries over 8 keys
-    and a prefill (4 over 4), given in float64, against the reference (within float32 rounding, or
-    the rounding of the dtype returned, 16 bits at least), and names the mistake behind a wrong
-    output."""
-    for seed, (T, S) in enumerate(ATTEND_CASES):
-        q, keys, values = attend_case(T, S, seed)
+    and a prefill (4 over 4, head_dim 16, the others 8), given in float64, against the reference
+    (within float32 rounding, or the rounding of the dtype returned, 16 bits at least), and names
+    the mistake behind a wrong output."""
+    for seed, ((T, S), d) in enumerate(zip(ATTEND_CASES, ATTEND_HEAD_DIMS, strict=True)):
+        q, keys, values = attend_case(T, S, seed, d)
         right = attend(q, keys, values)
         got = call_student(student, q.clone(), keys.clone(), values.clone())
-        where = (f"{T} quer{'y' if T == 1 else 'ies'} [{T}, {HEAD_DIM}] over {S} cached keys and "
-                 f"values [{S}, {HEAD_DIM}]")
+        where = (f"{T} quer{'y' if T == 1 else 'ies'} [{T}, {d}] over {S} cached keys and "
+                 f"values [{S}, {d}]")
         if not isinstance(got, torch.Tensor):
             return f"not quite: for {where}, return a tensor [T, d], not a {type(got).__name__}"
         if got.shape != right.shape:
@@ -127,8 +129,13 @@ def check_attend(student) -> str:
                 why = "one output row of d per query."
             return (f"not quite: for {where}, expected shape {tuple(right.shape)}, got "
                     f"{tuple(got.shape)}. Hint: {why}")
+        # attention outputs are real floats: a cast to a complex or integer dtype drops or rounds
+        if not got.dtype.is_floating_point:
+            return (f"not quite: for {where}, you returned {got.dtype}; attention outputs are real "
+                    f"floating-point numbers: return the inputs' dtype ({q.dtype}), with no "
+                    "complex part and no integer rounding.")
         # under 16 bits the rounding alone hides the mistakes: all zeros, no causal mask
-        if got.dtype.is_floating_point and torch.finfo(got.dtype).bits < 16:
+        if torch.finfo(got.dtype).bits < 16:
             return (f"not quite: for {where}, you returned {got.dtype}, too coarse to tell a right "
                     f"attention from a wrong one: return the inputs' dtype ({q.dtype}), or at "
                     "least 16 bits (float16, bfloat16).")
@@ -363,6 +370,13 @@ def check_cache_vs_weights_prediction(prediction, *, weight_bytes: int,
     weight_bytes, cache_bytes_per_token = (real_number(weight_bytes),
                                            real_number(cache_bytes_per_token))
     tokens = weight_bytes / cache_bytes_per_token
+    if tokens < 1:
+        # one token's K and V (a vector per layer and kv head) never outweigh every weight matrix
+        return (f"not checked: the measurements say one cached token holds "
+                f"{cache_bytes_per_token:,} B, more than all the weights ({weight_bytes:,} B), "
+                "which no model's cache does: the two are swapped, or one is not what it says "
+                "(bytes, not elements or MiB); measure them again and pass weight_bytes= and "
+                "cache_bytes_per_token=.")
     nearest = min(CACHE_VS_WEIGHTS_CHOICES, key=lambda k: abs(math.log10(tokens / k)))
     verdict = check_prediction(prediction, measured=nearest, choices=CACHE_VS_WEIGHTS_CHOICES,
                                what="the length at which the cache outweighs the weights")

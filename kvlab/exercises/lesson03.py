@@ -26,6 +26,7 @@ from .common import (
     checker,
     choice_of,
     code_checker,
+    index_dtype_problem,
     kept,
     settings_read,
     solutions_filled_in,
@@ -84,10 +85,9 @@ def check_static_cache_bytes(answer, *, config, max_cache_len: int, dtype, batch
         slips.append((kv_cache_bytes(config, max_cache_len, dtype, batch=1),
                       f"one sequence: the batch holds {batch}"))
     for other in (torch.float32, torch.float16, torch.bfloat16):
-        if torch.finfo(other).bits != torch.finfo(dtype).bits:
+        if other.itemsize != dtype.itemsize:  # dtype: a torch.dtype (the door reads a name)
             slips.append((kv_cache_bytes(config, max_cache_len, other, batch=batch),
-                          f"{torch.finfo(other).bits // 8} bytes per element: {dtype} has "
-                          f"{torch.finfo(dtype).bits // 8}"))
+                          f"{other.itemsize} bytes per element: {dtype} has {dtype.itemsize}"))
     what = f"StaticCache bytes for max_cache_len={max_cache_len}, batch {batch}, in {dtype}"
     if isinstance(answer, int | float) and not isinstance(answer, bool) and answer != expected:
         # several slips can agree
@@ -121,16 +121,25 @@ class UsedBuiltinReset(Exception):
 
 @contextmanager
 def builtin_reset_refused(cache):
-    """Inside: ``cache.reset()`` and every layer's ``reset()`` raise :class:`UsedBuiltinReset`."""
+    """Inside: ``cache.reset()`` and every layer's ``reset()`` raise :class:`UsedBuiltinReset`,
+    called on the object or through its class (``type(layer).reset(layer)``)."""
     def refuse(*args, **kwargs):
         raise UsedBuiltinReset
 
     targets = [cache, *cache.layers]
+    # every class from the object's own up to the one that defines reset: a call through any
+    classes = {cls for target in targets for cls in type(target).__mro__
+               if "reset" in vars(cls)}
+    held = {cls: vars(cls)["reset"] for cls in classes}
     for target in targets:
         target.reset = refuse  # an instance attribute hides the method
+    for cls in classes:
+        cls.reset = refuse
     try:
         yield
     finally:
+        for cls, method in held.items():
+            cls.reset = method
         for target in targets:
             target.__dict__.pop("reset", None)
 
@@ -284,8 +293,11 @@ def decode_step_verdict(step, model, prompt_len: int, new_tokens: int) -> str:
                 ids = call_student(step, model, cache, ids, position)
                 calls.append(seen[start:])
                 if (not isinstance(ids, torch.Tensor) or tuple(ids.shape) != (1, 1)
-                    or ids.is_floating_point()):
+                    or index_dtype_problem(ids, "token ids")):
                     got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+                    if isinstance(ids, torch.Tensor) and got == (1, 1):
+                        return (f"not quite: step {i} returned {ids.dtype}: "
+                                f"{index_dtype_problem(ids, 'token ids')}")
                     return (f"not quite: step {i} returned {got}. Hint: return the next token ids "
                             "as [batch, 1] integers: greedy(logits), i.e. logits[:, "
                             "-1:].argmax(-1).")

@@ -31,6 +31,7 @@ from .common import (
     check_prompt_ids,
     choice_of,
     code_checker,
+    index_dtype_problem,
     kept,
     plain_setting,
     settings_read,
@@ -134,12 +135,31 @@ def watch_replays(cache):
         CapturedStep.replay = original
 
 
+def buffer_roles(seen, made: list, prompt_len: int) -> tuple[int, int | None]:
+    """Which static input is the token buffer and which the position buffer (None: none), found by
+    what they hold, in any order of capture: the token buffer is the input that agrees most often
+    with the tokens fed, the position buffer the one of the others that agrees most often with
+    prompt_len, prompt_len + 1, ..."""
+    series = [[r.inputs[i].reshape(-1)[0].item() if r.inputs[i].numel() else None for r in seen]
+              for i in range(len(seen[0].inputs))]
+    want = [prompt_len + j for j in range(len(seen))]
+
+    def agree(values, target):
+        return sum(v == t for v, t in zip(values, target, strict=True))
+
+    ids = max(range(len(series)), key=lambda i: agree(series[i], made))  # the first on a tie
+    others = [i for i in range(len(series)) if i != ids]
+    pos = max(others, key=lambda i: agree(series[i], want)) if others else None
+    return ids, pos
+
+
 def refill_problem(seen, first_ids, prompt_len: int, note: str) -> str | None:
-    """What the replays read wrong, if anything: the token (input 0) and, where there is one, the
-    position (input 1)."""
-    ids = [r.inputs[0].reshape(-1)[0].item() for r in seen]
+    """What the replays read wrong, if anything: the token and, where there is one, the position
+    (:func:`buffer_roles` finds which input is which)."""
     made = [first_ids.reshape(-1)[0].item()] + [r.outputs[0].reshape(-1)[0].item()
                                                 for r in seen[:-1]]
+    ids_at, pos_at = buffer_roles(seen, made, prompt_len)
+    ids = [r.inputs[ids_at].reshape(-1)[0].item() for r in seen]
     for j, (read, fed) in enumerate(zip(ids, made, strict=True)):
         if read != fed:
             if len(set(ids)) == 1:
@@ -150,10 +170,10 @@ def refill_problem(seen, first_ids, prompt_len: int, note: str) -> str | None:
             return (f"not quite: replay {j + 1} read token {read}, but the token before it was "
                     f"{fed} ({note}). Hint: refill static_ids with the newest token before each "
                     "replay (static_ids.copy_(next_ids)).")
-    if len(seen[0].inputs) < 2:
+    if pos_at is None:
         # no position buffer: positions come from the cache's own counter, which the graph advances
         return None
-    pos = [r.inputs[1].reshape(-1)[0].item() for r in seen]
+    pos = [r.inputs[pos_at].reshape(-1)[0].item() for r in seen]
     want = [prompt_len + j for j in range(len(seen))]
     if pos == want:
         return None
@@ -180,7 +200,19 @@ def check_graph_decode(student, *, prompt_len: int = 9, n: int = 12) -> str:
     """Capture once (capture(step, static_ids, static_pos, warmup=0)); before each replay write the
     token and position INTO the buffers."""
     model = check_model()
-    return kept(model, lambda: graph_decode_verdict(student, model, prompt_len, n))
+
+    def run() -> str:
+        # two prompt lengths and two n: a loop with either hard-coded fails one
+        first = graph_decode_verdict(student, model, prompt_len, n)
+        if not first.startswith("correct"):
+            return first
+        again = graph_decode_verdict(student, model, prompt_len + 2, n + 1)
+        if not again.startswith("correct"):
+            return again.replace("not quite: ", f"not quite: for a {prompt_len + 2}-token prompt "
+                                 f"and n = {n + 1} (right for {prompt_len} and {n}): ", 1)
+        return f"{first} Also right for a {prompt_len + 2}-token prompt and n = {n + 1}."
+
+    return kept(model, run)
 
 
 def graph_decode_verdict(student, model, prompt_len: int, n: int) -> str:
@@ -194,8 +226,10 @@ def graph_decode_verdict(student, model, prompt_len: int, n: int) -> str:
         with watch_replays(cache) as seen:
             tokens = call_student(student, model, cache, first, prompt_len, n)
     if (not isinstance(tokens, torch.Tensor) or tuple(tokens.shape) != (1, n)
-        or tokens.is_floating_point()):
+        or index_dtype_problem(tokens, "token ids")):
         got = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        if isinstance(tokens, torch.Tensor) and got == (1, n):
+            return f"not quite: {index_dtype_problem(tokens, 'token ids')}"
         return (f"not quite: you returned {got}. Hint: return [batch, n] token ids: first_ids, "
                 "then one replayed token per step (torch.cat(out, dim=1)).")
     note = first_token_note(tokens, expected) or "the tokens happen to agree here"
@@ -365,6 +399,13 @@ def check_put_back(student, *, prompt_len: int = 9, n: int = 12, warmup: int = 2
         if problem:
             return problem
         runs.append(f"{name} ({seen['before'][0]} -> {prompt_len})")
+    # a fix that hard-codes valid_len fails at another prompt length
+    other = check_prompt(prompt_len + 1)
+    result, seen = fixed_scenario("warmup-advance", student, model, other, n, warmup)
+    problem = fix_problem("warmup-advance", result, seen, prompt_len + 1, warmup)
+    if problem:
+        return problem.replace("not quite: ", f"not quite: for a {prompt_len + 1}-token prompt "
+                               f"(right for {prompt_len}): ", 1)
     return (f"correct: both scenarios fixed, token-exact over {n} tokens against kvlab's eager "
             f"reference: {', '.join(runs)}. The extra slots sit beyond the counter, hidden by the "
             "mask until overwritten.")

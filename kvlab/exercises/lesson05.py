@@ -17,14 +17,18 @@ from ..cache_view import counters
 from ..graph_safe_cache import GraphSafeStaticCache
 from ..graphs import CapturedStep
 from .common import (
+    FILLED_PREDICTION,
     SettingError,
     as_number,
+    bad_measurement,
     call_student,
     check_number,
     check_prediction,
     checker,
     code_checker,
+    index_dtype_problem,
     kept,
+    real_number,
     settings_read,
 )
 
@@ -137,7 +141,7 @@ def check_counters_prediction(prediction=None, *, prompt_len: int = 21, bucket: 
     verdict = check_prediction(prediction, measured=measured, choices=COUNTER_CHOICES,
                                what=f"the pair of counters after a {prompt_len}-token prompt "
                                     f"padded to {bucket}, then {steps} steps")
-    if verdict.startswith(("correct", "not quite: you predicted")):
+    if verdict.removeprefix(FILLED_PREDICTION).startswith(("correct", "not quite: you predicted")):
         verdict += f" (measured just now: vanilla {vanilla}, graph-safe {safe}). Why: {COUNTER_WHY}"
     return verdict
 
@@ -154,7 +158,10 @@ def write_positions_solution(counter, valid, bucket: int, max_cache_len: int) ->
 
 
 # counter, valid, bucket, slots
-POSITION_CASES = [(0, 5, 8, 16), (10, 3, 4, 16), (0, 8, 8, 16), (14, 4, 4, 16), (7, 1, 1, 16)]
+# (counter, valid, bucket, max_cache_len); the last two have another max_cache_len: a function
+# that hard-codes 16 fails them
+POSITION_CASES = [(0, 5, 8, 16), (10, 3, 4, 16), (0, 8, 8, 16), (14, 4, 4, 16), (7, 1, 1, 16),
+                  (3, 2, 4, 8), (6, 4, 4, 8)]
 
 
 def _positions_mistake(got: torch.Tensor, counter: int, valid: int, bucket: int, slots: int) -> str:
@@ -197,9 +204,10 @@ def check_write_positions(fn) -> str:
         if not isinstance(got, torch.Tensor):
             return (f"not quite: positions returned a {type(got).__name__}; return a LongTensor of "
                     "shape [bucket]")
-        if got.dtype.is_floating_point or got.dtype.is_complex or got.dtype == torch.bool:
-            return (f"not quite: positions gave a {got.dtype} tensor; slots are indices: return a "
-                    "LongTensor (torch.where of integer tensors stays integer)")
+        wrong_dtype = index_dtype_problem(got, "slots")
+        if wrong_dtype:
+            return (f"not quite: positions gave a {got.dtype} tensor. {wrong_dtype} (torch.where "
+                    "of long tensors stays long)")
         if got.device.type != "cpu" or tuple(got.shape) != (bucket,):
             return (f"not quite: positions(..., bucket={bucket}, ...) gave shape "
                     f"{tuple(got.shape)} on {got.device}; one slot per incoming row, padded rows "
@@ -255,6 +263,7 @@ WRITE_CASES = [  # (batch, kv_heads, max_cache_len, head_dim, T, counter, valid)
     (2, 2, 16, 4, 4, 9, 3),  # batch 2, a later chunk
     (1, 2, 16, 4, 1, 7, 1),  # one decode step
     (1, 2, 16, 4, 4, 14, 2),  # near the end: the padded rows would land past the buffer
+    (1, 2, 12, 4, 4, 10, 2),  # another max_cache_len, near its end: 16 hard-coded fails here
 ]
 
 
@@ -401,6 +410,7 @@ def check_write_valid(fn) -> str:
 
 LOOP_PROMPTS = (9, 5, 12)  # prompt lengths: the second is shorter than the first, the third longer
 LOOP_NEW_TOKENS = 6
+LOOP_OTHER_N = 4  # the checker's second run
 LOOP_WARMUP = 3  # the warm-up calls of the CUDA-graph docs' recipe, which the exercise asks for
 
 
@@ -580,16 +590,28 @@ def check_graph_loop(fn) -> str:
     """Exercise: prefill eagerly, capture the step once (warmup=3), put every counter back, replay;
     cache.reset() in place per prompt."""
     model = _tiny()
-    return kept(model, lambda: graph_loop_verdict(fn, model))
+
+    def run() -> str:
+        # two n: a loop that hard-codes the number of tokens fails one
+        first = graph_loop_verdict(fn, model, LOOP_NEW_TOKENS)
+        if not first.startswith("correct"):
+            return first
+        again = graph_loop_verdict(fn, model, LOOP_OTHER_N)
+        if not again.startswith("correct"):
+            return again.replace("not quite: ", f"not quite: with n = {LOOP_OTHER_N} (right for "
+                                 f"n = {LOOP_NEW_TOKENS}): ", 1)
+        return f"{first}; right for n = {LOOP_OTHER_N} too"
+
+    return kept(model, run)
 
 
-def graph_loop_verdict(fn, model) -> str:
-    """``check_graph_loop``'s run on ``model``."""
+def graph_loop_verdict(fn, model, n: int) -> str:
+    """``check_graph_loop``'s run on ``model``, ``n`` tokens per prompt."""
     from transformers import StaticCache
 
     from ..decoding import decode_naive
 
-    prompts, n = loop_prompts(), LOOP_NEW_TOKENS
+    prompts = loop_prompts()
     want = [decode_naive(model, p, n) for p in prompts]
     slots = max(LOOP_PROMPTS) + n + LOOP_WARMUP
     keys = [_eager_keys(model, p, n, slots) for p in prompts]
@@ -610,6 +632,15 @@ def graph_loop_verdict(fn, model) -> str:
         return (f"not quite: you returned a {type(got).__name__}. Hint: return a list of "
                 f"{len(prompts)} tensors [1, n], one per prompt")
     for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        if isinstance(g, torch.Tensor) and g.shape != w.shape:
+            same = g.numel() == w.numel() and torch.equal(g.reshape(w.shape).to(w.device), w)
+            return (f"not quite: for prompt {k + 1} you returned shape {tuple(g.shape)}, expected "
+                    f"{tuple(w.shape)}. Hint: "
+                    + ("the tokens are right: keep the batch dimension, [1, n] per prompt "
+                       "(torch.cat(tokens, dim=1) of [1, 1] tokens)" if same else
+                       "one tensor [1, n] per prompt: its first token and one per replay"))
+        if isinstance(g, torch.Tensor) and index_dtype_problem(g, "token ids"):
+            return f"not quite: for prompt {k + 1}: {index_dtype_problem(g, 'token ids')}"
         if not isinstance(g, torch.Tensor) or not torch.equal(g, w):
             return ("not quite: the replays made the right tokens, but what you returned for "
                     f"prompt {k + 1} is not them. Hint: the static output is overwritten by every "
@@ -642,6 +673,16 @@ def check_launch_cost_us(answer, *, record: dict) -> str:
     """Exercise: from the recorded GPU result, how many microseconds did each removed kernel launch
     cost?"""
     answer = as_number(answer)
+    fix = "use the recorded GPU result (data/lesson05_gpu.json) or measure again"
+    eager, replay = record["eager_ms_per_token"], record["replay_ms_per_token"]
+    bad = bad_measurement({"eager_ms_per_token": eager, "replay_ms_per_token": replay}, fix)
+    if bad:
+        return bad
+    if real_number(replay) >= real_number(eager):
+        # a replay no faster than eager saves no host time: a negative or zero cost per launch
+        return (f"not checked: in this record the replay ({real_number(replay)} ms per token) is "
+                f"not faster than eager ({real_number(eager)} ms), so the time saved is not "
+                f"positive and gives no cost per launch: the measurement is not usable; {fix}")
     expected = launch_cost_us(record)
     verdict = check_number(
         answer, expected, what="host microseconds per removed kernel launch", rel_tol=0.1,

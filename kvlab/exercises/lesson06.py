@@ -18,6 +18,7 @@ from .. import sizes
 from ..kernels import gemv as kernels_gemv
 from ..lab.measure import DecodeTiming
 from .common import (
+    FILLED_PREDICTION,
     NOT_ANSWERED,
     NotANumber,
     SettingError,
@@ -27,6 +28,7 @@ from .common import (
     check_number,
     check_prediction,
     checker,
+    choice_of,
     code_checker,
     real_number,
     settings_read,
@@ -222,35 +224,94 @@ def check_step_floor_ms(fn) -> str:
 BROKEN_RECORD = "the record holds a broken number: record it again on a GPU"
 
 
+def read_record(record, has: str, kind: str, example: str) -> dict:
+    """``record`` as a dict: a record itself, or the path of its .json (read with
+    ``kvlab.lab.bench.load``); a ValueError where it is neither, or where it lacks ``has`` (another
+    kind of record than ``kind``; ``example``: where to get the right one)."""
+    import os
+
+    from ..lab.bench import load
+
+    if isinstance(record, str | os.PathLike):
+        try:
+            record = load(record)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"record={str(record)!r:.120} could not be read as a record "
+                             f"({type(e).__name__}: {e}); pass {example}") from None
+    if not isinstance(record, dict) or has not in record:
+        what = (f"a record with {sorted(record)[:6]}" if isinstance(record, dict)
+                else f"a {type(record).__name__}")
+        raise ValueError(f"record= must be {kind} (a dict with {has!r}, or the path of its .json), "
+                         f"got {what}: pass {example}")
+    return record
+
+
 def rates_at(record: dict, batch: int) -> dict[str, float]:
     """tokens/s of every token-exact strategy of ``record`` at ``batch``, in the record's order."""
     rates = {r["strategy"]: r["tokens_per_s"] for r in record["results"] if r["batch"] == batch
              and r["exact"]}
     if not rates:
-        raise ValueError(f"the record has no token-exact result at batch {batch}; its batch sizes "
-                         f"are {sorted({r['batch'] for r in record['results']})}")
+        batches = sorted({r["batch"] for r in record["results"]})
+        if batch in batches:  # rows there, none token-exact: every one made other tokens
+            raise ValueError(f"at batch {batch} every result of the record made tokens that differ "
+                             "from the reference (exact False): none can be the fastest; record "
+                             "again, or pick another batch=")
+        raise ValueError(f"the record has no result at batch {batch}; its batch sizes are "
+                         f"{batches}: pass one of them as batch=")
     return rates
 
 
+def unchecked_at(record: dict, batch: int) -> list[str]:
+    """The strategies of ``record`` at ``batch`` whose tokens were not checked (``exact`` None: a
+    run with --check-tokens 0 or --no-check-compiled, an ablation row)."""
+    return [r["strategy"] for r in record["results"] if r["batch"] == batch and r["exact"] is None]
+
+
+FASTEST_EXAMPLE = ("kvlab.lab.bench.recorded('h200_batch_sweep'), or the dict (or .json path) that "
+                   "kvlab.lab.bench.run_bench wrote")
+
+
 @settings_read
-def check_fastest_prediction(prediction=None, record: dict | None = None, *,
+def check_fastest_prediction(prediction=None, record: dict | str | None = None, *,
                              batch: int = 64) -> str:
-    """Predict, then read: which strategy of ``record`` makes the most tokens/s at ``batch``?"""
+    """Predict, then read: which strategy of ``record`` makes the most tokens/s at ``batch``? Only
+    strategies proven token-exact compete: a row whose tokens were not checked is not."""
     if record is None:
         return ("no record here: there is nothing to check a prediction against; record one with "
                 "`python -m kvlab.lab.bench` on a GPU")
+    record = read_record(record, "results", "a benchmark record", FASTEST_EXAMPLE)
+    unchecked = unchecked_at(record, batch)
+    not_proven = (f"{', '.join(map(repr, unchecked))} ran with no token check (exact is None: "
+                  "--check-tokens 0, --no-check-compiled or an ablation row), so "
+                  f"{'it is' if len(unchecked) == 1 else 'they are'} not proven token-exact and "
+                  "cannot count as fastest")
+    if unchecked and not any(r["batch"] == batch and r["exact"] for r in record["results"]):
+        return (f"not checked: at batch {batch} no result of this record was checked token for "
+                f"token: {not_proven}. Record again with the token check on (the default "
+                "--check-tokens).")
     rates = rates_at(record, batch)
     bad = bad_measurement({f"tokens_per_s of {name}": rate for name, rate in rates.items()},
                           BROKEN_RECORD)
     if bad:
         return bad
-    fastest = max(rates, key=rates.get)
+    top = max(rates.values())
+    tied = [name for name, rate in rates.items() if rate == top]
+    named = choice_of(prediction, rates) if prediction is not None else None
+    fastest = named if named in tied else tied[0]  # a tie: any of the tied is right
     choices = {name: f"{rate:,.0f} tokens/s at batch {batch}" for name, rate in rates.items()}
+    if prediction is not None and named is None and choice_of(prediction, unchecked) is not None:
+        return (f"not checked: you predicted {choice_of(prediction, unchecked)!r}, but "
+                f"{not_proven}. Of the proven strategies, {' and '.join(map(repr, tied))} "
+                f"{'is' if len(tied) == 1 else 'are'} fastest ({top:,.0f} tokens/s).")
     verdict = check_prediction(prediction, measured=fastest, choices=choices,
                                what=f"the fastest strategy at batch {batch} in the record")
-    if verdict.startswith(("correct", "not quite: you predicted")):
+    if verdict.removeprefix(FILLED_PREDICTION).startswith(("correct", "not quite: you predicted")):
+        if len(tied) > 1:
+            verdict += f" (a tie: {', '.join(map(repr, tied))} make the same tokens/s)"
         verdict += "\n" + "\n".join(f"  {name:<20} {rate:>10,.0f} tokens/s" for name, rate in
                                     sorted(rates.items(), key=lambda item: -item[1]))
+        if unchecked:
+            verdict += f"\n  (left out: {not_proven})"
     return verdict
 
 
@@ -262,8 +323,8 @@ TILE_PATHS = {"gemv": "the GEMV kernel, one weight read per row",
 
 
 @settings_read
-def check_tile_prediction(prediction=None, record: dict | None = None, *, projection: str = "down",
-                          rows: int = 64) -> str:
+def check_tile_prediction(prediction=None, record: dict | str | None = None, *,
+                          projection: str = "down", rows: int = 64) -> str:
     """Predict, then read: in the recorded tile sweep (``kvlab.lab.bench.tile_sweep``), which of
     ``TILE_PATHS`` is fastest for ``projection`` (the first word of its name) at ``rows`` rows?"""
     if record is None:
@@ -272,6 +333,8 @@ def check_tile_prediction(prediction=None, record: dict | None = None, *, projec
                 "tiles` on a GPU")
     from ..lab.bench import tile_sweep
 
+    record = read_record(record, "sweeps", "a tile-sweep record",
+                         "kvlab.lab.bench.recorded('h200_tile_sweep')")
     table = {name.split()[0]: by_rows for name, by_rows in tile_sweep(record).items()}
     if projection not in table or rows not in table[projection]:
         raise ValueError(f"the sweep has projections {sorted(table)} at rows "
@@ -284,7 +347,7 @@ def check_tile_prediction(prediction=None, record: dict | None = None, *, projec
     verdict = check_prediction(prediction, measured=cell["path"], choices=TILE_PATHS,
                                what=f"the fastest kernel for {projection} at {rows} rows in the "
                                     "recorded sweep")
-    if verdict.startswith(("correct", "not quite: you predicted")):
+    if verdict.removeprefix(FILLED_PREDICTION).startswith(("correct", "not quite: you predicted")):
         verdict += (f" (GEMV kernel {cell['gemv']:.1f} µs, cuBLAS {cell['torch']:.1f} µs, best "
                     f"tile {cell['tile']:.1f} µs)")
     return verdict
@@ -385,6 +448,10 @@ def check_norm_matmul(fn) -> str:
                     f"returned shape {list(got.shape)} on {got.device}, expected "
                     f"{list(expected.shape)}. Hint: weight is [N, K]: multiply by weight.T")
         if not torch.allclose(got.double(), expected.double(), rtol=1e-4, atol=1e-5):
+            if got.dtype.itemsize < x.dtype.itemsize:  # the rounding alone misses the tolerance
+                return (f"not quite: norm_matmul returned {got.dtype} for {x.dtype} inputs. Hint: "
+                        f"return the inputs' dtype ({x.dtype}): {got.dtype} rounds the result "
+                        "past the kernel's tolerance; leave the casts out")
             hint = next((h for h, v in _norm_variants(x, norm_weight, weight, eps).items()
                          if torch.allclose(got.double(), v.double(), rtol=1e-4, atol=1e-5)), None)
             return (f"not quite: for x {list(x.shape)}, eps {eps} your result differs from the "

@@ -17,6 +17,7 @@ import torch
 
 from .. import paged_cache, speculative
 from .common import (
+    FILLED_PREDICTION,
     NOT_ANSWERED,
     as_number,
     call_student,
@@ -495,7 +496,8 @@ def check_verify_prediction(prediction=None) -> str:
         verdict = ("not quite for kvlab: 'A' is right for speculative decoding with a counter per "
                    "request, but kvlab decodes into one shared counter, and the run shows "
                    f"{measured!r}: {VERIFY_CHOICES[measured]}")
-    if verdict.startswith(("correct", "not quite: you predicted", "not quite for kvlab")):
+    if verdict.removeprefix(FILLED_PREDICTION).startswith(
+            ("correct", "not quite: you predicted", "not quite for kvlab")):
         verdict += (f" (run just now: kept_drafts = {made[0] - 1}, so {made} tokens). Why: "
                     f"{VERIFY_WHY}")
     return verdict
