@@ -201,6 +201,11 @@ def settings_read(fn):
                 settings[name] = _counts(settings[name], name, minimum)
         if settings.get("dtype") is not None:
             settings["dtype"] = dtype_setting(settings["dtype"])
+        if settings.get("config") is not None and not isinstance(settings["config"],
+                                                                 transformers.PretrainedConfig):
+            made = "model.config" if hasattr(settings["config"], "config") else "a model's config"
+            raise ValueError(f"config= takes a transformers config ({made}), got "
+                             f"{type(settings['config']).__name__}")
         if settings.get("model") is not None:
             check_model(settings["model"])
             dropout = _random_in_training(settings["model"])
@@ -245,16 +250,20 @@ def check_prompt_ids(model, prompt_ids, new_tokens: int) -> None:
 WIDE_INTEGERS = (torch.int64, torch.int32)
 
 
-def index_dtype_problem(tensor: torch.Tensor, what: str) -> str | None:
+def index_dtype_problem(tensor: torch.Tensor, what: str,
+                        widths: tuple = WIDE_INTEGERS) -> str | None:
     """What is wrong with ``tensor``'s dtype for ``what`` (token ids, positions: indices), else
-    None: they must be int64 (torch.long, what argmax and arange give) or int32; a float, a complex,
-    a bool or a narrower integer (uint8 wraps at 256, int16 at 32768) is refused."""
-    if tensor.dtype in WIDE_INTEGERS:
+    None: they must be one of ``widths`` (default int64, torch.long, what argmax and arange give, or
+    int32); a float, a complex, a bool or a narrower integer (uint8 wraps at 256, int16 at 32768) is
+    refused."""
+    if tensor.dtype in widths:
         return None
-    narrow = not (tensor.dtype.is_floating_point or tensor.dtype.is_complex
-                  or tensor.dtype == torch.bool)
-    why = (f"{tensor.dtype} is too narrow: ids and positions past its range would wrap (SmolLM2's "
-           "vocabulary is 49152)" if narrow else f"they are integers, not {tensor.dtype}")
+    integer = not (tensor.dtype.is_floating_point or tensor.dtype.is_complex
+                   or tensor.dtype == torch.bool)
+    why = (f"they are integers, not {tensor.dtype}" if not integer else
+           f"{tensor.dtype} is too narrow: ids and positions past its range would wrap (SmolLM2's "
+           "vocabulary is 49152)" if tensor.dtype in (torch.uint8, torch.int8, torch.int16) else
+           f"{tensor.dtype} is refused here: index_copy_ takes torch.long indices only")
     return (f"{what} are indices: return a LongTensor (torch.long, what argmax, torch.arange and "
             f"tokenizers give); {why}.")
 

@@ -204,7 +204,8 @@ def check_write_positions(fn) -> str:
         if not isinstance(got, torch.Tensor):
             return (f"not quite: positions returned a {type(got).__name__}; return a LongTensor of "
                     "shape [bucket]")
-        wrong_dtype = index_dtype_problem(got, "slots")
+        # index_copy_ takes int64 slots only
+        wrong_dtype = index_dtype_problem(got, "slots", widths=(torch.int64,))
         if wrong_dtype:
             return (f"not quite: positions gave a {got.dtype} tensor. {wrong_dtype} (torch.where "
                     "of long tensors stays long)")

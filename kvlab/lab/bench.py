@@ -508,6 +508,11 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
+# the settings that make two parts' rows one table
+MERGED_ALIKE = ("prompt_len", "new_tokens", "dtype", "check_dtype", "check_tokens", "repeats",
+                "seed", "reduce_overhead_dynamic")
+
+
 def merge(*records: dict) -> dict:
     """One record from runs of the same model on the same hardware (a sweep recorded in parts, e.g.
     when a time limit cut the first): results and skips in order, a later part's row replacing an
@@ -521,6 +526,12 @@ def merge(*records: dict) -> dict:
         if (r["env"].get("hardware") != first["env"].get("hardware")
                 or r["settings"]["model"] != first["settings"]["model"]):
             raise ValueError("merge records of one model on one machine: hardware or model differ")
+        differ = [k for k in MERGED_ALIKE if r["settings"].get(k) != first["settings"].get(k)]
+        if differ:  # rows measured otherwise are not one table: x_naive would compare them
+            was, now = (", ".join(f"{k}={part['settings'].get(k)!r}" for k in differ)
+                        for part in (first, r))
+            raise ValueError(f"merge records measured alike: {', '.join(differ)} differ ({was} "
+                             f"first, {now} later); rerun the part with the first one's settings")
     rows: dict = {}
     for i, r in enumerate(records):
         for row in r["results"]:
