@@ -12,7 +12,7 @@ import kvlab
 from kvlab.handwritten import HandwrittenCache
 from kvlab.lab import bench
 
-KW = dict(prompt_len=4, new_tokens=3, check_tokens=0, repeats=1, profile_k=0, progress=False)
+KW = dict(prompt_len=4, new_tokens=16, check_tokens=0, repeats=3, profile_k=0, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +137,7 @@ def test_main_default_out_does_not_overwrite_a_run_of_the_same_second(tmp_path, 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(bench.time, "strftime", lambda *a: "20260101-000000")
     args = ["--model", "tiny-llama", "--strategies", "naive", "--prompt-len", "4",
-            "--new-tokens", "3", "--check-tokens", "0", "--repeats", "1", "--profile-steps", "0",
+            "--new-tokens", "16", "--check-tokens", "0", "--repeats", "3", "--profile-steps", "0",
             "--device", "cpu"]
     bench.main(args + ["--seed", "1"])
     bench.main(args + ["--seed", "2"])

@@ -51,3 +51,34 @@ def test_a_checkers_config_setting_that_is_a_model_is_the_callers_error():
                                        batch=2)
     assert lesson02.check_cache_bytes(right, config=model.config, tokens=10,
                                       dtype=torch.float16, batch=2).startswith("correct")
+
+
+def test_run_bench_takes_one_batch_size_as_a_0_dim_tensor():
+    """batches=torch.tensor(2) raised "iteration over a 0-d tensor"."""
+    record = bench.run_bench("tiny-llama", strategies=["naive"], batches=torch.tensor(2),
+                             prompt_len=4, new_tokens=16, check_tokens=0, repeats=3, profile_k=0,
+                             progress=False)
+    assert record["settings"]["batches"] == [2]
+
+
+def test_an_interrupted_bench_leaves_no_empty_record(tmp_path, monkeypatch):
+    """Ctrl-C before the first strategy finished left the 0-byte record the default name reserved
+    (bench.load then raised JSONDecodeError)."""
+    monkeypatch.chdir(tmp_path)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "run_bench", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--model", "tiny-llama"])
+    assert not list((tmp_path / "out").glob("*.json"))
+
+
+def test_speculation_runs_refuses_a_batch_it_would_record_one_row_of():
+    """A [2, p] prompt was taken and its second row's tokens dropped from the record."""
+    from kvlab.lab import serving
+    from kvlab.lab.models import tiny_model
+
+    with pytest.raises(ValueError, match=r"ids \[1, prompt_len\]"):
+        serving.speculation_runs(tiny_model("tiny-llama"), {"p": torch.randint(1, 256, (2, 8))}, 6)

@@ -105,7 +105,8 @@ def _read_int(value, least: int) -> int | None:
 
 def _as_list(items) -> list:
     """``items`` as a list: one name or number (a str, an int) stands for a list of itself."""
-    if isinstance(items, str) or not hasattr(items, "__iter__"):
+    if (isinstance(items, str) or not hasattr(items, "__iter__")
+            or getattr(items, "ndim", None) == 0):  # a 0-dim tensor or NumPy array: one number
         return [items]
     return list(items)
 
@@ -868,6 +869,12 @@ def main(argv=None) -> dict:
             kept = f"nor to {fallback} ({again}); the table above is all that is left"
         print(f"error: {e}; {kept}", file=sys.stderr)
         raise SystemExit(1) from None
+    except BaseException:  # an interrupt or a crash before the first write: no empty record left
+        if args.out is None:
+            with contextlib.suppress(OSError):
+                if out_paths(out)[0].stat().st_size == 0:
+                    out_paths(out)[0].unlink()
+        raise
     json_path, csv_path = out_paths(out)
     print(format_table(record))
     print(f"wrote {json_path} and {csv_path} ({record['env']['hardware']}, "

@@ -59,7 +59,8 @@ def speculation_runs(model, prompts: dict[str, torch.Tensor], new_tokens: int, *
     speculative path: the drafts follow the tokens, which are exact)."""
     device = pick_device(device)
     if not isinstance(prompts, dict) or not prompts or not all(
-            isinstance(ids, torch.Tensor) and ids.dim() == 2 for ids in prompts.values()):
+            isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[0] == 1
+            for ids in prompts.values()):  # a run records one row's tokens: batch 1
         raise ValueError("prompts must be a non-empty dict of name -> ids [1, prompt_len], got "
                          f"{prompts!r:.80}")
     if not isinstance(pairs, dict) or not pairs:
