@@ -82,3 +82,13 @@ def test_speculation_runs_refuses_a_batch_it_would_record_one_row_of():
 
     with pytest.raises(ValueError, match=r"ids \[1, prompt_len\]"):
         serving.speculation_runs(tiny_model("tiny-llama"), {"p": torch.randint(1, 256, (2, 8))}, 6)
+
+
+def test_time_interleaved_never_reads_device_0_as_the_cpu():
+    """`device or "cpu"` turned device 0 (a GPU index) into the CPU: timing without a device
+    sync."""
+    from kvlab.lab.measure import time_interleaved
+
+    with pytest.raises(ValueError, match="device must be"):
+        time_interleaved({"a": lambda: None}, rounds=1, device=0)
+    assert set(time_interleaved({"a": lambda: None}, rounds=1)) == {"a"}

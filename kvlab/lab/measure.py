@@ -290,7 +290,8 @@ def time_interleaved(fns: dict, *, rounds: int = 5, device=None,
         raise ValueError("fns must be a non-empty dict of name -> function to time, "
                          f"got {fns!r:.80}")
     rounds = count("rounds", rounds, 1)
-    device = pick_device(device or "cpu")  # a clear error for "cuda" without a GPU
+    # a clear error for "cuda" without a GPU; device 0 is not "no device" (never read as the CPU)
+    device = pick_device("cpu" if device is None else device)
     names = list(fns)
     times: dict[str, list[float]] = {name: [] for name in names}
     for fn in fns.values():
