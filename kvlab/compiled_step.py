@@ -94,6 +94,7 @@ def compiled_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *,
     decoder = GraphSafeDecoder(fused, length, input_ids.shape[0], step=step, steps=steps,
                                graph=graph)
     decoder.copied_from(model)  # what kvlab.decode checks a held decoder against
+    decoder.kvlab_strategy = "graph-safe-compiled"
     return decoder
 
 

@@ -127,6 +127,8 @@ class GraphSafeDecoder:
     """
 
     warmup = 3  # calls of a step before its capture (their side effects are put back)
+    # the strategy kvlab.decode takes this decoder under; a builder of another strategy sets its own
+    kvlab_strategy = "graph-safe"
 
     def __init__(self, model, max_cache_len: int | GraphSafeStaticCache, batch: int = 1, *,
                  step=model_step, steps: int = 1, prefill=None, prefill_bucket: int | None = None,

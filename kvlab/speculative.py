@@ -155,6 +155,8 @@ class SpeculativeDecoder(GraphSafeDecoder):
     the end.
     """
 
+    kvlab_strategy = "graph-safe-speculative"
+
     def __init__(self, model, max_cache_len: int | GraphSafeStaticCache, batch: int = 1, *,
                  k: int = 4, max_ngram: int = 3, min_ngram: int = 1, verify=model_verify,
                  step=model_step, prefill=None, prefill_bucket: int | None = None,

@@ -127,11 +127,18 @@ class Strategy:
         _check_on_token(kwargs.get("on_token"))
         check_options(kwargs)
         for key in STATE_KEYS:
+            # what a state() built is this strategy's only; a decoder built by hand decodes the
+            # way its builder tagged, and an ablation's name takes its strategy's decoder (the
+            # caller picked its options)
             held = kwargs.get(key)
-            built_for = getattr(held, "kvlab_strategy", None) or _made_as(held, self.name)
+            built_for = getattr(held, "kvlab_state_of", None)
+            how = f"was built by STRATEGIES[{built_for!r}].state"
+            if built_for is None:
+                built_for = getattr(held, "kvlab_strategy", self.name)
+                how = f"decodes the {built_for!r} way"
+                if self.ablation and self.name.startswith(built_for + "/"):
+                    built_for = self.name
             if built_for != self.name:
-                how = (f"was built by STRATEGIES[{built_for!r}].state"
-                       if hasattr(held, "kvlab_strategy") else f"decodes the {built_for!r} way")
                 raise ValueError(f"this {key}= {how}, and "
                                  f"would decode as {built_for!r} under the name {self.name!r}. "
                                  f"Pass strategy={built_for!r}, or build a state for "
@@ -182,7 +189,7 @@ class Strategy:
         state = {"decoder": made} if isinstance(made, GraphSafeDecoder) else made
         for key in STATE_KEYS:
             if key in state:
-                state[key].kvlab_strategy = self.name
+                state[key].kvlab_state_of = self.name
         return made
 
 
@@ -203,22 +210,6 @@ def _check_on_token(on_token) -> None:
         raise TypeError(f"on_token is called as on_token(k, token) (the step, then the new token "
                         f"ids [batch, 1]); {getattr(on_token, '__name__', 'it')}{signature} cannot "
                         "take those two arguments") from None
-
-
-def _made_as(decoder, name: str) -> str:
-    """The strategy a decoder built by hand (untagged) decodes as, where kvlab can tell; ``name``
-    for anything else."""
-    if type(decoder) is not GraphSafeDecoder and type(decoder).__name__ != "SpeculativeDecoder":
-        return name  # a subclass of the caller's own: its decode is the caller's
-    step = getattr(decoder.step_fn, "func", decoder.step_fn)
-    if type(decoder).__name__ == "SpeculativeDecoder":
-        kernels = getattr(decoder.verify_fn, "__name__", "") == "kernel_verify"
-        return "graph-safe-speculative/kernels" if kernels else "graph-safe-speculative"
-    if decoder.source is not decoder.model:  # a fused copy
-        return name if name.startswith("graph-safe-compiled") else "graph-safe-compiled"
-    if getattr(step, "__name__", "") == "kernel_step":
-        return name if name.startswith("graph-safe-kernels") else "graph-safe-kernels"
-    return "graph-safe"
 
 
 _GRAPH_SAFE_FN = "kvlab.graph_decoder:decode_graph_safe", "kvlab.graph_decoder:graph_safe_decoder"

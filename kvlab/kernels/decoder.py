@@ -62,8 +62,10 @@ def kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, step
                    dot_attention=dot_attention, tiles=tiles, fill_splits=fill_splits)
     through_kernels = batch * (bucket or input_ids.shape[1]) <= KERNEL_PREFILL_MAX_ROWS
     prefill = partial(kernel_prefill, tiles=tiles) if through_kernels else None
-    return GraphSafeDecoder(model, length, batch, step=step, steps=steps, prefill=prefill,
-                            prefill_bucket=bucket, graph=graph)
+    decoder = GraphSafeDecoder(model, length, batch, step=step, steps=steps, prefill=prefill,
+                               prefill_bucket=bucket, graph=graph)
+    decoder.kvlab_strategy = "graph-safe-kernels"
+    return decoder
 
 
 def decode_graph_safe_kernels(model, input_ids: torch.Tensor, max_new_tokens: int, *,
@@ -96,12 +98,14 @@ def speculative_kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: 
         prefill_bucket = prompt_bucket(input_ids.shape[1], length)
     through_kernels = batch * prefill_bucket <= KERNEL_PREFILL_MAX_ROWS
     step = partial(kernel_step, counters=arrival_counters(model, batch, input_ids.device))
-    return speculative_decoder(model, input_ids, max_new_tokens, step=step,
-                               prefill=kernel_prefill if through_kernels else None,
-                               verify=kernel_verify, k=k,
-                               max_ngram=max_ngram, min_ngram=min_ngram,
-                               max_cache_len=max_cache_len, graph=graph,
-                               prefill_bucket=prefill_bucket)
+    decoder = speculative_decoder(model, input_ids, max_new_tokens, step=step,
+                                  prefill=kernel_prefill if through_kernels else None,
+                                  verify=kernel_verify, k=k,
+                                  max_ngram=max_ngram, min_ngram=min_ngram,
+                                  max_cache_len=max_cache_len, graph=graph,
+                                  prefill_bucket=prefill_bucket)
+    decoder.kvlab_strategy = "graph-safe-speculative/kernels"
+    return decoder
 
 
 def decode_speculative_kernels(model, input_ids: torch.Tensor, max_new_tokens: int, *,
