@@ -438,6 +438,13 @@ def serve(model, requests: list[Request], *, on_token=None, **settings) -> Serve
 
 # ----------------------------------------------------------------------------- the "paged" strategy
 
+_PAGED_SETTINGS = "max_cache_len", "block_size", "graph", "warmup", "emulate", "buckets"
+_PAGED_FIXED = {"num_blocks": "batch x blocks of max_cache_len: pass max_cache_len=",
+                "max_batch": "the batch of input_ids",
+                "max_blocks_per_request": "from max_cache_len=",
+                "max_batch_size": "the batch of input_ids"}
+
+
 def paged_batcher(model, input_ids: torch.Tensor, max_new_tokens: int, *,
                   max_cache_len: int | None = None, block_size: int = 16, **settings) -> dict:
     """What ``decode_paged`` builds for one call, as the keywords that hand it over
@@ -445,13 +452,7 @@ def paged_batcher(model, input_ids: torch.Tensor, max_new_tokens: int, *,
     ``max_cache_len`` (default prompt + new tokens). ``settings``: ``graph``, ``warmup``,
     ``emulate``, ``buckets`` of ``ContinuousBatcher`` (its pool and rows are sized here, from the
     batch and ``max_cache_len``)."""
-    _refuse_settings(settings, ("max_cache_len", "block_size", "graph", "warmup", "emulate",
-                               "buckets"),
-                    "the paged strategy", fixed={
-                        "num_blocks": "batch x blocks of max_cache_len: pass max_cache_len=",
-                        "max_batch": "the batch of input_ids",
-                        "max_blocks_per_request": "from max_cache_len=",
-                        "max_batch_size": "the batch of input_ids"})
+    _refuse_settings(settings, _PAGED_SETTINGS, "the paged strategy", fixed=_PAGED_FIXED)
     block_size = _positive_int("block_size", block_size)
     # slots a row writes (the last token is never written)
     written = input_ids.shape[1] + max_new_tokens - 1
@@ -479,6 +480,9 @@ def decode_paged(model, input_ids: torch.Tensor, max_new_tokens: int, *, on_toke
     ``[batch, max_new_tokens]``. ``on_token(k, [batch, 1])`` is called once every row has its token
     ``k``."""
     if batcher is None:
+        # kvlab.decode's keywords named too, where paged_batcher's message would not
+        _refuse_settings(settings, ("on_token", "batcher") + _PAGED_SETTINGS, "strategy 'paged'",
+                         fixed=_PAGED_FIXED)
         batcher = paged_batcher(model, input_ids, max_new_tokens, **settings)["batcher"]
     elif not isinstance(batcher, ContinuousBatcher):
         raise TypeError("batcher= takes a kvlab ContinuousBatcher (from "

@@ -23,3 +23,13 @@ def test_a_hand_built_decoder_says_which_strategy_it_decodes_as(prompt):
     state = kvlab.STRATEGIES["graph-safe-kernels"].state(model, ids, 4, graph="emulate")
     with pytest.raises(ValueError, match=r"built by STRATEGIES\['graph-safe-kernels'\]\.state"):
         kvlab.decode(model, ids, 4, strategy="graph-safe-kernels/row-gemv", **state)
+
+
+def test_the_paged_strategys_unknown_keyword_message_names_all_it_takes(prompt):
+    """kvlab.decode(..., strategy="paged", nope=1) listed the batcher's settings but not on_token=
+    or batcher=, which the strategy takes too."""
+    model = tiny_model("tiny-llama")
+    with pytest.raises(TypeError, match="nope=.*on_token=, batcher=, max_cache_len="):
+        kvlab.decode(model, prompt(5), 3, strategy="paged", nope=1)
+    with pytest.raises(TypeError, match="sets num_blocks= itself"):
+        kvlab.decode(model, prompt(5), 3, strategy="paged", num_blocks=4)
