@@ -4,13 +4,17 @@ kept_drafts in uint8."""
 
 from __future__ import annotations
 
+import json
 import math
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from kvlab.exercises import lesson02
+from kvlab.exercises import lesson02, lesson05, lesson06
+from kvlab.exercises.common import SettingError
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -59,4 +63,83 @@ def test_attend_right_attention_passes_in_every_dtype(dtype):
                   _in(_sdpa, dtype, via=torch.float64)):
         verdict = lesson02.check_attend(right)
         assert verdict.startswith("correct"), (dtype, verdict)
+
+
+# ---- record= read at the door --------------------------------------------------------------------
+
+LESSON05_GPU = Path(__file__).resolve().parents[1] / "data" / "lesson05_gpu.json"
+
+
+def _launch_record(eager_launches=1000, replay_launches=0, **work):
+    return {"eager_ms_per_token": 3.0, "replay_ms_per_token": 0.5,
+            "work_per_step": {"eager": {"kernel_launch_calls": eager_launches, **work},
+                              "replay": {"kernel_launch_calls": replay_launches, **work}}}
+
+
+@pytest.mark.parametrize("record", [
+    json.loads(LESSON05_GPU.read_text()),  # two sections: which one?
+    {"eager_ms_per_token": 2.0, "replay_ms_per_token": 1.0,  # a CPU run: no launches
+     "work_per_step": {"eager": {"aten_ops": 10}, "replay": {"aten_ops": 10}}},
+    {"eager_ms_per_token": 2.0},  # not an eager-vs-replay record
+    [1, 2, 3],
+    "no/such/file.json",
+    _launch_record(eager_launches="many"),
+])
+def test_launch_cost_refuses_a_record_it_cannot_use(record):
+    """A record the checker could not use (the whole two-section file, a CPU run, another dict)
+    raised inside the checker and was shown as the student's "not quite"."""
+    with pytest.raises(SettingError, match="record"):
+        lesson05.check_launch_cost_us(2.5, record=record)
+    with pytest.raises(SettingError):  # at the door: before the answer is looked at
+        lesson05.check_launch_cost_us(None, record=record)
+
+
+def test_launch_cost_reads_a_path_and_a_section():
+    """A path to data/lesson05_gpu.json (str or Path) raised a TypeError shown as "not quite"; a
+    section of it, or a file holding one section, is read as the record."""
+    data = json.loads(LESSON05_GPU.read_text())
+    section = data["eager_vs_replay_bfloat16"]
+    cost = lesson05.launch_cost_us(section)
+    assert lesson05.check_launch_cost_us(cost, record=section).startswith("correct")
+    with pytest.raises(SettingError, match="eager_vs_replay_bfloat16"):
+        lesson05.check_launch_cost_us(cost, record=str(LESSON05_GPU))
+    with tempfile.TemporaryDirectory() as tmp:
+        one = Path(tmp) / "one.json"
+        one.write_text(json.dumps({"model": "m", "eager_vs_replay_bfloat16": section}))
+        for path in (one, str(one)):
+            assert lesson05.check_launch_cost_us(cost, record=path).startswith("correct")
+
+
+def test_launch_cost_no_launch_removed_is_not_checked():
+    """A record with no kernel launch removed (or none at all) raised ValueError or
+    ZeroDivisionError inside, shown as "not quite"."""
+    for record in (_launch_record(0, 0), _launch_record(5, 5), _launch_record(3, 7)):
+        verdict = lesson05.check_launch_cost_us(2.5, record=record)
+        assert verdict.startswith("not checked") and "removed none" in verdict, verdict
+
+
+# ---- bench rows: "exact" and the other keys ------------------------------------------------------
+
+def _bench(*rows):
+    return {"results": [dict(r) for r in rows]}
+
+
+def test_fastest_row_without_exact_does_not_compete():
+    """A bench row without an "exact" key raised a KeyError; not proven token-exact, it does not
+    compete."""
+    fast = {"strategy": "static", "batch": 64, "tokens_per_s": 900.0}
+    slow = {"strategy": "dynamic", "batch": 64, "tokens_per_s": 100.0, "exact": True}
+    verdict = lesson06.check_fastest_prediction("dynamic", _bench(fast, slow))
+    assert verdict.startswith("correct") and "'static'" in verdict, verdict
+    alone = lesson06.check_fastest_prediction("static", _bench(fast))
+    assert alone.startswith("not checked") and "not proven token-exact" in alone, alone
+
+
+@pytest.mark.parametrize("key", ["strategy", "batch", "tokens_per_s"])
+def test_fastest_row_missing_a_key_is_named(key):
+    """A bench row missing "strategy", "batch" or "tokens_per_s" raised a raw KeyError."""
+    row = {"strategy": "static", "batch": 64, "tokens_per_s": 900.0, "exact": True}
+    del row[key]
+    with pytest.raises(SettingError, match=f"row 0 .*{key!r}"):
+        lesson06.check_fastest_prediction("static", _bench(row))
 
