@@ -13,8 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvlab.exercises import lesson02, lesson05, lesson06
+from kvlab.exercises import lesson02, lesson05, lesson06, lesson07
 from kvlab.exercises.common import SettingError
+from kvlab.speculative import kept_drafts
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -143,3 +144,14 @@ def test_fastest_row_missing_a_key_is_named(key):
     with pytest.raises(SettingError, match=f"row 0 .*{key!r}"):
         lesson06.check_fastest_prediction("static", _bench(row))
 
+
+# ---- kept_drafts: an index dtype -----------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16])
+def test_kept_drafts_narrow_integer_refused(dtype):
+    """A kept count returned as torch.uint8 was called correct; the count moves the position
+    counter and is a long like every index the lessons use."""
+    verdict = lesson07.check_kept_drafts(lambda r, v: kept_drafts(r, v).to(dtype))
+    assert verdict.startswith("not quite") and str(dtype) in verdict, verdict
+    assert lesson07.check_kept_drafts(
+        lambda r, v: kept_drafts(r, v).to(torch.int32)).startswith("correct")
