@@ -155,3 +155,12 @@ def test_kept_drafts_narrow_integer_refused(dtype):
     assert verdict.startswith("not quite") and str(dtype) in verdict, verdict
     assert lesson07.check_kept_drafts(
         lambda r, v: kept_drafts(r, v).to(torch.int32)).startswith("correct")
+
+
+@pytest.mark.parametrize("record", [{"sweeps": []}, {"sweeps": [{"tiles": {"down": [{}]}}]},
+                                    {"sweeps": [{"no tiles": 1}]}, {"sweeps": 3}])
+def test_tile_prediction_record_it_cannot_read_is_refused(record):
+    """A tile-sweep record without what tile_sweep reads raised a raw KeyError, TypeError or
+    StopIteration."""
+    with pytest.raises(SettingError, match="record="):
+        lesson06.check_tile_prediction("gemv", record)

@@ -320,6 +320,26 @@ TILE_PATHS = {"gemv": "the GEMV kernel, one weight read per row",
               "tile": "the tile kernel, one weight read per tile of rows"}
 
 
+TILE_EXAMPLE = "kvlab.lab.bench.recorded('h200_tile_sweep')"
+
+
+def tile_table(record) -> dict:
+    """``check_tile_prediction``'s ``record=`` read at the door (:func:`read_record`), as
+    ``kvlab.lab.bench.tile_sweep`` reads it, by the first word of each projection's name; a
+    :class:`SettingError` naming what to pass where a sweep lacks what it reads, or holds none."""
+    from ..lab.bench import tile_sweep
+
+    record = read_record(record, has="sweeps", kind="a tile-sweep record", example=TILE_EXAMPLE)
+    try:
+        table = {name.split()[0]: by_rows for name, by_rows in tile_sweep(record).items()}
+    except (KeyError, TypeError, AttributeError, IndexError) as e:
+        raise SettingError(f"record= is not a tile sweep as tools/time_kernels.py --parts tiles "
+                           f"writes it ({type(e).__name__}: {e}): pass {TILE_EXAMPLE}") from None
+    if not table or not all(table.values()):
+        raise SettingError(f"record= holds no timed tile: pass {TILE_EXAMPLE}")
+    return table
+
+
 @settings_read
 def check_tile_prediction(prediction=None, record: dict | str | None = None, *,
                           projection: str = "down", rows: int = 64) -> str:
@@ -329,11 +349,7 @@ def check_tile_prediction(prediction=None, record: dict | str | None = None, *,
         return ("no recorded tile sweep (data/h200_tile_sweep.json) here: there is nothing to "
                 "check a prediction against; record one with `python tools/time_kernels.py --parts "
                 "tiles` on a GPU")
-    from ..lab.bench import tile_sweep
-
-    record = read_record(record, has="sweeps", kind="a tile-sweep record",
-                         example="kvlab.lab.bench.recorded('h200_tile_sweep')")
-    table = {name.split()[0]: by_rows for name, by_rows in tile_sweep(record).items()}
+    table = tile_table(record)
     if projection not in table or rows not in table[projection]:
         raise ValueError(f"the sweep has projections {sorted(table)} at rows "
                          f"{sorted(next(iter(table.values())))}")
