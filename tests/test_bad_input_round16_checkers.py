@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
 
-from kvlab.exercises import lesson02, lesson05, lesson06, lesson07
+from kvlab.exercises import lesson00, lesson01, lesson02, lesson03, lesson05, lesson06, lesson07
 from kvlab.exercises.common import SettingError
 from kvlab.speculative import kept_drafts
 
@@ -164,3 +165,21 @@ def test_tile_prediction_record_it_cannot_read_is_refused(record):
     StopIteration."""
     with pytest.raises(SettingError, match="record="):
         lesson06.check_tile_prediction("gemv", record)
+
+
+# ---- config= that kvlab.sizes cannot read --------------------------------------------------------
+
+@pytest.mark.parametrize("config", [transformers.GPT2Config(), transformers.T5Config(),
+                                    transformers.LlamaConfig(num_key_value_heads=5)])
+def test_config_sizes_cannot_read_is_refused_at_the_door(config):
+    """A config= that kvlab.sizes cannot read (no intermediate_size, kv heads that do not divide)
+    raised inside the check and came back as "your code raised" or "could not be checked"."""
+    calls = [lambda: lesson01.check_step_flops(lesson01.step_flops, config=config),
+             lambda: lesson00.check_parameter_count(lesson00.llama_parameter_count,
+                                                    config=config),
+             lambda: lesson02.check_cache_bytes(5, config=config, tokens=3, dtype=torch.float16),
+             lambda: lesson03.check_static_cache_bytes(5, config=config, max_cache_len=3,
+                                                       dtype=torch.float16)]
+    for call in calls:
+        with pytest.raises(SettingError, match="config=: kvlab.sizes cannot read"):
+            call()

@@ -20,6 +20,7 @@ import transformers
 from ..decoding import _random_in_training, check_inputs, check_model
 from ..frozen_state import transparent_hook
 from ..runtime import as_dtype, count
+from ..sizes import model_sizes
 
 NOT_ANSWERED = "not answered yet: replace `answer = None` with your number and run the cell again"
 
@@ -213,6 +214,8 @@ def settings_read(fn=None, *, read: dict | None = None):
             made = "model.config" if hasattr(settings["config"], "config") else "a model's config"
             raise ValueError(f"config= takes a transformers config ({made}), got "
                              f"{type(settings['config']).__name__}")
+        if settings.get("config") is not None:
+            _sizes_readable(settings["config"])
         if settings.get("model") is not None:
             check_model(settings["model"])
             dropout = _random_in_training(settings["model"])
@@ -221,6 +224,19 @@ def settings_read(fn=None, *, read: dict | None = None):
         return fn(*args, **settings)
 
     return read_settings
+
+
+def _sizes_readable(config) -> None:
+    """Refuse ``config=`` that ``kvlab.sizes`` cannot read (no positive layers, heads, MLP size,
+    vocabulary, or heads that do not divide): every checker of a config counts with it, and its
+    error inside the check would read as the student's."""
+    try:
+        model_sizes(config)
+    except (ValueError, AttributeError) as e:
+        kind = getattr(config, "model_type", "") or type(config).__name__
+        raise SettingError(f"config=: kvlab.sizes cannot read this {kind} config ({e}); the "
+                           "exercises count a Llama-style decoder: pass a Llama, Mistral, Qwen2 or "
+                           "Qwen3 config whose sizes fit (or none: a small GQA config)") from None
 
 
 def dtype_setting(dtype) -> torch.dtype:
