@@ -183,3 +183,14 @@ def test_config_sizes_cannot_read_is_refused_at_the_door(config):
     for call in calls:
         with pytest.raises(SettingError, match="config=: kvlab.sizes cannot read"):
             call()
+
+
+@pytest.mark.parametrize("row", [{"strategy": "static", "batch": "64"},
+                                 {"strategy": ["static"], "batch": 64}])
+def test_fastest_row_of_wrong_types_is_named(row):
+    """A bench row whose batch is text (next to int batches) or whose strategy is a list raised a
+    raw TypeError (sorting mixed batches, hashing a list)."""
+    good = {"strategy": "dynamic", "batch": 1, "tokens_per_s": 100.0, "exact": True}
+    bad = {**row, "tokens_per_s": 900.0, "exact": True}
+    with pytest.raises(SettingError, match="row 1"):
+        lesson06.check_fastest_prediction("static", _bench(good, bad))

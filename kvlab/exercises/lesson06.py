@@ -236,7 +236,13 @@ def bench_record(record) -> dict:
     the path of its .json), with ``ROW_KEYS`` in every row; a :class:`SettingError` naming what to
     pass, or the row and the key it lacks, otherwise."""
     record = read_record(record, has="results", kind="a benchmark record", example=FASTEST_EXAMPLE)
-    record_rows(record, "results", ROW_KEYS, FASTEST_EXAMPLE)
+    for i, row in enumerate(record_rows(record, "results", ROW_KEYS, FASTEST_EXAMPLE)):
+        # a batch is a count, a strategy a name: anything else cannot be looked up or sorted
+        if not isinstance(row["strategy"], str) or isinstance(row["batch"], bool) or not (
+                isinstance(row["batch"], int)):
+            raise SettingError(f"row {i} of record['results'] has strategy "
+                               f"{row['strategy']!r:.40} and batch {row['batch']!r:.40}: a "
+                               f"strategy is a name (str), a batch an int; pass {FASTEST_EXAMPLE}")
     return record
 
 
