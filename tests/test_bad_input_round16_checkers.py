@@ -194,3 +194,10 @@ def test_fastest_row_of_wrong_types_is_named(row):
     bad = {**row, "tokens_per_s": 900.0, "exact": True}
     with pytest.raises(SettingError, match="row 1"):
         lesson06.check_fastest_prediction("static", _bench(good, bad))
+
+
+def test_padding_rows_settings_that_do_not_fit_are_refused_unanswered():
+    """running= larger than every bucket was refused only once an answer was given: unanswered, the
+    checker said "not answered yet" for settings it could never check."""
+    with pytest.raises(SettingError, match="running=100"):
+        lesson06.check_padding_rows(None, running=100)

@@ -182,16 +182,18 @@ def _bound(read, args: tuple, kwargs: dict) -> None:
         raise TypeError(f"{name}() needs the setting {missing[0]}=: {takes}")
 
 
-def settings_read(fn=None, *, read: dict | None = None):
+def settings_read(fn=None, *, read: dict | None = None, together=None):
     """Make ``fn``'s keyword settings plain (:func:`plain_setting`) before it runs, and refuse a
     wrong one with an error of its own: the door of every checker. Refused: a call that does not
     fit the checker's signature (an unknown setting, a setting given by position, one left out), a
     count below its least (``_COUNTS``), ``model=`` that is not a model or one in train mode with
     a live dropout (it would make random tokens), and whatever a reader of ``read`` (setting name
-    -> function that returns the setting as the checker uses it, or raises) refuses. A wrong
-    setting is the caller's, never a "not quite" for the student's code."""
+    -> function that returns the setting as the checker uses it, or raises) refuses, and settings
+    that do not go together (``together``: a function of the keyword settings, read, with the
+    defaults of those left out, that raises :class:`SettingError`). A wrong setting is the
+    caller's, never a "not quite" for the student's code."""
     if fn is None:
-        return functools.partial(settings_read, read=read)
+        return functools.partial(settings_read, read=read, together=together)
 
     @functools.wraps(fn)
     def read_settings(*args, **kwargs):
@@ -221,6 +223,10 @@ def settings_read(fn=None, *, read: dict | None = None):
             dropout = _random_in_training(settings["model"])
             if dropout is not None:
                 raise ValueError(f"model=: {dropout}")
+        if together is not None:  # every setting, the defaults of those left out too
+            params = list(inspect.signature(read_settings).parameters.values())[1:]
+            together(**{p.name: settings.get(p.name, p.default) for p in params
+                        if p.kind is p.KEYWORD_ONLY})
         return fn(*args, **settings)
 
     return read_settings
@@ -351,17 +357,18 @@ def summary(fn) -> str:
     return " ".join((fn.__doc__ or "").strip().split("\n\n")[0].split())
 
 
-def checker(fn=None, *, read: dict | None = None):
+def checker(fn=None, *, read: dict | None = None, together=None):
     """Make ``fn`` a checker that always returns a verdict: ``None`` as the answer is "not answered
     yet", and an answer the comparison cannot even handle (a wrong type, a tensor on another device,
-    ...) gets "not quite" with what went wrong, never a traceback. ``read``: readers of settings
-    (:func:`settings_read`), run at the door, before the answer is looked at: a setting the checker
-    cannot use is the caller's error, never a "not quite"."""
+    ...) gets "not quite" with what went wrong, never a traceback. ``read``, ``together``: readers
+    of settings and a check of them together (:func:`settings_read`), run at the door, before the
+    answer is looked at: a setting the checker cannot use is the caller's error, never a "not
+    quite"."""
     if fn is None:
-        return functools.partial(checker, read=read)
+        return functools.partial(checker, read=read, together=together)
 
     @functools.wraps(fn)
-    @settings_read(read=read)
+    @settings_read(read=read, together=together)
     def check(answer=None, *args, **kwargs) -> str:
         if answer is None:
             return NOT_ANSWERED

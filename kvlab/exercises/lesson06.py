@@ -19,7 +19,6 @@ from ..kernels import gemv as kernels_gemv
 from ..lab.measure import DecodeTiming
 from .common import (
     FILLED_PREDICTION,
-    NOT_ANSWERED,
     NotANumber,
     SettingError,
     as_number,
@@ -385,15 +384,17 @@ def bucket_for(n: int, buckets) -> int:
     return fitting[0]
 
 
-@checker
-def check_padding_rows(answer, *, running: int = 5, buckets=(1, 2, 4, 8, 16, 32)) -> str:
-    """Exercise: ``running`` sequences decode together; graphs were captured for ``buckets`` batch
-    sizes. How many padded (wasted) rows does each replay compute?"""
+def _running_fits(*, running: int, buckets) -> None:
+    """``check_padding_rows``'s settings together: ``running`` sequences fit in a bucket."""
     if running > max(buckets):
         raise SettingError(f"running={running} sequences fit in no bucket of buckets="
                            f"{tuple(buckets)}: give running <= {max(buckets)}, or a larger bucket")
-    if answer is None:
-        return NOT_ANSWERED
+
+
+@checker(together=_running_fits)
+def check_padding_rows(answer, *, running: int = 5, buckets=(1, 2, 4, 8, 16, 32)) -> str:
+    """Exercise: ``running`` sequences decode together; graphs were captured for ``buckets`` batch
+    sizes. How many padded (wasted) rows does each replay compute?"""
     answer = as_number(answer)
     bucket = bucket_for(running, buckets)
     verdict = check_number(
