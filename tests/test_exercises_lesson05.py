@@ -7,7 +7,7 @@ import torch
 from student_code import FILLED, STUDENT_ERROR, raises, stub
 
 from kvlab.exercises import lesson05
-from kvlab.exercises.common import NOT_ANSWERED, NOT_ATTEMPTED
+from kvlab.exercises.common import NOT_ANSWERED, NOT_ATTEMPTED, SettingError
 
 
 @pytest.mark.parametrize("check", [lesson05.check_write_positions, lesson05.check_write_valid,
@@ -254,4 +254,6 @@ def test_launch_cost():
     assert "not a finite number" in lesson05.check_launch_cost_us(float("inf"), record=record)
     cpu_like = {"eager_ms_per_token": 2.0, "replay_ms_per_token": 1.0,
                 "work_per_step": {"eager": {"aten_ops": 10}, "replay": {"aten_ops": 10}}}
-    assert "GPU result" in lesson05.check_launch_cost_us(1.0, record=cpu_like)
+    # a CPU run counts no launches: the caller's record is refused, never "not quite"
+    with pytest.raises(SettingError, match="GPU result"):
+        lesson05.check_launch_cost_us(1.0, record=cpu_like)

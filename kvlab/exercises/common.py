@@ -20,6 +20,7 @@ import transformers
 from ..decoding import _random_in_training, check_inputs, check_model
 from ..frozen_state import transparent_hook
 from ..runtime import as_dtype, count
+from ..sizes import model_sizes
 
 NOT_ANSWERED = "not answered yet: replace `answer = None` with your number and run the cell again"
 
@@ -181,18 +182,27 @@ def _bound(read, args: tuple, kwargs: dict) -> None:
         raise TypeError(f"{name}() needs the setting {missing[0]}=: {takes}")
 
 
-def settings_read(fn):
+def settings_read(fn=None, *, read: dict | None = None, together=None):
     """Make ``fn``'s keyword settings plain (:func:`plain_setting`) before it runs, and refuse a
     wrong one with an error of its own: the door of every checker. Refused: a call that does not
     fit the checker's signature (an unknown setting, a setting given by position, one left out), a
     count below its least (``_COUNTS``), ``model=`` that is not a model or one in train mode with
-    a live dropout (it would make random tokens). A wrong setting is the caller's, never a "not
-    quite" for the student's code."""
+    a live dropout (it would make random tokens), and whatever a reader of ``read`` (setting name
+    -> function that returns the setting as the checker uses it, or raises) refuses, and settings
+    that do not go together (``together``: a function of the keyword settings, read, with the
+    defaults of those left out, that raises :class:`SettingError`). A wrong setting is the
+    caller's, never a "not quite" for the student's code."""
+    if fn is None:
+        return functools.partial(settings_read, read=read, together=together)
+
     @functools.wraps(fn)
-    def read(*args, **kwargs):
-        _bound(read, args, kwargs)
+    def read_settings(*args, **kwargs):
+        _bound(read_settings, args, kwargs)
         settings = {k: plain_setting(v) for k, v in kwargs.items()}
-        least = {**_COUNTS, **_OWN_MINIMUMS.get(read.__name__, {})}
+        for name, reader in (read or {}).items():
+            if name in settings:
+                settings[name] = reader(settings[name])
+        least = {**_COUNTS, **_OWN_MINIMUMS.get(read_settings.__name__, {})}
         for name, minimum in least.items():
             if name in settings:
                 settings[name] = count(settings[name], name, minimum=minimum)
@@ -206,14 +216,33 @@ def settings_read(fn):
             made = "model.config" if hasattr(settings["config"], "config") else "a model's config"
             raise ValueError(f"config= takes a transformers config ({made}), got "
                              f"{type(settings['config']).__name__}")
+        if settings.get("config") is not None:
+            _sizes_readable(settings["config"])
         if settings.get("model") is not None:
             check_model(settings["model"])
             dropout = _random_in_training(settings["model"])
             if dropout is not None:
                 raise ValueError(f"model=: {dropout}")
+        if together is not None:  # every setting, the defaults of those left out too
+            params = list(inspect.signature(read_settings).parameters.values())[1:]
+            together(**{p.name: settings.get(p.name, p.default) for p in params
+                        if p.kind is p.KEYWORD_ONLY})
         return fn(*args, **settings)
 
-    return read
+    return read_settings
+
+
+def _sizes_readable(config) -> None:
+    """Refuse ``config=`` that ``kvlab.sizes`` cannot read (no positive layers, heads, MLP size,
+    vocabulary, or heads that do not divide): every checker of a config counts with it, and its
+    error inside the check would read as the student's."""
+    try:
+        model_sizes(config)
+    except (ValueError, AttributeError) as e:
+        kind = getattr(config, "model_type", "") or type(config).__name__
+        raise SettingError(f"config=: kvlab.sizes cannot read this {kind} config ({e}); the "
+                           "exercises count a Llama-style decoder: pass a Llama, Mistral, Qwen2 or "
+                           "Qwen3 config whose sizes fit (or none: a small GQA config)") from None
 
 
 def dtype_setting(dtype) -> torch.dtype:
@@ -273,18 +302,73 @@ class SettingError(ValueError):
     to the caller, never a verdict on the answer."""
 
 
+def read_record(record, *, has: str, kind: str, example: str) -> dict:
+    """``record=`` as the dict a checker reads (one that holds the key ``has``): the dict itself,
+    the path of its .json (a str or Path, read with ``kvlab.lab.bench.load``), or a file of named
+    sections (``data/lesson05_gpu.json``) with exactly one section that holds ``has``. Anything
+    else is a :class:`SettingError` that names what to pass (``kind``: what the record is;
+    ``example``: where to get the right one)."""
+    import os
+
+    from ..lab.bench import load
+
+    if isinstance(record, str | os.PathLike):
+        try:
+            record = load(record)
+        except (OSError, ValueError) as e:
+            raise SettingError(f"record={str(record)!r:.120} could not be read as a record "
+                               f"({type(e).__name__}: {e}); pass {example}") from None
+    if isinstance(record, dict) and has not in record:
+        # a file of sections: the one that holds `has`, if only one does
+        sections = [k for k, v in record.items() if isinstance(v, dict) and has in v]
+        if len(sections) == 1:
+            return record[sections[0]]
+        if sections:
+            named = ", ".join(map(repr, sections))
+            raise SettingError(f"record= holds {len(sections)} records ({named}): pass one of "
+                               f"them, e.g. record=data[{sections[0]!r}]")
+    if not isinstance(record, dict) or has not in record:
+        what = (f"a dict with {sorted(map(str, record))[:6]}" if isinstance(record, dict)
+                else f"a {type(record).__name__}")
+        raise SettingError(f"record= must be {kind} (a dict with {has!r}, or the path of its "
+                           f".json), got {what}: pass {example}")
+    return record
+
+
+def record_rows(record: dict, key: str, needs: tuple[str, ...], kind: str) -> list[dict]:
+    """``record[key]``, a list of rows (dicts) that each hold every key of ``needs``; else a
+    :class:`SettingError` naming the row and the key it lacks (``kind``: what the record is)."""
+    rows = record[key]
+    if not isinstance(rows, list | tuple):
+        raise SettingError(f"record[{key!r}] must be a list of rows, got a "
+                           f"{type(rows).__name__}: pass {kind} as written")
+    for i, row in enumerate(rows):
+        missing = ([k for k in needs if k not in row] if isinstance(row, dict) else None)
+        if missing is None or missing:
+            what = (f"has no {missing[0]!r}" if missing else f"is a {type(row).__name__}")
+            raise SettingError(f"row {i} of record[{key!r}] {what}: every row is a dict with "
+                               f"{', '.join(map(repr, needs))}; pass {kind} as written")
+    return list(rows)
+
+
 def summary(fn) -> str:
     """The first paragraph of ``fn``'s docstring on one line (a checker's hint; a docstring wraps at
     100)."""
     return " ".join((fn.__doc__ or "").strip().split("\n\n")[0].split())
 
 
-def checker(fn):
+def checker(fn=None, *, read: dict | None = None, together=None):
     """Make ``fn`` a checker that always returns a verdict: ``None`` as the answer is "not answered
     yet", and an answer the comparison cannot even handle (a wrong type, a tensor on another device,
-    ...) gets "not quite" with what went wrong, never a traceback."""
+    ...) gets "not quite" with what went wrong, never a traceback. ``read``, ``together``: readers
+    of settings and a check of them together (:func:`settings_read`), run at the door, before the
+    answer is looked at: a setting the checker cannot use is the caller's error, never a "not
+    quite"."""
+    if fn is None:
+        return functools.partial(checker, read=read, together=together)
+
     @functools.wraps(fn)
-    @settings_read
+    @settings_read(read=read, together=together)
     def check(answer=None, *args, **kwargs) -> str:
         if answer is None:
             return NOT_ANSWERED

@@ -28,6 +28,7 @@ from .common import (
     code_checker,
     index_dtype_problem,
     kept,
+    read_record,
     real_number,
     settings_read,
 )
@@ -654,13 +655,44 @@ def graph_loop_verdict(fn, model, n: int) -> str:
 
 # ---- the host cost of a launch, from the recorded GPU file (not asked by lesson 05 now) ----------
 
+LAUNCH_EXAMPLE = ("the recorded GPU result: a section of data/lesson05_gpu.json (e.g. "
+                  "record=data['eager_vs_replay_bfloat16']), that file's path, or the dict "
+                  "kvlab.lab.measure.eager_vs_replay returned on a GPU")
+
+
+def launch_record(record) -> dict:
+    """``check_launch_cost_us``'s ``record=`` read at the door (:func:`read_record`: a dict, a path,
+    the file of sections): an eager-vs-replay record measured on a GPU, with the ms per token of
+    both and a count of kernel launches per step for both; a :class:`SettingError` naming what to
+    pass otherwise (a CPU run counts aten operations, not launches)."""
+    record = read_record(record, has="work_per_step", kind="an eager-vs-replay record",
+                         example=LAUNCH_EXAMPLE)
+    missing = [k for k in ("eager_ms_per_token", "replay_ms_per_token") if k not in record]
+    if missing:
+        raise SettingError(f"record= has no {missing[0]!r}: pass {LAUNCH_EXAMPLE}")
+    work = record["work_per_step"]
+    if not (isinstance(work, dict) and all(isinstance(work.get(k), dict)
+                                           for k in ("eager", "replay"))):
+        raise SettingError("record['work_per_step'] must hold an 'eager' and a 'replay' dict of "
+                           f"counts: pass {LAUNCH_EXAMPLE}")
+    if not all("kernel_launch_calls" in work[k] for k in ("eager", "replay")):
+        raise SettingError("this record has no kernel launch counts (a run on the CPU counts aten "
+                           f"operations, and there is no launch to cost): pass {LAUNCH_EXAMPLE}")
+    for k in ("eager", "replay"):
+        launches = work[k]["kernel_launch_calls"]
+        if (isinstance(launches, bool) or not isinstance(launches, int | float)
+                or not launches >= 0 or launches != int(launches)):
+            raise SettingError(f"record['work_per_step'][{k!r}]['kernel_launch_calls'] must be a "
+                               f"count (a whole number, 0 or more), got {launches!r:.60}: pass "
+                               f"{LAUNCH_EXAMPLE}")
+    return record
+
+
 def launch_cost_us(record: dict) -> float:
-    """Host time per kernel launch implied by a recorded GPU eager-vs-replay result, in
-    microseconds."""
+    """Host time per kernel launch implied by a recorded GPU eager-vs-replay result
+    (:func:`launch_record`), in microseconds; a ValueError where the replay removed no launch."""
+    record = launch_record(record)
     eager, replay = record["work_per_step"]["eager"], record["work_per_step"]["replay"]
-    if "kernel_launch_calls" not in eager:
-        raise ValueError("this record has no kernel launch counts (a CPU run counts aten "
-                         "operations): use the recorded GPU result, data/lesson05_gpu.json")
     saved_ms = record["eager_ms_per_token"] - record["replay_ms_per_token"]
     removed = eager["kernel_launch_calls"] - replay["kernel_launch_calls"]
     if removed <= 0:
@@ -669,7 +701,7 @@ def launch_cost_us(record: dict) -> float:
     return 1e3 * saved_ms / removed
 
 
-@checker
+@checker(read={"record": launch_record})
 def check_launch_cost_us(answer, *, record: dict) -> str:
     """Exercise: from the recorded GPU result, how many microseconds did each removed kernel launch
     cost?"""
@@ -679,19 +711,25 @@ def check_launch_cost_us(answer, *, record: dict) -> str:
     bad = bad_measurement({"eager_ms_per_token": eager, "replay_ms_per_token": replay}, fix)
     if bad:
         return bad
-    if real_number(replay) >= real_number(eager):
+    eager, replay = real_number(eager), real_number(replay)
+    if replay >= eager:
         # a replay no faster than eager saves no host time: a negative or zero cost per launch
-        return (f"not checked: in this record the replay ({real_number(replay)} ms per token) is "
-                f"not faster than eager ({real_number(eager)} ms), so the time saved is not "
+        return (f"not checked: in this record the replay ({replay} ms per token) is "
+                f"not faster than eager ({eager} ms), so the time saved is not "
                 f"positive and gives no cost per launch: the measurement is not usable; {fix}")
-    expected = launch_cost_us(record)
+    launches = {k: record["work_per_step"][k]["kernel_launch_calls"] for k in ("eager", "replay")}
+    if launches["replay"] >= launches["eager"]:
+        # no launch removed: the time saved has no launch to divide among
+        return (f"not checked: in this record the replay makes {launches['replay']} kernel "
+                f"launches per step, eager {launches['eager']}: the replay removed none, so there "
+                f"is no cost per launch to find; {fix}")
+    expected = 1e3 * (eager - replay) / (launches["eager"] - launches["replay"])
     verdict = check_number(
         answer, expected, what="host microseconds per removed kernel launch", rel_tol=0.1,
         hint="(eager ms per token - replay ms per token) / (kernel launches per eager step - per "
              "replay), times 1000.",
     )
-    whole_step = (1e3 * record["eager_ms_per_token"]
-                  / record["work_per_step"]["eager"]["kernel_launch_calls"])
+    whole_step = 1e3 * eager / launches["eager"]  # eager > replay >= 0: at least one launch
     if (verdict.startswith("not quite: you gave")
         and abs(float(answer) - whole_step) <= 0.05 * whole_step):
         verdict = verdict.split(" Hint:")[0] + (

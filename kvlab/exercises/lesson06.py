@@ -19,7 +19,6 @@ from ..kernels import gemv as kernels_gemv
 from ..lab.measure import DecodeTiming
 from .common import (
     FILLED_PREDICTION,
-    NOT_ANSWERED,
     NotANumber,
     SettingError,
     as_number,
@@ -30,7 +29,9 @@ from .common import (
     checker,
     choice_of,
     code_checker,
+    read_record,
     real_number,
+    record_rows,
     settings_read,
 )
 
@@ -224,34 +225,33 @@ def check_step_floor_ms(fn) -> str:
 BROKEN_RECORD = "the record holds a broken number: record it again on a GPU"
 
 
-def read_record(record, has: str, kind: str, example: str) -> dict:
-    """``record`` as a dict: a record itself, or the path of its .json (read with
-    ``kvlab.lab.bench.load``); a ValueError where it is neither, or where it lacks ``has`` (another
-    kind of record than ``kind``; ``example``: where to get the right one)."""
-    import os
+# the keys every row of a benchmark record holds that check_fastest_prediction reads; "exact" is
+# read apart: a row without it was never proven token-exact
+ROW_KEYS = ("strategy", "batch", "tokens_per_s")
 
-    from ..lab.bench import load
 
-    if isinstance(record, str | os.PathLike):
-        try:
-            record = load(record)
-        except (OSError, ValueError) as e:
-            raise ValueError(f"record={str(record)!r:.120} could not be read as a record "
-                             f"({type(e).__name__}: {e}); pass {example}") from None
-    if not isinstance(record, dict) or has not in record:
-        what = (f"a record with {sorted(record)[:6]}" if isinstance(record, dict)
-                else f"a {type(record).__name__}")
-        raise ValueError(f"record= must be {kind} (a dict with {has!r}, or the path of its .json), "
-                         f"got {what}: pass {example}")
+def bench_record(record) -> dict:
+    """``check_fastest_prediction``'s ``record=`` read at the door (:func:`read_record`: a dict or
+    the path of its .json), with ``ROW_KEYS`` in every row; a :class:`SettingError` naming what to
+    pass, or the row and the key it lacks, otherwise."""
+    record = read_record(record, has="results", kind="a benchmark record", example=FASTEST_EXAMPLE)
+    for i, row in enumerate(record_rows(record, "results", ROW_KEYS, FASTEST_EXAMPLE)):
+        # a batch is a count, a strategy a name: anything else cannot be looked up or sorted
+        if not isinstance(row["strategy"], str) or isinstance(row["batch"], bool) or not (
+                isinstance(row["batch"], int)):
+            raise SettingError(f"row {i} of record['results'] has strategy "
+                               f"{row['strategy']!r:.40} and batch {row['batch']!r:.40}: a "
+                               f"strategy is a name (str), a batch an int; pass {FASTEST_EXAMPLE}")
     return record
 
 
 def rates_at(record: dict, batch: int) -> dict[str, float]:
     """tokens/s of every token-exact strategy of ``record`` at ``batch``, in the record's order."""
-    rates = {r["strategy"]: r["tokens_per_s"] for r in record["results"] if r["batch"] == batch
-             and r["exact"]}
+    rows = record_rows(record, "results", ROW_KEYS, FASTEST_EXAMPLE)
+    rates = {r["strategy"]: r["tokens_per_s"] for r in rows if r["batch"] == batch
+             and r.get("exact") is True}
     if not rates:
-        batches = sorted({r["batch"] for r in record["results"]})
+        batches = sorted({r["batch"] for r in rows})
         if batch in batches:  # rows there, none token-exact: every one made other tokens
             raise ValueError(f"at batch {batch} every result of the record made tokens that differ "
                              "from the reference (exact False): none can be the fastest; record "
@@ -262,9 +262,11 @@ def rates_at(record: dict, batch: int) -> dict[str, float]:
 
 
 def unchecked_at(record: dict, batch: int) -> list[str]:
-    """The strategies of ``record`` at ``batch`` whose tokens were not checked (``exact`` None: a
-    run with --check-tokens 0 or --no-check-compiled, an ablation row)."""
-    return [r["strategy"] for r in record["results"] if r["batch"] == batch and r["exact"] is None]
+    """The strategies of ``record`` at ``batch`` whose tokens were not checked (``exact`` None,
+    absent or not a bool: a run with --check-tokens 0 or --no-check-compiled, an ablation row, a
+    row written by hand): not proven token-exact, they never compete."""
+    return [r["strategy"] for r in record["results"] if r["batch"] == batch
+            and not isinstance(r.get("exact"), bool)]
 
 
 FASTEST_EXAMPLE = ("kvlab.lab.bench.recorded('h200_batch_sweep'), or the dict (or .json path) that "
@@ -279,13 +281,14 @@ def check_fastest_prediction(prediction=None, record: dict | str | None = None, 
     if record is None:
         return ("no record here: there is nothing to check a prediction against; record one with "
                 "`python -m kvlab.lab.bench` on a GPU")
-    record = read_record(record, "results", "a benchmark record", FASTEST_EXAMPLE)
+    record = bench_record(record)
     unchecked = unchecked_at(record, batch)
-    not_proven = (f"{', '.join(map(repr, unchecked))} ran with no token check (exact is None: "
-                  "--check-tokens 0, --no-check-compiled or an ablation row), so "
+    not_proven = (f"{', '.join(map(repr, unchecked))} ran with no token check (exact is None or "
+                  "absent: --check-tokens 0, --no-check-compiled or an ablation row), so "
                   f"{'it is' if len(unchecked) == 1 else 'they are'} not proven token-exact and "
                   "cannot count as fastest")
-    if unchecked and not any(r["batch"] == batch and r["exact"] for r in record["results"]):
+    if unchecked and not any(r["batch"] == batch and r.get("exact") is True
+                             for r in record["results"]):
         return (f"not checked: at batch {batch} no result of this record was checked token for "
                 f"token: {not_proven}. Record again with the token check on (the default "
                 "--check-tokens).")
@@ -322,6 +325,26 @@ TILE_PATHS = {"gemv": "the GEMV kernel, one weight read per row",
               "tile": "the tile kernel, one weight read per tile of rows"}
 
 
+TILE_EXAMPLE = "kvlab.lab.bench.recorded('h200_tile_sweep')"
+
+
+def tile_table(record) -> dict:
+    """``check_tile_prediction``'s ``record=`` read at the door (:func:`read_record`), as
+    ``kvlab.lab.bench.tile_sweep`` reads it, by the first word of each projection's name; a
+    :class:`SettingError` naming what to pass where a sweep lacks what it reads, or holds none."""
+    from ..lab.bench import tile_sweep
+
+    record = read_record(record, has="sweeps", kind="a tile-sweep record", example=TILE_EXAMPLE)
+    try:
+        table = {name.split()[0]: by_rows for name, by_rows in tile_sweep(record).items()}
+    except (KeyError, TypeError, AttributeError, IndexError) as e:
+        raise SettingError(f"record= is not a tile sweep as tools/time_kernels.py --parts tiles "
+                           f"writes it ({type(e).__name__}: {e}): pass {TILE_EXAMPLE}") from None
+    if not table or not all(table.values()):
+        raise SettingError(f"record= holds no timed tile: pass {TILE_EXAMPLE}")
+    return table
+
+
 @settings_read
 def check_tile_prediction(prediction=None, record: dict | str | None = None, *,
                           projection: str = "down", rows: int = 64) -> str:
@@ -331,11 +354,7 @@ def check_tile_prediction(prediction=None, record: dict | str | None = None, *,
         return ("no recorded tile sweep (data/h200_tile_sweep.json) here: there is nothing to "
                 "check a prediction against; record one with `python tools/time_kernels.py --parts "
                 "tiles` on a GPU")
-    from ..lab.bench import tile_sweep
-
-    record = read_record(record, "sweeps", "a tile-sweep record",
-                         "kvlab.lab.bench.recorded('h200_tile_sweep')")
-    table = {name.split()[0]: by_rows for name, by_rows in tile_sweep(record).items()}
+    table = tile_table(record)
     if projection not in table or rows not in table[projection]:
         raise ValueError(f"the sweep has projections {sorted(table)} at rows "
                          f"{sorted(next(iter(table.values())))}")
@@ -365,15 +384,17 @@ def bucket_for(n: int, buckets) -> int:
     return fitting[0]
 
 
-@checker
-def check_padding_rows(answer, *, running: int = 5, buckets=(1, 2, 4, 8, 16, 32)) -> str:
-    """Exercise: ``running`` sequences decode together; graphs were captured for ``buckets`` batch
-    sizes. How many padded (wasted) rows does each replay compute?"""
+def _running_fits(*, running: int, buckets) -> None:
+    """``check_padding_rows``'s settings together: ``running`` sequences fit in a bucket."""
     if running > max(buckets):
         raise SettingError(f"running={running} sequences fit in no bucket of buckets="
                            f"{tuple(buckets)}: give running <= {max(buckets)}, or a larger bucket")
-    if answer is None:
-        return NOT_ANSWERED
+
+
+@checker(together=_running_fits)
+def check_padding_rows(answer, *, running: int = 5, buckets=(1, 2, 4, 8, 16, 32)) -> str:
+    """Exercise: ``running`` sequences decode together; graphs were captured for ``buckets`` batch
+    sizes. How many padded (wasted) rows does each replay compute?"""
     answer = as_number(answer)
     bucket = bucket_for(running, buckets)
     verdict = check_number(

@@ -26,6 +26,7 @@ from .common import (
     checker,
     choice_of,
     code_checker,
+    index_dtype_problem,
 )
 from .mistakes import first_match, show_sources
 
@@ -129,7 +130,11 @@ def _kept_shape_mistake(got, rows, verified, case: str) -> str | None:
         if got.dim() != 0:
             return (f"not quite: for {case} you returned shape {list(got.shape)}. Hint: one count "
                     "for the whole batch, a 0-d tensor (the .min() over rows of each row's count)")
-        return None
+        # the count moves the cache's position counter: an index dtype, as ids and positions
+        wrong_dtype = index_dtype_problem(got, "the kept count and the positions it moves")
+        return (f"not quite: for {case} kept_drafts gave a {got.dtype} tensor: {wrong_dtype} "
+                "(.long() of the bool tensor, then cumprod, sum and min, stay long)"
+                if wrong_dtype else None)
     if _kept_value(got) is None:
         return (f"not quite: for {case} kept_drafts returned a {type(got).__name__} ({got!r:.60}); "
                 "return the count as a 0-d long tensor")
