@@ -43,7 +43,14 @@ import torch
 from ..decoding import decode_naive, first_mismatch
 from ..runtime import as_dtype, count, cpu_name, environment, pick_device, pick_dtype, quick_mode
 from ..sizes import floor_ms, model_facts
-from ..strategies import BENCHMARKED, DEFAULT_STRATEGIES, STRATEGIES
+from ..strategies import (
+    BENCHMARKED,
+    DEFAULT_STRATEGIES,
+    STRATEGIES,
+    Strategy,
+    check_flags,
+    strategy_named,
+)
 from .measure import copy_bandwidth_gbps, free_unreferenced, profile_steps, time_decode
 from .models import (
     DEFAULT_MODEL,
@@ -111,6 +118,16 @@ def _as_list(items) -> list:
     return list(items)
 
 
+def strategy_names(strategies) -> list[str]:
+    """``strategies`` as names: one name or ``kvlab.STRATEGIES`` entry stands for a list of itself,
+    an entry for its name, and ``"all"`` (alone, as the command line's ``--strategies all``) for
+    every strategy the benchmark times (``BENCHMARKED``)."""
+    names = _as_list(strategies)
+    if names == ["all"]:
+        return list(BENCHMARKED)
+    return [strategy_named(s).name if isinstance(s, Strategy) else s for s in names]
+
+
 def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, repeats, profile_k,
                    out=None) -> tuple:
     """Refuse impossible settings up front: a negative count would otherwise record checks that
@@ -118,7 +135,11 @@ def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, re
     cannot be written would lose every measurement after the first strategy's timing. Returns
     ``(prompt_len, new_tokens, batches, check_tokens, repeats, profile_k)`` as Python ints (the
     record is JSON)."""
-    batches, strategies = _as_list(batches), _as_list(strategies)
+    batches = _as_list(batches)
+    try:
+        strategies = strategy_names(strategies)
+    except ValueError as e:  # an entry not declared in kvlab.STRATEGIES
+        raise BenchArgumentError(str(e)) from None
     counts = []
     for name, value, least in (("prompt_len", prompt_len, 1), ("check_tokens", check_tokens, 0),
                                ("repeats", repeats, 1), ("profile_steps", profile_k, 0)):
@@ -144,7 +165,7 @@ def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, re
     unknown = [s for s in strategies if s not in BENCHMARKED]
     if unknown:
         raise BenchArgumentError(f"unknown strategies {unknown}; "
-                                 f"choose from {', '.join(BENCHMARKED)}")
+                                 f"choose from all, {', '.join(BENCHMARKED)}")
     if out is not None:
         check_writable(out)
     return prompt_len, new_tokens, read, check_tokens, repeats, profile_k
@@ -239,14 +260,13 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
     from tqdm.auto import tqdm
 
     started = time.perf_counter()
-    strategies = _as_list(DEFAULT_STRATEGIES if strategies is None else strategies)
+    strategies = DEFAULT_STRATEGIES if strategies is None else strategies
     prompt_len, new_tokens, batches, check_tokens, repeats, profile_k = check_settings(
         prompt_len, new_tokens, batches, strategies, check_tokens, repeats, profile_k, out)
+    strategies = strategy_names(strategies)  # names, as check_settings read them
     # the command line's rules, before any model is built or timed
-    for name, value in (("check_compiled", check_compiled), ("quick", quick),
-                        ("progress", progress)):
-        if not isinstance(value, bool):  # kvlab.strategies.check_flags' rule: "no" is truthy
-            raise BenchArgumentError(f"{name} must be True or False, got {value!r:.80}")
+    switches = {"check_compiled": check_compiled, "quick": quick, "progress": progress}
+    check_flags(switches, switches, BenchArgumentError)
     try:
         check_model_name(model)
     except ValueError as e:
@@ -514,14 +534,44 @@ MERGED_ALIKE = ("prompt_len", "new_tokens", "dtype", "check_dtype", "check_token
                 "seed", "reduce_overhead_dynamic")
 
 
-def merge(*records: dict) -> dict:
+# what merge reads of each part
+RECORD_KEYS = ("env", "settings", "results", "skipped", "traces", "command", "git", "seconds",
+               "complete")
+
+
+def _part(given, i: int) -> dict:
+    """Part ``i`` of ``merge``: a record (``run_bench``'s, ``load``'s), or the path ``write`` wrote
+    it to (read by ``load``)."""
+    if isinstance(given, str | Path | os.PathLike):
+        try:
+            given = load(given)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"merge part {i}: no record could be read from {str(given)!r} "
+                             f"({type(e).__name__}: {e}); give the --out of a run (or its .json)"
+                             ) from None
+    missing = ([] if not isinstance(given, dict) else
+               [key for key in RECORD_KEYS if key not in given])
+    if not isinstance(given, dict) or missing:
+        what = (f"a dict without {', '.join(missing)}" if missing
+                else f"{type(given).__name__} {given!r:.60}")
+        raise ValueError(f"merge part {i} is {what}, not a benchmark record: give records "
+                         "(run_bench's, load's) or the paths they were written to")
+    return given
+
+
+def merge(*records) -> dict:
     """One record from runs of the same model on the same hardware (a sweep recorded in parts, e.g.
-    when a time limit cut the first): results and skips in order, a later part's row replacing an
-    earlier one of the same strategy and batch. Each row gets ``part`` (its index in ``parts``,
-    which keeps every part's command, git state, settings and time); ``complete`` says whether every
-    (strategy, batch) of all parts' settings has a result."""
+    when a time limit cut the first): results and skips in order, a later part's row (or skip)
+    replacing an earlier one of the same strategy and batch. Each row gets ``part`` (its index in
+    ``parts``, which keeps every part's command, git state, settings and time); ``complete`` says
+    whether every (strategy, batch) of all parts' settings has a result. The parts: records, or
+    the paths they were written to (``--out``), given one by one or as one list."""
+    if len(records) == 1 and isinstance(records[0], list | tuple):  # merge([a, b])
+        records = tuple(records[0])
     if not records:
-        raise ValueError("merge takes the records to merge, e.g. merge(load(a), load(b))")
+        raise ValueError("merge takes the records to merge, e.g. merge(load(a), load(b)) or "
+                         "merge(a_path, b_path)")
+    records = [_part(r, i) for i, r in enumerate(records)]
     first = records[0]
     for r in records[1:]:
         if (r["env"].get("hardware") != first["env"].get("hardware")
@@ -544,9 +594,11 @@ def merge(*records: dict) -> dict:
         "parts": [{"command": r["command"], "git": r["git"], "settings": r["settings"],
                    "seconds": r["seconds"], "complete": r["complete"]} for r in records],
         "results": list(rows.values()),
-        # a skip stays only where no part has a result for its (strategy, batch)
-        "skipped": [s for r in records for s in r["skipped"]
-                    if (s["strategy"], s["batch"]) not in rows],
+        # a skip stays only where no part has a result for its (strategy, batch); one per pair,
+        # the latest part's
+        "skipped": list({(s["strategy"], s["batch"]): s | {"part": i}
+                         for i, r in enumerate(records) for s in r["skipped"]
+                         if (s["strategy"], s["batch"]) not in rows}.values()),
         "traces": {k: v for r in records for k, v in r["traces"].items()},
         "seconds": sum(r["seconds"] for r in records),
         "complete": wanted <= set(rows),

@@ -452,9 +452,7 @@ def step_op_counts(model, cache, token: torch.Tensor) -> Counter:
     left out (they launch no kernel). Counted by a dispatch mode with make_fx's decompositions (the
     same counts as a make_fx trace, without building its graph). The step runs once; the cache's
     state is restored after it (any cache with ``.layers``: empty or filled, static or grown)."""
-    if not isinstance(getattr(cache, "layers", None), list):
-        raise ValueError(f"cache must be a KV cache with .layers (a transformers cache, a "
-                         f"HandwrittenCache), got {type(cache).__name__}")
+    check_cache(cache)
     counter = _OpCounter()
     with torch.inference_mode():
         restore = _snapshot(cache)
@@ -507,9 +505,22 @@ def allocated_by(make: Callable[[], object], device) -> tuple[object, int | None
                 torch.cuda.memory_stats(device)[key] - before[1])
 
 
+def check_cache(cache, name: str = "cache") -> None:
+    """Refuse what is not a KV cache with ``.layers`` (None, a decoder, a tensor), saying what to
+    pass."""
+    if isinstance(getattr(cache, "layers", None), list):
+        return
+    held = (f"; pass its .cache ({name}=decoder.cache)"
+            if isinstance(getattr(getattr(cache, "cache", None), "layers", None), list) else "")
+    raise ValueError(f"{name} must be a KV cache with .layers (a transformers cache, a "
+                     f"HandwrittenCache, a decoder's .cache), got "
+                     f"{'None' if cache is None else type(cache).__name__}{held}")
+
+
 def cache_bytes(cache) -> int:
     """Bytes held by the key and value tensors of any cache with ``.layers`` of
     ``.keys``/``.values``."""
+    check_cache(cache)
     return tensor_bytes(t for layer in cache.layers for t in (layer.keys, layer.values))
 
 
