@@ -154,3 +154,108 @@ def test_check_flags_refuses_with_the_callers_error():
         check_flags({"quick": "no"}, ("quick",), bench.BenchArgumentError)
     with pytest.raises(bench.BenchArgumentError, match="progress must be True or False"):
         bench.run_bench("tiny-llama", strategies=["naive"], **(KW | {"progress": 0}))
+
+
+# ------------------------------------------------- the same families elsewhere in kvlab.lab
+def test_time_strategy_checks_its_ids_and_count_as_kvlab_decode(model, ids):
+    """A list of ids raised "'list' object has no attribute 'device'" (kvlab.decode says "Make a
+    tensor"), and new_tokens="4" was named max_new_tokens for a graph strategy only."""
+    with pytest.raises(ValueError, match=r"got a Python list of lists\. Make a tensor"):
+        measure.time_strategy(model, ids.tolist(), 4, repeats=1)
+    for strategy in ("naive", "graph-safe"):
+        with pytest.raises(ValueError, match=r"^new_tokens must be an int >= 2"):
+            measure.time_strategy(model, ids, "4", strategy=strategy, repeats=1)
+
+
+@pytest.mark.parametrize("per_step", ["no", 1])
+def test_timing_refuses_a_per_step_switch_that_is_not_a_bool(model, ids, per_step):
+    """per_step="no" is truthy: it timed per step (or refused a graph strategy for per-step
+    timing the caller had turned off)."""
+    with pytest.raises(ValueError, match="per_step must be True or False"):
+        measure.time_strategy(model, ids, 4, strategy="graph-safe", per_step=per_step)
+    with pytest.raises(ValueError, match="per_step must be True or False"):
+        measure.time_decode(lambda n, on_token: kvlab.decode(model, ids, n), 4, "cpu",
+                            per_step=per_step)
+
+
+def test_time_decodes_refuses_what_is_not_a_dict_of_runs(model, ids):
+    """time_decodes([run]) raised "'list' object has no attribute 'items'", and a None run
+    "'NoneType' object is not callable" after the other runs' warm-ups."""
+    def run(n, on_token):
+        return kvlab.decode(model, ids, n)
+
+    with pytest.raises(ValueError, match=r"runs must be a non-empty dict of label -> run"):
+        measure.time_decodes([run], 4, "cpu")
+    with pytest.raises(TypeError, match=r"runs\['b'\] must be a function"):
+        measure.time_decodes({"a": run, "b": None}, 4, "cpu")
+
+
+@pytest.mark.parametrize("call", [
+    lambda: measure.wall(None, "cpu"), lambda: measure.time_call(None),
+    lambda: measure.allocated_by(None, "cpu"), lambda: measure.profile(None, "cpu"),
+    lambda: measure.profile_steps(None, 2, "cpu"),
+])
+def test_timers_refuse_none_for_the_function(call):
+    """wall(None, ...) and the other timers raised "'NoneType' object is not callable" (after a
+    device sync or a profiler start)."""
+    with pytest.raises(TypeError, match=r"must be a function, called as .*pass the function"):
+        call()
+
+
+@pytest.mark.parametrize("call", [
+    lambda: measure.memory_held(None), lambda: measure.free_unreferenced(None),
+    lambda: measure.peak_memory_bytes(None), lambda: measure.reset_peak_memory(None),
+    lambda: measure.wall(lambda: None, None),
+])
+def test_memory_helpers_read_device_none_as_the_default_device(call):
+    """memory_held(None) raised "device() received an invalid combination of arguments"; every
+    device= of kvlab reads None as the default device (pick_device)."""
+    call()
+
+
+@pytest.mark.parametrize("call", [
+    lambda: measure.memory_held("gpu"), lambda: measure.copy_bandwidth_gbps(3.0),
+])
+def test_memory_helpers_refuse_what_is_not_a_device(call):
+    """memory_held("gpu") raised torch's "Expected one of cpu, cuda, ... device type" list."""
+    with pytest.raises(ValueError, match="device must be 'cpu', 'cuda' or 'cuda:N'"):
+        call()
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: bench.format_table(None), r"^record is None \(kvlab\.lab\.bench\.recorded gives"),
+    (lambda: bench.write(None, "unused"), r"^record is None"),
+    (lambda: bench.load(None), r"^a record's path must be a str or pathlib\.Path"),
+    (lambda: bench.out_paths(3), r"^a record's path must be a str"),
+    (lambda: bench.run_bench("tiny-llama", out=3), r"^--out a record's path must be a str"),
+])
+def test_bench_refuses_none_for_a_record_or_its_path(call, match):
+    """format_table(None) and write(None, out) raised "'NoneType' object is not subscriptable",
+    load(None) "expected str, bytes or os.PathLike object", run_bench(out=3) the same."""
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_bench_takes_a_records_path_where_it_takes_the_record(records):
+    """format_table(path) raised "string indices must be integers"; a record's path stands for
+    it, as in merge."""
+    folder, (a, _) = records
+    assert bench.format_table(folder / "a") == bench.format_table(a)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda P, rec: P.rows(rec, "1"), r"^batch must be a positive int, got '1'"),
+    (lambda P, rec: P.plot_floor(rec, batch=1.0), r"^batch must be a positive int, got 1\.0"),
+    (lambda P, rec: P.plot_strategies(rec, batch=2), r"no result at batch 2 to plot; its "
+                                                     r"results are at batch 1$"),
+    (lambda P, rec: P.plot_memory(None), r"^record is None"),
+    (lambda P, rec: P.plot_strategies(), r"takes one or more benchmark records"),
+])
+def test_plots_of_a_record_refuse_a_batch_or_record_they_cannot_draw(records, call, match):
+    """rows(record, "1") silently gave no rows (and plot_strategies "max() arg is an empty
+    sequence"), a batch the record never timed the same, and plot_memory(None) (bench.recorded's
+    answer for a missing file) "'NoneType' object is not subscriptable"."""
+    from kvlab.lab import plots
+
+    with pytest.raises(ValueError, match=match):
+        call(plots, records[1][0])

@@ -185,7 +185,11 @@ def check_target(out) -> None:
     """Refuse an ``out`` that names a device, pipe or socket (``/dev/null``): ``out`` is the stem of
     two regular files, and ``/dev/null.json`` is not what was named. The name is followed through
     links (``/dev/stdout``); the .json and .csv are not (``write`` replaces a link there)."""
-    checks = [(Path(out), os.stat)] + [(path, os.lstat) for path in out_paths(out)]
+    try:
+        paths = out_paths(out)
+    except ValueError as e:
+        raise BenchArgumentError(f"--out {e}") from None
+    checks = [(Path(out), os.stat)] + [(path, os.lstat) for path in paths]
     for path, look in checks:
         try:
             kind = _special(look(path).st_mode)
@@ -464,6 +468,9 @@ def out_paths(out: str | Path) -> tuple[Path, Path]:
     """``out``.json and ``out``.csv: the suffixes are added to the name as given (``run.1`` ->
     ``run.1.json``), a ``.json``/``.csv`` ending is replaced, and a folder (an existing one, or a
     name ending in "/") gets ``bench.*``. ``load`` reads what ``write`` wrote through it."""
+    if not isinstance(out, str | os.PathLike) or not str(out).strip():
+        raise ValueError("a record's path must be a str or pathlib.Path (the stem of its .json "
+                         f"and .csv), got {type(out).__name__} {out!r:.60}")
     text = str(out)
     path = Path(out)
     if text.endswith(("/", "\\")) or path.is_dir():
@@ -495,6 +502,7 @@ def write(record: dict, out: str | Path) -> tuple[Path, Path]:
     replaced, not followed). The folder is made again if it went away."""
     import io
 
+    record = as_record(record, needs=("env", "command", "settings", "results", "skipped"))
     json_path, csv_path = out_paths(out)
     extra = {f"env_{k}": v for k, v in record["env"].items()} | {
         "command": record["command"], "model": record["settings"]["model"]}
@@ -539,23 +547,25 @@ RECORD_KEYS = ("env", "settings", "results", "skipped", "traces", "command", "gi
                "complete")
 
 
-def _part(given, i: int) -> dict:
-    """Part ``i`` of ``merge``: a record (``run_bench``'s, ``load``'s), or the path ``write`` wrote
-    it to (read by ``load``)."""
-    if isinstance(given, str | Path | os.PathLike):
+def as_record(given, what: str = "record", needs=RECORD_KEYS) -> dict:
+    """``given``, a benchmark record (``run_bench``'s, ``load``'s), or the path ``write`` wrote one
+    to (read by ``load``), as the record; else a ValueError naming ``what`` and what to give.
+    ``needs``: the keys the caller reads."""
+    if isinstance(given, str | os.PathLike):
         try:
             given = load(given)
         except (OSError, ValueError) as e:
-            raise ValueError(f"merge part {i}: no record could be read from {str(given)!r} "
+            raise ValueError(f"{what}: no record could be read from {str(given)!r} "
                              f"({type(e).__name__}: {e}); give the --out of a run (or its .json)"
                              ) from None
     missing = ([] if not isinstance(given, dict) else
-               [key for key in RECORD_KEYS if key not in given])
+               [key for key in needs if key not in given])
     if not isinstance(given, dict) or missing:
-        what = (f"a dict without {', '.join(missing)}" if missing
-                else f"{type(given).__name__} {given!r:.60}")
-        raise ValueError(f"merge part {i} is {what}, not a benchmark record: give records "
-                         "(run_bench's, load's) or the paths they were written to")
+        kind = (f"a dict without {', '.join(missing)}" if missing
+                else "None (kvlab.lab.bench.recorded gives None where data/ lacks the file)"
+                if given is None else f"{type(given).__name__} {given!r:.60}")
+        raise ValueError(f"{what} is {kind}, not a benchmark record: give a record (run_bench's, "
+                         "load's, kvlab.lab.bench.recorded's) or the path it was written to")
     return given
 
 
@@ -571,7 +581,7 @@ def merge(*records) -> dict:
     if not records:
         raise ValueError("merge takes the records to merge, e.g. merge(load(a), load(b)) or "
                          "merge(a_path, b_path)")
-    records = [_part(r, i) for i, r in enumerate(records)]
+    records = [as_record(r, f"merge part {i}") for i, r in enumerate(records)]
     first = records[0]
     for r in records[1:]:
         if (r["env"].get("hardware") != first["env"].get("hardware")
@@ -653,6 +663,9 @@ def tile_sweep(record: dict) -> dict:
 
 
 def format_table(record: dict) -> str:
+    """The record's results as a table, one line per skip after it (``record``: or its path)."""
+    record = as_record(record, needs=("results", "skipped"))
+
     def cell(v):
         if isinstance(v, float):
             return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FormatStrFormatter, LogLocator
 
+from ..runtime import count
 from ..strategies import DEFAULT_STRATEGIES, STRATEGIES
 
 STYLE = {
@@ -88,6 +89,14 @@ def plot_memory_per_step(series: dict, *, title: str, env=None):
     ax.legend()
     return fig, ax
 
+def as_record(given, what: str = "record") -> dict:
+    """``kvlab.lab.bench.as_record`` of what a plot reads (imported at the first plot of a
+    record)."""
+    from .bench import as_record as record
+
+    return record(given, what, needs=("env", "settings", "results"))
+
+
 KIND_COLORS = {"eager": "tab:gray", "compiled": "tab:orange", "graph": "tab:blue"}
 
 
@@ -102,11 +111,22 @@ ORDER = DEFAULT_STRATEGIES  # the course's order: naive first, the fastest graph
 
 def rows(record: dict, batch: int = 1) -> list[dict]:
     """The results at one batch size, in the course's order (naive first, the fastest graph-safe
-    path last)."""
+    path last). ``record``: a benchmark record or its path (``kvlab.lab.bench.as_record``)."""
+    record, batch = as_record(record), count(batch, "batch")
     data = [r for r in record["results"] if r["batch"] == batch]
     rank = {name: i for i, name in enumerate(ORDER)}
     return sorted(data, key=lambda r: (rank.get(r["strategy"].split("/")[0], len(ORDER)),
                                        r["strategy"]))
+
+
+def _plotted(record: dict, batch) -> list[dict]:
+    """``rows`` of a record to plot: refused where there are none (a batch it did not time)."""
+    data = rows(record, batch)
+    if not data:
+        timed = sorted({r["batch"] for r in as_record(record)["results"]})
+        raise ValueError(f"the record has no result at batch {batch!r} to plot; its results are "
+                         f"at batch {', '.join(map(str, timed)) or '(none: nothing was timed)'}")
+    return data
 
 
 def _label(record: dict) -> str:
@@ -117,12 +137,15 @@ def _label(record: dict) -> str:
 def plot_strategies(*records, batch: int = 1, titles=None):
     """Tokens/s of every strategy (log scale), one panel per record; skipped strategies are listed,
     not drawn."""
+    if not records:
+        raise ValueError("plot_strategies takes one or more benchmark records (or their paths)")
+    records = [as_record(r, f"record {i}") for i, r in enumerate(records)]
     fig, axes = figure("Decode speed, every path of the course", "tokens / s (log scale)", "",
                        env=records[0]["env"], ncols=len(records),
                        figsize=(6.5 * len(records), 4.2))
     axes = axes if len(records) > 1 else [axes]
     for i, (ax, record) in enumerate(zip(axes, records, strict=True)):
-        data = rows(record, batch)
+        data = _plotted(record, batch)
         names = [r["strategy"] for r in data]
         ax.barh(names, [r["tokens_per_s"] for r in data],
                 color=[KIND_COLORS[kind(n)] for n in names])
@@ -143,7 +166,8 @@ def plot_strategies(*records, batch: int = 1, titles=None):
 def plot_floor(record: dict, batch: int = 1):
     """Each path's time per step against the bandwidth floor (weights + KV cache read once per
     step)."""
-    data = rows(record, batch)
+    record = as_record(record)
+    data = _plotted(record, batch)
     fig, ax = figure("Where each path sits against the memory-bandwidth floor",
                      "ms per decode step (log scale)", "", env=record["env"])
     names = [r["strategy"] for r in data]
@@ -164,6 +188,7 @@ def plot_floor(record: dict, batch: int = 1):
 def plot_timelines(record: dict, strategies, batch: int = 1):
     """One decode step's kernels (GPU) or ops (CPU) on a time axis: the white between bars is the
     device idling."""
+    record = as_record(record)
     fig, ax = figure("One decode step under the profiler", "time from the step's first kernel (ms)",
                      "", env=record["env"], figsize=(9, 1.2 + 0.8 * len(strategies)))
     for y, name in enumerate(strategies):
@@ -184,6 +209,7 @@ def plot_timelines(record: dict, strategies, batch: int = 1):
 
 def plot_batch_sweep(record: dict, strategies=None):
     """Tokens/s (all sequences) against batch size, one line per strategy."""
+    record = as_record(record)
     strategies = strategies or list(dict.fromkeys(r["strategy"] for r in record["results"]))
     fig, ax = figure("Tokens/s against batch size", "batch size", "tokens / s (log scale)",
                      env=record["env"])
@@ -232,7 +258,8 @@ def plot_tile_sweep(record: dict):
 def plot_memory(record: dict, batch: int = 1):
     """Peak device memory of every strategy's timed run (``peak_memory_mb``), with the model's
     weight bytes marked."""
-    data = rows(record, batch)
+    record = as_record(record)
+    data = _plotted(record, batch)
     fig, ax = figure("Peak memory of each path", "peak memory (MB)", "", env=record["env"])
     names = [r["strategy"] for r in data]
     ax.barh(names, [r["peak_memory_mb"] for r in data], color=[KIND_COLORS[kind(n)] for n in names])
