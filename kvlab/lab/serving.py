@@ -62,6 +62,7 @@ def _checked_pairs(pairs) -> dict[str, str]:
     if not isinstance(pairs, dict) or not pairs:
         raise ValueError(f"pairs must be a non-empty dict of speculative strategy -> its base, "
                          f"e.g. kvlab.lab.serving.PAIRS; got {pairs!r:.80}")
+
     def named(given, names: list[str], what: str, where: str) -> str:
         try:  # a kvlab.STRATEGIES entry stands for its name
             name = strategy_named(given).name
@@ -83,9 +84,8 @@ def _one_prompt(model, ids, new_tokens, name: str = "ids") -> None:
     check_inputs(model, ids, new_tokens, tokenizer_output=False, name=name)
     if ids.shape[0] != 1:
         raise ValueError(f"{name} must be one prompt's ids [1, prompt_len], got batch "
-                         f"{ids.shape[0]}: "
-                         "a run records one row's tokens and drafts; pass each prompt alone, "
-                         f"e.g. {name}[i:i + 1]")
+                         f"{ids.shape[0]}: a run records one row's tokens and drafts; pass each "
+                         f"prompt alone, e.g. {name}[i:i + 1]")
 
 
 def speculation_runs(model, prompts: dict[str, torch.Tensor], new_tokens: int, *,
