@@ -110,7 +110,7 @@ def test_merge_takes_paths_and_a_list_of_records(records):
 
 
 @pytest.mark.parametrize("part,match", [
-    (3, r"merge part 1 is int 3, not a benchmark record"),
+    (3, r"merge part 1 is int 3, not a record of kvlab\.lab\.bench\.run_bench: .*or the path"),
     ({"results": []}, r"merge part 1 is a dict without env, settings"),
     ("no/such/run", r"merge part 1: no record could be read from 'no/such/run'"),
 ])
@@ -259,3 +259,32 @@ def test_plots_of_a_record_refuse_a_batch_or_record_they_cannot_draw(records, ca
 
     with pytest.raises(ValueError, match=match):
         call(plots, records[1][0])
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda P: P.plot_speculation(None), r"^record 0 is None \(kvlab\.lab\.bench\.recorded"),
+    (lambda P: P.plot_k_sweep({"env": {}}), r"^record 0 is a dict without rows, not a record of "
+                                            r"kvlab\.lab\.serving\.k_sweep"),
+    (lambda P: P.plot_paged([]), r"^record 0 is list \[\], not a record of .*paged_runs"),
+    (lambda P: P.plot_k_sweep(), r"^give one or more kvlab\.lab\.serving\.k_sweep records"),
+    (lambda P: P.plot_tile_sweep(None), r"^record is None .* not a record of tools/time_kernels"),
+])
+def test_plots_of_lesson_07_and_tile_records_refuse_what_is_not_one(call, match):
+    """plot_speculation(None) (bench.recorded's answer for a missing file), plot_k_sweep of
+    another dict, plot_paged([]) and plot_tile_sweep(None) raised "'NoneType' object is not
+    subscriptable", KeyError or TypeError; plot_k_sweep() an IndexError."""
+    from kvlab.lab import plots
+
+    with pytest.raises(ValueError, match=match):
+        call(plots)
+
+
+def test_cast_reads_a_dtype_name_and_refuses_what_is_not_a_model(model):
+    """cast(model, "bf16") raised "Invalid device string: 'bf16'" (the name went to model.to as a
+    device), and cast(None, dtype) returned None."""
+    from kvlab.lab.models import cast
+
+    assert next(cast(model, "bf16").parameters()).dtype == torch.bfloat16
+    assert next(model.parameters()).dtype == torch.float32  # a copy: the model is kept
+    with pytest.raises(TypeError, match=r"model must be a transformers model"):
+        cast(None, torch.float32)

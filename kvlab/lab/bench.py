@@ -558,14 +558,20 @@ def as_record(given, what: str = "record", needs=RECORD_KEYS) -> dict:
             raise ValueError(f"{what}: no record could be read from {str(given)!r} "
                              f"({type(e).__name__}: {e}); give the --out of a run (or its .json)"
                              ) from None
-    missing = ([] if not isinstance(given, dict) else
-               [key for key in needs if key not in given])
-    if not isinstance(given, dict) or missing:
+    return record_of(given, "kvlab.lab.bench.run_bench", needs, what,
+                     " or the path it was written to")
+
+
+def record_of(given, made_by: str, needs, what: str = "record", also: str = "") -> dict:
+    """``given`` where it is a record of ``made_by`` (a dict holding the keys ``needs`` the caller
+    reads), else a ValueError naming ``what`` and what to give (``also``: another form taken)."""
+    missing = [key for key in needs if key not in given] if isinstance(given, dict) else None
+    if missing is None or missing:
         kind = (f"a dict without {', '.join(missing)}" if missing
                 else "None (kvlab.lab.bench.recorded gives None where data/ lacks the file)"
                 if given is None else f"{type(given).__name__} {given!r:.60}")
-        raise ValueError(f"{what} is {kind}, not a benchmark record: give a record (run_bench's, "
-                         "load's, kvlab.lab.bench.recorded's) or the path it was written to")
+        raise ValueError(f"{what} is {kind}, not a record of {made_by}: give what it returned "
+                         f"(or kvlab.lab.bench.recorded's copy of one){also}")
     return given
 
 
@@ -644,6 +650,7 @@ def tile_sweep(record: dict) -> dict:
     ``"gemv"``, ``"torch"`` or the configuration; ``"path"``: which of the three, by name) ->
     ``{projection: {rows: {...}}}``. The GEMV and PyTorch times are those of the first sweep that
     timed the shape."""
+    record = record_of(record, "tools/time_kernels.py --parts tiles", ("sweeps",))
     table = {}
     for sweep in record["sweeps"]:
         for name, entries in sweep["tiles"].items():

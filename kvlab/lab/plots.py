@@ -277,6 +277,17 @@ def plot_memory(record: dict, batch: int = 1):
 
 # ------------------------------------------------------------ lesson 07 (kvlab.lab.serving records)
 
+def _serving(records: tuple, made_by: str, needs: tuple) -> list[dict]:
+    """``records`` of ``kvlab.lab.serving.<made_by>`` (at least one), each holding the keys
+    ``needs`` a plot reads, else a ValueError naming the one that is not."""
+    from .bench import record_of
+
+    if not records:
+        raise ValueError(f"give one or more kvlab.lab.serving.{made_by} records to plot")
+    return [record_of(r, f"kvlab.lab.serving.{made_by}", ("env", *needs), f"record {i}")
+            for i, r in enumerate(records)]
+
+
 def _where(record: dict) -> str:
     return f"{record['env']['hardware']}" + (f", {record['dtype']}" if "dtype" in record else "")
 
@@ -285,6 +296,7 @@ def plot_speculation(*records, titles=None):
     """Tokens/s of each path on each prompt (``serving.speculation_runs`` records), one panel per
     record, the speculative decoder's acceptance rate and tokens per verify written above its
     bar."""
+    records = _serving(records, "speculation_runs", ("runs", "k"))
     fig, axes = figure("Speculative decoding against one token per step", "prompt",
                        "tokens / s (whole decode)", env=records[0]["env"], ncols=len(records),
                        figsize=(6.5 * len(records), 4.4))
@@ -313,6 +325,7 @@ def plot_speculation(*records, titles=None):
 def plot_k_sweep(*records, titles=None):
     """Against the draft length k (``serving.k_sweep`` records): tokens per verify step (left) and
     the speedup over graph-safe (right), one line per record."""
+    records = _serving(records, "k_sweep", ("rows",))
     fig, (left, right) = figure("How many drafts per verify step?", "drafts per verify step (k)",
                                 "tokens per verify step", env=records[0]["env"], ncols=2)
     for i, record in enumerate(records):
@@ -334,6 +347,8 @@ def plot_paged(record: dict, title: str = ""):
     """A ``serving.paged_runs`` record: the paged cache's bytes step by step against a static cache
     (left, with the rows running), each request's bytes paged against a static row (middle),
     tokens/s of each way to serve (right)."""
+    (record,) = _serving((record,), "paged_runs", ("timeline", "static_bytes", "max_batch",
+                                                    "per_request", "tokens_per_s"))
     fig, (mem, per, speed) = figure("A paged cache under arriving requests"
                                     + (f" ({title})" if title else ""),
                                     "scheduler step", "KV cache (MiB)", env=record["env"], ncols=3,
