@@ -288,3 +288,20 @@ def test_cast_reads_a_dtype_name_and_refuses_what_is_not_a_model(model):
     assert next(model.parameters()).dtype == torch.float32  # a copy: the model is kept
     with pytest.raises(TypeError, match=r"model must be a transformers model"):
         cast(None, torch.float32)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda N: N.show_diff(None, kvlab.decode), r"^old must be a module, class or function"),
+    (lambda N: N.show_diff(kvlab.decode, kvlab.decode, context="1"),
+     r"^context must be a non-negative int, got '1'"),
+    (lambda N: N.show_source(kvlab.decode, None), r"^objects\[1\] must be a module, class"),
+    (lambda N: N.show_doc(None), r"^obj must be a module, class or function"),
+])
+def test_notebook_show_helpers_refuse_what_has_no_source(call, match):
+    """show_diff(None, f) and show_source(None) raised inspect's TypeError, context="1" "unsupported
+    operand type(s) for -", show_doc(None) "'NoneType' object has no attribute '__name__'"."""
+    pytest.importorskip("IPython")
+    from kvlab.lab import notebook
+
+    with pytest.raises(ValueError, match=match):
+        call(notebook)
