@@ -368,11 +368,12 @@ DECODER_SETTINGS = ("graph", "compile_mode", "prefill_bucket", "captured_prefill
 FLAGS = ("captured_prefill", "fuse", "gemv", "dot_attention", "tiles", "fill_splits", "tune")
 
 
-def check_flags(options) -> None:
-    """Refuse a switch (``FLAGS``) that is not True or False."""
-    for name in FLAGS:
+def check_flags(options, flags=FLAGS, error: type[Exception] = ValueError) -> None:
+    """Refuse a switch (``flags`` of ``options``) that is not True or False, with ``error`` (the
+    caller's own refusal, e.g. the benchmark's ``BenchArgumentError``)."""
+    for name in flags:
         if name in options and not isinstance(options[name], bool):
-            raise ValueError(f"{name} must be True or False, got {options[name]!r:.80}")
+            raise error(f"{name} must be True or False, got {options[name]!r:.80}")
 
 
 def check_options(options: dict) -> None:

@@ -43,7 +43,14 @@ import torch
 from ..decoding import decode_naive, first_mismatch
 from ..runtime import as_dtype, count, cpu_name, environment, pick_device, pick_dtype, quick_mode
 from ..sizes import floor_ms, model_facts
-from ..strategies import BENCHMARKED, DEFAULT_STRATEGIES, STRATEGIES
+from ..strategies import (
+    BENCHMARKED,
+    DEFAULT_STRATEGIES,
+    STRATEGIES,
+    Strategy,
+    check_flags,
+    strategy_named,
+)
 from .measure import copy_bandwidth_gbps, free_unreferenced, profile_steps, time_decode
 from .models import (
     DEFAULT_MODEL,
@@ -111,6 +118,16 @@ def _as_list(items) -> list:
     return list(items)
 
 
+def strategy_names(strategies) -> list[str]:
+    """``strategies`` as names: one name or ``kvlab.STRATEGIES`` entry stands for a list of itself,
+    an entry for its name, and ``"all"`` (alone, as the command line's ``--strategies all``) for
+    every strategy the benchmark times (``BENCHMARKED``)."""
+    names = _as_list(strategies)
+    if names == ["all"]:
+        return list(BENCHMARKED)
+    return [strategy_named(s).name if isinstance(s, Strategy) else s for s in names]
+
+
 def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, repeats, profile_k,
                    out=None) -> tuple:
     """Refuse impossible settings up front: a negative count would otherwise record checks that
@@ -118,7 +135,11 @@ def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, re
     cannot be written would lose every measurement after the first strategy's timing. Returns
     ``(prompt_len, new_tokens, batches, check_tokens, repeats, profile_k)`` as Python ints (the
     record is JSON)."""
-    batches, strategies = _as_list(batches), _as_list(strategies)
+    batches = _as_list(batches)
+    try:
+        strategies = strategy_names(strategies)
+    except ValueError as e:  # an entry not declared in kvlab.STRATEGIES
+        raise BenchArgumentError(str(e)) from None
     counts = []
     for name, value, least in (("prompt_len", prompt_len, 1), ("check_tokens", check_tokens, 0),
                                ("repeats", repeats, 1), ("profile_steps", profile_k, 0)):
@@ -144,7 +165,7 @@ def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, re
     unknown = [s for s in strategies if s not in BENCHMARKED]
     if unknown:
         raise BenchArgumentError(f"unknown strategies {unknown}; "
-                                 f"choose from {', '.join(BENCHMARKED)}")
+                                 f"choose from all, {', '.join(BENCHMARKED)}")
     if out is not None:
         check_writable(out)
     return prompt_len, new_tokens, read, check_tokens, repeats, profile_k
@@ -164,7 +185,11 @@ def check_target(out) -> None:
     """Refuse an ``out`` that names a device, pipe or socket (``/dev/null``): ``out`` is the stem of
     two regular files, and ``/dev/null.json`` is not what was named. The name is followed through
     links (``/dev/stdout``); the .json and .csv are not (``write`` replaces a link there)."""
-    checks = [(Path(out), os.stat)] + [(path, os.lstat) for path in out_paths(out)]
+    try:
+        paths = out_paths(out)
+    except ValueError as e:
+        raise BenchArgumentError(f"--out {e}") from None
+    checks = [(Path(out), os.stat)] + [(path, os.lstat) for path in paths]
     for path, look in checks:
         try:
             kind = _special(look(path).st_mode)
@@ -239,14 +264,13 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
     from tqdm.auto import tqdm
 
     started = time.perf_counter()
-    strategies = _as_list(DEFAULT_STRATEGIES if strategies is None else strategies)
+    strategies = DEFAULT_STRATEGIES if strategies is None else strategies
     prompt_len, new_tokens, batches, check_tokens, repeats, profile_k = check_settings(
         prompt_len, new_tokens, batches, strategies, check_tokens, repeats, profile_k, out)
+    strategies = strategy_names(strategies)  # names, as check_settings read them
     # the command line's rules, before any model is built or timed
-    for name, value in (("check_compiled", check_compiled), ("quick", quick),
-                        ("progress", progress)):
-        if not isinstance(value, bool):  # kvlab.strategies.check_flags' rule: "no" is truthy
-            raise BenchArgumentError(f"{name} must be True or False, got {value!r:.80}")
+    switches = {"check_compiled": check_compiled, "quick": quick, "progress": progress}
+    check_flags(switches, switches, BenchArgumentError)
     try:
         check_model_name(model)
     except ValueError as e:
@@ -444,6 +468,9 @@ def out_paths(out: str | Path) -> tuple[Path, Path]:
     """``out``.json and ``out``.csv: the suffixes are added to the name as given (``run.1`` ->
     ``run.1.json``), a ``.json``/``.csv`` ending is replaced, and a folder (an existing one, or a
     name ending in "/") gets ``bench.*``. ``load`` reads what ``write`` wrote through it."""
+    if not isinstance(out, str | os.PathLike) or not str(out).strip():
+        raise ValueError("a record's path must be a str or pathlib.Path (the stem of its .json "
+                         f"and .csv), got {type(out).__name__} {out!r:.60}")
     text = str(out)
     path = Path(out)
     if text.endswith(("/", "\\")) or path.is_dir():
@@ -475,6 +502,7 @@ def write(record: dict, out: str | Path) -> tuple[Path, Path]:
     replaced, not followed). The folder is made again if it went away."""
     import io
 
+    record = as_record(record, needs=("env", "command", "settings", "results", "skipped"))
     json_path, csv_path = out_paths(out)
     extra = {f"env_{k}": v for k, v in record["env"].items()} | {
         "command": record["command"], "model": record["settings"]["model"]}
@@ -514,14 +542,52 @@ MERGED_ALIKE = ("prompt_len", "new_tokens", "dtype", "check_dtype", "check_token
                 "seed", "reduce_overhead_dynamic")
 
 
-def merge(*records: dict) -> dict:
+# what merge reads of each part
+RECORD_KEYS = ("env", "settings", "results", "skipped", "traces", "command", "git", "seconds",
+               "complete")
+
+
+def as_record(given, what: str = "record", needs=RECORD_KEYS) -> dict:
+    """``given``, a benchmark record (``run_bench``'s, ``load``'s), or the path ``write`` wrote one
+    to (read by ``load``), as the record; else a ValueError naming ``what`` and what to give.
+    ``needs``: the keys the caller reads."""
+    if isinstance(given, str | os.PathLike):
+        try:
+            given = load(given)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{what}: no record could be read from {str(given)!r} "
+                             f"({type(e).__name__}: {e}); give the --out of a run (or its .json)"
+                             ) from None
+    return record_of(given, "kvlab.lab.bench.run_bench", needs, what,
+                     " or the path it was written to")
+
+
+def record_of(given, made_by: str, needs, what: str = "record", also: str = "") -> dict:
+    """``given`` where it is a record of ``made_by`` (a dict holding the keys ``needs`` the caller
+    reads), else a ValueError naming ``what`` and what to give (``also``: another form taken)."""
+    missing = [key for key in needs if key not in given] if isinstance(given, dict) else None
+    if missing is None or missing:
+        kind = (f"a dict without {', '.join(missing)}" if missing
+                else "None (kvlab.lab.bench.recorded gives None where data/ lacks the file)"
+                if given is None else f"{type(given).__name__} {given!r:.60}")
+        raise ValueError(f"{what} is {kind}, not a record of {made_by}: give what it returned "
+                         f"(or kvlab.lab.bench.recorded's copy of one){also}")
+    return given
+
+
+def merge(*records) -> dict:
     """One record from runs of the same model on the same hardware (a sweep recorded in parts, e.g.
-    when a time limit cut the first): results and skips in order, a later part's row replacing an
-    earlier one of the same strategy and batch. Each row gets ``part`` (its index in ``parts``,
-    which keeps every part's command, git state, settings and time); ``complete`` says whether every
-    (strategy, batch) of all parts' settings has a result."""
+    when a time limit cut the first): results and skips in order, a later part's row (or skip)
+    replacing an earlier one of the same strategy and batch. Each row gets ``part`` (its index in
+    ``parts``, which keeps every part's command, git state, settings and time); ``complete`` says
+    whether every (strategy, batch) of all parts' settings has a result. The parts: records, or
+    the paths they were written to (``--out``), given one by one or as one list."""
+    if len(records) == 1 and isinstance(records[0], list | tuple):  # merge([a, b])
+        records = tuple(records[0])
     if not records:
-        raise ValueError("merge takes the records to merge, e.g. merge(load(a), load(b))")
+        raise ValueError("merge takes the records to merge, e.g. merge(load(a), load(b)) or "
+                         "merge(a_path, b_path)")
+    records = [as_record(r, f"merge part {i}") for i, r in enumerate(records)]
     first = records[0]
     for r in records[1:]:
         if (r["env"].get("hardware") != first["env"].get("hardware")
@@ -544,9 +610,11 @@ def merge(*records: dict) -> dict:
         "parts": [{"command": r["command"], "git": r["git"], "settings": r["settings"],
                    "seconds": r["seconds"], "complete": r["complete"]} for r in records],
         "results": list(rows.values()),
-        # a skip stays only where no part has a result for its (strategy, batch)
-        "skipped": [s for r in records for s in r["skipped"]
-                    if (s["strategy"], s["batch"]) not in rows],
+        # a skip stays only where no part has a result for its (strategy, batch); one per pair,
+        # the latest part's
+        "skipped": list({(s["strategy"], s["batch"]): s | {"part": i}
+                         for i, r in enumerate(records) for s in r["skipped"]
+                         if (s["strategy"], s["batch"]) not in rows}.values()),
         "traces": {k: v for r in records for k, v in r["traces"].items()},
         "seconds": sum(r["seconds"] for r in records),
         "complete": wanted <= set(rows),
@@ -582,6 +650,7 @@ def tile_sweep(record: dict) -> dict:
     ``"gemv"``, ``"torch"`` or the configuration; ``"path"``: which of the three, by name) ->
     ``{projection: {rows: {...}}}``. The GEMV and PyTorch times are those of the first sweep that
     timed the shape."""
+    record = record_of(record, "tools/time_kernels.py --parts tiles", ("sweeps",))
     table = {}
     for sweep in record["sweeps"]:
         for name, entries in sweep["tiles"].items():
@@ -601,6 +670,9 @@ def tile_sweep(record: dict) -> dict:
 
 
 def format_table(record: dict) -> str:
+    """The record's results as a table, one line per skip after it (``record``: or its path)."""
+    record = as_record(record, needs=("results", "skipped"))
+
     def cell(v):
         if isinstance(v, float):
             return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"

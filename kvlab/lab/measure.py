@@ -36,11 +36,23 @@ from ..graph_decoder import GraphSafeDecoder
 from ..runtime import collector_paused, environment, pick_device, synchronize
 from ..runtime import count as runtime_count
 from ..sizes import tensor_bytes
-from ..strategies import STATE_KEYS, check_options, decode, strategy_named
+from ..strategies import STATE_KEYS, check_flags, check_options, decode, strategy_named
+
+
+def check_function(fn, name: str, called: str) -> None:
+    """Refuse an ``fn`` that cannot be called (None, or a call's result given for the function),
+    before any work: ``called`` is how it is called."""
+    if not callable(fn):
+        raise TypeError(f"{name} must be a function, called as {called}; got "
+                        f"{type(fn).__name__} {fn!r:.60}: pass the function itself (a def or a "
+                        "lambda), not what it returns")
 
 
 def wall(fn: Callable[[], object], device) -> float:
-    """Seconds of one ``fn()`` call, the device synchronized before and after."""
+    """Seconds of one ``fn()`` call, the device synchronized before and after (``device``: as
+    ``kvlab.runtime.pick_device`` takes it, None for the default)."""
+    check_function(fn, "fn", "fn()")
+    device = pick_device(device)
     synchronize(device)
     t0 = time.perf_counter()
     fn()
@@ -127,6 +139,8 @@ def time_decode(run: Callable[[int, OnToken], torch.Tensor], new_tokens: int, de
     ``warmup_tokens``: the length of the untimed first call (default ``new_tokens``; a compiled or
     captured path needs the full length to compile or capture everything the timed runs use).
     """
+    check_function(run, "run", "run(n, on_token) -> tokens [batch, n]")
+    check_flags({"per_step": per_step}, ("per_step",))
     if not per_step:
         return time_decodes({label: run}, new_tokens, device, repeats=repeats,
                             warmup_tokens=warmup_tokens)[label]
@@ -158,8 +172,11 @@ def time_decodes(runs: dict[str, Callable[[int, OnToken], torch.Tensor]], new_to
     their ratios stay honest. Returns label -> ``DecodeTiming``."""
     device = pick_device(device)  # a clear error for "cuda" without a GPU
     new_tokens, repeats, warmup_tokens = _check_timing_args(new_tokens, repeats, warmup_tokens)
-    if not runs:
-        raise ValueError("give at least one run to time")
+    if not isinstance(runs, dict) or not runs:
+        raise ValueError("runs must be a non-empty dict of label -> run(n, on_token) (give at "
+                         f"least one run to time), got {runs!r:.80}")
+    for label, run in runs.items():
+        check_function(run, f"runs[{label!r}]", "run(n, on_token) -> tokens [batch, n]")
     warmups = {label: wall(lambda run=run: run(warmup_tokens or new_tokens, None), device)
                for label, run in runs.items()}
     for run in runs.values():
@@ -228,14 +245,16 @@ def time_strategy(model, input_ids: torch.Tensor, new_tokens: int, *, strategy: 
     entry."""
     chosen = strategy_named(strategy)
     strategy = chosen.name  # the label, and what kvlab.decode is given
+    check_flags({"per_step": per_step}, ("per_step",))
     if per_step and chosen.steps_per_replay > 1:
         raise ValueError(f"{strategy!r} replays {chosen.steps_per_replay} steps "
                          "per graph: its tokens reach on_token in a burst after each replay, so "
                          "per-step times would mean nothing. Time it with per_step=False (the "
                          "rule needs no per-token clock)")
+    new_tokens = count("new_tokens", new_tokens, 2, " (the rule divides by n - 1)")
     input_ids = unpadded_ids(input_ids, kwargs.pop("attention_mask", None))
+    check_inputs(model, input_ids, new_tokens)  # as kvlab.decode checks them, before any build
     if chosen.builds is not None and not set(STATE_KEYS) & kwargs.keys():
-        check_inputs(model, input_ids, new_tokens)
         check_options(kwargs)
         kwargs = chosen.state(model, input_ids, new_tokens, **kwargs)
 
@@ -265,8 +284,9 @@ def time_call(fn, *, label: str = "", min_run_time: float = 0.5,
               device=None) -> benchmark.Measurement:
     """Time ``fn()`` with ``torch.utils.benchmark`` (warm-up and device sync included); read
     ``.median``."""
+    check_function(fn, "fn", "fn()")
     if device is not None:
-        synchronize(device)
+        synchronize(pick_device(device))
     fn()  # warm-up outside the measurement
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, label=label,
                             num_threads=torch.get_num_threads())
@@ -331,7 +351,9 @@ def profile(fn: Callable[[], object], device) -> Profile:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    cuda = torch.device(device).type == "cuda"
+    check_function(fn, "fn", "fn()")
+    device = pick_device(device)
+    cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     synchronize(device)
     with torch_profile(activities=activities) as prof:
@@ -357,7 +379,8 @@ def busy_seconds(fn, device) -> float:
     CUDA only: on a CPU the operators run where they are launched, so their busy time is the wall
     time.
     """
-    if torch.device(device).type != "cuda":
+    check_function(fn, "fn", "fn()")
+    if pick_device(device).type != "cuda":
         raise ValueError("busy_seconds measures GPU kernel time; on a CPU the wall time is the "
                          "busy time")
     fn()
@@ -378,6 +401,7 @@ def profile_steps(run: Callable[[int], object], k: int, device) -> dict:
     """Kernels (GPU) or leaf ops (CPU) per decode step and their busy time, from profiles of
     ``run(1)`` and ``run(1 + k)`` (k decode steps apart, each run once unprofiled before), with the
     last step's timeline and its heaviest kernels."""
+    check_function(run, "run", "run(n)")
     k = count("k", k, 1, " (decode steps between the two profiles)")
     device = pick_device(device)  # a clear error for "cuda" without a GPU
     # unprofiled first: a length not run before may capture or compile (its warm-up is not a step)
@@ -452,9 +476,7 @@ def step_op_counts(model, cache, token: torch.Tensor) -> Counter:
     left out (they launch no kernel). Counted by a dispatch mode with make_fx's decompositions (the
     same counts as a make_fx trace, without building its graph). The step runs once; the cache's
     state is restored after it (any cache with ``.layers``: empty or filled, static or grown)."""
-    if not isinstance(getattr(cache, "layers", None), list):
-        raise ValueError(f"cache must be a KV cache with .layers (a transformers cache, a "
-                         f"HandwrittenCache), got {type(cache).__name__}")
+    check_cache(cache)
     counter = _OpCounter()
     with torch.inference_mode():
         restore = _snapshot(cache)
@@ -475,14 +497,16 @@ def process_peak_rss_bytes() -> int:
 
 
 def reset_peak_memory(device) -> None:
-    if torch.device(device).type == "cuda":
+    device = pick_device(device)
+    if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
 
 def peak_memory_bytes(device) -> int:
     """CUDA: the caching allocator's peak since the last reset. CPU: the process's peak resident
     set."""
-    if torch.device(device).type == "cuda":
+    device = pick_device(device)
+    if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
     return process_peak_rss_bytes()
 
@@ -494,7 +518,9 @@ def allocated_by(make: Callable[[], object], device) -> tuple[object, int | None
     allocator's rounding: 512-byte granules, and a block of over 1 MiB may keep a remainder of up
     to 1 MiB that it does not split off. Garbage is collected first and the collector paused
     meanwhile, so that nothing else is freed in between; None, None off CUDA."""
-    if torch.device(device).type != "cuda":
+    check_function(make, "make", "make()")
+    device = pick_device(device)
+    if device.type != "cuda":
         return make(), None, None
     gc.collect()
     key = "requested_bytes.all.current"
@@ -507,9 +533,22 @@ def allocated_by(make: Callable[[], object], device) -> tuple[object, int | None
                 torch.cuda.memory_stats(device)[key] - before[1])
 
 
+def check_cache(cache, name: str = "cache") -> None:
+    """Refuse what is not a KV cache with ``.layers`` (None, a decoder, a tensor), saying what to
+    pass."""
+    if isinstance(getattr(cache, "layers", None), list):
+        return
+    held = (f"; pass its .cache ({name}=decoder.cache)"
+            if isinstance(getattr(getattr(cache, "cache", None), "layers", None), list) else "")
+    raise ValueError(f"{name} must be a KV cache with .layers (a transformers cache, a "
+                     f"HandwrittenCache, a decoder's .cache), got "
+                     f"{'None' if cache is None else type(cache).__name__}{held}")
+
+
 def cache_bytes(cache) -> int:
     """Bytes held by the key and value tensors of any cache with ``.layers`` of
     ``.keys``/``.values``."""
+    check_cache(cache)
     return tensor_bytes(t for layer in cache.layers for t in (layer.keys, layer.values))
 
 
@@ -522,8 +561,9 @@ def free_unreferenced(device) -> None:
     allocator and keeps it for the life of the process. Every capture warms up on a stream of its
     own, so each decoder that ran a cuBLAS matmul left a workspace allocated behind it, and a later
     path's peak counted them as its own."""
+    device = pick_device(device)
     gc.collect()
-    if torch.device(device).type == "cuda":
+    if device.type == "cuda":
         # no public name; PyTorch's own leak check calls it the same way
         torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.empty_cache()
@@ -532,7 +572,8 @@ def free_unreferenced(device) -> None:
 def memory_held(device) -> dict:
     """Memory in use now, in MB: CUDA's allocated and reserved bytes and the peak so far; on CPU the
     process's RSS."""
-    if torch.device(device).type == "cuda":
+    device = pick_device(device)
+    if device.type == "cuda":
         return {"allocated_mb": torch.cuda.memory_allocated(device) / 2**20,
                 "reserved_mb": torch.cuda.memory_reserved(device) / 2**20,
                 "peak_mb": torch.cuda.max_memory_allocated(device) / 2**20}
@@ -548,7 +589,8 @@ def copy_bandwidth_gbps(device) -> float:
     """Bytes read + written per second by a large device copy (the memory roofline the benchmark
     compares against)."""
     # fp32: 1 GiB on GPU, 64 MiB on CPU
-    numel = 2**28 if torch.device(device).type == "cuda" else 2**24
+    device = pick_device(device)
+    numel = 2**28 if device.type == "cuda" else 2**24
     x = torch.ones(numel, dtype=torch.float32, device=device)
     y = torch.empty_like(x)
     seconds = time_call(lambda: y.copy_(x), min_run_time=0.3, device=device).median

@@ -549,9 +549,13 @@ def build_model(name: str, device, *, seed: int = 0):
     return load_model(name, device=device, dtype=torch.float32)[0]
 
 
-def cast(model, dtype: torch.dtype):
-    """The same weights in ``dtype``: a copy (the float32 model stays for the checks), or the model
-    itself."""
+def cast(model, dtype: torch.dtype | str):
+    """The same weights in ``dtype`` (a torch dtype or a name, ``as_dtype``): a copy (the float32
+    model stays for the checks), or the model itself."""
     import copy
 
+    from ..decoding import check_model
+
+    check_model(model)  # None came back as None
+    dtype = as_dtype(dtype)  # a name went to model.to() as a device
     return model if dtype == torch.float32 else copy.deepcopy(model).to(dtype)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..runtime import environment, hardware, pick_device, quick_mode
+from ..runtime import count, environment, hardware, pick_device, quick_mode
 from ..sizes import model_sizes
 from .measure import free_unreferenced, memory_held
 from .models import ModelUnavailableError, load_model, random_smollm2
@@ -151,12 +151,24 @@ def lesson_setup(dtype: torch.dtype = torch.float32, *, device=None, graphs: boo
     return lesson
 
 
+def _source(obj, name: str = "obj") -> str:
+    """The source of ``obj`` (a module, class or function), else a ValueError saying what to
+    pass."""
+    try:
+        return inspect.getsource(obj)
+    except (TypeError, OSError) as e:
+        raise ValueError(f"{name} must be a module, class or function whose source is on disk "
+                         f"(e.g. kvlab.decode), got {type(obj).__name__} {obj!r:.60} ({e})"
+                         ) from None
+
+
 def show_source(*objects) -> None:
     """Display the installed package's own code (never a copy)."""
     from IPython.display import Code, display
 
-    for obj in objects:
-        display(Code(inspect.getsource(obj), language="python"))
+    sources = [_source(obj, f"objects[{i}]") for i, obj in enumerate(objects)]  # all, first
+    for source in sources:
+        display(Code(source, language="python"))
 
 
 def show_doc(obj) -> None:
@@ -164,6 +176,9 @@ def show_doc(obj) -> None:
     text."""
     from IPython.display import Markdown, display
 
+    if not hasattr(obj, "__name__"):  # a docstring of its own: a module, class or function
+        raise ValueError(f"obj must be a module, class or function (e.g. kvlab.decode), got "
+                         f"{type(obj).__name__} {obj!r:.60}")
     display(Markdown("```text\n" + (inspect.getdoc(obj) or f"({obj.__name__} has no docstring)")
                      + "\n```"))
 
@@ -173,9 +188,11 @@ def show_diff(old, new, *, context: int = 1) -> None:
     a unified diff."""
     from IPython.display import Code, display
 
-    diff = difflib.unified_diff(inspect.getsource(old).splitlines(),
-                                inspect.getsource(new).splitlines(),
-                                old.__qualname__, new.__qualname__, lineterm="", n=context)
+    before, after = _source(old, "old"), _source(new, "new")
+    diff = difflib.unified_diff(before.splitlines(), after.splitlines(),
+                                getattr(old, "__qualname__", old.__name__),
+                                getattr(new, "__qualname__", new.__name__), lineterm="",
+                                n=count(context, "context", minimum=0))
     display(Code("\n".join(diff), language="diff"))
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FormatStrFormatter, LogLocator
 
+from ..runtime import count
 from ..strategies import DEFAULT_STRATEGIES, STRATEGIES
 
 STYLE = {
@@ -88,6 +89,14 @@ def plot_memory_per_step(series: dict, *, title: str, env=None):
     ax.legend()
     return fig, ax
 
+def as_record(given, what: str = "record") -> dict:
+    """``kvlab.lab.bench.as_record`` of what a plot reads (imported at the first plot of a
+    record)."""
+    from .bench import as_record as record
+
+    return record(given, what, needs=("env", "settings", "results"))
+
+
 KIND_COLORS = {"eager": "tab:gray", "compiled": "tab:orange", "graph": "tab:blue"}
 
 
@@ -102,11 +111,22 @@ ORDER = DEFAULT_STRATEGIES  # the course's order: naive first, the fastest graph
 
 def rows(record: dict, batch: int = 1) -> list[dict]:
     """The results at one batch size, in the course's order (naive first, the fastest graph-safe
-    path last)."""
+    path last). ``record``: a benchmark record or its path (``kvlab.lab.bench.as_record``)."""
+    record, batch = as_record(record), count(batch, "batch")
     data = [r for r in record["results"] if r["batch"] == batch]
     rank = {name: i for i, name in enumerate(ORDER)}
     return sorted(data, key=lambda r: (rank.get(r["strategy"].split("/")[0], len(ORDER)),
                                        r["strategy"]))
+
+
+def _plotted(record: dict, batch) -> list[dict]:
+    """``rows`` of a record to plot: refused where there are none (a batch it did not time)."""
+    data = rows(record, batch)
+    if not data:
+        timed = sorted({r["batch"] for r in as_record(record)["results"]})
+        raise ValueError(f"the record has no result at batch {batch!r} to plot; its results are "
+                         f"at batch {', '.join(map(str, timed)) or '(none: nothing was timed)'}")
+    return data
 
 
 def _label(record: dict) -> str:
@@ -117,12 +137,15 @@ def _label(record: dict) -> str:
 def plot_strategies(*records, batch: int = 1, titles=None):
     """Tokens/s of every strategy (log scale), one panel per record; skipped strategies are listed,
     not drawn."""
+    if not records:
+        raise ValueError("plot_strategies takes one or more benchmark records (or their paths)")
+    records = [as_record(r, f"record {i}") for i, r in enumerate(records)]
     fig, axes = figure("Decode speed, every path of the course", "tokens / s (log scale)", "",
                        env=records[0]["env"], ncols=len(records),
                        figsize=(6.5 * len(records), 4.2))
     axes = axes if len(records) > 1 else [axes]
     for i, (ax, record) in enumerate(zip(axes, records, strict=True)):
-        data = rows(record, batch)
+        data = _plotted(record, batch)
         names = [r["strategy"] for r in data]
         ax.barh(names, [r["tokens_per_s"] for r in data],
                 color=[KIND_COLORS[kind(n)] for n in names])
@@ -143,7 +166,8 @@ def plot_strategies(*records, batch: int = 1, titles=None):
 def plot_floor(record: dict, batch: int = 1):
     """Each path's time per step against the bandwidth floor (weights + KV cache read once per
     step)."""
-    data = rows(record, batch)
+    record = as_record(record)
+    data = _plotted(record, batch)
     fig, ax = figure("Where each path sits against the memory-bandwidth floor",
                      "ms per decode step (log scale)", "", env=record["env"])
     names = [r["strategy"] for r in data]
@@ -164,6 +188,7 @@ def plot_floor(record: dict, batch: int = 1):
 def plot_timelines(record: dict, strategies, batch: int = 1):
     """One decode step's kernels (GPU) or ops (CPU) on a time axis: the white between bars is the
     device idling."""
+    record = as_record(record)
     fig, ax = figure("One decode step under the profiler", "time from the step's first kernel (ms)",
                      "", env=record["env"], figsize=(9, 1.2 + 0.8 * len(strategies)))
     for y, name in enumerate(strategies):
@@ -184,6 +209,7 @@ def plot_timelines(record: dict, strategies, batch: int = 1):
 
 def plot_batch_sweep(record: dict, strategies=None):
     """Tokens/s (all sequences) against batch size, one line per strategy."""
+    record = as_record(record)
     strategies = strategies or list(dict.fromkeys(r["strategy"] for r in record["results"]))
     fig, ax = figure("Tokens/s against batch size", "batch size", "tokens / s (log scale)",
                      env=record["env"])
@@ -232,7 +258,8 @@ def plot_tile_sweep(record: dict):
 def plot_memory(record: dict, batch: int = 1):
     """Peak device memory of every strategy's timed run (``peak_memory_mb``), with the model's
     weight bytes marked."""
-    data = rows(record, batch)
+    record = as_record(record)
+    data = _plotted(record, batch)
     fig, ax = figure("Peak memory of each path", "peak memory (MB)", "", env=record["env"])
     names = [r["strategy"] for r in data]
     ax.barh(names, [r["peak_memory_mb"] for r in data], color=[KIND_COLORS[kind(n)] for n in names])
@@ -250,6 +277,17 @@ def plot_memory(record: dict, batch: int = 1):
 
 # ------------------------------------------------------------ lesson 07 (kvlab.lab.serving records)
 
+def _serving(records: tuple, made_by: str, needs: tuple) -> list[dict]:
+    """``records`` of ``kvlab.lab.serving.<made_by>`` (at least one), each holding the keys
+    ``needs`` a plot reads, else a ValueError naming the one that is not."""
+    from .bench import record_of
+
+    if not records:
+        raise ValueError(f"give one or more kvlab.lab.serving.{made_by} records to plot")
+    return [record_of(r, f"kvlab.lab.serving.{made_by}", ("env", *needs), f"record {i}")
+            for i, r in enumerate(records)]
+
+
 def _where(record: dict) -> str:
     return f"{record['env']['hardware']}" + (f", {record['dtype']}" if "dtype" in record else "")
 
@@ -258,6 +296,7 @@ def plot_speculation(*records, titles=None):
     """Tokens/s of each path on each prompt (``serving.speculation_runs`` records), one panel per
     record, the speculative decoder's acceptance rate and tokens per verify written above its
     bar."""
+    records = _serving(records, "speculation_runs", ("runs", "k"))
     fig, axes = figure("Speculative decoding against one token per step", "prompt",
                        "tokens / s (whole decode)", env=records[0]["env"], ncols=len(records),
                        figsize=(6.5 * len(records), 4.4))
@@ -286,6 +325,7 @@ def plot_speculation(*records, titles=None):
 def plot_k_sweep(*records, titles=None):
     """Against the draft length k (``serving.k_sweep`` records): tokens per verify step (left) and
     the speedup over graph-safe (right), one line per record."""
+    records = _serving(records, "k_sweep", ("rows",))
     fig, (left, right) = figure("How many drafts per verify step?", "drafts per verify step (k)",
                                 "tokens per verify step", env=records[0]["env"], ncols=2)
     for i, record in enumerate(records):
@@ -307,6 +347,8 @@ def plot_paged(record: dict, title: str = ""):
     """A ``serving.paged_runs`` record: the paged cache's bytes step by step against a static cache
     (left, with the rows running), each request's bytes paged against a static row (middle),
     tokens/s of each way to serve (right)."""
+    (record,) = _serving((record,), "paged_runs", ("timeline", "static_bytes", "max_batch",
+                                                    "per_request", "tokens_per_s"))
     fig, (mem, per, speed) = figure("A paged cache under arriving requests"
                                     + (f" ({title})" if title else ""),
                                     "scheduler step", "KV cache (MiB)", env=record["env"], ncols=3,

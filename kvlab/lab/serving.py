@@ -15,10 +15,11 @@ from __future__ import annotations
 import torch
 
 from ..continuous_batching import ContinuousBatcher, Request
+from ..decoding import check_inputs
 from ..graph_decoder import GraphSafeDecoder
 from ..paged_cache import blocks_for, bytes_per_token, memory_accounting
 from ..runtime import environment, pick_device
-from ..strategies import STRATEGIES, decode
+from ..strategies import STRATEGIES, decode, strategy_named
 from .measure import count as whole_number
 from .measure import time_interleaved, wall
 
@@ -43,6 +44,50 @@ SPECULATIVE = "graph-safe-speculative"
 PAIRS = {SPECULATIVE: "graph-safe", "graph-safe-speculative/kernels": "graph-safe-kernels"}
 
 
+def _builds_with(strategy, keyword: str) -> bool:
+    """Whether ``strategy``'s builder takes ``keyword`` by name (a builder passing the rest on
+    does not count: its keywords are not known here)."""
+    return strategy.builds is not None and keyword in (strategy.build_keywords() or ())
+
+
+# a speculative path takes k drafts; a base builds a one-token decoder of a given cache length
+SPECULATIVE_NAMES = [name for name, s in STRATEGIES.items() if _builds_with(s, "k")]
+BASE_NAMES = [name for name, s in STRATEGIES.items()
+              if s.exact and _builds_with(s, "max_cache_len") and not _builds_with(s, "k")]
+
+
+def _checked_pairs(pairs) -> dict[str, str]:
+    """``pairs`` (speculative strategy -> its base, names or ``kvlab.STRATEGIES`` entries) as
+    names, else a ValueError listing the names each side takes."""
+    if not isinstance(pairs, dict) or not pairs:
+        raise ValueError(f"pairs must be a non-empty dict of speculative strategy -> its base, "
+                         f"e.g. kvlab.lab.serving.PAIRS; got {pairs!r:.80}")
+
+    def named(given, names: list[str], what: str, where: str) -> str:
+        try:  # a kvlab.STRATEGIES entry stands for its name
+            name = strategy_named(given).name
+        except (TypeError, ValueError):
+            name = None
+        if name not in names:
+            raise ValueError(f"pairs {where} {given!r:.80} is not {what}; choose one of "
+                             f"{', '.join(names)} (e.g. kvlab.lab.serving.PAIRS)")
+        return name
+
+    return {named(fast, SPECULATIVE_NAMES, "a speculative strategy", "key"):
+            named(base, BASE_NAMES, "a one-token base", f"base of {fast!r:.40}")
+            for fast, base in pairs.items()}
+
+
+def _one_prompt(model, ids, new_tokens, name: str = "ids") -> None:
+    """Refuse ids that are not one prompt ``[1, prompt_len]`` of the model's token ids (as
+    ``kvlab.decode`` checks them): a run records one row's tokens and drafts."""
+    check_inputs(model, ids, new_tokens, tokenizer_output=False, name=name)
+    if ids.shape[0] != 1:
+        raise ValueError(f"{name} must be one prompt's ids [1, prompt_len], got batch "
+                         f"{ids.shape[0]}: a run records one row's tokens and drafts; pass each "
+                         f"prompt alone, e.g. {name}[i:i + 1]")
+
+
 def speculation_runs(model, prompts: dict[str, torch.Tensor], new_tokens: int, *,
                      pairs: dict[str, str] = PAIRS, k: int = 4, rounds: int = 3,
                      check_tokens: int | None = None, device=None) -> dict:
@@ -58,15 +103,13 @@ def speculation_runs(model, prompts: dict[str, torch.Tensor], new_tokens: int, *
     ``tokens_per_verify``, ``verify_steps``, ``drafted`` and ``accepted`` (one set for every
     speculative path: the drafts follow the tokens, which are exact)."""
     device = pick_device(device)
-    if not isinstance(prompts, dict) or not prompts or not all(
-            isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[0] == 1
-            for ids in prompts.values()):  # a run records one row's tokens: batch 1
+    if not isinstance(prompts, dict) or not prompts:
         raise ValueError("prompts must be a non-empty dict of name -> ids [1, prompt_len], got "
                          f"{prompts!r:.80}")
-    if not isinstance(pairs, dict) or not pairs:
-        raise ValueError(f"pairs must be a non-empty dict of speculative strategy -> its base, "
-                         f"e.g. kvlab.lab.serving.PAIRS; got {pairs!r:.80}")
-    new_tokens = whole_number("new_tokens", new_tokens, 1)
+    pairs = _checked_pairs(pairs)
+    new_tokens, k = whole_number("new_tokens", new_tokens, 1), whole_number("k", k, 1)
+    for prompt, ids in prompts.items():
+        _one_prompt(model, ids, new_tokens, f"prompts[{prompt!r}]")
     # the check compares each path's first check_tokens tokens: at most the tokens it made
     check_tokens = new_tokens if check_tokens is None else whole_number(
         "check_tokens", check_tokens, 1, f" and at most new_tokens ({new_tokens}), or None for all")
@@ -112,6 +155,8 @@ def k_sweep(model, ids: torch.Tensor, new_tokens: int, ks=(1, 2, 4, 8), *, round
     ``"graph-safe"`` (k = 0): tokens per verify and seconds of a whole decode (medians of
     ``rounds`` in turns), every output equal to graph-safe's."""
     device = pick_device(device)
+    new_tokens = whole_number("new_tokens", new_tokens, 1)
+    _one_prompt(model, ids, new_tokens)
     asked = ks
     try:  # a NumPy or 0-dim tensor int reads as an int
         ks = [whole_number("k", k, 1) for k in ks]
