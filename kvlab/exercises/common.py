@@ -308,16 +308,12 @@ def read_record(record, *, has: str, kind: str, example: str) -> dict:
     sections (``data/lesson05_gpu.json``) with exactly one section that holds ``has``. Anything
     else is a :class:`SettingError` that names what to pass (``kind``: what the record is;
     ``example``: where to get the right one)."""
-    import os
+    from ..lab.bench import loaded
 
-    from ..lab.bench import load
-
-    if isinstance(record, str | os.PathLike):
-        try:
-            record = load(record)
-        except (OSError, ValueError) as e:
-            raise SettingError(f"record={str(record)!r:.120} could not be read as a record "
-                               f"({type(e).__name__}: {e}); pass {example}") from None
+    try:
+        record = loaded(record, "record=", f"pass {example}")
+    except ValueError as e:
+        raise SettingError(str(e)) from None
     if isinstance(record, dict) and has not in record:
         # a file of sections: the one that holds `has`, if only one does
         sections = [k for k, v in record.items() if isinstance(v, dict) and has in v]

@@ -551,15 +551,21 @@ def as_record(given, what: str = "record", needs=RECORD_KEYS) -> dict:
     """``given``, a benchmark record (``run_bench``'s, ``load``'s), or the path ``write`` wrote one
     to (read by ``load``), as the record; else a ValueError naming ``what`` and what to give.
     ``needs``: the keys the caller reads."""
-    if isinstance(given, str | os.PathLike):
-        try:
-            given = load(given)
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{what}: no record could be read from {str(given)!r} "
-                             f"({type(e).__name__}: {e}); give the --out of a run (or its .json)"
-                             ) from None
+    given = loaded(given, what, "give the --out of a run (or its .json)")
     return record_of(given, "kvlab.lab.bench.run_bench", needs, what,
                      " or the path it was written to")
+
+
+def loaded(given, what: str, give: str):
+    """``given`` read by ``load`` where it is a path (a str or Path), else ``given`` itself; a file
+    that cannot be read is a ValueError naming ``what`` and what to ``give`` instead."""
+    if not isinstance(given, str | os.PathLike):
+        return given
+    try:
+        return load(given)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{what}: no record could be read from {str(given)!r:.120} "
+                         f"({type(e).__name__}: {e}); {give}") from None
 
 
 def record_of(given, made_by: str, needs, what: str = "record", also: str = "") -> dict:
