@@ -36,6 +36,10 @@ class StepClock:
         self._last = now
 
 
+# the attentions every strategy is checked with (kvlab's own, "kvlab-...", are its fused copies')
+CHECKED_ATTENTIONS = ("sdpa", "eager")
+
+
 def check_model(model) -> None:
     """Refuse what is not a model before its first use: above all ``load_model``'s
     ``(model, tokenizer)`` pair."""
@@ -54,6 +58,13 @@ def check_model(model) -> None:
         raise TypeError(f"{type(model).__name__} has no language-model head (lm_head), so it gives "
                         "no next-token logits: load the causal-LM model "
                         "(transformers.AutoModelForCausalLM, or kvlab.load_model(...))")
+    attention = model.config._attn_implementation
+    if attention not in CHECKED_ATTENTIONS and not str(attention).startswith("kvlab-"):
+        checked = " and ".join(CHECKED_ATTENTIONS)
+        raise ValueError(f"the model's attention implementation is {attention!r}: kvlab checks its "
+                         f"strategies against naive decoding with {checked} only (another may "
+                         "give other tokens per strategy, or per call). Call "
+                         "model.set_attn_implementation('sdpa') first")
     # a falsy return_dict makes every forward return a tuple: kvlab reads outputs by name
     for where, config in (("", model.config), (".get_text_config()",
                                                 model.config.get_text_config())):

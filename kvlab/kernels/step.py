@@ -59,14 +59,13 @@ def check_supported(model) -> None:
             f"(model.config.num_hidden_layers = {layers}), or build a model of the layers "
             "you want from its config")
     attention = config._attn_implementation
-    if attention not in ALL_ATTENTION_FUNCTIONS:
-        registered = ", ".join(sorted(n for n in ALL_ATTENTION_FUNCTIONS if "|" not in n))
+    if attention not in ALL_ATTENTION_FUNCTIONS:  # eager: the prefill calls a registered one
         raise ValueError(
             f"the model's attention implementation is {attention!r}; 'graph-safe-kernels' "
-            "runs its prefill through transformers' registered attentions (supported: "
-            f"{registered}). Call model.set_attn_implementation('sdpa') first (the "
-            "course's default), or use the 'graph-safe' strategy, which runs any "
-            "attention")
+            "runs its prefill through transformers' registered attentions, of which kvlab "
+            "checks 'sdpa'. Call model.set_attn_implementation('sdpa') first (the "
+            "course's default), or use the 'graph-safe' strategy, which runs eager attention "
+            "too")
     dtype = next(model.parameters()).dtype
     if dtype not in KERNEL_DTYPES:  # the tiles are sized per element size (attention.PREFILL_TILE)
         runs = ", ".join(map(str, KERNEL_DTYPES))
