@@ -208,7 +208,8 @@ class SpeculativeDecoder(GraphSafeDecoder):
         """Greedy-decode ``max_new_tokens`` after ``input_ids`` [batch, prompt_len]; returns
         ``[batch, max_new_tokens]``, the tokens of ``kvlab.decode(model, input_ids,
         max_new_tokens)``. ``on_token`` gets each verify step's tokens one by one, after its replay.
-        What the call did goes to ``self.last_stats``."""
+        What the call did goes to ``self.last_stats`` (None until it returns)."""
+        self.last_stats = None  # a call refused or stopped did not do what the last one did
         max_new_tokens = self._check(input_ids, max_new_tokens)
         k = self.k
         out = torch.empty(self.batch, max_new_tokens, dtype=torch.long, device=self.device)
