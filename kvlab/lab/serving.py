@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..continuous_batching import ContinuousBatcher, Request
-from ..decoding import check_inputs
+from ..decoding import check_inputs, check_model
 from ..graph_decoder import GraphSafeDecoder
 from ..paged_cache import blocks_for, bytes_per_token, memory_accounting
 from ..runtime import environment, pick_device
@@ -102,7 +102,7 @@ def speculation_runs(model, prompts: dict[str, torch.Tensor], new_tokens: int, *
     ``speedup`` of each speculative path over its base, and the drafts' ``acceptance_rate``,
     ``tokens_per_verify``, ``verify_steps``, ``drafted`` and ``accepted`` (one set for every
     speculative path: the drafts follow the tokens, which are exact)."""
-    device = pick_device(device)
+    device = model_device(model, device)
     if not isinstance(prompts, dict) or not prompts:
         raise ValueError("prompts must be a non-empty dict of name -> ids [1, prompt_len], got "
                          f"{prompts!r:.80}")
@@ -149,12 +149,27 @@ def speculation_runs(model, prompts: dict[str, torch.Tensor], new_tokens: int, *
             "env": environment(device), "dtype": dtype}
 
 
+def model_device(model, device=None) -> torch.device:
+    """The device the runs time and record: the model's; a ``device`` given must be it (a record
+    of CPU timings must not name a GPU)."""
+    check_model(model)
+    on = next(model.parameters()).device
+    asked = None if device is None else pick_device(device)
+    if asked is not None and asked.type == "cuda" and asked.index is None:  # "cuda": the current
+        asked = torch.device("cuda", torch.cuda.current_device())
+    if asked is not None and asked != on:
+        raise ValueError(f"device={device!r} but the model is on {on}: the runs decode where the "
+                         f"model is, and the record names that device. Pass device={str(on)!r} "
+                         "or none, or move the model there first")
+    return on
+
+
 def k_sweep(model, ids: torch.Tensor, new_tokens: int, ks=(1, 2, 4, 8), *, rounds: int = 3,
             device=None) -> dict:
     """Speculative decoding of one prompt with each draft length of ``ks``, beside
     ``"graph-safe"`` (k = 0): tokens per verify and seconds of a whole decode (medians of
     ``rounds`` in turns), every output equal to graph-safe's."""
-    device = pick_device(device)
+    device = model_device(model, device)
     new_tokens = whole_number("new_tokens", new_tokens, 1)
     _one_prompt(model, ids, new_tokens)
     asked = ks
@@ -195,6 +210,8 @@ def arriving_requests(count: int, vocab_size: int, *, prompt_lens=(8, 96), new_t
     every, seed = whole_number("every", every, 0), whole_number("seed", seed, 0)
     ranges = []
     for name, pair in (("prompt_lens", prompt_lens), ("new_tokens", new_tokens)):
+        if isinstance(pair, torch.Tensor) or type(pair).__module__ == "numpy":
+            pair = pair.tolist()  # an array of two reads as the range
         try:  # a NumPy or 0-dim tensor int reads as an int
             low, high = (whole_number(name, v, 1) for v in pair)
         except (TypeError, ValueError):
@@ -239,7 +256,7 @@ def paged_runs(model, requests: list[Request], *, max_batch: int = 8, block_size
     ``timeline`` (per scheduler step: rows running, bucket replayed, bytes the paged cache holds)
     with ``static_bytes`` (a static cache of ``max_batch`` rows sized for the longest request),
     and ``per_request`` memory (``kvlab.paged_cache.memory_accounting``)."""
-    device = pick_device(device)
+    device = model_device(model, device)
     max_batch, block_size = _paged_runs_inputs(requests, max_batch, block_size)
     lengths = [r.prompt.shape[0] + r.max_new_tokens - 1 for r in requests]  # slots each writes
     width = blocks_for(max(lengths), block_size)  # a block-table row: the longest request
