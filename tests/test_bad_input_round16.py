@@ -99,3 +99,15 @@ def test_arriving_requests_take_a_range_as_an_array():
     for given in (np.array([2, 5]), torch.tensor([2, 5])):
         got = arriving_requests(3, 256, prompt_lens=given, new_tokens=np.array([8, 64]))
         assert [r.prompt.tolist() for r in got] == want
+
+
+def test_eager_vs_replay_checks_the_positions_it_decodes():
+    """eager_vs_replay checked the prompt + steps against the position limit, but decodes 2 tokens
+    more: prompt 1016 and steps=8 fed position 1024, past max_position_embeddings=1024."""
+    from kvlab.lab.measure import eager_vs_replay
+
+    model = tiny_model("tiny-llama")
+    limit = model.config.max_position_embeddings
+    ids = torch.randint(0, 256, (1, limit - 8), generator=torch.Generator().manual_seed(2))
+    with pytest.raises(ValueError, match="max_position_embeddings.*steps \\+ 2 tokens"):
+        eager_vs_replay(model, ids, steps=8, rounds=1)

@@ -606,7 +606,11 @@ def eager_vs_replay(model, input_ids: torch.Tensor, *, steps: int = 32, rounds: 
     step.
     """
     steps, rounds = count("steps", steps, 1), count("rounds", rounds, 1)
-    check_inputs(model, input_ids, steps, tokenizer_output=False)  # ids [batch, prompt_len]
+    try:  # ids [batch, prompt_len]; the decode makes 2 tokens (prefill, capture), then `steps`
+        check_inputs(model, input_ids, steps + 2, tokenizer_output=False)
+    except ValueError as e:
+        raise ValueError(f"{e} (eager_vs_replay decodes steps + 2 tokens: give fewer steps or a "
+                         "shorter prompt)") from None
     device = input_ids.device
     length = input_ids.shape[1] + steps + 8
     eager = GraphSafeDecoder(model, length, input_ids.shape[0], graph=False)
