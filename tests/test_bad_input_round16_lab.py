@@ -206,3 +206,32 @@ def test_merge_takes_a_generator_of_parts(record):
     merged = bench.merge(r for r in [record, record])
     assert merged["results"] == bench.merge([record, record])["results"]
     assert len(merged["parts"]) == 2
+
+
+# ------------------------------------------------------------------------------ the same families
+def test_run_bench_reads_a_str_of_batch_sizes_as_the_command_line_does():
+    """batches="1,2" was refused as "got ['1,2']" though --batch takes comma lists."""
+    assert bench.check_settings(4, 3, "1, 2", "naive", 0, 1, 0)[2] == [1, 2]
+    assert bench.parse_args(["--batch", "1,2"]).batch == [1, 2]
+    with pytest.raises(bench.BenchArgumentError, match=r"^'1;2': give a batch size or a comma"):
+        bench.check_settings(4, 3, "1;2", "naive", 0, 1, 0)
+
+
+def test_recorded_takes_a_json_name_and_refuses_what_is_no_name():
+    """recorded("h200_batch1.json") gave None (it looked for .json.json), recorded(None) None, and
+    a path was looked up inside data/."""
+    if bench.recorded("h200_batch1") is None:
+        pytest.skip("data/h200_batch1.json is not here")
+    assert bench.recorded("h200_batch1.json") == bench.recorded("h200_batch1")
+    for name in (None, "", str(bench.DATA / "h200_batch1")):
+        with pytest.raises(ValueError, match=r"^recorded takes the name of a record in data/"):
+            bench.recorded(name)
+
+
+def test_plot_helpers_refuse_what_they_cannot_draw_with_their_own_words():
+    """plots.kind("nope") raised KeyError 'nope', and figure(ncols=0) matplotlib's "Number of
+    columns must be a positive integer"."""
+    with pytest.raises(ValueError, match=r"unknown strategy 'nope'; choose one of naive"):
+        plots.kind("nope")
+    with pytest.raises(ValueError, match=r"^ncols must be a positive int"):
+        plots.figure("t", "x", "y", ncols=0)

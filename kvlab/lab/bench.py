@@ -119,6 +119,18 @@ def _as_list(items) -> list:
     return list(items)
 
 
+def batch_list(batches) -> list:
+    """``batches`` as a list, read alike by ``run_bench`` and ``--batch``: one str is a comma list
+    of sizes (``"1,2,4"``); one number stands for a list of itself."""
+    if isinstance(batches, str):
+        try:
+            return [int(b) for b in batches.split(",")]
+        except ValueError:
+            raise ValueError(f"{batches!r}: give a batch size or a comma list such as "
+                             "1,2,4") from None
+    return _as_list(batches)
+
+
 def name_list(names) -> list:
     """``names`` (of strategies) as a list, read alike by ``run_bench`` and every plot: one str is a
     comma list, as ``--strategies`` reads it (``"naive"``, ``"naive,static"``); spaces around a
@@ -167,10 +179,10 @@ def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, re
     cannot be written would lose every measurement after the first strategy's timing. Returns
     ``(prompt_len, new_tokens, batches, check_tokens, repeats, profile_k)`` as Python ints (the
     record is JSON)."""
-    batches = _as_list(batches)
     try:
+        batches = batch_list(batches)
         strategies = strategy_names(strategies)
-    except ValueError as e:  # an entry not declared in kvlab.STRATEGIES
+    except ValueError as e:  # a str that is no list of sizes, an entry not in kvlab.STRATEGIES
         raise BenchArgumentError(str(e)) from None
     counts = []
     for name, value, least in (("prompt_len", prompt_len, 1), ("check_tokens", check_tokens, 0),
@@ -675,9 +687,12 @@ DATA = Path(__file__).resolve().parents[2] / "data"  # the course's recorded res
 
 
 def recorded(name: str) -> dict | None:
-    """A record the course keeps in ``data/`` (e.g. ``"h200_batch1"``), or None if that file is not
-    there."""
-    path = DATA / f"{name}.json"
+    """A record the course keeps in ``data/`` (e.g. ``"h200_batch1"``, or ``"h200_batch1.json"``),
+    or None if that file is not there. A name is no path: a path is read with ``load``."""
+    if not isinstance(name, str) or not name.strip() or any(c in name for c in "/\\"):
+        raise ValueError(f"recorded takes the name of a record in data/, e.g. 'h200_batch1', got "
+                         f"{name!r:.80}; read a record at a path with kvlab.lab.bench.load(path)")
+    path = DATA / f"{name.strip().removesuffix('.json')}.json"
     return load(path) if path.is_file() else None
 
 
@@ -763,10 +778,9 @@ _check_tokens.__name__ = "0 or an int >= 2"
 
 def _batches(text: str) -> list[int]:
     try:
-        sizes = [int(b) for b in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a batch size or a comma list such as "
-                                         "1,2,4") from None
+        sizes = batch_list(text)  # run_bench's reader of batches=
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     if any(b < 1 for b in sizes):
         raise argparse.ArgumentTypeError(f"{text!r}: batch sizes must be >= 1")
     _once(text, sizes, "batch size")

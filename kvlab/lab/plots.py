@@ -11,7 +11,7 @@ import torch
 from matplotlib.ticker import FormatStrFormatter, LogLocator
 
 from ..runtime import count
-from ..strategies import DEFAULT_STRATEGIES, STRATEGIES
+from ..strategies import DEFAULT_STRATEGIES, strategy_named
 
 STYLE = {
     "figure.figsize": (7.0, 4.0),
@@ -32,6 +32,7 @@ def figure(title: str, xlabel: str, ylabel: str, *, env: dict | None = None, nco
            figsize=None):
     """A styled figure with one or more axes; ``env`` (from ``kvlab.runtime.environment``) stamps
     the hardware."""
+    ncols = count(ncols, "ncols", minimum=1)
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(1, ncols, figsize=figsize or (
             STYLE["figure.figsize"][0] * (1 if ncols == 1 else 0.75 * ncols), 4.0))
@@ -183,7 +184,7 @@ KIND_COLORS = {"eager": "tab:gray", "compiled": "tab:orange", "graph": "tab:blue
 def kind(strategy: str) -> str:
     """eager (Python launches every kernel), compiled (torch.compile, incl. its own graphs), graph
     (kvlab captures)."""
-    return STRATEGIES[strategy].kind
+    return strategy_named(strategy).kind
 
 
 ORDER = DEFAULT_STRATEGIES  # the course's order: naive first, the fastest graph-safe path last
