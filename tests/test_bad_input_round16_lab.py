@@ -213,8 +213,20 @@ def test_run_bench_reads_a_str_of_batch_sizes_as_the_command_line_does():
     """batches="1,2" was refused as "got ['1,2']" though --batch takes comma lists."""
     assert bench.check_settings(4, 3, "1, 2", "naive", 0, 1, 0)[2] == [1, 2]
     assert bench.parse_args(["--batch", "1,2"]).batch == [1, 2]
-    with pytest.raises(bench.BenchArgumentError, match=r"^'1;2': give a batch size or a comma"):
+    with pytest.raises(bench.BenchArgumentError, match=r"^batches '1;2': give a batch size or a"):
         bench.check_settings(4, 3, "1;2", "naive", 0, 1, 0)
+
+
+@pytest.mark.parametrize("batches,strategies,match", [
+    ({1: "a"}, "naive", r"^batches \{1: 'a'\} is a dict: give a list"),
+    ([1], {"naive": 1}, r"^strategies \{'naive': 1\} is a dict: give a list"),
+    ([1], ["all", "naive"], r"'all' \(it stands alone: give it as the only name\)"),
+])
+def test_run_bench_refuses_a_dict_and_says_all_stands_alone(batches, strategies, match):
+    """batches={1: "a"} was read as its keys, silently, and ["all", "naive"] refused as an unknown
+    strategy 'all' without saying why."""
+    with pytest.raises(bench.BenchArgumentError, match=match):
+        bench.check_settings(4, 3, batches, strategies, 0, 1, 0)
 
 
 def test_recorded_takes_a_json_name_and_refuses_what_is_no_name():

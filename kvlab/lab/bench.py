@@ -112,7 +112,10 @@ def _read_int(value, least: int) -> int | None:
 
 
 def _as_list(items) -> list:
-    """``items`` as a list: one name or number (a str, an int) stands for a list of itself."""
+    """``items`` as a list: one name or number (a str, an int) stands for a list of itself; a dict
+    is refused (its keys would be read silently)."""
+    if isinstance(items, dict):
+        raise ValueError(f"{items!r:.60} is a dict: give a list (or one item)")
     if (isinstance(items, str) or not hasattr(items, "__iter__")
             or getattr(items, "ndim", None) == 0):  # a 0-dim tensor or NumPy array: one number
         return [items]
@@ -152,7 +155,10 @@ def strategy_names(strategies) -> list[str]:
 def unknown_names(names: list, known, quote: bool = True, like=None) -> list[str]:
     """Each of ``names`` not in ``known`` (quoted with ``quote``), with what differs where it
     matches a name of ``like`` (default ``known``) but for case or spaces (``near``)."""
-    return [(repr(name) if quote else str(name)) + near(name, known if like is None else like)
+    like = known if like is None else like
+    return [(repr(name) if quote else str(name))
+            + (" (it stands alone: give it as the only name)" if name in like
+               else near(name, like))
             for name in names if name not in known]
 
 
@@ -181,9 +187,12 @@ def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, re
     record is JSON)."""
     try:
         batches = batch_list(batches)
+    except ValueError as e:  # a str that is no list of sizes, a dict
+        raise BenchArgumentError(f"batches {e}") from None
+    try:
         strategies = strategy_names(strategies)
-    except ValueError as e:  # a str that is no list of sizes, an entry not in kvlab.STRATEGIES
-        raise BenchArgumentError(str(e)) from None
+    except ValueError as e:  # an entry not declared in kvlab.STRATEGIES, a dict
+        raise BenchArgumentError(f"strategies {e}") from None
     counts = []
     for name, value, least in (("prompt_len", prompt_len, 1), ("check_tokens", check_tokens, 0),
                                ("repeats", repeats, 1), ("profile_steps", profile_k, 0)):
