@@ -122,7 +122,8 @@ def test_heatmaps_draw_arrays_grad_tensors_and_half_precision(matrix):
 
 @pytest.mark.parametrize("panels,match", [
     ({}, r"^panels is an empty dict: give a dict of label"),
-    ({"a": torch.zeros(0, 4)}, r"^panel 'a' has shape \(0, 4\): give a \[steps, slots\] matrix"),
+    ({"a": torch.zeros(0, 4)}, r"^panel 'a' has shape \(0, 4\): give a \[steps, slots\] matrix "
+                              r"of key norms, not empty"),
     ({"a": torch.zeros(4)}, r"^panel 'a' has shape \(4,\)"),
     ([torch.ones(2, 2)], r"^panels is list: give a dict"),
 ])
@@ -137,6 +138,25 @@ def test_memory_per_step_refuses_an_empty_dict():
     """plot_memory_per_step({}) drew an empty plot (and a legend warning)."""
     with pytest.raises(ValueError, match=r"^series is an empty dict"):
         plots.plot_memory_per_step({}, title="t")
+
+
+@pytest.mark.parametrize("values,match", [
+    ([], r"^series 'a' has shape \(0,\): give a list of bytes per step, not empty"),
+    (None, r"^series 'a' holds object values"),
+    ([[1, 2], [3, 4]], r"^series 'a' has shape \(2, 2\)"),
+])
+def test_memory_per_step_refuses_a_line_it_cannot_draw(values, match):
+    """An empty list drew nothing silently, None raised "object of type 'NoneType' has no len()"
+    and a matrix a TypeError about list / int."""
+    with pytest.raises(ValueError, match=match):
+        plots.plot_memory_per_step({"a": values}, title="t")
+
+
+def test_memory_per_step_draws_tensors_of_bytes():
+    """A bf16 tensor of bytes per step is drawn as its values in KiB."""
+    fig, ax = plots.plot_memory_per_step({"a": torch.tensor([1024, 2048], dtype=torch.bfloat16)},
+                                         title="t")
+    assert list(ax.lines[0].get_ydata()) == [1.0, 2.0]
 
 
 # ------------------------------------------------------------------------------ Q3: paths

@@ -97,32 +97,38 @@ def _series(given, what: str) -> dict:
     return given
 
 
-def _matrix(value, label) -> np.ndarray:
-    """A heatmap's ``[steps, slots]`` matrix as float32 NumPy to draw: a tensor (any device, with
-    grad, bf16/fp16: detached and cast), a NumPy array or nested lists; empty, not 2-D or not real
-    numbers is a ValueError naming ``label``."""
+def _numbers(value, what: str, ndim: int, wants: str) -> np.ndarray:
+    """``value`` as float64 NumPy to draw: a tensor (any device, with grad, bf16/fp16: detached
+    and cast), a NumPy array or (nested) lists; empty, not ``ndim``-D or not real numbers is a
+    ValueError naming ``what`` and what it ``wants``."""
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu()
-        value = value if value.is_complex() else value.float()
+        value = value if value.is_complex() else value.double()
     try:
         array = np.asarray(value)
     except (TypeError, ValueError, RuntimeError) as e:
-        raise ValueError(f"panel {label!r} is no matrix of numbers ({e})") from None
+        raise ValueError(f"{what} is no {wants} of numbers ({e})") from None
     if array.dtype.kind not in "biuf":
-        raise ValueError(f"panel {label!r} holds {array.dtype} values: give real numbers (a "
-                         "[steps, slots] matrix of key norms)")
-    if array.ndim != 2 or array.size == 0:
-        raise ValueError(f"panel {label!r} has shape {tuple(array.shape)}: give a [steps, slots] "
-                         "matrix with at least one step and one slot")
-    return array.astype(np.float32)
+        raise ValueError(f"{what} holds {array.dtype} values: give real numbers ({wants})")
+    if array.ndim != ndim or array.size == 0:
+        raise ValueError(f"{what} has shape {tuple(array.shape)}: give {wants}, not empty")
+    return array.astype(np.float64)
+
+
+def _matrix(value, label) -> np.ndarray:
+    """A heatmap's ``[steps, slots]`` matrix as float32 NumPy to draw (``_numbers``)."""
+    return _numbers(value, f"panel {label!r}", 2,
+                    "a [steps, slots] matrix of key norms").astype(np.float32)
 
 
 def plot_memory_per_step(series: dict, *, title: str, env=None):
     """Lines of cache bytes per decode step, one per label (e.g. DynamicCache vs StaticCache)."""
     series = _series(series, "series")
+    series = {label: _numbers(values, f"series {label!r}", 1, "a list of bytes per step")
+              for label, values in series.items()}
     fig, ax = figure(title, "decode step", "KV cache (KiB)", env=env)
     for label, values in series.items():
-        ax.plot(range(len(values)), [v / 1024 for v in values], label=label)
+        ax.plot(range(len(values)), values / 1024, label=label)
     ax.legend()
     return fig, ax
 
