@@ -30,6 +30,7 @@ import contextlib
 import csv
 import json
 import math
+import numbers
 import os
 import shlex
 import stat
@@ -111,21 +112,70 @@ def _read_int(value, least: int) -> int | None:
 
 
 def _as_list(items) -> list:
-    """``items`` as a list: one name or number (a str, an int) stands for a list of itself."""
+    """``items`` as a list: one name or number (a str, an int) stands for a list of itself; a dict
+    is refused (its keys would be read silently)."""
+    if isinstance(items, dict):
+        raise ValueError(f"{items!r:.60} is a dict: give a list (or one item)")
     if (isinstance(items, str) or not hasattr(items, "__iter__")
             or getattr(items, "ndim", None) == 0):  # a 0-dim tensor or NumPy array: one number
         return [items]
     return list(items)
 
 
+def batch_list(batches) -> list:
+    """``batches`` as a list, read alike by ``run_bench`` and ``--batch``: one str is a comma list
+    of sizes (``"1,2,4"``); one number stands for a list of itself."""
+    if isinstance(batches, str):
+        try:
+            return [int(b) for b in batches.split(",")]
+        except ValueError:
+            raise ValueError(f"{batches!r}: give a batch size or a comma list such as "
+                             "1,2,4") from None
+    return _as_list(batches)
+
+
+def name_list(names) -> list:
+    """``names`` (of strategies) as a list, read alike by ``run_bench`` and every plot: one str is a
+    comma list, as ``--strategies`` reads it (``"naive"``, ``"naive,static"``); spaces around a
+    name are dropped; a ``kvlab.STRATEGIES`` entry stands for its name; one entry for a list of
+    itself."""
+    if isinstance(names, str):
+        return [n.strip() for n in names.split(",") if n.strip()]
+    return [strategy_named(n).name if isinstance(n, Strategy)
+            else n.strip() if isinstance(n, str) else n for n in _as_list(names)]
+
+
 def strategy_names(strategies) -> list[str]:
-    """``strategies`` as names: one name or ``kvlab.STRATEGIES`` entry stands for a list of itself,
-    an entry for its name, and ``"all"`` (alone, as the command line's ``--strategies all``) for
-    every strategy the benchmark times (``BENCHMARKED``)."""
-    names = _as_list(strategies)
-    if names == ["all"]:
-        return list(BENCHMARKED)
-    return [strategy_named(s).name if isinstance(s, Strategy) else s for s in names]
+    """``strategies`` as names (``name_list``), ``"all"`` (alone, as the command line's
+    ``--strategies all``) standing for every strategy the benchmark times (``BENCHMARKED``)."""
+    names = name_list(strategies)
+    return list(BENCHMARKED) if names == ["all"] else names
+
+
+def unknown_names(names: list, known, quote: bool = True, like=None) -> list[str]:
+    """Each of ``names`` not in ``known`` (quoted with ``quote``), with what differs where it
+    matches a name of ``like`` (default ``known``) but for case or spaces (``near``)."""
+    like = known if like is None else like
+    return [(repr(name) if quote else str(name))
+            + (" (it stands alone: give it as the only name)" if name in like
+               else near(name, like))
+            for name in names if name not in known]
+
+
+def near(name, known) -> str:
+    """What differs between ``name`` and the known name it matches but for case or spaces
+    (``" (names are case-sensitive: did you mean 'naive'?)"``), else "". Names are exact."""
+    if not isinstance(name, str | Path):
+        return ""
+    text = str(name)
+    for right in known:
+        if text == right or text.strip().lower() != right.lower():
+            continue
+        differ = [what for what, same in (("case-sensitive", text.strip() == right),
+                                          ("exact (no spaces around them)", text == text.strip()))
+                  if not same]
+        return f" (names are {' and '.join(differ)}: did you mean {right!r}?)"
+    return ""
 
 
 def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, repeats, profile_k,
@@ -135,11 +185,14 @@ def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, re
     cannot be written would lose every measurement after the first strategy's timing. Returns
     ``(prompt_len, new_tokens, batches, check_tokens, repeats, profile_k)`` as Python ints (the
     record is JSON)."""
-    batches = _as_list(batches)
+    try:
+        batches = batch_list(batches)
+    except ValueError as e:  # a str that is no list of sizes, a dict
+        raise BenchArgumentError(f"batches {e}") from None
     try:
         strategies = strategy_names(strategies)
-    except ValueError as e:  # an entry not declared in kvlab.STRATEGIES
-        raise BenchArgumentError(str(e)) from None
+    except ValueError as e:  # an entry not declared in kvlab.STRATEGIES, a dict
+        raise BenchArgumentError(f"strategies {e}") from None
     counts = []
     for name, value, least in (("prompt_len", prompt_len, 1), ("check_tokens", check_tokens, 0),
                                ("repeats", repeats, 1), ("profile_steps", profile_k, 0)):
@@ -162,9 +215,9 @@ def check_settings(prompt_len, new_tokens, batches, strategies, check_tokens, re
         raise BenchArgumentError(twice)
     if not strategies:
         raise BenchArgumentError(f"no strategy given; choose from {', '.join(BENCHMARKED)}")
-    unknown = [s for s in strategies if s not in BENCHMARKED]
+    unknown = unknown_names(strategies, BENCHMARKED, like=("all", *BENCHMARKED))
     if unknown:
-        raise BenchArgumentError(f"unknown strategies {unknown}; "
+        raise BenchArgumentError(f"unknown strategies {', '.join(unknown)}; "
                                  f"choose from all, {', '.join(BENCHMARKED)}")
     if out is not None:
         check_writable(out)
@@ -587,8 +640,10 @@ def merge(*records) -> dict:
     replacing an earlier one of the same strategy and batch. Each row gets ``part`` (its index in
     ``parts``, which keeps every part's command, git state, settings and time); ``complete`` says
     whether every (strategy, batch) of all parts' settings has a result. The parts: records, or
-    the paths they were written to (``--out``), given one by one or as one list."""
-    if len(records) == 1 and isinstance(records[0], list | tuple):  # merge([a, b])
+    the paths they were written to (``--out``), given one by one or as one iterable (a list, a
+    generator)."""
+    if (len(records) == 1 and hasattr(records[0], "__iter__")  # merge([a, b]), merge(generator)
+            and not isinstance(records[0], str | bytes | os.PathLike | dict)):
         records = tuple(records[0])
     if not records:
         raise ValueError("merge takes the records to merge, e.g. merge(load(a), load(b)) or "
@@ -641,10 +696,22 @@ DATA = Path(__file__).resolve().parents[2] / "data"  # the course's recorded res
 
 
 def recorded(name: str) -> dict | None:
-    """A record the course keeps in ``data/`` (e.g. ``"h200_batch1"``), or None if that file is not
-    there."""
-    path = DATA / f"{name}.json"
+    """A record the course keeps in ``data/`` (e.g. ``"h200_batch1"``, or ``"h200_batch1.json"``),
+    or None if that file is not there. A name is no path: a path is read with ``load``."""
+    if not isinstance(name, str) or not name.strip() or any(c in name for c in "/\\"):
+        raise ValueError(f"recorded takes the name of a record in data/, e.g. 'h200_batch1', got "
+                         f"{name!r:.80}; read a record at a path with kvlab.lab.bench.load(path)")
+    path = DATA / f"{name.strip().removesuffix('.json')}.json"
     return load(path) if path.is_file() else None
+
+
+def tile_record(given, what: str = "record") -> dict:
+    """``given``, a tile-sweep record or the path of its .json (read by ``loaded``), as the record;
+    else a ValueError naming ``what`` and what to give."""
+    given = loaded(given, what, "give the .json tools/time_kernels.py --parts tiles wrote, e.g. "
+                   "data/h200_tile_sweep.json")
+    return record_of(given, "tools/time_kernels.py --parts tiles", ("sweeps",), what,
+                     " or the path of its .json")
 
 
 def tile_sweep(record: dict) -> dict:
@@ -655,8 +722,8 @@ def tile_sweep(record: dict) -> dict:
     the fastest of the three (``"fastest"``, as ``kvlab.kernels.gemv.TILE_DISPATCH`` holds it:
     ``"gemv"``, ``"torch"`` or the configuration; ``"path"``: which of the three, by name) ->
     ``{projection: {rows: {...}}}``. The GEMV and PyTorch times are those of the first sweep that
-    timed the shape."""
-    record = record_of(record, "tools/time_kernels.py --parts tiles", ("sweeps",))
+    timed the shape. ``record``: or the path of its .json (``tile_record``)."""
+    record = tile_record(record)
     table = {}
     for sweep in record["sweeps"]:
         for name, entries in sweep["tiles"].items():
@@ -720,10 +787,9 @@ _check_tokens.__name__ = "0 or an int >= 2"
 
 def _batches(text: str) -> list[int]:
     try:
-        sizes = [int(b) for b in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a batch size or a comma list such as "
-                                         "1,2,4") from None
+        sizes = batch_list(text)  # run_bench's reader of batches=
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     if any(b < 1 for b in sizes):
         raise argparse.ArgumentTypeError(f"{text!r}: batch sizes must be >= 1")
     _once(text, sizes, "batch size")
@@ -745,9 +811,8 @@ def _once(text: str, names: list, what: str) -> None:
 
 
 def _strategies(text: str) -> list[str]:
-    names = (list(BENCHMARKED) if text.strip() == "all"
-             else [s.strip() for s in text.split(",") if s.strip()])
-    unknown = [s for s in names if s not in BENCHMARKED]
+    names = strategy_names(text)  # run_bench's reader of strategies=
+    unknown = unknown_names(names, BENCHMARKED, quote=False, like=("all", *BENCHMARKED))
     if not names or unknown:
         raise argparse.ArgumentTypeError(
             f"{'unknown: ' + ', '.join(unknown) if unknown else 'no strategy named'}; "
@@ -791,6 +856,10 @@ def seconds(value, name: str | None = None) -> float:
 def bench_device(value) -> torch.device:
     """``value`` (None: CUDA when present) as a device the benchmark decodes on, else a
     ValueError (or pick_device's RuntimeError for a GPU that is not there)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):  # pick_device's rule
+        raise ValueError(f"device {value!r}: give a device by name, e.g. 'cuda:{value}' (or "
+                         f"torch.device('cuda', {value})), 'cuda' or 'cpu'; an int is no device "
+                         "here, as in kvlab.lab.measure")
     device = pick_device(value)
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"{str(value)!r}: the benchmark decodes on cpu, cuda or cuda:N "
@@ -801,15 +870,15 @@ def bench_device(value) -> torch.device:
 
 def check_model_name(name) -> None:
     """Refuse a name that is not a string, and one that differs from a course model's name only in
-    case (``"TINY-llama"``): names are case-sensitive, and it would go to the hub as an id. Each
-    message starts with the name."""
+    case or spaces around it (``"TINY-llama"``, ``" tiny-llama"``): names are exact, and it would
+    go to the hub as an id. Each message starts with the name and says what differs."""
     if not isinstance(name, str | Path) or not str(name).strip():
         raise ValueError(f"{name!r:.80}: not a model name: give a name, a hub id or a folder")
     known = [*TINY_CONFIGS, RANDOM_SMOLLM2, DEFAULT_MODEL]
     text = str(name)
-    for right in known:
-        if text != right and text.strip().lower() == right:
-            raise ValueError(f"{text!r}: model names are case-sensitive: did you mean {right!r}?")
+    differs = near(text, known)
+    if differs:  # it would go to the hub as an id
+        raise ValueError(f"{text!r}: not a model name{differs}")
     if text.startswith("tiny-") and text not in TINY_CONFIGS:
         raise ValueError(f"{text!r}: no tiny model of that name; choose one of "
                          f"{', '.join(sorted(TINY_CONFIGS))}")

@@ -6,10 +6,12 @@ tokens/s against batch size, peak memory per strategy, the tile sweep of the mat
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+import numpy as np
+import torch
 from matplotlib.ticker import FormatStrFormatter, LogLocator
 
 from ..runtime import count
-from ..strategies import DEFAULT_STRATEGIES, STRATEGIES
+from ..strategies import DEFAULT_STRATEGIES, strategy_named
 
 STYLE = {
     "figure.figsize": (7.0, 4.0),
@@ -30,6 +32,7 @@ def figure(title: str, xlabel: str, ylabel: str, *, env: dict | None = None, nco
            figsize=None):
     """A styled figure with one or more axes; ``env`` (from ``kvlab.runtime.environment``) stamps
     the hardware."""
+    ncols = count(ncols, "ncols", minimum=1)
     with plt.rc_context(STYLE):
         fig, axes = plt.subplots(1, ncols, figsize=figsize or (
             STYLE["figure.figsize"][0] * (1 if ncols == 1 else 0.75 * ncols), 4.0))
@@ -62,13 +65,16 @@ def plot_cache_heatmaps(panels: dict, *, title: str, env=None, frontier=None,
     ``frontier``: a list of ints, per step the number of slots a correct cache has filled: drawn as
     a line, so writes right of it (padding, warm-up copies) and holes left of it stand out.
     """
+    panels = {label: _matrix(m, label) for label, m in _series(panels, "panels").items()}
+    max_slots = None if max_slots is None else count(max_slots, "max_slots", minimum=1)
     fig, axes = figure(title, "cache slot", "decode step", env=env, ncols=len(panels),
                        figsize=(5.0 * len(panels), 4.0))
     axes = [axes] if len(panels) == 1 else axes
-    vmax = max(float(m.max()) for m in panels.values() if m.numel()) or 1.0
+    finite = [m[np.isfinite(m)] for m in panels.values()]
+    vmax = max((float(m.max()) for m in finite if m.size), default=0.0) or 1.0
     for ax, (label, matrix) in zip(axes, panels.items(), strict=True):
         shown = matrix[:, :max_slots] if max_slots else matrix
-        im = ax.imshow(shown.numpy(), aspect="auto", origin="lower", cmap="magma", vmin=0,
+        im = ax.imshow(shown, aspect="auto", origin="lower", cmap="magma", vmin=0,
                        vmax=vmax, interpolation="nearest")
         ax.set_title(label, fontsize=10)
         ax.grid(False)
@@ -81,20 +87,101 @@ def plot_cache_heatmaps(panels: dict, *, title: str, env=None, frontier=None,
     return fig, axes
 
 
+def _series(given, what: str) -> dict:
+    """``given``, a dict of label -> what to draw, one entry at least; else a ValueError naming
+    ``what``."""
+    if not isinstance(given, dict) or not given:
+        kind = "an empty dict" if isinstance(given, dict) else f"{type(given).__name__}"
+        raise ValueError(f"{what} is {kind}: give a dict of label -> what to draw, one entry at "
+                         "least")
+    return given
+
+
+def _numbers(value, what: str, ndim: int, wants: str) -> np.ndarray:
+    """``value`` as float64 NumPy to draw: a tensor (any device, with grad, bf16/fp16: detached
+    and cast), a NumPy array or (nested) lists; empty, not ``ndim``-D or not real numbers is a
+    ValueError naming ``what`` and what it ``wants``."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu()
+        value = value if value.is_complex() else value.double()
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"{what} is no {wants} of numbers ({e})") from None
+    if array.dtype.kind not in "biuf":
+        raise ValueError(f"{what} holds {array.dtype} values: give real numbers ({wants})")
+    if array.ndim != ndim or array.size == 0:
+        raise ValueError(f"{what} has shape {tuple(array.shape)}: give {wants}, not empty")
+    return array.astype(np.float64)
+
+
+def _matrix(value, label) -> np.ndarray:
+    """A heatmap's ``[steps, slots]`` matrix as float32 NumPy to draw (``_numbers``)."""
+    return _numbers(value, f"panel {label!r}", 2,
+                    "a [steps, slots] matrix of key norms").astype(np.float32)
+
+
 def plot_memory_per_step(series: dict, *, title: str, env=None):
     """Lines of cache bytes per decode step, one per label (e.g. DynamicCache vs StaticCache)."""
+    series = _series(series, "series")
+    series = {label: _numbers(values, f"series {label!r}", 1, "a list of bytes per step")
+              for label, values in series.items()}
     fig, ax = figure(title, "decode step", "KV cache (KiB)", env=env)
     for label, values in series.items():
-        ax.plot(range(len(values)), [v / 1024 for v in values], label=label)
+        ax.plot(range(len(values)), values / 1024, label=label)
     ax.legend()
     return fig, ax
 
-def as_record(given, what: str = "record") -> dict:
-    """``kvlab.lab.bench.as_record`` of what a plot reads (imported at the first plot of a
-    record)."""
+def as_record(given, what: str = "record", needs: tuple = ()) -> dict:
+    """``kvlab.lab.bench.as_record`` of what a plot reads (``needs``: keys beyond env, settings and
+    results; imported at the first plot of a record)."""
     from .bench import as_record as record
 
-    return record(given, what, needs=("env", "settings", "results"))
+    return record(given, what, needs=("env", "settings", "results", *needs))
+
+
+def strategies_of(record: dict, strategies=None, what: str = "strategies") -> list[str]:
+    """A plot's ``strategies=``, read as ``run_bench`` reads it (``kvlab.lab.bench.name_list``: one
+    str is one name, or a comma list): None or "all" for every strategy in the record, in its
+    order; a name the record has no result for is a ValueError listing the ones it has."""
+    from .bench import given_twice, name_list, unknown_names
+
+    have = list(dict.fromkeys(r["strategy"] for r in record["results"]))
+    if strategies is None:
+        return have
+    try:
+        names = name_list(strategies)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what}: {e}") from None
+    if names == ["all"]:
+        return have
+    unknown = unknown_names(names, have)
+    if not names or unknown:
+        wrong = ("the record has no result for " + ", ".join(unknown) if unknown
+                 else "no strategy named")
+        raise ValueError(f"{what}: {wrong}; it has "
+                         f"{', '.join(have) or '(none: nothing was timed)'}")
+    twice = given_twice(names, "strategy")
+    if twice:
+        raise ValueError(f"{what}: {twice}")
+    return names
+
+
+def titles_for(titles, records: list) -> list:
+    """``titles=`` checked against the records once: None (no titles), one str for one record, or
+    one title per record; else a ValueError saying how many to give."""
+    if titles is None:
+        return [None] * len(records)
+    given = [titles] if isinstance(titles, str) else titles
+    try:
+        given = list(given)
+    except TypeError:
+        raise ValueError(f"titles must be a str or a list of them, got "
+                         f"{type(titles).__name__}") from None
+    if len(given) != len(records):
+        raise ValueError(f"titles: {len(given)} given for {len(records)} record(s): give one title "
+                         "per record (or none)")
+    return [None if t is None else str(t) for t in given]
 
 
 KIND_COLORS = {"eager": "tab:gray", "compiled": "tab:orange", "graph": "tab:blue"}
@@ -103,7 +190,7 @@ KIND_COLORS = {"eager": "tab:gray", "compiled": "tab:orange", "graph": "tab:blue
 def kind(strategy: str) -> str:
     """eager (Python launches every kernel), compiled (torch.compile, incl. its own graphs), graph
     (kvlab captures)."""
-    return STRATEGIES[strategy].kind
+    return strategy_named(strategy).kind
 
 
 ORDER = DEFAULT_STRATEGIES  # the course's order: naive first, the fastest graph-safe path last
@@ -121,6 +208,7 @@ def rows(record: dict, batch: int = 1) -> list[dict]:
 
 def _plotted(record: dict, batch) -> list[dict]:
     """``rows`` of a record to plot: refused where there are none (a batch it did not time)."""
+    batch = count(batch, "batch")
     data = rows(record, batch)
     if not data:
         timed = sorted({r["batch"] for r in as_record(record)["results"]})
@@ -140,6 +228,7 @@ def plot_strategies(*records, batch: int = 1, titles=None):
     if not records:
         raise ValueError("plot_strategies takes one or more benchmark records (or their paths)")
     records = [as_record(r, f"record {i}") for i, r in enumerate(records)]
+    titles = titles_for(titles, records)
     fig, axes = figure("Decode speed, every path of the course", "tokens / s (log scale)", "",
                        env=records[0]["env"], ncols=len(records),
                        figsize=(6.5 * len(records), 4.2))
@@ -157,7 +246,7 @@ def plot_strategies(*records, batch: int = 1, titles=None):
         ax.set_xscale("log")
         ax.set_xlim(right=max(r["tokens_per_s"] for r in data) * 4)
         ax.invert_yaxis()
-        ax.set_title((titles[i] if titles else "") + f"\n{_label(record)}, batch {batch}",
+        ax.set_title((titles[i] or "") + f"\n{_label(record)}, batch {batch}",
                      fontsize=10)
     fig.tight_layout()
     return fig
@@ -166,7 +255,7 @@ def plot_strategies(*records, batch: int = 1, titles=None):
 def plot_floor(record: dict, batch: int = 1):
     """Each path's time per step against the bandwidth floor (weights + KV cache read once per
     step)."""
-    record = as_record(record)
+    record = as_record(record, needs=("copy_bandwidth_gbps",))
     data = _plotted(record, batch)
     fig, ax = figure("Where each path sits against the memory-bandwidth floor",
                      "ms per decode step (log scale)", "", env=record["env"])
@@ -185,17 +274,31 @@ def plot_floor(record: dict, batch: int = 1):
     return fig
 
 
-def plot_timelines(record: dict, strategies, batch: int = 1):
+def plot_timelines(record: dict, strategies=None, batch: int = 1):
     """One decode step's kernels (GPU) or ops (CPU) on a time axis: the white between bars is the
-    device idling."""
+    device idling. ``strategies``: as ``strategies_of`` reads them (None: every one the record
+    traced at ``batch``)."""
     record = as_record(record)
+    batch = count(batch, "batch")
+    data = {r["strategy"]: r for r in _plotted(record, batch)}
+    traces = record.get("traces") or {}
+    traced = [n for n in data if f"{n}@{batch}" in traces]
+    if not traces:
+        raise ValueError("the record holds no profiler timelines: its run traced no step "
+                         f"(profile_steps {record['settings'].get('profile_steps')!r}); rerun "
+                         "with profile_k=16 (--profile-steps 16) to trace 16 decode steps")
+    strategies = traced if strategies is None else strategies_of(record, strategies)
+    untraced = [n for n in strategies if n not in traced]
+    if untraced or not strategies:
+        raise ValueError(f"the record holds no timeline of {', '.join(untraced) or 'any strategy'}"
+                         f" at batch {batch}; it traced {', '.join(traced) or 'none there'}")
     fig, ax = figure("One decode step under the profiler", "time from the step's first kernel (ms)",
                      "", env=record["env"], figsize=(9, 1.2 + 0.8 * len(strategies)))
     for y, name in enumerate(strategies):
         trace = record["traces"][f"{name}@{batch}"]["timeline"]  # [[start µs, duration µs], ...]
         ax.broken_barh([(s / 1e3, max(d, 0.5) / 1e3) for s, d in trace], (y - 0.35, 0.7),
                        color=KIND_COLORS[kind(name)])
-        row = next(r for r in rows(record, batch) if r["strategy"] == name)
+        row = data[name]
         ax.text(0, y + 0.45, f"{name}: {row['ms_per_token']:.2f} ms/step, "
                 f"busy {row['busy_ms_per_step']:.2f} ms, "
                 f"{row['kernels_per_step']:.0f} ops, idle {row['idle_fraction']:.0%}", fontsize=8)
@@ -208,9 +311,10 @@ def plot_timelines(record: dict, strategies, batch: int = 1):
 
 
 def plot_batch_sweep(record: dict, strategies=None):
-    """Tokens/s (all sequences) against batch size, one line per strategy."""
+    """Tokens/s (all sequences) against batch size, one line per strategy (``strategies``: as
+    ``strategies_of`` reads them; None: all the record has)."""
     record = as_record(record)
-    strategies = strategies or list(dict.fromkeys(r["strategy"] for r in record["results"]))
+    strategies = strategies_of(record, strategies)
     fig, ax = figure("Tokens/s against batch size", "batch size", "tokens / s (log scale)",
                      env=record["env"])
     for name in strategies:
@@ -229,9 +333,10 @@ def plot_batch_sweep(record: dict, strategies=None):
 def plot_tile_sweep(record: dict):
     """µs per call against batch size for each projection of a tile-sweep record
     (``kvlab.lab.bench.tile_sweep``): the GEMV kernel, the PyTorch form (cuBLAS, fusions unfused)
-    and ``tile_kernel``'s best configuration."""
-    from .bench import tile_sweep
+    and ``tile_kernel``'s best configuration. ``record``: or the path of its .json."""
+    from .bench import tile_record, tile_sweep
 
+    record = tile_record(record)
     table = tile_sweep(record)
     sweep = record["sweeps"][0]
     env = {"hardware": sweep["gpu"], "torch": sweep["torch"], "transformers": "(not used)"}
@@ -258,7 +363,7 @@ def plot_tile_sweep(record: dict):
 def plot_memory(record: dict, batch: int = 1):
     """Peak device memory of every strategy's timed run (``peak_memory_mb``), with the model's
     weight bytes marked."""
-    record = as_record(record)
+    record = as_record(record, needs=("model",))
     data = _plotted(record, batch)
     fig, ax = figure("Peak memory of each path", "peak memory (MB)", "", env=record["env"])
     names = [r["strategy"] for r in data]
@@ -280,11 +385,13 @@ def plot_memory(record: dict, batch: int = 1):
 def _serving(records: tuple, made_by: str, needs: tuple) -> list[dict]:
     """``records`` of ``kvlab.lab.serving.<made_by>`` (at least one), each holding the keys
     ``needs`` a plot reads, else a ValueError naming the one that is not."""
-    from .bench import record_of
+    from .bench import loaded, record_of
 
     if not records:
         raise ValueError(f"give one or more kvlab.lab.serving.{made_by} records to plot")
-    return [record_of(r, f"kvlab.lab.serving.{made_by}", ("env", *needs), f"record {i}")
+    made = f"kvlab.lab.serving.{made_by}"
+    return [record_of(loaded(r, f"record {i}", f"give what {made} returned"), made,
+                      ("env", *needs), f"record {i}", " or the path of its .json")
             for i, r in enumerate(records)]
 
 
@@ -297,6 +404,7 @@ def plot_speculation(*records, titles=None):
     record, the speculative decoder's acceptance rate and tokens per verify written above its
     bar."""
     records = _serving(records, "speculation_runs", ("runs", "k"))
+    titles = titles_for(titles, records)
     fig, axes = figure("Speculative decoding against one token per step", "prompt",
                        "tokens / s (whole decode)", env=records[0]["env"], ncols=len(records),
                        figsize=(6.5 * len(records), 4.4))
@@ -316,8 +424,9 @@ def plot_speculation(*records, titles=None):
         ax.set_xticks(range(len(runs)), [r["prompt"] for r in runs], fontsize=8)
         ax.set_ylim(top=max(v for r in runs for v in r["tokens_per_s"].values()) * 1.25)
         ax.legend(fontsize=8)
-        ax.set_title((titles[i] + "\n" if titles else "") + f"{_where(record)}, k = {record['k']}, "
-                     f"{runs[0]['new_tokens']} new tokens", fontsize=10)
+        ax.set_title((titles[i] + "\n" if titles[i] else "")
+                     + f"{_where(record)}, k = {record['k']}, {runs[0]['new_tokens']} new tokens",
+                     fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -326,11 +435,12 @@ def plot_k_sweep(*records, titles=None):
     """Against the draft length k (``serving.k_sweep`` records): tokens per verify step (left) and
     the speedup over graph-safe (right), one line per record."""
     records = _serving(records, "k_sweep", ("rows",))
+    titles = titles_for(titles, records)
     fig, (left, right) = figure("How many drafts per verify step?", "drafts per verify step (k)",
                                 "tokens per verify step", env=records[0]["env"], ncols=2)
     for i, record in enumerate(records):
         ks = [r["k"] for r in record["rows"]]
-        label = titles[i] if titles else _where(record)
+        label = titles[i] or _where(record)
         left.plot(ks, [r["tokens_per_verify"] for r in record["rows"]], marker="o", label=label)
         right.plot(ks, [r["speedup"] for r in record["rows"]], marker="o", label=label)
     left.plot(ks, [k + 1 for k in ks], linestyle=":", color="0.5", label="every draft kept (k + 1)")
