@@ -268,6 +268,25 @@ def _counts(values, name: str, minimum: int) -> tuple[int, ...]:
     return tuple(count(v, f"every entry of {name}", minimum=minimum) for v in values)
 
 
+# The layers of the checkers' own tiny models: more than the two of kvlab's tiny models, so that
+# code with a layer count written in (range(2), storage for layers 0 and 1) fails; SmolLM2 has 30.
+CHECK_LAYERS = 3
+
+
+def checker_model(name: str, seed: int = 0):
+    """The tiny random model ``name`` (``kvlab.lab.models.tiny_model``'s, float32) with
+    :data:`CHECK_LAYERS` decoder layers, built afresh (student code cannot spoil the next check)."""
+    from ..lab.models import _TINY_LOCK, TINY_COMMON, TINY_CONFIGS
+
+    cls_name, extra = TINY_CONFIGS[name]
+    config = getattr(transformers, cls_name)(**{**TINY_COMMON, **extra,
+                                                "num_hidden_layers": CHECK_LAYERS})
+    with _TINY_LOCK, torch.random.fork_rng(devices=[]):  # tiny_model's rule: one build at a time
+        torch.manual_seed(seed)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model.eval()
+
+
 def check_prompt_ids(model, prompt_ids, new_tokens: int) -> None:
     """Refuse ``prompt_ids=`` of a checker that the model cannot decode from (not a LongTensor
     ``[batch, prompt_len]`` on the model's device, ids outside its vocabulary, too long), with

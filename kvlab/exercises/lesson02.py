@@ -21,12 +21,14 @@ from ..decoding import decode_naive, first_mismatch
 from ..handwritten import HandwrittenCache, HandwrittenLayer, decode_handwritten
 from ..sizes import kv_cache_bytes, model_sizes
 from .common import (
+    CHECK_LAYERS,
     as_number,
     bad_measurement,
     call_student,
     check_number,
     check_prediction,
     checker,
+    checker_model,
     code_checker,
     kept,
     real_number,
@@ -166,9 +168,10 @@ def check_attend(student) -> str:
 
 # ---- exercise 2: a cache's update ----------------------------------------------------------------
 
-# (layer_idx, new tokens) of each update call, through two layers: a 1-token prefill, a decode step,
-# a 3-token chunk
-UPDATE_CALLS = ((0, 1), (1, 1), (0, 1), (1, 1), (0, 3), (1, 3))
+# (layer_idx, new tokens) of each update call, through every layer of the checker's model
+# (CHECK_LAYERS, more than two: storage for layers 0 and 1 only fails): a 1-token prefill, a decode
+# step, a 3-token chunk
+UPDATE_CALLS = tuple((layer, new) for new in (1, 1, 3) for layer in range(CHECK_LAYERS))
 UPDATE_SHAPE = (2, 2, 4)  # batch, kv_heads, head_dim
 
 
@@ -198,15 +201,31 @@ def stored_tensors(obj, depth: int = 3):
             yield from stored_tensors(item, depth - 1)
 
 
-def update_problem(cache, got, k, v, right_k, right_v, fed_k) -> str | None:
+def holds(tensor: torch.Tensor, part: torch.Tensor) -> bool:
+    """True where ``part`` ``[batch, kv_heads, n, head_dim]`` lies in ``tensor`` along dim -2."""
+    if tensor.dim() != 4 or tensor.shape[:2] != part.shape[:2] or (
+            tensor.shape[-1] != part.shape[-1]):
+        return False
+    n = part.shape[-2]
+    return any(torch.equal(tensor[:, :, s:s + n], part) for s in range(tensor.shape[-2] - n + 1))
+
+
+def update_problem(cache, got, k, v, right_k, right_v, fed_k,
+                   others: tuple = ()) -> str | None:
     """What is wrong with ``got`` as the return of one ``update`` call (None: nothing). ``k``,
     ``v``: this call's new K/V; ``right_k``, ``right_v``: the layer's expected K/V after it;
-    ``fed_k``: every key fed so far, all layers."""
+    ``fed_k``: every key fed so far, all layers; ``others``: the keys fed to the other layers."""
     if not (isinstance(got, tuple | list) and len(got) == 2
             and all(isinstance(t, torch.Tensor) for t in got)):
         return ("update returns two tensors: (all of the layer's keys, all of its values) after "
                 "this call.")
     gk, gv = got
+    # a cache in another dtype rounds (float16) or hands the model a dtype it cannot mix (float64)
+    for name, g, fed in (("keys", gk, k), ("values", gv, v)):
+        if g.dtype != fed.dtype:
+            return (f"the returned {name} are {g.dtype}, but key_states and value_states came in "
+                    f"{fed.dtype}: store and return them in the dtype they come in (the model's), "
+                    "with no .half(), .double() or .to(dtype).")
     if torch.equal(gk, right_k) and torch.equal(gv, right_v):
         return None
     if torch.equal(gk, right_v) and torch.equal(gv, right_k):
@@ -229,9 +248,11 @@ def update_problem(cache, got, k, v, right_k, right_v, fed_k) -> str | None:
         return (f"you return only this call's {k.shape[-2]} token(s): the layer's {old} earlier "
                 "ones are gone (overwritten?). Append instead: torch.cat([old_keys, key_states], "
                 "dim=-2), and return the result.")
-    if gk.shape != right_k.shape and torch.equal(gk, fed_k):
-        return ("the layers' keys mix: keep one K and one V per layer (index the storage by "
-                "layer_idx).")
+    if gk.shape != right_k.shape and (torch.equal(gk, fed_k)
+                                      or any(holds(gk, other) for other in others)):
+        return ("the layers' keys mix: keep one K and one V per layer, for every layer_idx (index "
+                "the storage by layer_idx; a model has config.num_hidden_layers layers, SmolLM2 "
+                "30).")
     if old and torch.equal(gk, torch.cat([k, right_k[:, :, :old]], dim=-2)):
         return "the new tokens go AFTER the old ones: torch.cat([old_keys, key_states], dim=-2)."
     for name, g, r in (("keys", gk, right_k), ("values", gv, right_v)):
@@ -257,13 +278,11 @@ def check_cache_update(student, *, model=None, new_tokens: int = 5) -> str:
     """update(key_states, value_states, layer_idx): append the new K/V [batch, kv_heads, new,
     head_dim] on dim -2.
 
-    Checks ``MyCache().update`` call by call (a prefill, a decode step and a chunk, through two
+    Checks ``MyCache().update`` call by call (a prefill, a decode step and a chunk, through three
     layers) against ``HandwrittenCache``, then plugs it into ``model`` (default: a tiny random
-    model) and decodes against the naive loop; names the mistake, the call and the first token that
-    differs."""
-    from ..lab.models import tiny_model
-
-    model = tiny_model("tiny-llama") if model is None else model
+    model of three layers) and decodes against the naive loop; names the mistake, the call and the
+    first token that differs."""
+    model = checker_model("tiny-llama") if model is None else model
     return kept(model, lambda: cache_update_verdict(student, model, new_tokens))
 
 
@@ -271,14 +290,16 @@ def cache_update_verdict(student, model, new_tokens: int) -> str:
     """``check_cache_update``'s calls and decode, with ``model``."""
     cache, reference = call_student(student), HandwrittenCache()
     gen = torch.Generator().manual_seed(0)
-    fed = []  # every key fed, all layers, in call order
+    fed = []  # (layer, key) of every call, in call order
     for i, (layer, new) in enumerate(UPDATE_CALLS):
         batch, kv_heads, head_dim = UPDATE_SHAPE
         k, v = (torch.randn(batch, kv_heads, new, head_dim, generator=gen) for _ in range(2))
-        fed.append(k)
+        fed.append((layer, k))
         right_k, right_v = (t.clone() for t in reference.update(k, v, layer))
         got = call_student(cache.update, k.clone(), v.clone(), layer)
-        problem = update_problem(cache, got, k, v, right_k, right_v, torch.cat(fed, dim=-2))
+        problem = update_problem(cache, got, k, v, right_k, right_v,
+                                 torch.cat([key for _, key in fed], dim=-2),
+                                 tuple(key for at, key in fed if at != layer))
         if problem:
             return (f"not quite: at update call {i + 1} (layer {layer}, {new} new token(s), "
                     f"{right_k.shape[-2]} in the layer after it): {problem}")

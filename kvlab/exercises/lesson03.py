@@ -24,6 +24,7 @@ from .common import (
     check_prediction,
     check_prompt_ids,
     checker,
+    checker_model,
     choice_of,
     code_checker,
     index_dtype_problem,
@@ -32,17 +33,15 @@ from .common import (
     solutions_filled_in,
 )
 
-# The checkers' model: tiny and random, and (with its q/k norms) sensitive enough to RoPE positions
-# that a position off by one changes the greedy tokens within a few steps.
-CHECK_MODEL = "tiny-qwen3"
+# The checkers' model: tiny and random, and (with its q/k norms and this seed) sensitive enough to
+# RoPE positions that a position off by one changes the greedy tokens within a few steps.
+CHECK_MODEL, CHECK_SEED = "tiny-qwen3", 3
 
 
 def check_model():
-    """The tiny model every lesson-03/04 checker runs on (built afresh: a student's code cannot
-    spoil the next check)."""
-    from ..lab.models import tiny_model
-
-    return tiny_model(CHECK_MODEL)
+    """The tiny model every lesson-03/04 checker runs on, with ``CHECK_LAYERS`` layers (built
+    afresh: a student's code cannot spoil the next check)."""
+    return checker_model(CHECK_MODEL, CHECK_SEED)
 
 
 def check_prompt(length: int, seed: int = 0) -> torch.Tensor:

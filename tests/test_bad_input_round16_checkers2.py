@@ -1,0 +1,88 @@
+"""Round 16 of the hostile-user probe, exercise checkers (second part): code with a layer count
+written in, duplicate record rows, loose spellings, non-finite ratios, outputs that are not dense
+CPU tensors, record values of other types, answers any numbers.Real holds, dtype of a cache's
+return, settings read at one door."""
+
+from __future__ import annotations
+
+import torch
+
+from kvlab.exercises import lesson02, lesson03, lesson04
+
+# ---- S1: the checkers' models have more than two layers, and every layer is checked -------------
+
+
+class _TwoSlotCache:
+    """A cache with storage for layers 0 and 1 only: layer 2 lands in layer 1's."""
+
+    def __init__(self):
+        self.k, self.v = {}, {}
+
+    def update(self, k, v, i):
+        i = min(i, 1)
+        if i in self.k:
+            self.k[i] = torch.cat([self.k[i], k], -2)
+            self.v[i] = torch.cat([self.v[i], v], -2)
+        else:
+            self.k[i], self.v[i] = k, v
+        return self.k[i], self.v[i]
+
+
+def test_cache_update_with_two_layers_of_storage_fails():
+    """check_cache_update called update on layers 0 and 1 only, with a 2-layer model: a cache with
+    storage for two layers passed."""
+    verdict = lesson02.check_cache_update(_TwoSlotCache)
+    assert verdict.startswith("not quite"), verdict
+    assert "layer 2" in verdict and "keep one K and one V per layer" in verdict
+
+
+def test_reset_of_two_layers_fails():
+    """check_reset_in_place ran on a 2-layer model: a reset looping range(2) passed."""
+    def reset_two(cache):
+        for i in range(2):
+            layer = cache.layers[i]
+            layer.keys.zero_()
+            layer.values.zero_()
+            layer.cumulative_length.zero_()
+
+    verdict = lesson03.check_reset_in_place(reset_two)
+    assert verdict.startswith("not quite") and "layers [2]" in verdict, verdict
+
+
+def test_put_back_of_two_layers_fails():
+    """check_put_back ran on a 2-layer model: a fix that fills layers 0 and 1 only passed."""
+    def put_back_two(cache, valid_len):
+        for i in (0, 1):
+            cache.layers[i].cumulative_length.fill_(valid_len)
+
+    verdict = lesson04.check_put_back(put_back_two)
+    assert verdict.startswith("not quite") and "layers [2]" in verdict, verdict
+    assert lesson04.check_put_back(lesson04.put_back).startswith("correct")
+
+
+# ---- R7: a cache's returned K/V in another dtype ------------------------------------------------
+
+
+class _CastCache(_TwoSlotCache):
+    dtype = torch.float64
+
+    def update(self, k, v, i):
+        if i in self.k:
+            self.k[i] = torch.cat([self.k[i], k.to(self.dtype)], -2)
+            self.v[i] = torch.cat([self.v[i], v.to(self.dtype)], -2)
+        else:
+            self.k[i], self.v[i] = k.to(self.dtype), v.to(self.dtype)
+        return self.k[i], self.v[i]
+
+
+class _HalfCache(_CastCache):
+    dtype = torch.float16
+
+
+def test_cache_update_in_another_dtype_is_named():
+    """A cache storing float64 passed the per-call check, then failed inside the decode with
+    torch's dtype error; float16 storage got "differ from token 0" with no word of the dtype."""
+    for cache in (_CastCache, _HalfCache):
+        verdict = lesson02.check_cache_update(cache)
+        assert verdict.startswith("not quite") and "at update call 1" in verdict, verdict
+        assert str(cache.dtype) in verdict and "dtype they come in" in verdict, verdict
