@@ -5,9 +5,12 @@ return, settings read at one door."""
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import torch
 
-from kvlab.exercises import lesson02, lesson03, lesson04
+from kvlab.exercises import lesson02, lesson03, lesson04, lesson06
+from kvlab.exercises.common import SettingError
 
 # ---- S1: the checkers' models have more than two layers, and every layer is checked -------------
 
@@ -86,3 +89,45 @@ def test_cache_update_in_another_dtype_is_named():
         verdict = lesson02.check_cache_update(cache)
         assert verdict.startswith("not quite") and "at update call 1" in verdict, verdict
         assert str(cache.dtype) in verdict and "dtype they come in" in verdict, verdict
+
+
+# ---- S2, R2/Q2: check_fastest_prediction's rows ------------------------------------------------
+
+def _rows(**changes):
+    rows = [{"strategy": "naive", "batch": 1, "tokens_per_s": 10.0, "exact": True},
+            {"strategy": "static", "batch": 1, "tokens_per_s": 50.0, "exact": True},
+            {"strategy": "compiled", "batch": 1, "tokens_per_s": 100.0, "exact": None}]
+    return {"results": [dict(r, **changes) for r in rows]}
+
+
+def test_fastest_refuses_two_rows_of_one_strategy_and_batch():
+    """Two rows with the same (strategy, batch): the last won in a dict, so a 50 tok/s row was
+    dropped and 'naive' was called fastest."""
+    record = _rows()
+    record["results"].append({"strategy": "static", "batch": 1, "tokens_per_s": 5.0,
+                              "exact": True})
+    with pytest.raises(SettingError, match=r"both 'static' at batch 1.*kvlab\.lab\.bench\.merge"):
+        lesson06.check_fastest_prediction("naive", record, batch=1)
+
+
+def test_fastest_reads_row_values_of_other_types():
+    """Rows with tokens_per_s as text crashed the formatting, a NumPy batch was refused, and
+    exact=np.bool_(True) was treated as unchecked."""
+    right = lesson06.check_fastest_prediction("static", _rows(), batch=1)
+    assert right.startswith("correct"), right
+    for record in ({"results": [dict(r, tokens_per_s=str(r["tokens_per_s"]))
+                                for r in _rows()["results"]]},
+                   {"results": [dict(r, batch=np.int64(1)) for r in _rows()["results"]]},
+                   {"results": [dict(r, exact=np.bool_(True)) for r in _rows()["results"][:2]]},
+                   {"results": [dict(r, exact=torch.tensor(True))
+                                for r in _rows()["results"][:2]]}):
+        verdict = lesson06.check_fastest_prediction("static", record, batch=1)
+        assert verdict.splitlines()[:3] == right.splitlines()[:3], verdict
+
+
+def test_fastest_says_why_a_text_exact_is_unchecked():
+    """A row's exact of "true" was reported as "ran with no token check"."""
+    record = {"results": [dict(r, exact="true") for r in _rows()["results"][:2]]}
+    verdict = lesson06.check_fastest_prediction("static", record, batch=1)
+    assert verdict.startswith("not checked") and "exact='true'" in verdict, verdict
+    assert "not a bool" in verdict and "ran with no token check" not in verdict, verdict

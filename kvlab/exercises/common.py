@@ -86,6 +86,18 @@ def number_in_text(text: str) -> numbers.Real:
     raise NotANumber(f"the text {text!r:.80}, which is not a number: {NUMBER_FORMS}")
 
 
+def truth(value) -> bool | None:
+    """``value`` as a Python bool where it holds one: a bool, a NumPy bool (``np.bool_``), a
+    one-element bool tensor or array; else None (``1``, ``"true"``, None: not a bool)."""
+    if isinstance(value, bool):
+        return value
+    dtype = getattr(value, "dtype", None)
+    if (dtype == torch.bool or getattr(dtype, "kind", "") == "b") and (
+            getattr(value, "size", None) == 1 or getattr(value, "numel", lambda: 0)() == 1):
+        return bool(value.item())
+    return None
+
+
 def as_number(answer):
     """``real_number(answer)`` where ``answer`` holds one finite real number, else ``answer``
     unchanged: what a number checker's entry does, so that its own comparisons see a Python number
