@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvlab.exercises import lesson02, lesson03, lesson04, lesson06
+from kvlab.exercises import lesson01, lesson02, lesson03, lesson04, lesson06
 from kvlab.exercises.common import SettingError
 
 # ---- S1: the checkers' models have more than two layers, and every layer is checked -------------
@@ -131,3 +131,30 @@ def test_fastest_says_why_a_text_exact_is_unchecked():
     verdict = lesson06.check_fastest_prediction("static", record, batch=1)
     assert verdict.startswith("not checked") and "exact='true'" in verdict, verdict
     assert "not a bool" in verdict and "ran with no token check" not in verdict, verdict
+
+
+# ---- R1: a student's tensor that is not dense, or not where the inputs are ---------------------
+
+def test_outputs_not_dense_or_elsewhere_are_named():
+    """An output on "meta", a sparse or a nested tensor was reported as "your code raised ..."
+    from inside the checker's comparison (check_attend; check_naive_decode moved it first)."""
+    import warnings
+
+    def nested(q, k, v):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.nested.nested_tensor([lesson02.attend(q, k, v)])
+
+    for attend, kind in ((lambda q, k, v: lesson02.attend(q, k, v).to("meta"), "on meta"),
+                         (lambda q, k, v: lesson02.attend(q, k, v).to_sparse(), "sparse"),
+                         (nested, "nested")):
+        verdict = lesson02.check_attend(attend)
+        assert verdict.startswith("not quite: your code returned") and kind in verdict, verdict
+        assert "dense (strided) tensor on the inputs' device (cpu)" in verdict, verdict
+        assert "raised" not in verdict, verdict
+
+    def naive_on_meta(model, ids, n):
+        return lesson01.check_naive_decode.solution(model, ids, n).to("meta")
+
+    verdict = lesson01.check_naive_decode(naive_on_meta)
+    assert "dense (strided) tensor on the inputs' device (cpu)" in verdict, verdict

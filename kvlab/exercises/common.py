@@ -461,15 +461,58 @@ def stub_raised(error: NotImplementedError) -> bool:
     return bool(re.search(r"\braise\b", line)) if line else not error.args
 
 
+class Misplaced(Exception):
+    """The student's code returned a tensor no comparison can read: not dense, or not on the
+    inputs' device (the message says which, and what to return)."""
+
+
+def _inputs_device(args) -> torch.device | None:
+    """The device of the first tensor (or model) among ``args``, else None."""
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            return arg.device
+        if isinstance(arg, torch.nn.Module):
+            weight = next(arg.parameters(), None)
+            if weight is not None:
+                return weight.device
+    return None
+
+
+def misplaced(returned, device: torch.device | None) -> str | None:
+    """What is wrong with where the tensors of ``returned`` (a tensor, or a list or tuple of them)
+    live, else None: each must be dense (strided), hold values (not on "meta") and sit on
+    ``device`` (the inputs'; None: any)."""
+    tensors = ([returned] if isinstance(returned, torch.Tensor) else
+               [t for t in returned if isinstance(t, torch.Tensor)]
+               if isinstance(returned, list | tuple) else [])
+    for t in tensors:
+        kind = ("a nested tensor" if t.is_nested else
+                f"a {str(t.layout).removeprefix('torch.')} tensor" if t.layout != torch.strided
+                else f"a tensor on {t.device}" if t.device.type == "meta" or (
+                    device is not None and t.device != device) else None)
+        if kind is not None:
+            on = f" on the inputs' device ({device})" if device is not None else ""
+            return (f"your code returned {kind}, which the check cannot compare: return a dense "
+                    f"(strided) tensor{on}: no .to(device), .to_sparse() or torch.nested")
+    return None
+
+
 def call_student(fn, *args, **kwargs):
     """Call the student's ``fn``; the stub's own NotImplementedError (:func:`stub_raised`) becomes
-    NotAttempted, any other error propagates (one torch raises inside the student's code too)."""
+    NotAttempted, any other error propagates (one torch raises inside the student's code too). A
+    returned tensor that is not dense or not on the inputs' device (:func:`misplaced`) raises
+    :class:`Misplaced`: every comparison of a student's tensor reads a dense one, where the inputs
+    are."""
     try:
-        return fn(*args, **kwargs)
+        returned = fn(*args, **kwargs)
     except NotImplementedError as e:
         if not stub_raised(e):
             raise
         raise NotAttempted from e
+    problem = misplaced(returned, _inputs_device([*args, *kwargs.values()]))
+    if problem:
+        raise Misplaced(problem)
+    return returned
 
 
 # ---- the caller's model is the caller's: student code runs on it, then it is put back ------------
@@ -685,6 +728,8 @@ def code_checker(solution):
                         + check(solution, *args, **kwargs))
             except SettingError:
                 raise
+            except Misplaced as e:
+                return f"not quite: {e}. Hint: {summary(check)}"
             except Exception as e:  # the student's code failed: say how, and where to look
                 return (f"not quite: your code raised {type(e).__name__}: "
                         f"{str(e).splitlines()[0][:200] if str(e) else ''}. Hint: {summary(check)}")

@@ -74,7 +74,6 @@ def decode_problem(model, prompt: torch.Tensor, got, right: torch.Tensor) -> str
     if not isinstance(got, torch.Tensor):
         return (f"return the new token ids as a LongTensor [batch, n] = ({batch}, {n}), not a "
                 f"{type(got).__name__}.")
-    got = got.to(right.device)
     if got.dim() == 1 and batch == 1 and torch.equal(got, right[0]):
         return "the tokens are right, but keep the batch dimension: return shape [batch, n]."
     if got.dim() != 2 or got.shape[0] != batch:
