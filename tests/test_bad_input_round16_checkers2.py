@@ -5,12 +5,15 @@ return, settings read at one door."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 import torch
 
-from kvlab.exercises import lesson01, lesson02, lesson03, lesson04, lesson06
+from kvlab.exercises import lesson00, lesson01, lesson02, lesson03, lesson04, lesson06
 from kvlab.exercises.common import SettingError
+from kvlab.sizes import kv_cache_bytes, llama_parameter_count
 
 # ---- S1: the checkers' models have more than two layers, and every layer is checked -------------
 
@@ -158,3 +161,27 @@ def test_outputs_not_dense_or_elsewhere_are_named():
 
     verdict = lesson01.check_naive_decode(naive_on_meta)
     assert "dense (strided) tensor on the inputs' device (cpu)" in verdict, verdict
+
+
+# ---- R3: answers of any numbers.Real, and ints past a float's range -----------------------------
+
+def test_fraction_and_huge_answers_are_checked():
+    """A Fraction answer crashed the number formatting ("could not be checked", or "your code
+    raised" for a returned one), and 10**400 raised OverflowError."""
+    config = lesson00.small_gqa_config()
+    right = kv_cache_bytes(config, 100, torch.float16, batch=2)
+    setting = dict(config=config, tokens=100, dtype=torch.float16, batch=2)
+    for wrong in (Fraction(right, 3), 10**400, -10**400):
+        verdict = lesson02.check_cache_bytes(wrong, **setting)
+        assert verdict.startswith("not quite: you gave"), verdict
+    assert lesson02.check_cache_bytes(Fraction(right), **setting).startswith("correct")
+    assert "1.000e+400" in lesson02.check_cache_bytes(10**400, **setting)
+    for count in (lambda c: Fraction(llama_parameter_count(c) * 3 + 1, 3), lambda c: 10**400):
+        verdict = lesson00.check_parameter_count(count)
+        assert verdict.startswith("not quite: for a config") and "raised" not in verdict, verdict
+    for flops in (lambda c, n: Fraction(1, 3), lambda c, n: 10**400):
+        verdict = lesson01.check_step_flops(flops)
+        assert verdict.startswith("not quite: for a config") and "raised" not in verdict, verdict
+    verdict = lesson01.check_doubling_prediction("4x", seconds=Fraction(1, 3),
+                                                 doubled_seconds=Fraction(4, 3))
+    assert verdict.startswith("correct") and "x4.00" in verdict, verdict

@@ -98,6 +98,20 @@ def truth(value) -> bool | None:
     return None
 
 
+def number_text(number: numbers.Real, spec: str = ",") -> str:
+    """``number`` (any ``numbers.Real``: an int, a float, a Fraction, a NumPy number) formatted
+    with ``spec``: as itself where its type takes ``spec``, else as a float; a number past a
+    float's range (``10**400``) or a whole one of more than 21 digits as ``d.ddde+N``. Every number
+    a checker shows goes through here."""
+    if isinstance(number, numbers.Rational) and abs(number) >= 10**21:
+        digits, sign = str(abs(int(number))), "-" if number < 0 else "+" if "+" in spec else ""
+        return f"{sign}{digits[0]}.{digits[1:4]}e+{len(digits) - 1}"
+    try:
+        return format(number, spec)
+    except (TypeError, ValueError, OverflowError):  # a Fraction takes no spec before Python 3.12
+        return format(float(number), spec)
+
+
 def as_number(answer):
     """``real_number(answer)`` where ``answer`` holds one finite real number, else ``answer``
     unchanged: what a number checker's entry does, so that its own comparisons see a Python number
@@ -120,12 +134,16 @@ def check_number(answer, expected: float, *, what: str, hint: str, rel_tol: floa
         return f"not quite: {what} is a number, but you gave {e}"
     error = abs(answer - expected)
     if error <= rel_tol * abs(expected) or error == 0:
-        return f"correct: {what} = {expected:,}"
-    share = error / abs(expected) if expected else None
+        return f"correct: {what} = {number_text(expected)}"
+    try:
+        share = float(error / abs(expected)) if expected else None
+    except OverflowError:  # an int past a float's range over a small one
+        share = math.inf
     # a near miss keeps two digits: never "0.0% off" for a wrong answer
-    off = (f"{error:g} off" if share is None else f"{share:.1%} off" if round(share, 3)
-           else f"{share * 100:.2g}% off")
-    return f"not quite: you gave {answer:,} for {what}, which is {off}. Hint: {hint}"
+    off = (f"{number_text(error, 'g')} off" if share is None else
+           "many orders of magnitude off" if share == math.inf else
+           f"{share:.1%} off" if round(share, 3) else f"{share * 100:.2g}% off")
+    return f"not quite: you gave {number_text(answer)} for {what}, which is {off}. Hint: {hint}"
 
 
 def plain_setting(value):

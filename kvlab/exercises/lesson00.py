@@ -25,6 +25,7 @@ from .common import (
     check_prediction,
     code_checker,
     index_dtype_problem,
+    number_text,
     real_number,
 )
 from .mistakes import first_match
@@ -149,8 +150,8 @@ def check_parameter_count(student, *, config=None) -> str:
                 "go part by part: per layer q_proj and o_proj (hidden x heads x head_dim), k_proj "
                 "and v_proj (hidden x kv_heads x head_dim), three MLP matrices, two norms; then "
                 "embedding, final norm, lm_head if untied.")
-            return (f"not quite: for {describe(cfg)} you count {got:,}, the model has {right:,} "
-                    f"({got - right:+,}). Hint: {hint}")
+            return (f"not quite: for {describe(cfg)} you count {number_text(got)}, the model has "
+                    f"{right:,} ({number_text(got - right, '+,')}). Hint: {hint}")
     return (f"correct: your count matches kvlab.sizes.llama_parameter_count on {len(configs)} "
             "configs, tied and untied")
 
@@ -304,7 +305,8 @@ def check_gqa_prediction(prediction, *, gqa_parameters: int, mha_parameters: int
     if ratio <= 1:
         # one kv head per query head only adds k_proj/v_proj rows: never fewer parameters
         return (f"not checked: the measured counts give the model with grouped-query attention "
-                f"{gqa_parameters:,} parameters and its multi-head twin {mha_parameters:,}, but "
+                f"{number_text(gqa_parameters)} parameters and its multi-head twin "
+                f"{number_text(mha_parameters)}, but "
                 "the twin has more k_proj and v_proj rows, so it cannot have as many or fewer: "
                 "the two counts are swapped, or the twin is the same model (num_key_value_heads "
                 "not set to num_attention_heads); count both again and pass gqa_parameters= "
@@ -312,5 +314,5 @@ def check_gqa_prediction(prediction, *, gqa_parameters: int, mha_parameters: int
     verdict = check_prediction(prediction, measured=nearest_choice(ratio, GQA_RATIOS),
                                choices=GQA_CHOICES,
                                what="the growth without grouped-query attention")
-    return (f"{verdict} (measured: {gqa_parameters:,} -> {mha_parameters:,} parameters, "
-            f"x{ratio:.3f})")
+    return (f"{verdict} (measured: {number_text(gqa_parameters)} -> {number_text(mha_parameters)} "
+            f"parameters, x{number_text(ratio, '.3f')})")

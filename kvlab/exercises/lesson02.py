@@ -31,6 +31,7 @@ from .common import (
     checker_model,
     code_checker,
     kept,
+    number_text,
     real_number,
 )
 from .mistakes import first_match, show_sources
@@ -398,12 +399,14 @@ def check_cache_vs_weights_prediction(prediction, *, weight_bytes: int,
     if tokens < 1:
         # one token's K and V (a vector per layer and kv head) never outweigh every weight matrix
         return (f"not checked: the measurements say one cached token holds "
-                f"{cache_bytes_per_token:,} B, more than all the weights ({weight_bytes:,} B), "
+                f"{number_text(cache_bytes_per_token)} B, more than all the weights "
+                f"({number_text(weight_bytes)} B), "
                 "which no model's cache does: the two are swapped, or one is not what it says "
                 "(bytes, not elements or MiB); measure them again and pass weight_bytes= and "
                 "cache_bytes_per_token=.")
     nearest = min(CACHE_VS_WEIGHTS_CHOICES, key=lambda k: abs(math.log10(tokens / k)))
     verdict = check_prediction(prediction, measured=nearest, choices=CACHE_VS_WEIGHTS_CHOICES,
                                what="the length at which the cache outweighs the weights")
-    return (f"{verdict} (measured: {weight_bytes:,} B of weights / {cache_bytes_per_token:,.0f} B "
-            f"per cached token = {tokens:,.0f} tokens)")
+    return (f"{verdict} (measured: {number_text(weight_bytes)} B of weights / "
+            f"{number_text(cache_bytes_per_token, ',.0f')} B per cached token = "
+            f"{number_text(tokens, ',.0f')} tokens)")

@@ -29,6 +29,7 @@ from .common import (
     code_checker,
     index_dtype_problem,
     kept,
+    number_text,
     settings_read,
     solutions_filled_in,
 )
@@ -92,7 +93,7 @@ def check_static_cache_bytes(answer, *, config, max_cache_len: int, dtype, batch
         # several slips can agree
         matched = list(dict.fromkeys(why for value, why in slips if value == answer))
         if matched:
-            return (f"not quite: you gave {answer:,} for {what}. Hint: that is "
+            return (f"not quite: you gave {number_text(answer)} for {what}. Hint: that is "
                     f"{' or '.join(matched)}.")
     return check_number(
         answer, expected, what=what,
