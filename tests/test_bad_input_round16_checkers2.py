@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvlab.exercises import lesson00, lesson01, lesson02, lesson03, lesson04, lesson06
+from kvlab.exercises import lesson00, lesson01, lesson02, lesson03, lesson04, lesson05, lesson06
 from kvlab.exercises.common import SettingError
 from kvlab.sizes import kv_cache_bytes, llama_parameter_count
 
@@ -185,3 +185,44 @@ def test_fraction_and_huge_answers_are_checked():
     verdict = lesson01.check_doubling_prediction("4x", seconds=Fraction(1, 3),
                                                  doubled_seconds=Fraction(4, 3))
     assert verdict.startswith("correct") and "x4.00" in verdict, verdict
+
+
+# ---- S4, Q8: the loose spelling reader -----------------------------------------------------------
+
+def test_loose_spelling_keeps_the_numbers():
+    """"24x" was read as "2x-4x" (the loose reader dropped the x between digits, then the hyphen):
+    a spelling whose numbers are not the choice's must not match."""
+    verdict = lesson01.check_doubling_prediction("24x", seconds=1, doubled_seconds=3)
+    assert verdict.startswith("not quite") and "one of" in verdict, verdict
+    for spelled in ("2x-4x", "2-4x", "2X\u20134X", " 2x - 4x "):
+        verdict = lesson01.check_doubling_prediction(spelled, seconds=1, doubled_seconds=3)
+        assert verdict.startswith("correct"), (spelled, verdict)
+
+
+def test_a_choice_with_its_description_is_read():
+    """"B: vanilla at bucket + steps" (a choice followed by its description) was refused; a choice
+    followed by another's description must still name none."""
+    right = lesson05.check_counters_prediction("B")
+    assert right.startswith("correct"), right
+    for spelled in ("B: vanilla at bucket + steps", "b) vanilla at bucket + steps, graph-safe at "
+                    "prompt + steps."):
+        assert lesson05.check_counters_prediction(spelled) == right, spelled
+    verdict = lesson05.check_counters_prediction("B: both counters at prompt + steps")
+    assert verdict.startswith("not quite") and "one of" in verdict, verdict
+
+
+def test_a_number_in_a_numpy_array_of_text_is_read():
+    """check_cached_positions(np.array('14'), ...) was refused, though choice_of reads a 0-d
+    NumPy array of text."""
+    assert lesson02.check_cached_positions(np.array("14"), prompt_len=5,
+                                           new_tokens=10).startswith("correct")
+    assert lesson02.check_cached_positions(np.array("15"), prompt_len=5,
+                                           new_tokens=10).startswith("not quite: you gave 15")
+
+
+def test_chat_ids_refuses_a_tokenizer_name():
+    """tokenizer="HuggingFaceTB/..." (a name) was silently replaced by the stand-in tokenizer."""
+    with pytest.raises(ValueError, match="tokenizer= takes a tokenizer object.*load_model"):
+        lesson00.check_chat_ids(lesson00.chat_ids,
+                                tokenizer="HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert lesson00.check_chat_ids(lesson00.chat_ids).startswith("correct")

@@ -52,6 +52,8 @@ def real_number(answer, *, spelled: bool = True) -> numbers.Real:
                              "one number: return one value (x.item() of a one-element tensor or "
                              "array)")
         answer = answer.item()
+        if spelled and isinstance(answer, str):  # a NumPy array of one string: choice_of's rule
+            answer = number_in_text(answer)
     elif hasattr(answer, "item") and not isinstance(answer, int | float):
         # numpy's float64, int64, bool_, ...
         answer = answer.item()
@@ -716,7 +718,7 @@ def mode_note(changed: list[str]) -> str:
             "model.eval() or requires_grad_().)")
 
 
-def code_checker(solution):
+def code_checker(solution, *, read: dict | None = None):
     """Make ``check(student_fn, **settings) -> verdict`` a checker of code written against
     ``solution``.
 
@@ -725,11 +727,12 @@ def code_checker(solution):
     and whatever ``check`` says when it runs. ``check`` calls the student's code through
     :func:`call_student`. Under ``KVLAB_SOLUTIONS=1`` an unattempted function is replaced by
     ``solution`` and the verdict says so. The checker gets ``.solution`` and ``.show_solution()``
-    (prints the reference source: on request only).
+    (prints the reference source: on request only). ``read``: readers of settings, run at the
+    door (:func:`settings_read`).
     """
     def wrap(check):
         @functools.wraps(check)
-        @settings_read
+        @settings_read(read=read)
         def checked(student=None, *args, **kwargs) -> str:
             filled = ""
             if student is None:
@@ -766,11 +769,36 @@ def _loosely(text: str) -> str:
     return re.sub(r"(?<=\d)x(?=\d)", "", bare)
 
 
+def _numbers(text: str) -> list[str]:
+    """The numbers ``text`` spells, in order (``"2x-4x"``: 2 and 4; ``"24x"``: 24)."""
+    return re.findall(r"\d+(?:\.\d+)?", text)
+
+
+def _described(text: str, choices) -> object | None:
+    """The key of ``choices`` (a dict: key -> its description) that ``text`` names as the key
+    followed by its own description, or the start of it (``"B: vanilla at bucket + steps"``), else
+    None: the description must be the named key's (a key with another's description names
+    neither)."""
+    if not isinstance(choices, dict):
+        return None
+    for key, description in choices.items():
+        if not (isinstance(key, str) and isinstance(description, str)):
+            continue
+        head = re.match(rf"\s*{re.escape(key)}\s*[:.)\-\u2010-\u2015=]?\s+(?P<rest>\S.*)", text,
+                        re.IGNORECASE | re.DOTALL)
+        rest = _loosely(head["rest"]).rstrip(".") if head else ""
+        if rest and _loosely(description).startswith(rest):
+            return key
+    return None
+
+
 def choice_of(prediction, choices):
     """The key of ``choices`` that ``prediction`` names, else None. Any reasonable spelling of a key
     names it: a list or tuple of one element, text in any case with spaces, quotes, brackets or a
     full stop around (``" b "``, ``"'B'"``, ``"(B)"``, ``"B."``), with spaces, hyphens or
-    underscores for one another (``"kept hidden"`` for ``"kept-hidden"``, :func:`_loosely`), a
+    underscores for one another (``"kept hidden"`` for ``"kept-hidden"``, :func:`_loosely`, the
+    numbers kept: ``"24x"`` is not ``"2x-4x"``), a key followed by its own description
+    (:func:`_described`, where ``choices`` is a dict of descriptions), a
     number key as text (``"1000"``, ``"1,000"``, ``"1e3"``), a NumPy scalar or array of one element
     or a one-element tensor. Never hashes ``prediction`` (a list is not an error)."""
     if isinstance(prediction, list | tuple) and len(prediction) == 1:
@@ -786,13 +814,18 @@ def choice_of(prediction, choices):
         spelled = {"".join(str(k).split()).casefold(): k for k in choices if isinstance(k, str)}
         if "".join(text.split()).casefold() in spelled:
             return spelled["".join(text.split()).casefold()]
-        # looser: "kept hidden", "Kept_Hidden" for "kept-hidden"; "2-4x" for "2x-4x"
+        # looser: "kept hidden", "Kept_Hidden" for "kept-hidden"; "2-4x" for "2x-4x", with the
+        # same numbers ("24x" is not "2x-4x")
         loose: dict = {}
         for k in choices:
             if isinstance(k, str):
                 loose.setdefault(_loosely(k), []).append(k)
-        if len(loose.get(_loosely(text), ())) == 1:  # two keys spelled alike: neither
-            return loose[_loosely(text)][0]
+        alike = [k for k in loose.get(_loosely(text), ()) if _numbers(k) == _numbers(text)]
+        if len(loose.get(_loosely(text), ())) == 1 and alike:  # two keys spelled alike: neither
+            return alike[0]
+        described = _described(text, choices)
+        if described is not None:
+            return described
         if not numeric:
             return None
     try:

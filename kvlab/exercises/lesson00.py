@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import os
 
 import torch
 
@@ -255,7 +256,20 @@ def chat_problem(got, right: torch.Tensor, tokenizer, question: str) -> str | No
             "add_generation_prompt=True, return_tensors='pt').")
 
 
-@code_checker(chat_ids)
+def tokenizer_setting(tokenizer):
+    """``check_chat_ids``'s ``tokenizer=``: a tokenizer object (None: the stand-in), never its name
+    or path, which would be silently replaced by the stand-in; else a ValueError saying what to
+    pass."""
+    if tokenizer is not None and (isinstance(tokenizer, str | bytes | os.PathLike)
+                                  or not callable(tokenizer)):
+        raise ValueError(f"tokenizer= takes a tokenizer object, got {tokenizer!r:.80}: pass the "
+                         "tokenizer kvlab.load_model() returned (model, tokenizer = "
+                         "kvlab.load_model()), or AutoTokenizer.from_pretrained(name) of it, or "
+                         "leave it out for a stand-in chat tokenizer")
+    return tokenizer
+
+
+@code_checker(chat_ids, read={"tokenizer": tokenizer_setting})
 def check_chat_ids(student, *, tokenizer=None,
                    question: str = "What is the capital of France?") -> str:
     """tokenizer.apply_chat_template([{'role': 'user', 'content': question}],
