@@ -11,7 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from kvlab.exercises import lesson00, lesson01, lesson02, lesson03, lesson04, lesson05, lesson06
+from kvlab.exercises import (
+    lesson00,
+    lesson01,
+    lesson02,
+    lesson03,
+    lesson04,
+    lesson05,
+    lesson06,
+    lesson07,
+)
 from kvlab.exercises.common import SettingError
 from kvlab.sizes import kv_cache_bytes, llama_parameter_count
 
@@ -226,3 +235,37 @@ def test_chat_ids_refuses_a_tokenizer_name():
         lesson00.check_chat_ids(lesson00.chat_ids,
                                 tokenizer="HuggingFaceTB/SmolLM2-135M-Instruct")
     assert lesson00.check_chat_ids(lesson00.chat_ids).startswith("correct")
+
+
+# ---- Q7: a ratio of measurements that is no finite number ---------------------------------------
+
+def test_a_non_finite_ratio_is_not_checked():
+    """seconds=1e-300, doubled_seconds=1e300 was called correct with an infinite ratio; an int past
+    a float's range raised OverflowError."""
+    for verdict in (
+            lesson01.check_doubling_prediction("4x", seconds=1e-300, doubled_seconds=1e300),
+            lesson00.check_gqa_prediction("3x", gqa_parameters=1, mha_parameters=10**400),
+            lesson02.check_cache_vs_weights_prediction(100_000, weight_bytes=1e300,
+                                                       cache_bytes_per_token=1e-300)):
+        assert verdict.startswith("not checked") and "not a finite number" in verdict, verdict
+
+
+# ---- Q6: the prediction checkers' settings read at the one door ---------------------------------
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: lesson00.check_gqa_prediction("10%", gqa_parameter=100, mha_parameters=110),
+     "has no setting 'gqa_parameter'"),
+    (lambda: lesson00.check_gqa_prediction("10%", gqa_parameters=100),
+     "needs the setting mha_parameters="),
+    (lambda: lesson01.check_doubling_prediction("4x", second=1, doubled_seconds=4),
+     "has no setting 'second'"),
+    (lambda: lesson02.check_cache_vs_weights_prediction(1000, weight_bytes=1e6),
+     "needs the setting cache_bytes_per_token="),
+    (lambda: lesson07.check_verify_prediction("B", k=4), "has no setting 'k'"),
+])
+def test_prediction_checkers_read_their_settings_at_the_door(call, words):
+    """Four prediction checkers gave Python's bare "unexpected keyword argument" / "missing 1
+    required keyword-only argument"; they now say what they take, as the other checkers do."""
+    with pytest.raises(TypeError, match=words) as caught:
+        call()
+    assert "it takes" in str(caught.value), caught.value

@@ -853,6 +853,18 @@ def bad_measurement(measured: dict, fix: str = RUN_AGAIN) -> str | None:
     return None
 
 
+def measured_ratio(numerator, denominator, name: str, fix: str = RUN_AGAIN):
+    """``(numerator / denominator, None)`` for two measurements (positive, finite: read by
+    :func:`bad_measurement` first), or ``(None, verdict)`` where the ratio is no finite number
+    (``1e300 / 1e-300``, an int past a float's range): a measurement that cannot be, "not
+    checked" like the others. ``name``: the ratio in words (``"doubled_seconds / seconds"``)."""
+    try:
+        ratio = numerator / denominator
+    except OverflowError:
+        ratio = math.inf
+    return (None, bad) if (bad := bad_measurement({name: ratio}, fix)) else (ratio, None)
+
+
 # the start of a verdict on a prediction that KVLAB_SOLUTIONS=1 filled in with the measured answer
 FILLED_PREDICTION = f"(the measured answer, filled in by {SOLUTIONS_ENV}=1) "
 

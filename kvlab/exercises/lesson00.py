@@ -26,8 +26,10 @@ from .common import (
     check_prediction,
     code_checker,
     index_dtype_problem,
+    measured_ratio,
     number_text,
     real_number,
+    settings_read,
 )
 from .mistakes import first_match
 
@@ -307,6 +309,7 @@ def nearest_choice(ratio: float, ratios: dict[str, float]) -> str:
     return min(ratios, key=lambda k: abs(math.log(ratio / ratios[k])))
 
 
+@settings_read
 def check_gqa_prediction(prediction, *, gqa_parameters: int, mha_parameters: int) -> str:
     """Predict, then run: how many more parameters would the model have with one kv head per query
     head? The measured counts (``model.parameters()`` of the model and of its multi-head twin)
@@ -315,7 +318,9 @@ def check_gqa_prediction(prediction, *, gqa_parameters: int, mha_parameters: int
     if bad:
         return bad
     gqa_parameters, mha_parameters = real_number(gqa_parameters), real_number(mha_parameters)
-    ratio = mha_parameters / gqa_parameters
+    ratio, bad = measured_ratio(mha_parameters, gqa_parameters, "mha_parameters / gqa_parameters")
+    if bad:
+        return bad
     if ratio <= 1:
         # one kv head per query head only adds k_proj/v_proj rows: never fewer parameters
         return (f"not checked: the measured counts give the model with grouped-query attention "

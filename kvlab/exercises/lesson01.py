@@ -27,8 +27,10 @@ from .common import (
     code_checker,
     index_dtype_problem,
     kept,
+    measured_ratio,
     number_text,
     real_number,
+    settings_read,
 )
 from .lesson00 import describe, head_dim_mistake, small_gqa_config
 from .mistakes import first_match, show_sources
@@ -262,6 +264,7 @@ def doubling_choice(ratio: float) -> str:
     return "2x" if ratio < 2.3 else "4x" if ratio >= 3.5 else "2x-4x"
 
 
+@settings_read
 def check_doubling_prediction(prediction, *, seconds: float, doubled_seconds: float) -> str:
     """Predict, then run: the naive decode's total time for 2n tokens over its time for n,
     measured."""
@@ -269,7 +272,9 @@ def check_doubling_prediction(prediction, *, seconds: float, doubled_seconds: fl
     if bad:
         return bad
     seconds, doubled_seconds = real_number(seconds), real_number(doubled_seconds)
-    ratio = doubled_seconds / seconds
+    ratio, bad = measured_ratio(doubled_seconds, seconds, "doubled_seconds / seconds")
+    if bad:
+        return bad
     if ratio <= 1:
         # twice the tokens, each step at least as long as before: never faster
         return (f"not checked: the doubled run took {number_text(doubled_seconds, '.3g')} s, no "

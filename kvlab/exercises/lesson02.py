@@ -31,8 +31,10 @@ from .common import (
     checker_model,
     code_checker,
     kept,
+    measured_ratio,
     number_text,
     real_number,
+    settings_read,
 )
 from .mistakes import first_match, show_sources
 
@@ -384,6 +386,7 @@ CACHE_VS_WEIGHTS_CHOICES = {
 }
 
 
+@settings_read
 def check_cache_vs_weights_prediction(prediction, *, weight_bytes: int,
                                       cache_bytes_per_token: float) -> str:
     """Predict, then run: at about how many cached tokens of one sequence does the KV cache hold as
@@ -395,7 +398,10 @@ def check_cache_vs_weights_prediction(prediction, *, weight_bytes: int,
         return bad
     weight_bytes, cache_bytes_per_token = (real_number(weight_bytes),
                                            real_number(cache_bytes_per_token))
-    tokens = weight_bytes / cache_bytes_per_token
+    tokens, bad = measured_ratio(weight_bytes, cache_bytes_per_token,
+                                 "weight_bytes / cache_bytes_per_token")
+    if bad:
+        return bad
     if tokens < 1:
         # one token's K and V (a vector per layer and kv head) never outweigh every weight matrix
         return (f"not checked: the measurements say one cached token holds "
