@@ -269,3 +269,24 @@ def test_prediction_checkers_read_their_settings_at_the_door(call, words):
     with pytest.raises(TypeError, match=words) as caught:
         call()
     assert "it takes" in str(caught.value), caught.value
+
+
+# ---- Q1: a launch record's counts and times read alike ------------------------------------------
+
+def test_launch_record_reads_counts_and_times_alike():
+    """check_launch_cost_us refused kernel_launch_calls=np.int64(600) but read
+    eager_ms_per_token="10.0" as text: counts and times are now read by the same reader."""
+    def record(eager=10.0, launches=600):
+        return {"eager_ms_per_token": eager, "replay_ms_per_token": 4.0,
+                "work_per_step": {"eager": {"kernel_launch_calls": launches},
+                                  "replay": {"kernel_launch_calls": 0}}}
+
+    right = lesson05.check_launch_cost_us(10.0, record=record())
+    assert right.startswith("correct"), right
+    for other in (record(launches=np.int64(600)), record(launches=torch.tensor(600)),
+                  record(launches=600.0), record(eager=np.float32(10.0)), record(eager="10.0"),
+                  record(launches="600")):
+        assert lesson05.check_launch_cost_us(10.0, record=other) == right
+    assert lesson05.check_launch_cost_us(10**400, record=record()).startswith("not quite: you")
+    with pytest.raises(SettingError, match="must be a count"):
+        lesson05.check_launch_cost_us(10.0, record=record(launches=600.5))

@@ -134,7 +134,10 @@ def check_number(answer, expected: float, *, what: str, hint: str, rel_tol: floa
         answer = real_number(answer)
     except NotANumber as e:
         return f"not quite: {what} is a number, but you gave {e}"
-    error = abs(answer - expected)
+    try:
+        error = abs(answer - expected)
+    except OverflowError:  # an int past a float's range against a float: far from it
+        error = math.inf
     if error <= rel_tol * abs(expected) or error == 0:
         return f"correct: {what} = {number_text(expected)}"
     try:
