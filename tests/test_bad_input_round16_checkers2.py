@@ -290,3 +290,21 @@ def test_launch_record_reads_counts_and_times_alike():
     assert lesson05.check_launch_cost_us(10**400, record=record()).startswith("not quite: you")
     with pytest.raises(SettingError, match="must be a count"):
         lesson05.check_launch_cost_us(10.0, record=record(launches=600.5))
+
+
+# ---- Q9: check_decode_step claims only what it saw ----------------------------------------------
+
+def test_decode_step_claims_the_position_tensor_only_when_fed():
+    """A step feeding position_ids=cache.layers[0].cumulative_length was told its "positions came
+    from one 0-dim tensor advanced in place"."""
+    def from_counter(model, cache, ids, position):
+        counter = cache.layers[0].cumulative_length.reshape(1, 1)
+        logits = model(ids, cache=cache, position_ids=counter).logits
+        position.add_(1)
+        return logits[:, -1:].argmax(-1)
+
+    verdict = lesson03.check_decode_step(from_counter)
+    assert "came from one 0-dim tensor" not in verdict, verdict
+    assert "not read from the position tensor you were handed" in verdict, verdict
+    right = lesson03.check_decode_step(lesson03.decode_step)
+    assert right.startswith("correct") and "came from one 0-dim tensor" in right, right
