@@ -308,3 +308,18 @@ def test_decode_step_claims_the_position_tensor_only_when_fed():
     assert "not read from the position tensor you were handed" in verdict, verdict
     right = lesson03.check_decode_step(lesson03.decode_step)
     assert right.startswith("correct") and "came from one 0-dim tensor" in right, right
+
+
+def test_graph_loop_putting_back_two_layers_fails():
+    """check_graph_loop ran on a 2-layer model: a loop that puts back the counters of layers 0
+    and 1 only (a layer count written in) passed."""
+    import inspect
+
+    source = inspect.getsource(lesson05.graph_loop_solution).replace(
+        "for layer in cache.layers:", "for layer in cache.layers[:2]:")
+    assert "cache.layers[:2]" in source
+    space = dict(vars(lesson05))
+    exec(compile(source, "<two layers>", "exec"), space)  # the reference, two layers written in
+    verdict = lesson05.check_graph_loop(space["graph_loop_solution"])
+    assert verdict.startswith("not quite") and "layers [2] of 3" in verdict, verdict
+    assert lesson05.check_graph_loop(lesson05.graph_loop_solution).startswith("correct")

@@ -26,6 +26,7 @@ from .common import (
     check_number,
     check_prediction,
     checker,
+    checker_model,
     code_checker,
     index_dtype_problem,
     kept,
@@ -38,9 +39,8 @@ from .mistakes import same
 
 @functools.cache
 def _tiny():
-    from ..lab.models import tiny_model
-
-    return tiny_model("tiny-llama")
+    """The checkers' tiny model, with ``CHECK_LAYERS`` layers (a layer count written in fails)."""
+    return checker_model("tiny-llama")
 
 
 def _cache(max_cache_len: int):
@@ -566,11 +566,18 @@ def _before_replay(graph, seen, reading, cache, want, n) -> str | None:
                     "for real and advanced them. Hint: right "
                     "after capture, put every layer's counter back in place: "
                     f"layer.cumulative_length.sub_({LOOP_WARMUP}) (rule 1)")
-        if found[0] == expected and all(c == expected + LOOP_WARMUP for c in found[1:]):
+        stale = [i for i, c in enumerate(found) if c != expected]
+        if stale == list(range(1, len(found))) and all(found[i] == expected + LOOP_WARMUP
+                                                       for i in stale):
             return (f"not quite: before {where} layer 0's counter says {expected}, the others "
                     f"{expected + LOOP_WARMUP}. Hint: get_seq_length() reads layer 0 only, but "
                     "every layer writes at its own counter: put all of "
                     "them back (rule 1)")
+        if len(stale) < len(found) and all(found[i] == expected + LOOP_WARMUP for i in stale):
+            return (f"not quite: before {where} layers {stale} of {len(found)} say "
+                    f"{expected + LOOP_WARMUP}, the others {expected}. Hint: every layer writes "
+                    "at its own counter: put all of them back, for layer in cache.layers (a "
+                    "model has config.num_hidden_layers of them; rule 1)")
         if k and step == 0 and all(c > expected for c in found):
             return (f"not quite: before {where} the counters say {found[0]}, not {expected}: the "
                     "cache still held the previous prompt when this one was prefilled. Hint: "
