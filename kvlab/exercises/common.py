@@ -52,6 +52,8 @@ def real_number(answer, *, spelled: bool = True) -> numbers.Real:
                              "one number: return one value (x.item() of a one-element tensor or "
                              "array)")
         answer = answer.item()
+        if spelled and isinstance(answer, str):  # a NumPy array of one string: choice_of's rule
+            answer = number_in_text(answer)
     elif hasattr(answer, "item") and not isinstance(answer, int | float):
         # numpy's float64, int64, bool_, ...
         answer = answer.item()
@@ -86,6 +88,32 @@ def number_in_text(text: str) -> numbers.Real:
     raise NotANumber(f"the text {text!r:.80}, which is not a number: {NUMBER_FORMS}")
 
 
+def truth(value) -> bool | None:
+    """``value`` as a Python bool where it holds one: a bool, a NumPy bool (``np.bool_``), a
+    one-element bool tensor or array; else None (``1``, ``"true"``, None: not a bool)."""
+    if isinstance(value, bool):
+        return value
+    dtype = getattr(value, "dtype", None)
+    if (dtype == torch.bool or getattr(dtype, "kind", "") == "b") and (
+            getattr(value, "size", None) == 1 or getattr(value, "numel", lambda: 0)() == 1):
+        return bool(value.item())
+    return None
+
+
+def number_text(number: numbers.Real, spec: str = ",") -> str:
+    """``number`` (any ``numbers.Real``: an int, a float, a Fraction, a NumPy number) formatted
+    with ``spec``: as itself where its type takes ``spec``, else as a float; a number past a
+    float's range (``10**400``) or a whole one of more than 21 digits as ``d.ddde+N``. Every number
+    a checker shows goes through here."""
+    if isinstance(number, numbers.Rational) and abs(number) >= 10**21:
+        digits, sign = str(abs(int(number))), "-" if number < 0 else "+" if "+" in spec else ""
+        return f"{sign}{digits[0]}.{digits[1:4]}e+{len(digits) - 1}"
+    try:
+        return format(number, spec)
+    except (TypeError, ValueError, OverflowError):  # a Fraction takes no spec before Python 3.12
+        return format(float(number), spec)
+
+
 def as_number(answer):
     """``real_number(answer)`` where ``answer`` holds one finite real number, else ``answer``
     unchanged: what a number checker's entry does, so that its own comparisons see a Python number
@@ -106,14 +134,21 @@ def check_number(answer, expected: float, *, what: str, hint: str, rel_tol: floa
         answer = real_number(answer)
     except NotANumber as e:
         return f"not quite: {what} is a number, but you gave {e}"
-    error = abs(answer - expected)
+    try:
+        error = abs(answer - expected)
+    except OverflowError:  # an int past a float's range against a float: far from it
+        error = math.inf
     if error <= rel_tol * abs(expected) or error == 0:
-        return f"correct: {what} = {expected:,}"
-    share = error / abs(expected) if expected else None
+        return f"correct: {what} = {number_text(expected)}"
+    try:
+        share = float(error / abs(expected)) if expected else None
+    except OverflowError:  # an int past a float's range over a small one
+        share = math.inf
     # a near miss keeps two digits: never "0.0% off" for a wrong answer
-    off = (f"{error:g} off" if share is None else f"{share:.1%} off" if round(share, 3)
-           else f"{share * 100:.2g}% off")
-    return f"not quite: you gave {answer:,} for {what}, which is {off}. Hint: {hint}"
+    off = (f"{number_text(error, 'g')} off" if share is None else
+           "many orders of magnitude off" if share == math.inf else
+           f"{share:.1%} off" if round(share, 3) else f"{share * 100:.2g}% off")
+    return f"not quite: you gave {number_text(answer)} for {what}, which is {off}. Hint: {hint}"
 
 
 def plain_setting(value):
@@ -266,6 +301,25 @@ def _counts(values, name: str, minimum: int) -> tuple[int, ...]:
     if not isinstance(values, list | tuple) or not values:
         raise ValueError(f"{name} must be a non-empty list or tuple of ints, got {values!r:.80}")
     return tuple(count(v, f"every entry of {name}", minimum=minimum) for v in values)
+
+
+# The layers of the checkers' own tiny models: more than the two of kvlab's tiny models, so that
+# code with a layer count written in (range(2), storage for layers 0 and 1) fails; SmolLM2 has 30.
+CHECK_LAYERS = 3
+
+
+def checker_model(name: str, seed: int = 0):
+    """The tiny random model ``name`` (``kvlab.lab.models.tiny_model``'s, float32) with
+    :data:`CHECK_LAYERS` decoder layers, built afresh (student code cannot spoil the next check)."""
+    from ..lab.models import _TINY_LOCK, TINY_COMMON, TINY_CONFIGS
+
+    cls_name, extra = TINY_CONFIGS[name]
+    config = getattr(transformers, cls_name)(**{**TINY_COMMON, **extra,
+                                                "num_hidden_layers": CHECK_LAYERS})
+    with _TINY_LOCK, torch.random.fork_rng(devices=[]):  # tiny_model's rule: one build at a time
+        torch.manual_seed(seed)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model.eval()
 
 
 def check_prompt_ids(model, prompt_ids, new_tokens: int) -> None:
@@ -430,15 +484,58 @@ def stub_raised(error: NotImplementedError) -> bool:
     return bool(re.search(r"\braise\b", line)) if line else not error.args
 
 
+class Misplaced(Exception):
+    """The student's code returned a tensor no comparison can read: not dense, or not on the
+    inputs' device (the message says which, and what to return)."""
+
+
+def _inputs_device(args) -> torch.device | None:
+    """The device of the first tensor (or model) among ``args``, else None."""
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            return arg.device
+        if isinstance(arg, torch.nn.Module):
+            weight = next(arg.parameters(), None)
+            if weight is not None:
+                return weight.device
+    return None
+
+
+def misplaced(returned, device: torch.device | None) -> str | None:
+    """What is wrong with where the tensors of ``returned`` (a tensor, or a list or tuple of them)
+    live, else None: each must be dense (strided), hold values (not on "meta") and sit on
+    ``device`` (the inputs'; None: any)."""
+    tensors = ([returned] if isinstance(returned, torch.Tensor) else
+               [t for t in returned if isinstance(t, torch.Tensor)]
+               if isinstance(returned, list | tuple) else [])
+    for t in tensors:
+        kind = ("a nested tensor" if t.is_nested else
+                f"a {str(t.layout).removeprefix('torch.')} tensor" if t.layout != torch.strided
+                else f"a tensor on {t.device}" if t.device.type == "meta" or (
+                    device is not None and t.device != device) else None)
+        if kind is not None:
+            on = f" on the inputs' device ({device})" if device is not None else ""
+            return (f"your code returned {kind}, which the check cannot compare: return a dense "
+                    f"(strided) tensor{on}: no .to(device), .to_sparse() or torch.nested")
+    return None
+
+
 def call_student(fn, *args, **kwargs):
     """Call the student's ``fn``; the stub's own NotImplementedError (:func:`stub_raised`) becomes
-    NotAttempted, any other error propagates (one torch raises inside the student's code too)."""
+    NotAttempted, any other error propagates (one torch raises inside the student's code too). A
+    returned tensor that is not dense or not on the inputs' device (:func:`misplaced`) raises
+    :class:`Misplaced`: every comparison of a student's tensor reads a dense one, where the inputs
+    are."""
     try:
-        return fn(*args, **kwargs)
+        returned = fn(*args, **kwargs)
     except NotImplementedError as e:
         if not stub_raised(e):
             raise
         raise NotAttempted from e
+    problem = misplaced(returned, _inputs_device([*args, *kwargs.values()]))
+    if problem:
+        raise Misplaced(problem)
+    return returned
 
 
 # ---- the caller's model is the caller's: student code runs on it, then it is put back ------------
@@ -624,7 +721,7 @@ def mode_note(changed: list[str]) -> str:
             "model.eval() or requires_grad_().)")
 
 
-def code_checker(solution):
+def code_checker(solution, *, read: dict | None = None):
     """Make ``check(student_fn, **settings) -> verdict`` a checker of code written against
     ``solution``.
 
@@ -633,11 +730,12 @@ def code_checker(solution):
     and whatever ``check`` says when it runs. ``check`` calls the student's code through
     :func:`call_student`. Under ``KVLAB_SOLUTIONS=1`` an unattempted function is replaced by
     ``solution`` and the verdict says so. The checker gets ``.solution`` and ``.show_solution()``
-    (prints the reference source: on request only).
+    (prints the reference source: on request only). ``read``: readers of settings, run at the
+    door (:func:`settings_read`).
     """
     def wrap(check):
         @functools.wraps(check)
-        @settings_read
+        @settings_read(read=read)
         def checked(student=None, *args, **kwargs) -> str:
             filled = ""
             if student is None:
@@ -654,6 +752,8 @@ def code_checker(solution):
                         + check(solution, *args, **kwargs))
             except SettingError:
                 raise
+            except Misplaced as e:
+                return f"not quite: {e}. Hint: {summary(check)}"
             except Exception as e:  # the student's code failed: say how, and where to look
                 return (f"not quite: your code raised {type(e).__name__}: "
                         f"{str(e).splitlines()[0][:200] if str(e) else ''}. Hint: {summary(check)}")
@@ -672,11 +772,36 @@ def _loosely(text: str) -> str:
     return re.sub(r"(?<=\d)x(?=\d)", "", bare)
 
 
+def _numbers(text: str) -> list[str]:
+    """The numbers ``text`` spells, in order (``"2x-4x"``: 2 and 4; ``"24x"``: 24)."""
+    return re.findall(r"\d+(?:\.\d+)?", text)
+
+
+def _described(text: str, choices) -> object | None:
+    """The key of ``choices`` (a dict: key -> its description) that ``text`` names as the key
+    followed by its own description, or the start of it (``"B: vanilla at bucket + steps"``), else
+    None: the description must be the named key's (a key with another's description names
+    neither)."""
+    if not isinstance(choices, dict):
+        return None
+    for key, description in choices.items():
+        if not (isinstance(key, str) and isinstance(description, str)):
+            continue
+        head = re.match(rf"\s*{re.escape(key)}\s*[:.)\-\u2010-\u2015=]?\s+(?P<rest>\S.*)", text,
+                        re.IGNORECASE | re.DOTALL)
+        rest = _loosely(head["rest"]).rstrip(".") if head else ""
+        if rest and _loosely(description).startswith(rest):
+            return key
+    return None
+
+
 def choice_of(prediction, choices):
     """The key of ``choices`` that ``prediction`` names, else None. Any reasonable spelling of a key
     names it: a list or tuple of one element, text in any case with spaces, quotes, brackets or a
     full stop around (``" b "``, ``"'B'"``, ``"(B)"``, ``"B."``), with spaces, hyphens or
-    underscores for one another (``"kept hidden"`` for ``"kept-hidden"``, :func:`_loosely`), a
+    underscores for one another (``"kept hidden"`` for ``"kept-hidden"``, :func:`_loosely`, the
+    numbers kept: ``"24x"`` is not ``"2x-4x"``), a key followed by its own description
+    (:func:`_described`, where ``choices`` is a dict of descriptions), a
     number key as text (``"1000"``, ``"1,000"``, ``"1e3"``), a NumPy scalar or array of one element
     or a one-element tensor. Never hashes ``prediction`` (a list is not an error)."""
     if isinstance(prediction, list | tuple) and len(prediction) == 1:
@@ -692,13 +817,18 @@ def choice_of(prediction, choices):
         spelled = {"".join(str(k).split()).casefold(): k for k in choices if isinstance(k, str)}
         if "".join(text.split()).casefold() in spelled:
             return spelled["".join(text.split()).casefold()]
-        # looser: "kept hidden", "Kept_Hidden" for "kept-hidden"; "2-4x" for "2x-4x"
+        # looser: "kept hidden", "Kept_Hidden" for "kept-hidden"; "2-4x" for "2x-4x", with the
+        # same numbers ("24x" is not "2x-4x")
         loose: dict = {}
         for k in choices:
             if isinstance(k, str):
                 loose.setdefault(_loosely(k), []).append(k)
-        if len(loose.get(_loosely(text), ())) == 1:  # two keys spelled alike: neither
-            return loose[_loosely(text)][0]
+        alike = [k for k in loose.get(_loosely(text), ()) if _numbers(k) == _numbers(text)]
+        if len(loose.get(_loosely(text), ())) == 1 and alike:  # two keys spelled alike: neither
+            return alike[0]
+        described = _described(text, choices)
+        if described is not None:
+            return described
         if not numeric:
             return None
     try:
@@ -724,6 +854,18 @@ def bad_measurement(measured: dict, fix: str = RUN_AGAIN) -> str | None:
             return (f"not checked: the measurement {name} = {number} is not a positive number, so "
                     f"it cannot decide the question; {fix}")
     return None
+
+
+def measured_ratio(numerator, denominator, name: str, fix: str = RUN_AGAIN):
+    """``(numerator / denominator, None)`` for two measurements (positive, finite: read by
+    :func:`bad_measurement` first), or ``(None, verdict)`` where the ratio is no finite number
+    (``1e300 / 1e-300``, an int past a float's range): a measurement that cannot be, "not
+    checked" like the others. ``name``: the ratio in words (``"doubled_seconds / seconds"``)."""
+    try:
+        ratio = numerator / denominator
+    except OverflowError:
+        ratio = math.inf
+    return (None, bad) if (bad := bad_measurement({name: ratio}, fix)) else (ratio, None)
 
 
 # the start of a verdict on a prediction that KVLAB_SOLUTIONS=1 filled in with the measured answer

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import os
 
 import torch
 
@@ -25,7 +26,10 @@ from .common import (
     check_prediction,
     code_checker,
     index_dtype_problem,
+    measured_ratio,
+    number_text,
     real_number,
+    settings_read,
 )
 from .mistakes import first_match
 
@@ -149,8 +153,8 @@ def check_parameter_count(student, *, config=None) -> str:
                 "go part by part: per layer q_proj and o_proj (hidden x heads x head_dim), k_proj "
                 "and v_proj (hidden x kv_heads x head_dim), three MLP matrices, two norms; then "
                 "embedding, final norm, lm_head if untied.")
-            return (f"not quite: for {describe(cfg)} you count {got:,}, the model has {right:,} "
-                    f"({got - right:+,}). Hint: {hint}")
+            return (f"not quite: for {describe(cfg)} you count {number_text(got)}, the model has "
+                    f"{right:,} ({number_text(got - right, '+,')}). Hint: {hint}")
     return (f"correct: your count matches kvlab.sizes.llama_parameter_count on {len(configs)} "
             "configs, tied and untied")
 
@@ -254,7 +258,20 @@ def chat_problem(got, right: torch.Tensor, tokenizer, question: str) -> str | No
             "add_generation_prompt=True, return_tensors='pt').")
 
 
-@code_checker(chat_ids)
+def tokenizer_setting(tokenizer):
+    """``check_chat_ids``'s ``tokenizer=``: a tokenizer object (None: the stand-in), never its name
+    or path, which would be silently replaced by the stand-in; else a ValueError saying what to
+    pass."""
+    if tokenizer is not None and (isinstance(tokenizer, str | bytes | os.PathLike)
+                                  or not callable(tokenizer)):
+        raise ValueError(f"tokenizer= takes a tokenizer object, got {tokenizer!r:.80}: pass the "
+                         "tokenizer kvlab.load_model() returned (model, tokenizer = "
+                         "kvlab.load_model()), or AutoTokenizer.from_pretrained(name) of it, or "
+                         "leave it out for a stand-in chat tokenizer")
+    return tokenizer
+
+
+@code_checker(chat_ids, read={"tokenizer": tokenizer_setting})
 def check_chat_ids(student, *, tokenizer=None,
                    question: str = "What is the capital of France?") -> str:
     """tokenizer.apply_chat_template([{'role': 'user', 'content': question}],
@@ -292,6 +309,7 @@ def nearest_choice(ratio: float, ratios: dict[str, float]) -> str:
     return min(ratios, key=lambda k: abs(math.log(ratio / ratios[k])))
 
 
+@settings_read
 def check_gqa_prediction(prediction, *, gqa_parameters: int, mha_parameters: int) -> str:
     """Predict, then run: how many more parameters would the model have with one kv head per query
     head? The measured counts (``model.parameters()`` of the model and of its multi-head twin)
@@ -300,11 +318,14 @@ def check_gqa_prediction(prediction, *, gqa_parameters: int, mha_parameters: int
     if bad:
         return bad
     gqa_parameters, mha_parameters = real_number(gqa_parameters), real_number(mha_parameters)
-    ratio = mha_parameters / gqa_parameters
+    ratio, bad = measured_ratio(mha_parameters, gqa_parameters, "mha_parameters / gqa_parameters")
+    if bad:
+        return bad
     if ratio <= 1:
         # one kv head per query head only adds k_proj/v_proj rows: never fewer parameters
         return (f"not checked: the measured counts give the model with grouped-query attention "
-                f"{gqa_parameters:,} parameters and its multi-head twin {mha_parameters:,}, but "
+                f"{number_text(gqa_parameters)} parameters and its multi-head twin "
+                f"{number_text(mha_parameters)}, but "
                 "the twin has more k_proj and v_proj rows, so it cannot have as many or fewer: "
                 "the two counts are swapped, or the twin is the same model (num_key_value_heads "
                 "not set to num_attention_heads); count both again and pass gqa_parameters= "
@@ -312,5 +333,5 @@ def check_gqa_prediction(prediction, *, gqa_parameters: int, mha_parameters: int
     verdict = check_prediction(prediction, measured=nearest_choice(ratio, GQA_RATIOS),
                                choices=GQA_CHOICES,
                                what="the growth without grouped-query attention")
-    return (f"{verdict} (measured: {gqa_parameters:,} -> {mha_parameters:,} parameters, "
-            f"x{ratio:.3f})")
+    return (f"{verdict} (measured: {number_text(gqa_parameters)} -> {number_text(mha_parameters)} "
+            f"parameters, x{number_text(ratio, '.3f')})")

@@ -13,6 +13,7 @@ order).
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 
@@ -26,7 +27,10 @@ from .common import (
     code_checker,
     index_dtype_problem,
     kept,
+    measured_ratio,
+    number_text,
     real_number,
+    settings_read,
 )
 from .lesson00 import describe, head_dim_mistake, small_gqa_config
 from .mistakes import first_match, show_sources
@@ -74,7 +78,6 @@ def decode_problem(model, prompt: torch.Tensor, got, right: torch.Tensor) -> str
     if not isinstance(got, torch.Tensor):
         return (f"return the new token ids as a LongTensor [batch, n] = ({batch}, {n}), not a "
                 f"{type(got).__name__}.")
-    got = got.to(right.device)
     if got.dim() == 1 and batch == 1 and torch.equal(got, right[0]):
         return "the tokens are right, but keep the batch dimension: return shape [batch, n]."
     if got.dim() != 2 or got.shape[0] != batch:
@@ -222,11 +225,16 @@ def check_step_flops(student, *, config=None, length: int = 1000) -> str:
                     "3*2*hidden*I for the MLP, 2*2*H*d per "
                     "(query, key) pair for attention, and 2*hidden*vocab per position for the "
                     "lm_head.")
-                share = (got - right) / right
+                try:
+                    share = float((got - right) / right)
+                except OverflowError:  # an int past a float's range
+                    share = math.inf
                 # a count off by a fraction shows it: never "68,672 ... (+0.0%)" for a wrong one
-                shown = f"{got:,.0f}" if float(got).is_integer() else f"{got:,}"
-                off = f"{share:+.1%}" if round(share, 3) else f"{share * 100:+.2g}%"
-                whole = ("" if float(got).is_integer() else "FLOPs are whole numbers (a count "
+                integral = got == int(got)
+                shown = number_text(got, ",.0f" if integral else ",")
+                off = ("many orders of magnitude off" if share == math.inf else f"{share:+.1%}"
+                       if round(share, 3) else f"{share * 100:+.2g}%")
+                whole = ("" if integral else "FLOPs are whole numbers (a count "
                          "of multiplies and adds has no fraction); ")
                 return (f"not quite: for {describe(cfg)}, a step over {L} "
                         f"position{'s' if L > 1 else ''}: you count {shown} FLOPs, the formula "
@@ -256,6 +264,7 @@ def doubling_choice(ratio: float) -> str:
     return "2x" if ratio < 2.3 else "4x" if ratio >= 3.5 else "2x-4x"
 
 
+@settings_read
 def check_doubling_prediction(prediction, *, seconds: float, doubled_seconds: float) -> str:
     """Predict, then run: the naive decode's total time for 2n tokens over its time for n,
     measured."""
@@ -263,15 +272,19 @@ def check_doubling_prediction(prediction, *, seconds: float, doubled_seconds: fl
     if bad:
         return bad
     seconds, doubled_seconds = real_number(seconds), real_number(doubled_seconds)
-    ratio = doubled_seconds / seconds
+    ratio, bad = measured_ratio(doubled_seconds, seconds, "doubled_seconds / seconds")
+    if bad:
+        return bad
     if ratio <= 1:
         # twice the tokens, each step at least as long as before: never faster
-        return (f"not checked: the doubled run took {doubled_seconds:.3g} s, no longer than the "
-                f"single one ({seconds:.3g} s, x{ratio:.2f}): decoding 2n tokens cannot be faster "
+        return (f"not checked: the doubled run took {number_text(doubled_seconds, '.3g')} s, no "
+                f"longer than the single one ({number_text(seconds, '.3g')} s, "
+                f"x{number_text(ratio, '.2f')}): decoding 2n tokens cannot be faster "
                 "than n, so this is noise (a run too short to time) or a wrong run (the same n "
                 "twice?); the measurement cannot answer the question. Time n and 2n again, with "
                 "n large enough to take a second or more.")
     verdict = check_prediction(prediction, measured=doubling_choice(ratio),
                                choices=DOUBLING_CHOICES,
                                what="T(2n) / T(n) of the naive loop")
-    return f"{verdict} (measured: {seconds:.2f} s -> {doubled_seconds:.2f} s, x{ratio:.2f})"
+    return (f"{verdict} (measured: {number_text(seconds, '.2f')} s -> "
+            f"{number_text(doubled_seconds, '.2f')} s, x{number_text(ratio, '.2f')})")

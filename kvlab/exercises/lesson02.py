@@ -21,15 +21,20 @@ from ..decoding import decode_naive, first_mismatch
 from ..handwritten import HandwrittenCache, HandwrittenLayer, decode_handwritten
 from ..sizes import kv_cache_bytes, model_sizes
 from .common import (
+    CHECK_LAYERS,
     as_number,
     bad_measurement,
     call_student,
     check_number,
     check_prediction,
     checker,
+    checker_model,
     code_checker,
     kept,
+    measured_ratio,
+    number_text,
     real_number,
+    settings_read,
 )
 from .mistakes import first_match, show_sources
 
@@ -166,9 +171,10 @@ def check_attend(student) -> str:
 
 # ---- exercise 2: a cache's update ----------------------------------------------------------------
 
-# (layer_idx, new tokens) of each update call, through two layers: a 1-token prefill, a decode step,
-# a 3-token chunk
-UPDATE_CALLS = ((0, 1), (1, 1), (0, 1), (1, 1), (0, 3), (1, 3))
+# (layer_idx, new tokens) of each update call, through every layer of the checker's model
+# (CHECK_LAYERS, more than two: storage for layers 0 and 1 only fails): a 1-token prefill, a decode
+# step, a 3-token chunk
+UPDATE_CALLS = tuple((layer, new) for new in (1, 1, 3) for layer in range(CHECK_LAYERS))
 UPDATE_SHAPE = (2, 2, 4)  # batch, kv_heads, head_dim
 
 
@@ -198,15 +204,31 @@ def stored_tensors(obj, depth: int = 3):
             yield from stored_tensors(item, depth - 1)
 
 
-def update_problem(cache, got, k, v, right_k, right_v, fed_k) -> str | None:
+def holds(tensor: torch.Tensor, part: torch.Tensor) -> bool:
+    """True where ``part`` ``[batch, kv_heads, n, head_dim]`` lies in ``tensor`` along dim -2."""
+    if tensor.dim() != 4 or tensor.shape[:2] != part.shape[:2] or (
+            tensor.shape[-1] != part.shape[-1]):
+        return False
+    n = part.shape[-2]
+    return any(torch.equal(tensor[:, :, s:s + n], part) for s in range(tensor.shape[-2] - n + 1))
+
+
+def update_problem(cache, got, k, v, right_k, right_v, fed_k,
+                   others: tuple = ()) -> str | None:
     """What is wrong with ``got`` as the return of one ``update`` call (None: nothing). ``k``,
     ``v``: this call's new K/V; ``right_k``, ``right_v``: the layer's expected K/V after it;
-    ``fed_k``: every key fed so far, all layers."""
+    ``fed_k``: every key fed so far, all layers; ``others``: the keys fed to the other layers."""
     if not (isinstance(got, tuple | list) and len(got) == 2
             and all(isinstance(t, torch.Tensor) for t in got)):
         return ("update returns two tensors: (all of the layer's keys, all of its values) after "
                 "this call.")
     gk, gv = got
+    # a cache in another dtype rounds (float16) or hands the model a dtype it cannot mix (float64)
+    for name, g, fed in (("keys", gk, k), ("values", gv, v)):
+        if g.dtype != fed.dtype:
+            return (f"the returned {name} are {g.dtype}, but key_states and value_states came in "
+                    f"{fed.dtype}: store and return them in the dtype they come in (the model's), "
+                    "with no .half(), .double() or .to(dtype).")
     if torch.equal(gk, right_k) and torch.equal(gv, right_v):
         return None
     if torch.equal(gk, right_v) and torch.equal(gv, right_k):
@@ -229,9 +251,11 @@ def update_problem(cache, got, k, v, right_k, right_v, fed_k) -> str | None:
         return (f"you return only this call's {k.shape[-2]} token(s): the layer's {old} earlier "
                 "ones are gone (overwritten?). Append instead: torch.cat([old_keys, key_states], "
                 "dim=-2), and return the result.")
-    if gk.shape != right_k.shape and torch.equal(gk, fed_k):
-        return ("the layers' keys mix: keep one K and one V per layer (index the storage by "
-                "layer_idx).")
+    if gk.shape != right_k.shape and (torch.equal(gk, fed_k)
+                                      or any(holds(gk, other) for other in others)):
+        return ("the layers' keys mix: keep one K and one V per layer, for every layer_idx (index "
+                "the storage by layer_idx; a model has config.num_hidden_layers layers, SmolLM2 "
+                "30).")
     if old and torch.equal(gk, torch.cat([k, right_k[:, :, :old]], dim=-2)):
         return "the new tokens go AFTER the old ones: torch.cat([old_keys, key_states], dim=-2)."
     for name, g, r in (("keys", gk, right_k), ("values", gv, right_v)):
@@ -257,13 +281,11 @@ def check_cache_update(student, *, model=None, new_tokens: int = 5) -> str:
     """update(key_states, value_states, layer_idx): append the new K/V [batch, kv_heads, new,
     head_dim] on dim -2.
 
-    Checks ``MyCache().update`` call by call (a prefill, a decode step and a chunk, through two
+    Checks ``MyCache().update`` call by call (a prefill, a decode step and a chunk, through three
     layers) against ``HandwrittenCache``, then plugs it into ``model`` (default: a tiny random
-    model) and decodes against the naive loop; names the mistake, the call and the first token that
-    differs."""
-    from ..lab.models import tiny_model
-
-    model = tiny_model("tiny-llama") if model is None else model
+    model of three layers) and decodes against the naive loop; names the mistake, the call and the
+    first token that differs."""
+    model = checker_model("tiny-llama") if model is None else model
     return kept(model, lambda: cache_update_verdict(student, model, new_tokens))
 
 
@@ -271,14 +293,16 @@ def cache_update_verdict(student, model, new_tokens: int) -> str:
     """``check_cache_update``'s calls and decode, with ``model``."""
     cache, reference = call_student(student), HandwrittenCache()
     gen = torch.Generator().manual_seed(0)
-    fed = []  # every key fed, all layers, in call order
+    fed = []  # (layer, key) of every call, in call order
     for i, (layer, new) in enumerate(UPDATE_CALLS):
         batch, kv_heads, head_dim = UPDATE_SHAPE
         k, v = (torch.randn(batch, kv_heads, new, head_dim, generator=gen) for _ in range(2))
-        fed.append(k)
+        fed.append((layer, k))
         right_k, right_v = (t.clone() for t in reference.update(k, v, layer))
         got = call_student(cache.update, k.clone(), v.clone(), layer)
-        problem = update_problem(cache, got, k, v, right_k, right_v, torch.cat(fed, dim=-2))
+        problem = update_problem(cache, got, k, v, right_k, right_v,
+                                 torch.cat([key for _, key in fed], dim=-2),
+                                 tuple(key for at, key in fed if at != layer))
         if problem:
             return (f"not quite: at update call {i + 1} (layer {layer}, {new} new token(s), "
                     f"{right_k.shape[-2]} in the layer after it): {problem}")
@@ -362,6 +386,7 @@ CACHE_VS_WEIGHTS_CHOICES = {
 }
 
 
+@settings_read
 def check_cache_vs_weights_prediction(prediction, *, weight_bytes: int,
                                       cache_bytes_per_token: float) -> str:
     """Predict, then run: at about how many cached tokens of one sequence does the KV cache hold as
@@ -373,16 +398,21 @@ def check_cache_vs_weights_prediction(prediction, *, weight_bytes: int,
         return bad
     weight_bytes, cache_bytes_per_token = (real_number(weight_bytes),
                                            real_number(cache_bytes_per_token))
-    tokens = weight_bytes / cache_bytes_per_token
+    tokens, bad = measured_ratio(weight_bytes, cache_bytes_per_token,
+                                 "weight_bytes / cache_bytes_per_token")
+    if bad:
+        return bad
     if tokens < 1:
         # one token's K and V (a vector per layer and kv head) never outweigh every weight matrix
         return (f"not checked: the measurements say one cached token holds "
-                f"{cache_bytes_per_token:,} B, more than all the weights ({weight_bytes:,} B), "
+                f"{number_text(cache_bytes_per_token)} B, more than all the weights "
+                f"({number_text(weight_bytes)} B), "
                 "which no model's cache does: the two are swapped, or one is not what it says "
                 "(bytes, not elements or MiB); measure them again and pass weight_bytes= and "
                 "cache_bytes_per_token=.")
     nearest = min(CACHE_VS_WEIGHTS_CHOICES, key=lambda k: abs(math.log10(tokens / k)))
     verdict = check_prediction(prediction, measured=nearest, choices=CACHE_VS_WEIGHTS_CHOICES,
                                what="the length at which the cache outweighs the weights")
-    return (f"{verdict} (measured: {weight_bytes:,} B of weights / {cache_bytes_per_token:,.0f} B "
-            f"per cached token = {tokens:,.0f} tokens)")
+    return (f"{verdict} (measured: {number_text(weight_bytes)} B of weights / "
+            f"{number_text(cache_bytes_per_token, ',.0f')} B per cached token = "
+            f"{number_text(tokens, ',.0f')} tokens)")

@@ -24,25 +24,25 @@ from .common import (
     check_prediction,
     check_prompt_ids,
     checker,
+    checker_model,
     choice_of,
     code_checker,
     index_dtype_problem,
     kept,
+    number_text,
     settings_read,
     solutions_filled_in,
 )
 
-# The checkers' model: tiny and random, and (with its q/k norms) sensitive enough to RoPE positions
-# that a position off by one changes the greedy tokens within a few steps.
-CHECK_MODEL = "tiny-qwen3"
+# The checkers' model: tiny and random, and (with its q/k norms and this seed) sensitive enough to
+# RoPE positions that a position off by one changes the greedy tokens within a few steps.
+CHECK_MODEL, CHECK_SEED = "tiny-qwen3", 3
 
 
 def check_model():
-    """The tiny model every lesson-03/04 checker runs on (built afresh: a student's code cannot
-    spoil the next check)."""
-    from ..lab.models import tiny_model
-
-    return tiny_model(CHECK_MODEL)
+    """The tiny model every lesson-03/04 checker runs on, with ``CHECK_LAYERS`` layers (built
+    afresh: a student's code cannot spoil the next check)."""
+    return checker_model(CHECK_MODEL, CHECK_SEED)
 
 
 def check_prompt(length: int, seed: int = 0) -> torch.Tensor:
@@ -93,7 +93,7 @@ def check_static_cache_bytes(answer, *, config, max_cache_len: int, dtype, batch
         # several slips can agree
         matched = list(dict.fromkeys(why for value, why in slips if value == answer))
         if matched:
-            return (f"not quite: you gave {answer:,} for {what}. Hint: that is "
+            return (f"not quite: you gave {number_text(answer)} for {what}. Hint: that is "
                     f"{' or '.join(matched)}.")
     return check_number(
         answer, expected, what=what,
@@ -236,15 +236,18 @@ def decode_step(model, cache, ids, position):
 
 
 @contextmanager
-def watch_positions(model):
+def watch_positions(model, held: torch.Tensor | None = None, read: list | None = None):
     """Inside: every forward of ``model`` appends the ``position_ids`` it was given (a list of ints,
-    or None)."""
+    or None); and to ``read``, whether they were ``held`` itself or a view of it (its storage)."""
     signature = inspect.signature(model.forward)
     seen: list = []
 
     def spy(module, args, kwargs):
         given = signature.bind_partial(*args, **kwargs).arguments.get("position_ids")
         seen.append(given.reshape(-1).tolist() if isinstance(given, torch.Tensor) else given)
+        if read is not None and held is not None:
+            read.append(isinstance(given, torch.Tensor) and given.untyped_storage().data_ptr()
+                        == held.untyped_storage().data_ptr())
 
     handle = model.register_forward_pre_hook(spy, with_kwargs=True)
     try:
@@ -286,8 +289,8 @@ def decode_step_verdict(step, model, prompt_len: int, new_tokens: int) -> str:
     with torch.inference_mode():
         ids = greedy(model(prompt, cache=cache).logits)  # the prefill: [1, 1]
         position = torch.tensor(prompt_len)  # 0-dim: the position of ids
-        out, calls = [ids], []
-        with watch_positions(model) as seen:
+        out, calls, from_held = [ids], [], []
+        with watch_positions(model, position, from_held) as seen:
             for i in range(1, new_tokens):
                 start = len(seen)
                 ids = call_student(step, model, cache, ids, position)
@@ -353,9 +356,12 @@ def decode_step_verdict(step, model, prompt_len: int, new_tokens: int) -> str:
                 "(section 2 counted it) and a CUDA graph "
                 "cannot capture the read at all (lesson 04); build position_ids from the tensor: "
                 "position.reshape(1, 1).")
+    # the claim "from the 0-dim tensor" only where the positions fed were that tensor (a view)
+    source = ("came from one 0-dim tensor advanced in place" if all(from_held) else
+              "were right, though not read from the position tensor you were handed (fed from "
+              "another tensor: position.reshape(1, 1) is the exercise's way)")
     return (f"correct: {new_tokens} tokens, token-exact against kvlab's own StaticCache loop; "
-            f"positions {want[0]}..{want[-1]} came from one 0-dim tensor advanced in place, and "
-            "the step captures as a graph.")
+            f"positions {want[0]}..{want[-1]} {source}, and the step captures as a graph.")
 
 
 # ---------------------------------------------------------------- predict, then run: what crop does

@@ -352,10 +352,16 @@ def fix_problem(name: str, result, seen, prompt_len: int, warmup: int) -> str | 
     if after == before:
         return (f"not quite: every counter is still at {after[0]} ({note}). Hint: {why}; set each "
                 "back, in place.")
-    if after[0] == prompt_len:
+    stale = [i for i, c in enumerate(after) if c != prompt_len]
+    if stale == list(range(1, len(after))):
         return (f"not quite: only layer 0's counter is at {prompt_len}; the others say {after[1:]} "
                 f"({note}). Hint: every layer has its own cumulative_length (layer0-only-rewind): "
                 "move each one.")
+    if len(stale) < len(after):  # some layers put back, not all: a layer count written in?
+        return (f"not quite: layers {stale} of {len(after)} still say "
+                f"{[after[i] for i in stale]}; the others are at {prompt_len} ({note}). Hint: "
+                "every layer has its own cumulative_length (layer0-only-rewind): move each one, "
+                "for layer in cache.layers (a model has config.num_hidden_layers of them).")
     return (f"not quite: the counters went from {before} to {after}, but the cache holds "
             f"{prompt_len} valid tokens ({note}). Hint: {why}; make each counter say valid_len "
             "(fill_), whatever moved it.")

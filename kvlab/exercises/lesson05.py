@@ -18,6 +18,7 @@ from ..graph_safe_cache import GraphSafeStaticCache
 from ..graphs import CapturedStep
 from .common import (
     FILLED_PREDICTION,
+    NotANumber,
     SettingError,
     as_number,
     bad_measurement,
@@ -25,6 +26,7 @@ from .common import (
     check_number,
     check_prediction,
     checker,
+    checker_model,
     code_checker,
     index_dtype_problem,
     kept,
@@ -32,13 +34,13 @@ from .common import (
     real_number,
     settings_read,
 )
+from .mistakes import same
 
 
 @functools.cache
 def _tiny():
-    from ..lab.models import tiny_model
-
-    return tiny_model("tiny-llama")
+    """The checkers' tiny model, with ``CHECK_LAYERS`` layers (a layer count written in fails)."""
+    return checker_model("tiny-llama")
 
 
 def _cache(max_cache_len: int):
@@ -564,11 +566,18 @@ def _before_replay(graph, seen, reading, cache, want, n) -> str | None:
                     "for real and advanced them. Hint: right "
                     "after capture, put every layer's counter back in place: "
                     f"layer.cumulative_length.sub_({LOOP_WARMUP}) (rule 1)")
-        if found[0] == expected and all(c == expected + LOOP_WARMUP for c in found[1:]):
+        stale = [i for i, c in enumerate(found) if c != expected]
+        if stale == list(range(1, len(found))) and all(found[i] == expected + LOOP_WARMUP
+                                                       for i in stale):
             return (f"not quite: before {where} layer 0's counter says {expected}, the others "
                     f"{expected + LOOP_WARMUP}. Hint: get_seq_length() reads layer 0 only, but "
                     "every layer writes at its own counter: put all of "
                     "them back (rule 1)")
+        if len(stale) < len(found) and all(found[i] == expected + LOOP_WARMUP for i in stale):
+            return (f"not quite: before {where} layers {stale} of {len(found)} say "
+                    f"{expected + LOOP_WARMUP}, the others {expected}. Hint: every layer writes "
+                    "at its own counter: put all of them back, for layer in cache.layers (a "
+                    "model has config.num_hidden_layers of them; rule 1)")
         if k and step == 0 and all(c > expected for c in found):
             return (f"not quite: before {where} the counters say {found[0]}, not {expected}: the "
                     "cache still held the previous prompt when this one was prefilled. Hint: "
@@ -678,14 +687,21 @@ def launch_record(record) -> dict:
     if not all("kernel_launch_calls" in work[k] for k in ("eager", "replay")):
         raise SettingError("this record has no kernel launch counts (a run on the CPU counts aten "
                            f"operations, and there is no launch to cost): pass {LAUNCH_EXAMPLE}")
+    # counts and times are read as every measurement is (real_number, as bad_measurement reads
+    # them): a NumPy number, a 0-dim tensor or a number spelled as text too
+    counted = {}
     for k in ("eager", "replay"):
         launches = work[k]["kernel_launch_calls"]
-        if (isinstance(launches, bool) or not isinstance(launches, int | float)
-                or not launches >= 0 or launches != int(launches)):
+        try:
+            number = real_number(launches)
+        except NotANumber:
+            number = None
+        if number is None or not number >= 0 or number != int(number):
             raise SettingError(f"record['work_per_step'][{k!r}]['kernel_launch_calls'] must be a "
                                f"count (a whole number, 0 or more), got {launches!r:.60}: pass "
                                f"{LAUNCH_EXAMPLE}")
-    return record
+        counted[k] = dict(work[k], kernel_launch_calls=int(number))
+    return dict(record, work_per_step=dict(work, **counted))
 
 
 def launch_cost_us(record: dict) -> float:
@@ -693,7 +709,8 @@ def launch_cost_us(record: dict) -> float:
     (:func:`launch_record`), in microseconds; a ValueError where the replay removed no launch."""
     record = launch_record(record)
     eager, replay = record["work_per_step"]["eager"], record["work_per_step"]["replay"]
-    saved_ms = record["eager_ms_per_token"] - record["replay_ms_per_token"]
+    saved_ms = (real_number(record["eager_ms_per_token"])
+                - real_number(record["replay_ms_per_token"]))
     removed = eager["kernel_launch_calls"] - replay["kernel_launch_calls"]
     if removed <= 0:
         raise ValueError("in this record the replay removed no kernel launch, so there is no cost "
@@ -731,7 +748,7 @@ def check_launch_cost_us(answer, *, record: dict) -> str:
     )
     whole_step = 1e3 * eager / launches["eager"]  # eager > replay >= 0: at least one launch
     if (verdict.startswith("not quite: you gave")
-        and abs(float(answer) - whole_step) <= 0.05 * whole_step):
+        and same(answer, whole_step, rtol=0.05)):
         verdict = verdict.split(" Hint:")[0] + (
             " Hint: that is the whole eager step over its launches; only the time replay saves is "
             "host work: (eager ms - replay ms) per token over the launches replay removed, times "

@@ -17,6 +17,7 @@ import torch
 from .. import sizes
 from ..kernels import gemv as kernels_gemv
 from ..lab.measure import DecodeTiming
+from ..runtime import count
 from .common import (
     FILLED_PREDICTION,
     NotANumber,
@@ -33,6 +34,7 @@ from .common import (
     real_number,
     record_rows,
     settings_read,
+    truth,
 )
 
 
@@ -232,21 +234,37 @@ ROW_KEYS = ("strategy", "batch", "tokens_per_s")
 
 def bench_record(record) -> dict:
     """``check_fastest_prediction``'s ``record=`` read at the door (:func:`read_record`: a dict or
-    the path of its .json), with ``ROW_KEYS`` in every row; a :class:`SettingError` naming what to
-    pass, or the row and the key it lacks, otherwise."""
+    the path of its .json), as a copy whose rows hold a plain ``strategy`` (str), ``batch`` (int:
+    a NumPy or 0-dim tensor int too) and ``exact`` (True, False, or as it was where it is no bool);
+    a :class:`SettingError` naming what to pass, or the row and what is wrong with it, otherwise:
+    a key missing, a strategy or batch of another type, two rows of one strategy and batch."""
     record = read_record(record, has="results", kind="a benchmark record", example=FASTEST_EXAMPLE)
+    rows, seen = [], {}
     for i, row in enumerate(record_rows(record, "results", ROW_KEYS, FASTEST_EXAMPLE)):
         # a batch is a count, a strategy a name: anything else cannot be looked up or sorted
-        if not isinstance(row["strategy"], str) or isinstance(row["batch"], bool) or not (
-                isinstance(row["batch"], int)):
+        try:
+            batch = None if isinstance(row["batch"], float) else count(row["batch"], "batch")
+        except ValueError:
+            batch = None
+        if not isinstance(row["strategy"], str) or batch is None:
             raise SettingError(f"row {i} of record['results'] has strategy "
                                f"{row['strategy']!r:.40} and batch {row['batch']!r:.40}: a "
                                f"strategy is a name (str), a batch an int; pass {FASTEST_EXAMPLE}")
-    return record
+        # two rows of one strategy and batch: which one counts is no choice of the checker's
+        if (row["strategy"], batch) in seen:
+            raise SettingError(f"rows {seen[row['strategy'], batch]} and {i} of record['results'] "
+                               f"are both {row['strategy']!r} at batch {batch}: one row per "
+                               "strategy and batch; join parts of a sweep with "
+                               "kvlab.lab.bench.merge(a, b), which keeps the later part's row")
+        seen[row["strategy"], batch] = i
+        exact = truth(row.get("exact"))
+        rows.append(dict(row, batch=batch, exact=row.get("exact") if exact is None else exact))
+    return dict(record, results=rows)
 
 
-def rates_at(record: dict, batch: int) -> dict[str, float]:
-    """tokens/s of every token-exact strategy of ``record`` at ``batch``, in the record's order."""
+def rates_at(record: dict, batch: int) -> dict[str, object]:
+    """tokens/s of every token-exact strategy of ``record`` (read by :func:`bench_record`) at
+    ``batch``, in the record's order, as the record holds them (``bad_measurement`` reads them)."""
     rows = record_rows(record, "results", ROW_KEYS, FASTEST_EXAMPLE)
     rates = {r["strategy"]: r["tokens_per_s"] for r in rows if r["batch"] == batch
              and r.get("exact") is True}
@@ -261,12 +279,18 @@ def rates_at(record: dict, batch: int) -> dict[str, float]:
     return rates
 
 
-def unchecked_at(record: dict, batch: int) -> list[str]:
-    """The strategies of ``record`` at ``batch`` whose tokens were not checked (``exact`` None,
-    absent or not a bool: a run with --check-tokens 0 or --no-check-compiled, an ablation row, a
-    row written by hand): not proven token-exact, they never compete."""
-    return [r["strategy"] for r in record["results"] if r["batch"] == batch
-            and not isinstance(r.get("exact"), bool)]
+def unchecked_at(record: dict, batch: int) -> dict[str, str]:
+    """The strategies of ``record`` (read by :func:`bench_record`) at ``batch`` whose tokens were
+    not checked, each with why: ``exact`` None or absent (a run with --check-tokens 0 or
+    --no-check-compiled, an ablation row), or not a bool (a row written by hand). Not proven
+    token-exact, they never compete."""
+    return {r["strategy"]: ("ran with no token check (exact is None or absent: --check-tokens 0, "
+                            "--no-check-compiled or an ablation row)"
+                            if r.get("exact") is None else
+                            f"recorded exact={r['exact']!r:.40}, which is not a bool (True or "
+                            "False), so the token check cannot be read")
+            for r in record["results"] if r["batch"] == batch
+            and not isinstance(r.get("exact"), bool)}
 
 
 FASTEST_EXAMPLE = ("kvlab.lab.bench.recorded('h200_batch_sweep'), or the dict (or .json path) that "
@@ -283,10 +307,11 @@ def check_fastest_prediction(prediction=None, record: dict | str | None = None, 
                 "`python -m kvlab.lab.bench` on a GPU")
     record = bench_record(record)
     unchecked = unchecked_at(record, batch)
-    not_proven = (f"{', '.join(map(repr, unchecked))} ran with no token check (exact is None or "
-                  "absent: --check-tokens 0, --no-check-compiled or an ablation row), so "
-                  f"{'it is' if len(unchecked) == 1 else 'they are'} not proven token-exact and "
-                  "cannot count as fastest")
+    whys = list(dict.fromkeys(unchecked.values()))
+    not_proven = ("; ".join(f"{', '.join(repr(n) for n, w in unchecked.items() if w == why)} "
+                            f"{why}" for why in whys)
+                  + f", so {'it is' if len(unchecked) == 1 else 'they are'} not proven "
+                  "token-exact and cannot count as fastest")
     if unchecked and not any(r["batch"] == batch and r.get("exact") is True
                              for r in record["results"]):
         return (f"not checked: at batch {batch} no result of this record was checked token for "
@@ -297,6 +322,7 @@ def check_fastest_prediction(prediction=None, record: dict | str | None = None, 
                           BROKEN_RECORD)
     if bad:
         return bad
+    rates = {name: real_number(rate) for name, rate in rates.items()}  # as bad_measurement read it
     top = max(rates.values())
     tied = [name for name, rate in rates.items() if rate == top]
     named = choice_of(prediction, rates) if prediction is not None else None

@@ -27,6 +27,7 @@ from .common import (
     choice_of,
     code_checker,
     index_dtype_problem,
+    settings_read,
 )
 from .mistakes import first_match, show_sources
 
@@ -483,6 +484,7 @@ def verify_tokens(prefixes=(4, 0), k: int = 4) -> list[int]:
     return [kept + 1] * len(prefixes)
 
 
+@settings_read
 def check_verify_prediction(prediction=None) -> str:
     """Predict, then run: batch 2, k = 4 drafts per row; row 0's 4 drafts are all right, row 1's
     first is wrong. How many tokens does each row get from this one verify step in kvlab (one shared
