@@ -232,9 +232,10 @@ def multiprocessors(device: torch.device | str) -> int:
     return torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
 
 
-def synchronize(device: torch.device | str) -> None:
+def synchronize(device: torch.device | str | None) -> None:
     """Wait for queued GPU work; a no-op on CPU. Every timer in the course calls this before reading
-    a clock."""
+    a clock (``device``: None for ``pick_device()``'s default)."""
+    device = pick_device() if device is None else device
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
 

@@ -48,11 +48,17 @@ def check_function(fn, name: str, called: str) -> None:
                         "lambda), not what it returns")
 
 
+def _check_runs(runs) -> None:
+    """Refuse what is not a non-empty dict of label -> run, before any run is timed."""
+    if not isinstance(runs, dict) or not runs:
+        raise ValueError("runs must be a non-empty dict of label -> run(n, on_token) (give at "
+                         f"least one run to time), got {runs!r:.80}")
+    for label, run in runs.items():
+        check_function(run, f"runs[{label!r}]", "run(n, on_token) -> tokens [batch, n]")
+
+
 def wall(fn: Callable[[], object], device) -> float:
-    """Seconds of one ``fn()`` call, the device synchronized before and after (``device``: as
-    ``kvlab.runtime.pick_device`` takes it, None for the default)."""
-    check_function(fn, "fn", "fn()")
-    device = pick_device(device)
+    """Seconds of one ``fn()`` call, the device synchronized before and after."""
     synchronize(device)
     t0 = time.perf_counter()
     fn()
@@ -172,11 +178,7 @@ def time_decodes(runs: dict[str, Callable[[int, OnToken], torch.Tensor]], new_to
     their ratios stay honest. Returns label -> ``DecodeTiming``."""
     device = pick_device(device)  # a clear error for "cuda" without a GPU
     new_tokens, repeats, warmup_tokens = _check_timing_args(new_tokens, repeats, warmup_tokens)
-    if not isinstance(runs, dict) or not runs:
-        raise ValueError("runs must be a non-empty dict of label -> run(n, on_token) (give at "
-                         f"least one run to time), got {runs!r:.80}")
-    for label, run in runs.items():
-        check_function(run, f"runs[{label!r}]", "run(n, on_token) -> tokens [batch, n]")
+    _check_runs(runs)
     warmups = {label: wall(lambda run=run: run(warmup_tokens or new_tokens, None), device)
                for label, run in runs.items()}
     for run in runs.values():
@@ -401,7 +403,6 @@ def profile_steps(run: Callable[[int], object], k: int, device) -> dict:
     """Kernels (GPU) or leaf ops (CPU) per decode step and their busy time, from profiles of
     ``run(1)`` and ``run(1 + k)`` (k decode steps apart, each run once unprofiled before), with the
     last step's timeline and its heaviest kernels."""
-    check_function(run, "run", "run(n)")
     k = count("k", k, 1, " (decode steps between the two profiles)")
     device = pick_device(device)  # a clear error for "cuda" without a GPU
     # unprofiled first: a length not run before may capture or compile (its warm-up is not a step)
