@@ -217,6 +217,28 @@ def _plotted(record: dict, batch) -> list[dict]:
     return data
 
 
+def token_note(exact) -> str:
+    """A drawn row's token check, for its label: "" where it was token-exact. Rule: every plot of
+    timed rows marks a row not shown exact (hatched, grey, labelled), never draws it plainly."""
+    if exact is None:
+        return " (not checked)"
+    return "" if exact is True or (isinstance(exact, np.bool_) and exact) else " (not token-exact)"
+
+
+def _marked(bars, exacts) -> None:
+    """Hatch and grey the bars whose rows were not shown token-exact (``token_note``)."""
+    for bar, exact in zip(bars, exacts, strict=True):
+        if token_note(exact):
+            bar.set_facecolor("0.85")
+            bar.set_edgecolor("0.35")
+            bar.set_hatch("//")
+
+
+def _names(data: list[dict]) -> list[str]:
+    """Bar labels of bench rows: each strategy with its ``token_note``."""
+    return [r["strategy"] + token_note(r.get("exact")) for r in data]
+
+
 def _label(record: dict) -> str:
     env = record["env"]
     return f"{env['hardware']}, {record['settings']['dtype']}"
@@ -483,8 +505,12 @@ def plot_paged(record: dict, title: str = ""):
     per.set_ylabel("KV cache held (MiB)")
     per.legend(fontsize=8)
     ways = list(record["tokens_per_s"])
-    speed.barh(ways, [record["tokens_per_s"][w] for w in ways],
-               color=["tab:blue", "tab:gray", "tab:green"][: len(ways)])
+    by_way = record.get("exact_by_way") or {}  # older records checked no timed run: not checked
+    exacts = [all(by_way[w]) if w in by_way else None for w in ways]
+    bars = speed.barh([w + token_note(e) for w, e in zip(ways, exacts, strict=True)],
+                      [record["tokens_per_s"][w] for w in ways],
+                      color=["tab:blue", "tab:gray", "tab:green"][: len(ways)])
+    _marked(bars, exacts)
     for y, w in enumerate(ways):
         speed.text(record["tokens_per_s"][w], y, f" {record['tokens_per_s'][w]:,.0f}",
                    va="center", fontsize=8)

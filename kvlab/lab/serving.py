@@ -245,13 +245,24 @@ def _paged_runs_inputs(requests, max_batch, block_size) -> tuple[int, int]:
     return whole_number("max_batch", max_batch, 1), whole_number("block_size", block_size, 1)
 
 
+GRAPHS, ONE_AT_A_TIME = "paged, graphs", "one at a time (graph-safe)"
+
+
+def _same_tokens(made, naive) -> list[bool]:
+    """Per request: its tokens equal its naive decode (a missing or misshapen output is not)."""
+    made = list(made)
+    return [i < len(made) and isinstance(made[i], torch.Tensor)
+            and torch.equal(made[i].to(want.device), want) for i, want in enumerate(naive)]
+
+
 def paged_runs(model, requests: list[Request], *, max_batch: int = 8, block_size: int = 16,
                device=None) -> dict:
     """Serve ``requests`` with a ``ContinuousBatcher`` (captured graphs, then eagerly) and one at a
-    time with a ``GraphSafeDecoder`` of batch 1; check every request's tokens against its own
-    ``"naive"`` decode.
+    time with a ``GraphSafeDecoder`` of batch 1; check every way's tokens (each timed run's, and
+    the capturing serve's) against each request's own ``"naive"`` decode.
 
-    The pool holds ``max_batch`` requests of the longest length. Returns ``exact`` (per request),
+    The pool holds ``max_batch`` requests of the longest length. Returns ``exact_by_way`` (per way,
+    per request), ``exact`` (per request: every way made its tokens),
     ``seconds`` and ``tokens_per_s`` of each way (the first, capturing serve is untimed),
     ``timeline`` (per scheduler step: rows running, bucket replayed, bytes the paged cache holds)
     with ``static_bytes`` (a static cache of ``max_batch`` rows sized for the longest request),
@@ -267,24 +278,35 @@ def paged_runs(model, requests: list[Request], *, max_batch: int = 8, block_size
                 for graph in (True, False)}
     served = batchers[True].serve(requests)  # captures a graph per bucket it meets
     single = GraphSafeDecoder(model, max(lengths) + 1)
-    exact = [torch.equal(tokens, decode(model, r.prompt[None], r.max_new_tokens,
-                                        strategy="naive")[0])
-             for r, tokens in zip(requests, served.tokens, strict=True)]
+    naive = [decode(model, r.prompt[None], r.max_new_tokens, strategy="naive")[0]
+             for r in requests]
+    made = {}  # way -> each request's tokens from that way's timed run: every way is checked
+
+    def serve(way, graph):
+        def run():
+            made[way] = batchers[graph].serve(requests).tokens
+        return run
 
     def one_at_a_time():
-        for r in requests:
-            single.generate(r.prompt[None], r.max_new_tokens)
+        made[ONE_AT_A_TIME] = [single.generate(r.prompt[None], r.max_new_tokens)[0]
+                               for r in requests]
 
     one_at_a_time()  # captures
-    seconds = {"paged, graphs": wall(lambda: batchers[True].serve(requests), device),
-               "paged, eager": wall(lambda: batchers[False].serve(requests), device),
-               "one at a time (graph-safe)": wall(one_at_a_time, device)}
+    seconds = {GRAPHS: wall(serve(GRAPHS, True), device),
+               "paged, eager": wall(serve("paged, eager", False), device),
+               ONE_AT_A_TIME: wall(one_at_a_time, device)}
+    exact_by_way = {way: _same_tokens(made[way], naive) for way in seconds}
+    # the capturing serve's tokens too: the graphs way is exact only where both runs were
+    captured = _same_tokens(served.tokens, naive)
+    exact_by_way[GRAPHS] = [a and b for a, b in zip(exact_by_way[GRAPHS], captured, strict=True)]
+    exact = [all(way[i] for way in exact_by_way.values()) for i in range(len(requests))]
     total = sum(r.max_new_tokens for r in requests)
     token_bytes = bytes_per_token(model.config, next(model.parameters()).dtype)
     return {
         "requests": [{"prompt_len": r.prompt.shape[0], "new_tokens": r.max_new_tokens,
                       "arrival": r.arrival} for r in requests],
         "max_batch": max_batch, "block_size": block_size, "num_blocks": num_blocks, "exact": exact,
+        "exact_by_way": exact_by_way,
         "seconds": seconds, "tokens_per_s": {way: total / s for way, s in seconds.items()},
         "timeline": [{key: step[key] for key in ("step", "rows", "bucket", "paged_bytes")}
                      for step in served.timeline],
