@@ -1,11 +1,14 @@
 """Round 17 (lab): every recorded number is what it says; plots mark rows not shown token-exact."""
 
+import copy
+
 import matplotlib
+import pytest
 import torch
 
 from kvlab.continuous_batching import ContinuousBatcher
 from kvlab.graph_decoder import GraphSafeDecoder
-from kvlab.lab import plots, serving
+from kvlab.lab import bench, plots, serving
 from kvlab.lab.models import tiny_model
 
 matplotlib.use("Agg")
@@ -50,3 +53,38 @@ def test_paged_runs_checks_every_way_it_times(monkeypatch):
         labels = [t.get_text() for t in fig.axes[2].get_yticklabels()]
         assert f"{way} (not token-exact)" in labels, labels
         matplotlib.pyplot.close(fig)
+
+
+@pytest.fixture(scope="module")
+def bench_record():
+    return bench.run_bench("tiny-llama", strategies=["naive", "static"], batches=(1, 2),
+                           prompt_len=4, new_tokens=6, check_tokens=6, repeats=1, profile_k=0,
+                           progress=False, device="cpu", dtype="float32")
+
+
+def _doubted(record, strategy: str, exact) -> dict:
+    record = copy.deepcopy(record)
+    for row in record["results"]:
+        if row["strategy"] == strategy:
+            row["exact"] = exact
+    return record
+
+
+@pytest.mark.parametrize("exact, note", [(False, "not token-exact"), (None, "not checked")])
+def test_plots_mark_rows_not_shown_token_exact(bench_record, exact, note):
+    """plot_strategies, plot_floor, plot_memory and plot_batch_sweep drew a row with exact=False
+    (or no token check) like every other row: a wrong path's speed stood unmarked."""
+    assert all(r["exact"] is True for r in bench_record["results"])
+    record = _doubted(bench_record, "static", exact)
+    for plot in (plots.plot_strategies, plots.plot_floor, plots.plot_memory):
+        fig = plot(record, batch=1)
+        labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+        assert labels == ["naive", f"static ({note})"], (plot.__name__, labels)
+        hatches = [bar.get_hatch() for bar in fig.axes[0].patches]
+        assert not hatches[0] and hatches[1], (plot.__name__, hatches)
+        matplotlib.pyplot.close(fig)
+    fig = plots.plot_batch_sweep(record)
+    labels = [line.get_label() for line in fig.axes[0].get_lines()
+              if not line.get_label().startswith("_")]
+    assert labels == ["naive", f"static ({note} at batch 1, 2)"], labels
+    matplotlib.pyplot.close(fig)

@@ -258,8 +258,9 @@ def plot_strategies(*records, batch: int = 1, titles=None):
     for i, (ax, record) in enumerate(zip(axes, records, strict=True)):
         data = _plotted(record, batch)
         names = [r["strategy"] for r in data]
-        ax.barh(names, [r["tokens_per_s"] for r in data],
-                color=[KIND_COLORS[kind(n)] for n in names])
+        _marked(ax.barh(_names(data), [r["tokens_per_s"] for r in data],
+                        color=[KIND_COLORS[kind(n)] for n in names]),
+                [r.get("exact") for r in data])
         for y, r in enumerate(data):
             ax.text(r["tokens_per_s"], y,
                     f" {r['tokens_per_s']:,.1f}" if r["tokens_per_s"] < 100
@@ -282,7 +283,8 @@ def plot_floor(record: dict, batch: int = 1):
     fig, ax = figure("Where each path sits against the memory-bandwidth floor",
                      "ms per decode step (log scale)", "", env=record["env"])
     names = [r["strategy"] for r in data]
-    ax.barh(names, [r["ms_per_token"] for r in data], color=[KIND_COLORS[kind(n)] for n in names])
+    _marked(ax.barh(_names(data), [r["ms_per_token"] for r in data],
+                    color=[KIND_COLORS[kind(n)] for n in names]), [r.get("exact") for r in data])
     floor = data[0]["floor_ms_per_token"]
     ax.axvline(floor, color="tab:red", linestyle="--")
     for y, r in enumerate(data):
@@ -321,7 +323,8 @@ def plot_timelines(record: dict, strategies=None, batch: int = 1):
         ax.broken_barh([(s / 1e3, max(d, 0.5) / 1e3) for s, d in trace], (y - 0.35, 0.7),
                        color=KIND_COLORS[kind(name)])
         row = data[name]
-        ax.text(0, y + 0.45, f"{name}: {row['ms_per_token']:.2f} ms/step, "
+        ax.text(0, y + 0.45, f"{name}{token_note(row.get('exact'))}: "
+                f"{row['ms_per_token']:.2f} ms/step, "
                 f"busy {row['busy_ms_per_step']:.2f} ms, "
                 f"{row['kernels_per_step']:.0f} ops, idle {row['idle_fraction']:.0%}", fontsize=8)
     ax.set_yticks([])
@@ -340,10 +343,19 @@ def plot_batch_sweep(record: dict, strategies=None):
     fig, ax = figure("Tokens/s against batch size", "batch size", "tokens / s (log scale)",
                      env=record["env"])
     for name in strategies:
-        data = sorted((r["batch"], r["tokens_per_s"]) for r in record["results"]
-                      if r["strategy"] == name)
+        data = sorted(((r["batch"], r["tokens_per_s"]), token_note(r.get("exact")))
+                      for r in record["results"] if r["strategy"] == name)
         if data:
-            ax.plot(*zip(*data, strict=True), marker="o", label=name)
+            # a point not shown token-exact: an x, its batch and why in the line's label
+            notes = {note for _, note in data if note}
+            marked = [point for point, note in data if note]
+            label = name + "".join(note[:-1] + " at batch " + ", ".join(
+                str(b) for (b, _), n in data if n == note) + ")" for note in sorted(notes))
+            ax.plot(*zip(*(point for point, _ in data), strict=True), marker="o",
+                    label=label, linestyle="--" if marked else "-")
+            if marked:
+                ax.plot(*zip(*marked, strict=True), linestyle="", marker="X", markersize=11,
+                        color="0.3")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.legend()
@@ -389,7 +401,8 @@ def plot_memory(record: dict, batch: int = 1):
     data = _plotted(record, batch)
     fig, ax = figure("Peak memory of each path", "peak memory (MB)", "", env=record["env"])
     names = [r["strategy"] for r in data]
-    ax.barh(names, [r["peak_memory_mb"] for r in data], color=[KIND_COLORS[kind(n)] for n in names])
+    _marked(ax.barh(_names(data), [r["peak_memory_mb"] for r in data],
+                    color=[KIND_COLORS[kind(n)] for n in names]), [r.get("exact") for r in data])
     for y, r in enumerate(data):
         ax.text(r["peak_memory_mb"], y, f" {r['peak_memory_mb']:,.0f}", va="center", fontsize=8)
     weights_mb = record["model"]["weight_bytes"] / 2**20
