@@ -76,8 +76,12 @@ def test_plots_mark_rows_not_shown_token_exact(bench_record, exact, note):
     (or no token check) like every other row: a wrong path's speed stood unmarked."""
     assert all(r["exact"] is True for r in bench_record["results"])
     record = _doubted(bench_record, "static", exact)
+    on_cuda = copy.deepcopy(record)  # plot_memory draws a path's peak measured on CUDA only
+    on_cuda["env"]["device"] = "cuda"
+    for row in on_cuda["results"]:
+        row["peak_memory_mb"] = 100.0
     for plot in (plots.plot_strategies, plots.plot_floor, plots.plot_memory):
-        fig = plot(record, batch=1)
+        fig = plot(on_cuda, batch=1)
         labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
         assert labels == ["naive", f"static ({note})"], (plot.__name__, labels)
         hatches = [bar.get_hatch() for bar in fig.axes[0].patches]
@@ -88,3 +92,18 @@ def test_plots_mark_rows_not_shown_token_exact(bench_record, exact, note):
               if not line.get_label().startswith("_")]
     assert labels == ["naive", f"static ({note} at batch 1, 2)"], labels
     matplotlib.pyplot.close(fig)
+
+
+def test_cpu_peak_memory_is_not_recorded_as_each_paths(bench_record):
+    """On the CPU each row's peak_memory_mb was the process's peak so far (ru_maxrss only grows),
+    the largest seen before it, and plot_memory drew it as "Peak memory of each path"."""
+    assert all(r["peak_memory_mb"] is None for r in bench_record["results"])
+    older = copy.deepcopy(bench_record)  # a CPU record made before: its numbers are no path's
+    for row in older["results"]:
+        row["peak_memory_mb"] = 550.0
+    for record in (bench_record, older):
+        fig = plots.plot_memory(record)
+        assert not fig.axes[0].patches
+        notes = [t.get_text() for t in fig.axes[0].texts]
+        assert any("measured on CUDA only" in t and "naive, static" in t for t in notes), notes
+        matplotlib.pyplot.close(fig)

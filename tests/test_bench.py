@@ -78,8 +78,9 @@ def test_every_timed_strategy_is_exact_and_measured(record):
                 and row["dtype"] == TIMED_DTYPE)
         assert (row["ms_per_token"] > 0
                 and row["tokens_per_s"] == pytest.approx(1e3 / row["ms_per_token"]))
-        assert (row["kernels_per_step"] > 0 and row["floor_ms_per_token"] > 0
-                and row["peak_memory_mb"] > 0)
+        assert row["kernels_per_step"] > 0 and row["floor_ms_per_token"] > 0
+        # a path's own peak memory is measured on CUDA only (the CPU's process peak only grows)
+        assert (row["peak_memory_mb"] > 0) if CUDA else (row["peak_memory_mb"] is None)
         assert row["x_naive"] == pytest.approx(row["tokens_per_s"] / rows["naive"]["tokens_per_s"])
         if CUDA:
             assert row["x_reduce_overhead"] == pytest.approx(

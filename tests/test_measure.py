@@ -27,7 +27,8 @@ def test_time_strategy_per_step(model):
     assert (run.label, run.new_tokens, run.batch) == ("naive", 6, 2)
     assert torch.equal(run.tokens, kvlab.decode(model, ids, 6))
     assert len(run.step_seconds) == 6 and all(s > 0 for s in run.step_seconds)
-    assert run.warmup_seconds > 0 and run.peak_memory_bytes > 0
+    # the CPU's process peak only grows: it is no path's own peak, so none is recorded
+    assert run.warmup_seconds > 0 and run.peak_memory_bytes is None
     # the one rule: (T(n) - T(1)) / (n - 1), T from the clocked runs
     assert run.seconds_per_step == pytest.approx((run.total_seconds - run.prefill_seconds) / 5)
     assert run.total_seconds >= run.prefill_seconds > 0

@@ -84,8 +84,8 @@ class DecodeTiming:
     total_seconds: float  # T(n), median
     # per_step=True: median time of each step, step 0 = prefill + first token
     step_seconds: list[float] | None
-    # during the T(n) runs (CUDA: allocator peak; CPU: the process's peak RSS)
-    peak_memory_bytes: int
+    # during the T(n) runs: the CUDA allocator's peak; None on the CPU (``path_peak``)
+    peak_memory_bytes: int | None
     env: dict
     prefill_runs: list[float] = field(default_factory=list)  # each repeat's T(1), in the order run
     total_runs: list[float] = field(default_factory=list)  # each repeat's T(n)
@@ -114,7 +114,9 @@ class DecodeTiming:
         """The numbers as a JSON-ready dict (ms, MB)."""
         return {"warmup_s": self.warmup_seconds, "prefill_ms": 1e3 * self.prefill_seconds,
                 "total_ms": 1e3 * self.total_seconds, "ms_per_token": self.ms_per_token,
-                "tokens_per_s": self.tokens_per_s, "peak_memory_mb": self.peak_memory_bytes / 2**20,
+                "tokens_per_s": self.tokens_per_s,
+                "peak_memory_mb": None if self.peak_memory_bytes is None
+                else self.peak_memory_bytes / 2**20,
                 "prefill_ms_runs": [1e3 * t for t in self.prefill_runs],
                 "total_ms_runs": [1e3 * t for t in self.total_runs]}
 
@@ -231,7 +233,8 @@ def _timing(label, tokens, new_tokens, warmup, prefills, totals, steps, peak,
             "small for its clock. Time more tokens or more repeats, with nothing else running.")
     return DecodeTiming(label=label, batch=int(tokens.shape[0]), new_tokens=int(tokens.shape[1]),
                         tokens=tokens, warmup_seconds=warmup, prefill_seconds=prefill,
-                        total_seconds=total, step_seconds=steps, peak_memory_bytes=peak,
+                        total_seconds=total, step_seconds=steps,
+                        peak_memory_bytes=path_peak(peak, device),
                         env=environment(device), prefill_runs=list(prefills),
                         total_runs=list(totals))
 
@@ -512,6 +515,12 @@ def peak_memory_bytes(device) -> int:
     return process_peak_rss_bytes()
 
 
+def path_peak(peak: int, device) -> int | None:
+    """A peak recorded as one path's: CUDA's, reset before the path; None on the CPU, where the
+    process peak only grows (reset_peak_memory cannot reset it), so it is no path's own."""
+    return peak if pick_device(device).type == "cuda" else None
+
+
 def allocated_by(make: Callable[[], object], device) -> tuple[object, int | None, int | None]:
     """``make()``, the bytes of CUDA memory it left allocated (``torch.cuda.memory_allocated``
     after minus before: whole blocks of the caching allocator) and the bytes its tensors asked for
@@ -633,7 +642,7 @@ def eager_vs_replay(model, input_ids: torch.Tensor, *, steps: int = 32, rounds: 
     for name, fn in fns.items():
         reset_peak_memory(device)
         fn()
-        peaks[name] = peak_memory_bytes(device)
+        peaks[name] = path_peak(peak_memory_bytes(device), device)
     if device.type == "cuda":
         work = {name: launches(lambda d=d: d.decode_steps(1), device)
                 for name, d in (("eager", eager), ("replay", replay))}

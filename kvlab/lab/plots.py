@@ -396,19 +396,27 @@ def plot_tile_sweep(record: dict):
 
 def plot_memory(record: dict, batch: int = 1):
     """Peak device memory of every strategy's timed run (``peak_memory_mb``), with the model's
-    weight bytes marked."""
+    weight bytes marked. Peak memory per path is measured on CUDA only: a row without it (a CPU
+    run) is named, not drawn."""
     record = as_record(record, needs=("model",))
     data = _plotted(record, batch)
+    on_cuda = str(record["env"].get("device", "")).startswith("cuda")  # a CPU peak is no path's
+    drawn = [r for r in data if on_cuda and r.get("peak_memory_mb") is not None]
     fig, ax = figure("Peak memory of each path", "peak memory (MB)", "", env=record["env"])
-    names = [r["strategy"] for r in data]
-    _marked(ax.barh(_names(data), [r["peak_memory_mb"] for r in data],
-                    color=[KIND_COLORS[kind(n)] for n in names]), [r.get("exact") for r in data])
-    for y, r in enumerate(data):
+    names = [r["strategy"] for r in drawn]
+    _marked(ax.barh(_names(drawn), [r["peak_memory_mb"] for r in drawn],
+                    color=[KIND_COLORS[kind(n)] for n in names]), [r.get("exact") for r in drawn])
+    for y, r in enumerate(drawn):
         ax.text(r["peak_memory_mb"], y, f" {r['peak_memory_mb']:,.0f}", va="center", fontsize=8)
     weights_mb = record["model"]["weight_bytes"] / 2**20
     ax.axvline(weights_mb, color="tab:red", linestyle="--")
-    ax.set_xlim(0, max(r["peak_memory_mb"] for r in data) * 1.2)
+    ax.set_xlim(0, max([weights_mb] + [r["peak_memory_mb"] for r in drawn]) * 1.2)
     ax.invert_yaxis()
+    unmeasured = [r["strategy"] for r in data if r not in drawn]
+    if unmeasured:
+        ax.text(0.5, 0.5, "peak memory per path is measured on CUDA only\n(not measured here: "
+                + ", ".join(unmeasured) + ")", transform=ax.transAxes, ha="center",
+                va="center", fontsize=9, wrap=True)
     ax.set_title(f"{_label(record)}, batch {batch}; red: the weights, {weights_mb:,.0f} MB",
                  fontsize=10)
     fig.tight_layout()
