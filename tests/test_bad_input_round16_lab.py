@@ -35,7 +35,9 @@ def _close():
 
 
 def _lines(fig) -> list[str]:
-    return [line.get_label() for line in fig.axes[0].lines]
+    """The strategies drawn: each line's label without its token note (its X marks unlabelled)."""
+    return [line.get_label().split(" (not ")[0] for line in fig.axes[0].lines
+            if not line.get_label().startswith("_")]
 
 
 # ------------------------------------------------------------------------------ S3: strategies=
