@@ -609,14 +609,20 @@ def _mode_entries(training: dict, grads: dict) -> list[ModeChange]:
     return entries
 
 
+# the settings objects a model holds and reads (model.generate reads generation_config): each is
+# snapshot by value, an edit in place named and undone
+_SETTINGS = ("config", "generation_config")
+
+
 @contextlib.contextmanager
 def model_kept(model):
     """Run student code on ``model`` inside; on the way out (any way out) every change it made is
     listed in the yielded list and undone: weights and buffers edited in place, replaced
     (``.data =``, a new Parameter) or removed, modules replaced or removed, module settings
-    (``variance_epsilon``, hooks) and the config, each named by its path from ``model``
-    (``model.model.norm.variance_epsilon``); the mode flags (``training``, ``requires_grad``) as one
-    :class:`ModeChange` entry each. Costs one copy of the weights."""
+    (``variance_epsilon``, hooks), the config and the generation config (``_SETTINGS``), each named
+    by its path from ``model`` (``model.model.norm.variance_epsilon``); the mode flags
+    (``training``, ``requires_grad``) as one :class:`ModeChange` entry each. Costs one copy of the
+    weights."""
     modules = dict(model.named_modules())
     states = {name: _module_state(m) for name, m in modules.items()}
     tensors = {}  # id -> (name, tensor, its values, data_ptr, requires_grad)
@@ -625,8 +631,9 @@ def model_kept(model):
                         *model.named_buffers(remove_duplicate=False)]:
             if id(t) not in tensors:
                 tensors[id(t)] = (name, t, t.detach().clone(), t.data_ptr(), t.requires_grad)
-    config = getattr(model, "config", None)
-    config_state = copy.deepcopy(vars(config)) if config is not None else None
+    # the settings objects the model holds (edited in place, never replaced): deep copies
+    settings = {name: (obj, copy.deepcopy(vars(obj))) for name in _SETTINGS
+                if (obj := getattr(model, name, None)) is not None and hasattr(obj, "__dict__")}
     changed: list[str] = []
     try:
         yield changed
@@ -678,15 +685,16 @@ def model_kept(model):
                 if t.requires_grad != requires_grad:
                     grads[f"model.{name}"] = t.requires_grad
                     t.requires_grad_(requires_grad)
-        if config is not None and vars(config) != config_state:
-            keys = sorted(k for k in vars(config).keys() | config_state.keys()
-                          if k not in config_state or k not in vars(config)
-                          or vars(config)[k] != config_state[k])
-            changed += [f"model.config.{k} changed from {_shown(config_state.get(k))} to "
-                        f"{_shown(vars(config).get(k))}"
+        for attr, (obj, state) in settings.items():
+            if vars(obj) == state:
+                continue
+            keys = sorted(k for k in vars(obj).keys() | state.keys()
+                          if k not in state or k not in vars(obj) or vars(obj)[k] != state[k])
+            changed += [f"model.{attr}.{k} changed from {_shown(state.get(k))} to "
+                        f"{_shown(vars(obj).get(k))}"
                         for k in keys]
-            vars(config).clear()
-            vars(config).update(config_state)
+            vars(obj).clear()
+            vars(obj).update(state)
         changed += _mode_entries(training, grads)
 
 

@@ -1,0 +1,61 @@
+"""Round 17 of the hostile-user probe, exercise checkers: a generation_config edited in place, a
+cache that drops old positions, student functions that change their inputs, a NotImplementedError
+raised after an earlier case passed, and answers refused or hinted wrong."""
+
+from __future__ import annotations
+
+import torch
+
+from kvlab.exercises import lesson01, lesson02
+from kvlab.lab.models import tiny_model
+
+
+def _greedy_loop(model, ids, n):
+    seq = ids
+    for _ in range(n):
+        nxt = model(seq).logits[:, -1].argmax(-1, keepdim=True)
+        seq = torch.cat([seq, nxt], 1)
+    return seq[:, ids.shape[1]:]
+
+
+def test_generation_config_edited_in_place_is_named_and_put_back():
+    """A decode function that set model.generation_config.do_sample/top_k in place was called
+    correct and left the caller's model.generate sampling."""
+    model = tiny_model("tiny-llama")
+    before = model.generation_config.to_dict()
+
+    def sampling(model, ids, n):
+        model.generation_config.do_sample = True
+        model.generation_config.top_k = 5
+        return _greedy_loop(model, ids, n)
+
+    verdict = lesson01.check_naive_decode(sampling, model=model)
+    assert verdict.startswith("not quite: your code changed the model"), verdict
+    assert "model.generation_config.do_sample" in verdict
+    assert model.generation_config.to_dict() == before
+
+
+def _capped_cache(cap):
+    class Capped:
+        """A cache that keeps only the last ``cap`` positions of each layer."""
+
+        def __init__(self):
+            self.k, self.v = {}, {}
+
+        def update(self, k, v, layer_idx, *args, **kwargs):
+            if layer_idx in self.k:
+                k = torch.cat([self.k[layer_idx], k], -2)[:, :, -cap:]
+                v = torch.cat([self.v[layer_idx], v], -2)[:, :, -cap:]
+            self.k[layer_idx], self.v[layer_idx] = k, v
+            return k, v
+    return Capped
+
+
+def test_cache_that_drops_old_positions_is_not_quite():
+    """A cache keeping only the last 7 or 8 positions passed check_cache_update: the call-by-call
+    checks never hold more than 5, and the plugged decode compared argmax tokens only."""
+    for cap in (7, 8):
+        verdict = lesson02.check_cache_update(_capped_cache(cap))
+        assert verdict.startswith("not quite"), (cap, verdict)
+        assert "update call" in verdict and "layer 0" in verdict
+    assert lesson02.check_cache_update(_capped_cache(10**6)).startswith("correct")
