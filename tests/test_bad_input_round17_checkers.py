@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kvlab.exercises import lesson01, lesson02
+from kvlab.exercises import lesson01, lesson02, lesson05, lesson07
 from kvlab.lab.models import tiny_model
 
 
@@ -59,3 +59,46 @@ def test_cache_that_drops_old_positions_is_not_quite():
         assert verdict.startswith("not quite"), (cap, verdict)
         assert "update call" in verdict and "layer 0" in verdict
     assert lesson02.check_cache_update(_capped_cache(10**6)).startswith("correct")
+
+
+def test_functions_that_change_their_inputs_are_not_quite():
+    """Functions that wrote into their inputs (counter.add_, valid.zero_(), rows.zero_(),
+    blocks.append) were called correct; the right forms of the same functions still pass."""
+    def positions(counter, valid, bucket, slots):
+        rows = torch.arange(bucket)
+        return torch.where((rows < valid) & (counter + rows < slots), counter + rows, slots)
+
+    def advancing(counter, valid, bucket, slots):
+        out = positions(counter, valid, bucket, slots)
+        counter.add_(valid)
+        return out
+
+    def zeroing(counter, valid, bucket, slots):
+        out = positions(counter, valid, bucket, slots)
+        valid.zero_()
+        return out
+
+    def kept(rows, verified):
+        return (rows[:, 1:] == verified[:, :-1]).long().cumprod(-1).sum(-1).min()
+
+    def kept_zeroing(rows, verified):
+        out = kept(rows, verified)
+        rows.zero_()
+        return out
+
+    def slots(blocks, start, stop, bs):
+        return [blocks[p // bs] * bs + p % bs for p in range(start, stop)]
+
+    def slots_appending(blocks, start, stop, bs):
+        out = slots(blocks, start, stop, bs)
+        blocks.append(99)
+        return out
+
+    for check, right, wrong, name in (
+            (lesson05.check_write_positions, positions, advancing, "counter"),
+            (lesson05.check_write_positions, positions, zeroing, "valid"),
+            (lesson07.check_kept_drafts, kept, kept_zeroing, "rows"),
+            (lesson07.check_slots, slots, slots_appending, "blocks")):
+        assert check(right).startswith("correct"), check(right)
+        verdict = check(wrong)
+        assert verdict.startswith(f"not quite: your function changed its input {name} "), verdict

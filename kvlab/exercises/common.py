@@ -520,22 +520,73 @@ def misplaced(returned, device: torch.device | None) -> str | None:
     return None
 
 
-def call_student(fn, *args, **kwargs):
+def _snapshot(value):
+    """What :func:`_input_change` compares: a tensor's values (a clone), a list's or tuple's
+    elements (each snapshot), None for anything else (a model, a cache: not compared here)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, list | tuple):
+        return [(e, _snapshot(e)) for e in value]
+    return None
+
+
+def _input_change(value, snapshot) -> str | None:
+    """How ``value`` differs from its :func:`_snapshot`, in words, else None."""
+    if isinstance(snapshot, torch.Tensor):
+        if (value.shape != snapshot.shape or value.dtype != snapshot.dtype
+                or value.device != snapshot.device):
+            return "a tensor resized or retyped in place"
+        same = torch.equal(value, snapshot) or (value.is_floating_point() and torch.allclose(
+            value, snapshot, rtol=0, atol=0, equal_nan=True))
+        return None if same else "a tensor written in place"
+    if isinstance(snapshot, list):
+        if len(value) != len(snapshot) or any(e is not old for e, (old, _) in zip(
+                value, snapshot, strict=False)):
+            return f"a {type(value).__name__} appended to, shortened or edited"
+        return next((c for e, (_, snap) in zip(value, snapshot, strict=True)
+                     if (c := _input_change(e, snap))), None)
+    return None
+
+
+def call_student(fn, *args, writes_inputs: bool = False, **kwargs):
     """Call the student's ``fn``; the stub's own NotImplementedError (:func:`stub_raised`) becomes
     NotAttempted, any other error propagates (one torch raises inside the student's code too). A
+    tensor or list argument the call changed raises :class:`Misplaced` (the caller's inputs are
+    the caller's), unless ``writes_inputs``: the exercises whose contract is to write into what
+    they are handed (a cache, a counter, buffers), and calls inside a graph capture. A
     returned tensor that is not dense or not on the inputs' device (:func:`misplaced`) raises
     :class:`Misplaced`: every comparison of a student's tensor reads a dense one, where the inputs
     are."""
+    given = {**dict(enumerate(args)), **kwargs}
+    snapshots = {} if writes_inputs else {
+        key: snap for key, value in given.items() if (snap := _snapshot(value)) is not None}
     try:
         returned = fn(*args, **kwargs)
     except NotImplementedError as e:
         if not stub_raised(e):
             raise
         raise NotAttempted from e
+    for key, snap in snapshots.items():
+        change = _input_change(given[key], snap)
+        if change:
+            raise Misplaced(f"your function changed its input {_input_name(fn, key)} ({change}): "
+                            "return a new value, do not write into the inputs")
     problem = misplaced(returned, _inputs_device([*args, *kwargs.values()]))
     if problem:
         raise Misplaced(problem)
     return returned
+
+
+def _input_name(fn, key) -> str:
+    """The name of ``fn``'s parameter ``key`` (a position or a name), else "argument N"."""
+    if isinstance(key, str):
+        return key
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    return params[key].name if key < len(params) else f"argument {key + 1}"
 
 
 # ---- the caller's model is the caller's: student code runs on it, then it is put back ------------
