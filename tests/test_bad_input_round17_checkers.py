@@ -102,3 +102,25 @@ def test_functions_that_change_their_inputs_are_not_quite():
         assert check(right).startswith("correct"), check(right)
         verdict = check(wrong)
         assert verdict.startswith(f"not quite: your function changed its input {name} "), verdict
+
+
+def test_not_implemented_after_an_earlier_answer_is_not_quite(monkeypatch):
+    """A function that answered batch 1 and raised NotImplementedError for batch 2 was told "not
+    attempted" (under KVLAB_SOLUTIONS=1 the reference was swapped in halfway)."""
+    def batch1_only(model, ids, n):
+        if ids.shape[0] > 1:
+            raise NotImplementedError("batches are not supported yet")
+        return _greedy_loop(model, ids, n)
+
+    for solutions in ("0", "1"):
+        monkeypatch.setenv("KVLAB_SOLUTIONS", solutions)
+        verdict = lesson01.check_naive_decode(batch1_only)
+        assert verdict.startswith("not quite: your code raised NotImplementedError"), verdict
+        assert "batches are not supported yet" in verdict and "batch1_only(" in verdict
+
+    class Stub:  # the stub's own raise on the first update call: still not attempted
+        def update(self, k, v, layer_idx, *args, **kwargs):
+            raise NotImplementedError
+
+    monkeypatch.setenv("KVLAB_SOLUTIONS", "0")
+    assert lesson02.check_cache_update(Stub).startswith("not attempted")

@@ -4,6 +4,7 @@ Hint: ..."."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import decimal
 import functools
@@ -548,6 +549,24 @@ def _input_change(value, snapshot) -> str | None:
     return None
 
 
+class Unfinished(Misplaced):
+    """The student's code raised the stub's NotImplementedError for a case after it had returned an
+    answer for an earlier one: attempted, not finished (never "not attempted")."""
+
+
+# the student's functions (their __func__) that returned an answer in the running check: a later
+# NotImplementedError from one of them is unfinished work (None outside a code checker)
+_ANSWERED: contextvars.ContextVar[set | None] = contextvars.ContextVar("answered", default=None)
+
+
+def _call_text(fn, args, kwargs) -> str:
+    """The call in words, its tensors by shape: ``slots([7, 2], 5, 5, 4)``."""
+    shown = [f"[{', '.join(map(str, a.shape))}]" if isinstance(a, torch.Tensor) else
+             type(a).__name__ if isinstance(a, torch.nn.Module) else f"{a!r:.40}"
+             for a in [*args, *kwargs.values()]]
+    return f"{getattr(fn, '__name__', 'your function')}({', '.join(shown)})"
+
+
 def call_student(fn, *args, writes_inputs: bool = False, **kwargs):
     """Call the student's ``fn``; the stub's own NotImplementedError (:func:`stub_raised`) becomes
     NotAttempted, any other error propagates (one torch raises inside the student's code too). A
@@ -560,12 +579,20 @@ def call_student(fn, *args, writes_inputs: bool = False, **kwargs):
     given = {**dict(enumerate(args)), **kwargs}
     snapshots = {} if writes_inputs else {
         key: snap for key, value in given.items() if (snap := _snapshot(value)) is not None}
+    answered, key = _ANSWERED.get(), getattr(fn, "__func__", fn)
     try:
         returned = fn(*args, **kwargs)
     except NotImplementedError as e:
         if not stub_raised(e):
             raise
+        if answered is not None and key in answered:
+            said = f" ({str(e).splitlines()[0][:120]!r})" if str(e) else ""
+            raise Unfinished(f"your code raised NotImplementedError{said} for "
+                             f"{_call_text(fn, args, kwargs)}, after it answered an earlier case: "
+                             "finish that case too") from e
         raise NotAttempted from e
+    if answered is not None:
+        answered.add(key)
     for key, snap in snapshots.items():
         change = _input_change(given[key], snap)
         if change:
@@ -802,6 +829,7 @@ def code_checker(solution, *, read: dict | None = None):
                     return NOT_ATTEMPTED
                 student, filled = solution, ("(the reference solution, filled in by "
                                              f"{SOLUTIONS_ENV}=1) ")
+            token = _ANSWERED.set(set())
             try:
                 return filled + check(student, *args, **kwargs)
             except NotAttempted:
@@ -816,6 +844,8 @@ def code_checker(solution, *, read: dict | None = None):
             except Exception as e:  # the student's code failed: say how, and where to look
                 return (f"not quite: your code raised {type(e).__name__}: "
                         f"{str(e).splitlines()[0][:200] if str(e) else ''}. Hint: {summary(check)}")
+            finally:
+                _ANSWERED.reset(token)
 
         checked.solution = solution
         checked.show_solution = lambda: print(inspect.getsource(solution))
