@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from kvlab.exercises import lesson01, lesson02, lesson05, lesson07
+from kvlab.exercises import lesson00, lesson01, lesson02, lesson05, lesson07
 from kvlab.lab.models import tiny_model
+from kvlab.sizes import kv_cache_bytes
 
 
 def _greedy_loop(model, ids, n):
@@ -124,3 +125,14 @@ def test_not_implemented_after_an_earlier_answer_is_not_quite(monkeypatch):
 
     monkeypatch.setenv("KVLAB_SOLUTIONS", "0")
     assert lesson02.check_cache_update(Stub).startswith("not attempted")
+
+
+def test_cache_bytes_without_the_batch_gets_the_batch_hint():
+    """check_cache_bytes had no "forgot the batch" mistake: an answer for one sequence got the
+    generic hint."""
+    config = lesson00.small_gqa_config()
+    for batch in (2, 3):
+        one = kv_cache_bytes(config, 100, torch.float16)
+        verdict = lesson02.check_cache_bytes(one, config=config, tokens=100, dtype=torch.float16,
+                                             batch=batch)
+        assert verdict.startswith("not quite") and f"batch's {batch} sequences" in verdict, verdict

@@ -354,6 +354,9 @@ def cache_bytes_mistakes(config, tokens: int, dtype, batch: int) -> list[tuple[i
     right = kv_cache_bytes(config, tokens, dtype, batch=batch)
     per_element = right // (2 * s.layers * s.kv_heads * s.head_dim * tokens * batch or 1)
     return [
+        (right // batch if batch > 1 else None,
+         f"one sequence: the cache holds K and V for each of the batch's {batch} sequences"
+         + (" (or K without V: both are a factor 2)." if batch == 2 else ".")),
         (right * s.heads // s.kv_heads if s.heads != s.kv_heads else None,
          "the cache stores one K and one V per KV head (num_key_value_heads), not per query head."),
         (right // 2, "K AND V: two vectors per kv head, layer and token (or: the element size of "
