@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from kvlab.exercises import lesson00, lesson01, lesson02, lesson05, lesson07
+from kvlab.exercises import lesson00, lesson01, lesson02, lesson05, lesson06, lesson07
 from kvlab.lab.models import tiny_model
 from kvlab.sizes import kv_cache_bytes
 
@@ -136,3 +136,11 @@ def test_cache_bytes_without_the_batch_gets_the_batch_hint():
         verdict = lesson02.check_cache_bytes(one, config=config, tokens=100, dtype=torch.float16,
                                              batch=batch)
         assert verdict.startswith("not quite") and f"batch's {batch} sequences" in verdict, verdict
+
+
+def test_padding_rows_buckets_as_a_set_or_range():
+    """check_padding_rows refused buckets={1, 2, 4, 8} and buckets=range(1, 9) at the door."""
+    for buckets in ({1, 2, 4, 8}, frozenset({8, 1, 4, 2}), range(1, 9)):
+        bucket = min(b for b in buckets if b >= 5)
+        verdict = lesson06.check_padding_rows(bucket - 5, running=5, buckets=buckets)
+        assert verdict.startswith("correct"), (buckets, verdict)

@@ -295,10 +295,17 @@ def dtype_setting(dtype) -> torch.dtype:
 
 
 def _counts(values, name: str, minimum: int) -> tuple[int, ...]:
-    """``values`` (a list or tuple of counts, a 1-D NumPy array or tensor of integers) as a tuple of
-    ints of at least ``minimum``, else a ValueError naming ``name``."""
+    """``values`` (a list, tuple, set or range of counts, a 1-D NumPy array or tensor of integers)
+    as a tuple of ints of at least ``minimum``, else a ValueError naming ``name``."""
     if getattr(values, "ndim", None) == 1 and callable(getattr(values, "tolist", None)):
         values = [plain_setting(v) for v in values]  # an array or tensor: its entries, each checked
+    elif isinstance(values, range):
+        values = list(values)
+    elif isinstance(values, set | frozenset):  # in order where its entries compare
+        try:
+            values = sorted(values)
+        except TypeError:
+            values = list(values)
     if not isinstance(values, list | tuple) or not values:
         raise ValueError(f"{name} must be a non-empty list or tuple of ints, got {values!r:.80}")
     return tuple(count(v, f"every entry of {name}", minimum=minimum) for v in values)
