@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from kvlab.exercises import lesson00, lesson01, lesson02, lesson05, lesson06, lesson07
+from kvlab.exercises.common import choice_of
 from kvlab.lab.models import tiny_model
 from kvlab.sizes import kv_cache_bytes
 
@@ -144,3 +145,30 @@ def test_padding_rows_buckets_as_a_set_or_range():
         bucket = min(b for b in buckets if b >= 5)
         verdict = lesson06.check_padding_rows(bucket - 5, running=5, buckets=buckets)
         assert verdict.startswith("correct"), (buckets, verdict)
+
+
+def test_prediction_spellings_of_ratio_percent_and_thousands():
+    """Right predictions spelled 4, "4", "x4" (for "4x"), 2 (for "2x"), "between 2x and 4x", 10,
+    "10", 0.1 (for "10%") and "10k" (for 10000) were refused as not a choice."""
+    def doubling(prediction, ratio):
+        return lesson01.check_doubling_prediction(prediction, seconds=1.0, doubled_seconds=ratio)
+
+    for prediction, ratio in ((4, 3.9), ("4", 3.9), ("x4", 3.9), (2, 2.0),
+                              ("between 2x and 4x", 3.0)):
+        assert doubling(prediction, ratio).startswith("correct"), (prediction, ratio)
+    assert doubling(4, 2.0).startswith("not quite: you predicted '4x'")
+    gqa, mha = 134_515_008, 147_786_048  # a ratio of 1.099: "10%"
+    for prediction in (10, "10", 0.1):
+        verdict = lesson00.check_gqa_prediction(prediction, gqa_parameters=gqa, mha_parameters=mha)
+        assert verdict.startswith("correct"), (prediction, verdict)
+    cache_per_token = 46080
+    weights = 10_000 * cache_per_token
+    assert lesson02.check_cache_vs_weights_prediction(
+        "10k", weight_bytes=weights, cache_bytes_per_token=cache_per_token).startswith("correct")
+
+
+def test_a_fraction_names_no_percentage_key_where_two_fit():
+    """The rule that reads 0.1 as "10%" must not pick a key where 0.1 also names "0.1%"."""
+    choices = {"0.1%": "a tenth of a percent", "10%": "ten percent"}
+    assert choice_of(0.1, choices) is None
+    assert choice_of(10, choices) == "10%" and choice_of("0.1 %", choices) == "0.1%"

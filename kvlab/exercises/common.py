@@ -897,19 +897,22 @@ def choice_of(prediction, choices):
     full stop around (``" b "``, ``"'B'"``, ``"(B)"``, ``"B."``), with spaces, hyphens or
     underscores for one another (``"kept hidden"`` for ``"kept-hidden"``, :func:`_loosely`, the
     numbers kept: ``"24x"`` is not ``"2x-4x"``), a key followed by its own description
-    (:func:`_described`, where ``choices`` is a dict of descriptions), a
-    number key as text (``"1000"``, ``"1,000"``, ``"1e3"``), a NumPy scalar or array of one element
-    or a one-element tensor. Never hashes ``prediction`` (a list is not an error)."""
+    (:func:`_described`, where ``choices`` is a dict of descriptions), a number key as text
+    (``"1000"``, ``"1,000"``, ``"1e3"``, ``"1k"``), a NumPy scalar or array of one element or a
+    one-element tensor, a number for a ratio or percentage key (:func:`_by_number`:
+    4, ``"4"`` or ``"x4"`` for ``"4x"``; 10 or 0.1 for ``"10%"`` where no other key fits), a range
+    in words (``"between 2x and 4x"``). Never hashes ``prediction`` (a list is not an error)."""
     if isinstance(prediction, list | tuple) and len(prediction) == 1:
         prediction = prediction[0]
     if isinstance(prediction, list | tuple):  # several elements, or a list in a list
         return None
     if getattr(getattr(prediction, "dtype", None), "kind", "") == "U" and prediction.size == 1:
         prediction = prediction.item()  # a NumPy array of one string
-    numeric = [k for k in choices if isinstance(k, numbers.Real) and not isinstance(k, bool)]
     if isinstance(prediction, str):
         # quotes, brackets or a full stop around: "'B'", "(B)", "B."
         text = prediction.strip().strip("'\"()[].").strip()
+        # a range in words: "between 2x and 4x" for "2x-4x"
+        text = re.sub(r"^between\s+(\S+)\s+and\s+(\S+)$", r"\1-\2", text, flags=re.IGNORECASE)
         spelled = {"".join(str(k).split()).casefold(): k for k in choices if isinstance(k, str)}
         if "".join(text.split()).casefold() in spelled:
             return spelled["".join(text.split()).casefold()]
@@ -925,13 +928,42 @@ def choice_of(prediction, choices):
         described = _described(text, choices)
         if described is not None:
             return described
-        if not numeric:
+        try:  # a number spelled: "4", "x4" (a ratio), "10k"
+            value = _spelled_number(re.sub(r"^x\s*(?=\d)", "", text, flags=re.IGNORECASE))
+        except NotANumber:
             return None
+        return _by_number(value, choices)
     try:
         value = real_number(prediction)
     except NotANumber:
         return None
-    return next((k for k in numeric if k == value), None)
+    return _by_number(value, choices)
+
+
+def _spelled_number(text: str) -> numbers.Real:
+    """The number ``text`` spells (:func:`number_in_text`), or with a thousands or millions suffix
+    (``"10k"``, ``"1.5M"``); else :class:`NotANumber`."""
+    suffixed = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([km])", text.strip(), re.IGNORECASE)
+    if not suffixed:
+        return number_in_text(text)
+    value = float(suffixed[1]) * (1e3 if suffixed[2] in "kK" else 1e6)
+    return int(value) if value.is_integer() else value
+
+
+def _by_number(value: numbers.Real, choices):
+    """The one key of ``choices`` that the number ``value`` names, else None: a number key equal to
+    it, a ratio key ``"Nx"`` or a percentage key ``"N%"`` with N equal to it, or a percentage key
+    whose fraction it is (0.1 for ``"10%"``). Where two keys fit (0.1 with keys ``"10%"`` and
+    ``"0.1%"``), none is named."""
+    fits = []
+    for k in choices:
+        if isinstance(k, numbers.Real) and not isinstance(k, bool):
+            fits += [k] if k == value else []
+        elif isinstance(k, str) and (unit := re.fullmatch(r"(\d+(?:\.\d+)?)\s*([x%])",
+                                                          k.strip().casefold())):
+            n = float(unit[1])
+            fits += [k] if n == value or (unit[2] == "%" and math.isclose(n, value * 100)) else []
+    return fits[0] if len(fits) == 1 else None
 
 
 RUN_AGAIN = "run the cell that measures it again, then this check"
