@@ -4,10 +4,14 @@ raised after an earlier case passed, and answers refused or hinted wrong."""
 
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
 
 from kvlab.exercises import lesson00, lesson01, lesson02, lesson05, lesson06, lesson07
-from kvlab.exercises.common import choice_of
+from kvlab.exercises.common import SettingError, choice_of
+from kvlab.lab.bench import recorded
 from kvlab.lab.models import tiny_model
 from kvlab.sizes import kv_cache_bytes
 
@@ -172,3 +176,21 @@ def test_a_fraction_names_no_percentage_key_where_two_fit():
     choices = {"0.1%": "a tenth of a percent", "10%": "ten percent"}
     assert choice_of(0.1, choices) is None
     assert choice_of(10, choices) == "10%" and choice_of("0.1 %", choices) == "0.1%"
+
+
+def test_bench_records_with_float_batches_and_module_names_of_projections():
+    """check_fastest_prediction refused rows whose batch is 64.0 (a float column from pandas), and
+    check_tile_prediction refused projection="down_proj" (transformers' module name)."""
+    record = copy.deepcopy(recorded("h200_batch_sweep"))
+    as_ints = lesson06.check_fastest_prediction("reduce-overhead", recorded("h200_batch_sweep"))
+    for row in record["results"]:
+        row["batch"] = float(row["batch"])
+    assert lesson06.check_fastest_prediction("reduce-overhead", record) == as_ints
+    record["results"][0]["batch"] += 0.5  # not a count: still refused
+    with pytest.raises(SettingError):
+        lesson06.check_fastest_prediction("reduce-overhead", record)
+    tiles = recorded("h200_tile_sweep")
+    for name, sweep_name in (("down_proj", "down"), ("model.layers.0.mlp.gate_proj", "gate_up"),
+                             ("k_proj", "qkv"), ("o_proj", "o_proj")):
+        assert (lesson06.check_tile_prediction("tile", tiles, projection=name)
+                == lesson06.check_tile_prediction("tile", tiles, projection=sweep_name)), name
