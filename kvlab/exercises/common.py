@@ -4,6 +4,7 @@ Hint: ..."."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import decimal
 import functools
@@ -294,10 +295,17 @@ def dtype_setting(dtype) -> torch.dtype:
 
 
 def _counts(values, name: str, minimum: int) -> tuple[int, ...]:
-    """``values`` (a list or tuple of counts, a 1-D NumPy array or tensor of integers) as a tuple of
-    ints of at least ``minimum``, else a ValueError naming ``name``."""
+    """``values`` (a list, tuple, set or range of counts, a 1-D NumPy array or tensor of integers)
+    as a tuple of ints of at least ``minimum``, else a ValueError naming ``name``."""
     if getattr(values, "ndim", None) == 1 and callable(getattr(values, "tolist", None)):
         values = [plain_setting(v) for v in values]  # an array or tensor: its entries, each checked
+    elif isinstance(values, range):
+        values = list(values)
+    elif isinstance(values, set | frozenset):  # in order where its entries compare
+        try:
+            values = sorted(values)
+        except TypeError:
+            values = list(values)
     if not isinstance(values, list | tuple) or not values:
         raise ValueError(f"{name} must be a non-empty list or tuple of ints, got {values!r:.80}")
     return tuple(count(v, f"every entry of {name}", minimum=minimum) for v in values)
@@ -520,22 +528,99 @@ def misplaced(returned, device: torch.device | None) -> str | None:
     return None
 
 
-def call_student(fn, *args, **kwargs):
+def _snapshot(value):
+    """What :func:`_input_change` compares: a tensor's values (a clone), a list's or tuple's
+    elements (each snapshot), None for anything else (a model, a cache: not compared here)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, list | tuple):
+        return [(e, _snapshot(e)) for e in value]
+    return None
+
+
+def _input_change(value, snapshot) -> str | None:
+    """How ``value`` differs from its :func:`_snapshot`, in words, else None."""
+    if isinstance(snapshot, torch.Tensor):
+        if (value.shape != snapshot.shape or value.dtype != snapshot.dtype
+                or value.device != snapshot.device):
+            return "a tensor resized or retyped in place"
+        same = torch.equal(value, snapshot) or (value.is_floating_point() and torch.allclose(
+            value, snapshot, rtol=0, atol=0, equal_nan=True))
+        return None if same else "a tensor written in place"
+    if isinstance(snapshot, list):
+        if len(value) != len(snapshot) or any(e is not old for e, (old, _) in zip(
+                value, snapshot, strict=False)):
+            return f"a {type(value).__name__} appended to, shortened or edited"
+        return next((c for e, (_, snap) in zip(value, snapshot, strict=True)
+                     if (c := _input_change(e, snap))), None)
+    return None
+
+
+class Unfinished(Misplaced):
+    """The student's code raised the stub's NotImplementedError for a case after it had returned an
+    answer for an earlier one: attempted, not finished (never "not attempted")."""
+
+
+# the student's functions (their __func__) that returned an answer in the running check: a later
+# NotImplementedError from one of them is unfinished work (None outside a code checker)
+_ANSWERED: contextvars.ContextVar[set | None] = contextvars.ContextVar("answered", default=None)
+
+
+def _call_text(fn, args, kwargs) -> str:
+    """The call in words, its tensors by shape: ``slots([7, 2], 5, 5, 4)``."""
+    shown = [f"[{', '.join(map(str, a.shape))}]" if isinstance(a, torch.Tensor) else
+             type(a).__name__ if isinstance(a, torch.nn.Module) else f"{a!r:.40}"
+             for a in [*args, *kwargs.values()]]
+    return f"{getattr(fn, '__name__', 'your function')}({', '.join(shown)})"
+
+
+def call_student(fn, *args, writes_inputs: bool = False, **kwargs):
     """Call the student's ``fn``; the stub's own NotImplementedError (:func:`stub_raised`) becomes
     NotAttempted, any other error propagates (one torch raises inside the student's code too). A
+    tensor or list argument the call changed raises :class:`Misplaced` (the caller's inputs are
+    the caller's), unless ``writes_inputs``: the exercises whose contract is to write into what
+    they are handed (a cache, a counter, buffers), and calls inside a graph capture. A
     returned tensor that is not dense or not on the inputs' device (:func:`misplaced`) raises
     :class:`Misplaced`: every comparison of a student's tensor reads a dense one, where the inputs
     are."""
+    given = {**dict(enumerate(args)), **kwargs}
+    snapshots = {} if writes_inputs else {
+        key: snap for key, value in given.items() if (snap := _snapshot(value)) is not None}
+    answered, key = _ANSWERED.get(), getattr(fn, "__func__", fn)
     try:
         returned = fn(*args, **kwargs)
     except NotImplementedError as e:
         if not stub_raised(e):
             raise
+        if answered is not None and key in answered:
+            said = f" ({str(e).splitlines()[0][:120]!r})" if str(e) else ""
+            raise Unfinished(f"your code raised NotImplementedError{said} for "
+                             f"{_call_text(fn, args, kwargs)}, after it answered an earlier case: "
+                             "finish that case too") from e
         raise NotAttempted from e
+    if answered is not None:
+        answered.add(key)
+    for key, snap in snapshots.items():
+        change = _input_change(given[key], snap)
+        if change:
+            raise Misplaced(f"your function changed its input {_input_name(fn, key)} ({change}): "
+                            "return a new value, do not write into the inputs")
     problem = misplaced(returned, _inputs_device([*args, *kwargs.values()]))
     if problem:
         raise Misplaced(problem)
     return returned
+
+
+def _input_name(fn, key) -> str:
+    """The name of ``fn``'s parameter ``key`` (a position or a name), else "argument N"."""
+    if isinstance(key, str):
+        return key
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    return params[key].name if key < len(params) else f"argument {key + 1}"
 
 
 # ---- the caller's model is the caller's: student code runs on it, then it is put back ------------
@@ -609,14 +694,20 @@ def _mode_entries(training: dict, grads: dict) -> list[ModeChange]:
     return entries
 
 
+# the settings objects a model holds and reads (model.generate reads generation_config): each is
+# snapshot by value, an edit in place named and undone
+_SETTINGS = ("config", "generation_config")
+
+
 @contextlib.contextmanager
 def model_kept(model):
     """Run student code on ``model`` inside; on the way out (any way out) every change it made is
     listed in the yielded list and undone: weights and buffers edited in place, replaced
     (``.data =``, a new Parameter) or removed, modules replaced or removed, module settings
-    (``variance_epsilon``, hooks) and the config, each named by its path from ``model``
-    (``model.model.norm.variance_epsilon``); the mode flags (``training``, ``requires_grad``) as one
-    :class:`ModeChange` entry each. Costs one copy of the weights."""
+    (``variance_epsilon``, hooks), the config and the generation config (``_SETTINGS``), each named
+    by its path from ``model`` (``model.model.norm.variance_epsilon``); the mode flags
+    (``training``, ``requires_grad``) as one :class:`ModeChange` entry each. Costs one copy of the
+    weights."""
     modules = dict(model.named_modules())
     states = {name: _module_state(m) for name, m in modules.items()}
     tensors = {}  # id -> (name, tensor, its values, data_ptr, requires_grad)
@@ -625,8 +716,9 @@ def model_kept(model):
                         *model.named_buffers(remove_duplicate=False)]:
             if id(t) not in tensors:
                 tensors[id(t)] = (name, t, t.detach().clone(), t.data_ptr(), t.requires_grad)
-    config = getattr(model, "config", None)
-    config_state = copy.deepcopy(vars(config)) if config is not None else None
+    # the settings objects the model holds (edited in place, never replaced): deep copies
+    settings = {name: (obj, copy.deepcopy(vars(obj))) for name in _SETTINGS
+                if (obj := getattr(model, name, None)) is not None and hasattr(obj, "__dict__")}
     changed: list[str] = []
     try:
         yield changed
@@ -678,15 +770,16 @@ def model_kept(model):
                 if t.requires_grad != requires_grad:
                     grads[f"model.{name}"] = t.requires_grad
                     t.requires_grad_(requires_grad)
-        if config is not None and vars(config) != config_state:
-            keys = sorted(k for k in vars(config).keys() | config_state.keys()
-                          if k not in config_state or k not in vars(config)
-                          or vars(config)[k] != config_state[k])
-            changed += [f"model.config.{k} changed from {_shown(config_state.get(k))} to "
-                        f"{_shown(vars(config).get(k))}"
+        for attr, (obj, state) in settings.items():
+            if vars(obj) == state:
+                continue
+            keys = sorted(k for k in vars(obj).keys() | state.keys()
+                          if k not in state or k not in vars(obj) or vars(obj)[k] != state[k])
+            changed += [f"model.{attr}.{k} changed from {_shown(state.get(k))} to "
+                        f"{_shown(vars(obj).get(k))}"
                         for k in keys]
-            vars(config).clear()
-            vars(config).update(config_state)
+            vars(obj).clear()
+            vars(obj).update(state)
         changed += _mode_entries(training, grads)
 
 
@@ -743,6 +836,7 @@ def code_checker(solution, *, read: dict | None = None):
                     return NOT_ATTEMPTED
                 student, filled = solution, ("(the reference solution, filled in by "
                                              f"{SOLUTIONS_ENV}=1) ")
+            token = _ANSWERED.set(set())
             try:
                 return filled + check(student, *args, **kwargs)
             except NotAttempted:
@@ -757,6 +851,8 @@ def code_checker(solution, *, read: dict | None = None):
             except Exception as e:  # the student's code failed: say how, and where to look
                 return (f"not quite: your code raised {type(e).__name__}: "
                         f"{str(e).splitlines()[0][:200] if str(e) else ''}. Hint: {summary(check)}")
+            finally:
+                _ANSWERED.reset(token)
 
         checked.solution = solution
         checked.show_solution = lambda: print(inspect.getsource(solution))
@@ -801,19 +897,22 @@ def choice_of(prediction, choices):
     full stop around (``" b "``, ``"'B'"``, ``"(B)"``, ``"B."``), with spaces, hyphens or
     underscores for one another (``"kept hidden"`` for ``"kept-hidden"``, :func:`_loosely`, the
     numbers kept: ``"24x"`` is not ``"2x-4x"``), a key followed by its own description
-    (:func:`_described`, where ``choices`` is a dict of descriptions), a
-    number key as text (``"1000"``, ``"1,000"``, ``"1e3"``), a NumPy scalar or array of one element
-    or a one-element tensor. Never hashes ``prediction`` (a list is not an error)."""
+    (:func:`_described`, where ``choices`` is a dict of descriptions), a number key as text
+    (``"1000"``, ``"1,000"``, ``"1e3"``, ``"1k"``), a NumPy scalar or array of one element or a
+    one-element tensor, a number for a ratio or percentage key (:func:`_by_number`:
+    4, ``"4"`` or ``"x4"`` for ``"4x"``; 10 or 0.1 for ``"10%"`` where no other key fits), a range
+    in words (``"between 2x and 4x"``). Never hashes ``prediction`` (a list is not an error)."""
     if isinstance(prediction, list | tuple) and len(prediction) == 1:
         prediction = prediction[0]
     if isinstance(prediction, list | tuple):  # several elements, or a list in a list
         return None
     if getattr(getattr(prediction, "dtype", None), "kind", "") == "U" and prediction.size == 1:
         prediction = prediction.item()  # a NumPy array of one string
-    numeric = [k for k in choices if isinstance(k, numbers.Real) and not isinstance(k, bool)]
     if isinstance(prediction, str):
         # quotes, brackets or a full stop around: "'B'", "(B)", "B."
         text = prediction.strip().strip("'\"()[].").strip()
+        # a range in words: "between 2x and 4x" for "2x-4x"
+        text = re.sub(r"^between\s+(\S+)\s+and\s+(\S+)$", r"\1-\2", text, flags=re.IGNORECASE)
         spelled = {"".join(str(k).split()).casefold(): k for k in choices if isinstance(k, str)}
         if "".join(text.split()).casefold() in spelled:
             return spelled["".join(text.split()).casefold()]
@@ -829,13 +928,42 @@ def choice_of(prediction, choices):
         described = _described(text, choices)
         if described is not None:
             return described
-        if not numeric:
+        try:  # a number spelled: "4", "x4" (a ratio), "10k"
+            value = _spelled_number(re.sub(r"^x\s*(?=\d)", "", text, flags=re.IGNORECASE))
+        except NotANumber:
             return None
+        return _by_number(value, choices)
     try:
         value = real_number(prediction)
     except NotANumber:
         return None
-    return next((k for k in numeric if k == value), None)
+    return _by_number(value, choices)
+
+
+def _spelled_number(text: str) -> numbers.Real:
+    """The number ``text`` spells (:func:`number_in_text`), or with a thousands or millions suffix
+    (``"10k"``, ``"1.5M"``); else :class:`NotANumber`."""
+    suffixed = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([km])", text.strip(), re.IGNORECASE)
+    if not suffixed:
+        return number_in_text(text)
+    value = float(suffixed[1]) * (1e3 if suffixed[2] in "kK" else 1e6)
+    return int(value) if value.is_integer() else value
+
+
+def _by_number(value: numbers.Real, choices):
+    """The one key of ``choices`` that the number ``value`` names, else None: a number key equal to
+    it, a ratio key ``"Nx"`` or a percentage key ``"N%"`` with N equal to it, or a percentage key
+    whose fraction it is (0.1 for ``"10%"``). Where two keys fit (0.1 with keys ``"10%"`` and
+    ``"0.1%"``), none is named."""
+    fits = []
+    for k in choices:
+        if isinstance(k, numbers.Real) and not isinstance(k, bool):
+            fits += [k] if k == value else []
+        elif isinstance(k, str) and (unit := re.fullmatch(r"(\d+(?:\.\d+)?)\s*([x%])",
+                                                          k.strip().casefold())):
+            n = float(unit[1])
+            fits += [k] if n == value or (unit[2] == "%" and math.isclose(n, value * 100)) else []
+    return fits[0] if len(fits) == 1 else None
 
 
 RUN_AGAIN = "run the cell that measures it again, then this check"

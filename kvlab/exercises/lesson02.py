@@ -186,10 +186,29 @@ class PluggedCache(HandwrittenCache):
     def __init__(self, student_cache):
         super().__init__()
         self.student_cache = student_cache
+        self.calls = 0
+        self.first_wrong: str | None = None  # the first call whose K/V differ, in words
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
-        super().update(key_states, value_states, layer_idx)
-        return call_student(self.student_cache.update, key_states, value_states, layer_idx)
+        right = super().update(key_states, value_states, layer_idx)
+        got = call_student(self.student_cache.update, key_states, value_states, layer_idx)
+        self.calls += 1
+        # every call's K/V equal the reference's exactly (a cat is exact): a cache that drops
+        # positions the argmax tokens happen not to need still shows here
+        if self.first_wrong is None and isinstance(got, tuple | list) and len(got) == 2:
+            for name, mine, ref in zip(("keys", "values"), got, right, strict=True):
+                if not isinstance(mine, torch.Tensor):
+                    continue  # the model's own error says what is wrong
+                if mine.shape != ref.shape:
+                    self.first_wrong = (f"at update call {self.calls} (layer {layer_idx}) it "
+                                        f"returned {name} of shape {tuple(mine.shape)}, where the "
+                                        f"layer holds {tuple(ref.shape)}")
+                elif not torch.equal(mine, ref):
+                    self.first_wrong = (f"at update call {self.calls} (layer {layer_idx}) the "
+                                        f"{name} it returned differ from the layer's")
+                if self.first_wrong:
+                    break
+        return got
 
 
 def stored_tensors(obj, depth: int = 3):
@@ -308,8 +327,12 @@ def cache_update_verdict(student, model, new_tokens: int) -> str:
                     f"{right_k.shape[-2]} in the layer after it): {problem}")
     prompt = torch.arange(1, 6, device=next(model.parameters()).device)[None]  # [1, 5]
     right = decode_naive(model, prompt, new_tokens)
-    tokens = decode_handwritten(model, prompt, new_tokens,
-                                cache=PluggedCache(call_student(student)))
+    plugged = PluggedCache(call_student(student))
+    tokens = decode_handwritten(model, prompt, new_tokens, cache=plugged)
+    if plugged.first_wrong:
+        return ("not quite: your update passes call by call, but plugged into a tiny model's "
+                f"decode of {new_tokens} tokens, {plugged.first_wrong}. Hint: return all the K/V "
+                "the layer holds after the call (every position so far, in order), every call.")
     k = first_mismatch(tokens, right)
     if k is not None:
         return ("not quite: your update passes call by call, but plugged into a tiny model the "
@@ -331,6 +354,9 @@ def cache_bytes_mistakes(config, tokens: int, dtype, batch: int) -> list[tuple[i
     right = kv_cache_bytes(config, tokens, dtype, batch=batch)
     per_element = right // (2 * s.layers * s.kv_heads * s.head_dim * tokens * batch or 1)
     return [
+        (right // batch if batch > 1 else None,
+         f"one sequence: the cache holds K and V for each of the batch's {batch} sequences"
+         + (" (or K without V: both are a factor 2)." if batch == 2 else ".")),
         (right * s.heads // s.kv_heads if s.heads != s.kv_heads else None,
          "the cache stores one K and one V per KV head (num_key_value_heads), not per query head."),
         (right // 2, "K AND V: two vectors per kv head, layer and token (or: the element size of "

@@ -293,7 +293,8 @@ def decode_step_verdict(step, model, prompt_len: int, new_tokens: int) -> str:
         with watch_positions(model, position, from_held) as seen:
             for i in range(1, new_tokens):
                 start = len(seen)
-                ids = call_student(step, model, cache, ids, position)
+                # the step advances position in place: its contract
+                ids = call_student(step, model, cache, ids, position, writes_inputs=True)
                 calls.append(seen[start:])
                 if (not isinstance(ids, torch.Tensor) or tuple(ids.shape) != (1, 1)
                     or index_dtype_problem(ids, "token ids")):
@@ -349,7 +350,8 @@ def decode_step_verdict(step, model, prompt_len: int, new_tokens: int) -> str:
     spare = make_static_cache(model, prompt_len + 4)
     with torch.inference_mode():
         model(prompt, cache=spare)
-        read = host_read_in(lambda t: call_student(step, model, spare, t, torch.tensor(prompt_len)))
+        read = host_read_in(lambda t: call_student(step, model, spare, t, torch.tensor(prompt_len),
+                                                    writes_inputs=True))
     if read is not None:
         return (f"not quite: the tokens are right, but you read position on the host ({read}). "
                 "Hint: position as a Python int: compiled code recompiles for every new value "

@@ -224,7 +224,9 @@ def graph_decode_verdict(student, model, prompt_len: int, n: int) -> str:
     with torch.inference_mode():
         first = greedy(model(prompt, cache=cache).logits)  # [1, 1]
         with watch_replays(cache) as seen:
-            tokens = call_student(student, model, cache, first, prompt_len, n)
+            # a graph loop may use first as its static input buffer
+            tokens = call_student(student, model, cache, first, prompt_len, n,
+                                  writes_inputs=True)
     if (not isinstance(tokens, torch.Tensor) or tuple(tokens.shape) != (1, n)
         or index_dtype_problem(tokens, "token ids")):
         got = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__

@@ -69,7 +69,9 @@ def _replay(fn, statics: list[torch.Tensor], refill) -> list[torch.Tensor] | str
     from ..graphs import CaptureError, capture
 
     try:
-        graph = capture(lambda *t: call_student(fn, *t), *statics, warmup=0, emulate=True)
+        # inside a capture: no host compare (the eager call checked the inputs)
+        graph = capture(lambda *t: call_student(fn, *t, writes_inputs=True), *statics, warmup=0,
+                        emulate=True)
     except CaptureError as e:
         return ("not quite: right eagerly, but a captured graph refuses it "
                 f"({str(e).split('. A captured')[0]}). Hint: keep counter and valid on the device: "
@@ -364,7 +366,8 @@ def check_write_valid(fn) -> str:
         c, v = torch.tensor(counter), torch.tensor(valid)
         addresses = keys.data_ptr(), values.data_ptr(), c.data_ptr()
         try:
-            returned = call_student(fn, keys, values, *inputs[2:], c, v)
+            # writes keys, values and the counter in place: its contract
+            returned = call_student(fn, keys, values, *inputs[2:], c, v, writes_inputs=True)
         except (IndexError, RuntimeError) as e:
             if counter + length > slots:
                 return (f"not quite: {case}: your code raised {type(e).__name__}: "
@@ -629,7 +632,9 @@ def graph_loop_verdict(fn, model, n: int) -> str:
     cache = StaticCache(config=model.config, max_cache_len=slots)
     try:
         with torch.inference_mode(), _watch(model, cache, want, keys, n) as seen:
-            got = call_student(fn, model, cache, [p.clone() for p in prompts], n)
+            # fills the cache in place, inside the watch: no host compare there
+            got = call_student(fn, model, cache, [p.clone() for p in prompts], n,
+                               writes_inputs=True)
     except _RuleBroken as e:
         return str(e)
     if not seen:

@@ -243,7 +243,10 @@ def bench_record(record) -> dict:
     for i, row in enumerate(record_rows(record, "results", ROW_KEYS, FASTEST_EXAMPLE)):
         # a batch is a count, a strategy a name: anything else cannot be looked up or sorted
         try:
-            batch = None if isinstance(row["batch"], float) else count(row["batch"], "batch")
+            # a float of an integral value (pandas reads a column of ints so): that int
+            batch = (row["batch"] if not isinstance(row["batch"], float)
+                     else int(row["batch"]) if row["batch"].is_integer() else None)
+            batch = None if batch is None else count(batch, "batch")
         except ValueError:
             batch = None
         if not isinstance(row["strategy"], str) or batch is None:
@@ -371,6 +374,21 @@ def tile_table(record) -> dict:
     return table
 
 
+# transformers' module names of the projections the sweep joins into one
+_JOINED = {"gate_proj": "gate_up", "up_proj": "gate_up", "q_proj": "qkv", "k_proj": "qkv",
+           "v_proj": "qkv"}
+
+
+def _projection(name, table: dict):
+    """The sweep's name (a key of ``table``) for ``name`` where it is transformers' module name or
+    path (``"down_proj"``, ``"model.layers.0.mlp.gate_proj"``), else ``name`` as given."""
+    if not isinstance(name, str) or name in table:
+        return name
+    last = name.strip().casefold().rsplit(".", 1)[-1]
+    spellings = (last, last.removesuffix("_proj"), f"{last}_proj", _JOINED.get(last))
+    return next((s for s in spellings if s in table), name)
+
+
 @settings_read
 def check_tile_prediction(prediction=None, record: dict | str | None = None, *,
                           projection: str = "down", rows: int = 64) -> str:
@@ -381,6 +399,7 @@ def check_tile_prediction(prediction=None, record: dict | str | None = None, *,
                 "check a prediction against; record one with `python tools/time_kernels.py --parts "
                 "tiles` on a GPU")
     table = tile_table(record)
+    projection = _projection(projection, table)
     if projection not in table or rows not in table[projection]:
         raise ValueError(f"the sweep has projections {sorted(table)} at rows "
                          f"{sorted(next(iter(table.values())))}")
