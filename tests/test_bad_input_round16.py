@@ -76,7 +76,8 @@ def test_serving_runs_record_the_models_device():
     from kvlab.lab import serving
 
     model = tiny_model("tiny-llama")
-    requests = serving.arriving_requests(2, 256, prompt_lens=(2, 4), new_tokens=(2, 3))
+    requests = serving.arriving_requests(2, 256, prompt_lens=(2, 4), new_tokens=(2, 3),
+                                         device="cpu")
     with pytest.raises(ValueError, match="device='meta' but the model is on cpu"):
         serving.paged_runs(model, requests, device="meta")
     ids = torch.randint(0, 256, (1, 5), generator=torch.Generator().manual_seed(1))

@@ -572,6 +572,7 @@ def check_speculative_kernels(name: str) -> None:
     eagerly in the CPU interpreter (as ``check_kernel_step_decode`` says why), through its graphs on
     CUDA."""
     from kvlab.kernels.decoder import decode_speculative_kernels, speculative_kernels_decoder
+    from kvlab.speculative import prompt_lookup_draft
 
     model = tiny_model(name).to(DEVICE)
     calls = []
@@ -580,9 +581,14 @@ def check_speculative_kernels(name: str) -> None:
     try:
         n, graph = tokens(12, 5), DEVICE == "cuda"
         gen = torch.Generator().manual_seed(8)
-        phrase = torch.randint(0, 256, (1, 5), generator=gen)
-        # [1, 13]: its suffix drafts
-        repeating = torch.cat([phrase, phrase, phrase[:, :3]], 1).to(DEVICE)
+        for _ in range(20):  # a prompt with a draft before the end, whatever this model says
+            phrase = torch.randint(0, 256, (1, 5), generator=gen)
+            # [1, 13]: its suffix drafts
+            repeating = torch.cat([phrase, phrase, phrase[:, :3]], 1).to(DEVICE)
+            # verifies without drafts make one token each, so the first draft is always reached
+            history = [*repeating[0].tolist(), *decode_naive(model, repeating, n)[0].tolist()]
+            if any(prompt_lookup_draft(history[:repeating.shape[1] + j], 3) for j in range(1, n)):
+                break
         decoder = speculative_kernels_decoder(model, repeating, n, k=3, graph=graph)
         out = decode_speculative_kernels(model, repeating, n, decoder=decoder)
         assert torch.equal(out, decode_naive(model, repeating, n)), (name, "repeating")

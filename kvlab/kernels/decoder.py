@@ -56,9 +56,10 @@ def kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: int, *, step
         raise ValueError("prefill_bucket= is the captured prefill's length, and captured_prefill="
                          "False runs the prefill eagerly at the prompt's own length: pass one of "
                          "the two")
+    on = next(model.parameters()).device  # the counters go where the kernels run, not the ids
     bucket = (None if not captured_prefill else prompt_bucket(input_ids.shape[1], length)
               if prefill_bucket is None else count(prefill_bucket, "prefill_bucket"))
-    step = partial(kernel_step, counters=arrival_counters(model, batch, input_ids.device),
+    step = partial(kernel_step, counters=arrival_counters(model, batch, on),
                    dot_attention=dot_attention, tiles=tiles, fill_splits=fill_splits)
     through_kernels = batch * (bucket or input_ids.shape[1]) <= KERNEL_PREFILL_MAX_ROWS
     prefill = partial(kernel_prefill, tiles=tiles) if through_kernels else None
@@ -97,7 +98,8 @@ def speculative_kernels_decoder(model, input_ids: torch.Tensor, max_new_tokens: 
         length = cache_length(input_ids, max_new_tokens, max_cache_len)  # refuses a bad length
         prefill_bucket = prompt_bucket(input_ids.shape[1], length)
     through_kernels = batch * prefill_bucket <= KERNEL_PREFILL_MAX_ROWS
-    step = partial(kernel_step, counters=arrival_counters(model, batch, input_ids.device))
+    on = next(model.parameters()).device  # the counters go where the kernels run, not the ids
+    step = partial(kernel_step, counters=arrival_counters(model, batch, on))
     decoder = speculative_decoder(model, input_ids, max_new_tokens, step=step,
                                   prefill=kernel_prefill if through_kernels else None,
                                   verify=kernel_verify, k=k,
