@@ -319,15 +319,9 @@ CHECK_LAYERS = 3
 def checker_model(name: str, seed: int = 0):
     """The tiny random model ``name`` (``kvlab.lab.models.tiny_model``'s, float32) with
     :data:`CHECK_LAYERS` decoder layers, built afresh (student code cannot spoil the next check)."""
-    from ..lab.models import _TINY_LOCK, TINY_COMMON, TINY_CONFIGS
+    from ..lab.models import tiny_model
 
-    cls_name, extra = TINY_CONFIGS[name]
-    config = getattr(transformers, cls_name)(**{**TINY_COMMON, **extra,
-                                                "num_hidden_layers": CHECK_LAYERS})
-    with _TINY_LOCK, torch.random.fork_rng(devices=[]):  # tiny_model's rule: one build at a time
-        torch.manual_seed(seed)
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    return model.eval()
+    return tiny_model(name, seed=seed, layers=CHECK_LAYERS)
 
 
 def check_prompt_ids(model, prompt_ids, new_tokens: int) -> None:

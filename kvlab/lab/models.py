@@ -137,9 +137,11 @@ def _weight_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
-def tiny_model(name: str, *, seed: int = 0, dtype: torch.dtype | str | None = torch.float32):
+def tiny_model(name: str, *, seed: int = 0, dtype: torch.dtype | str | None = torch.float32,
+               layers: int | None = None):
     """A tiny random-weight model of one architecture, identical for the same name and seed
-    (``dtype``: default float32, also for None, as ``load_model`` on CPU).
+    (``dtype``: default float32, also for None, as ``load_model`` on CPU; ``layers``: decoder
+    layers, default the architecture's).
 
     transformers initialises weights from torch's global CPU generator: it is seeded inside
     ``fork_rng`` (the caller's generator state comes back afterwards) under a lock, so builds in
@@ -152,7 +154,8 @@ def tiny_model(name: str, *, seed: int = 0, dtype: torch.dtype | str | None = to
     seed = _seed(seed)
     dtype = _weight_dtype(torch.float32 if dtype is None else as_dtype(dtype))
     cls_name, extra = TINY_CONFIGS[name]
-    config = getattr(transformers, cls_name)(**{**TINY_COMMON, **extra})
+    sized = {} if layers is None else {"num_hidden_layers": count(layers, "layers")}
+    config = getattr(transformers, cls_name)(**{**TINY_COMMON, **extra, **sized})
     # one build at a time; the caller's generator restored
     with _TINY_LOCK, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
