@@ -88,6 +88,14 @@ def _one_prompt(model, ids, new_tokens, name: str = "ids") -> None:
                          f"prompt alone, e.g. {name}[i:i + 1]")
 
 
+def _kept(outputs: list, run):
+    """``run`` that also appends each output to ``outputs`` (kept, compared after the timing)."""
+    def kept():
+        outputs.append(run())
+        return outputs[-1]
+    return kept
+
+
 def speculation_runs(model, prompts: dict[str, torch.Tensor], new_tokens: int, *,
                      pairs: dict[str, str] = PAIRS, k: int = 4, rounds: int = 3,
                      check_tokens: int | None = None, device=None) -> dict:
@@ -98,7 +106,8 @@ def speculation_runs(model, prompts: dict[str, torch.Tensor], new_tokens: int, *
     Every decoder is built once, for the longest prompt, and serves every prompt (its graphs
     replayed). Per prompt: ``exact`` (each path's first ``check_tokens`` tokens, default all,
     equal to ``"naive"``'s, and all paths equal over ``new_tokens``), ``seconds`` of a whole
-    decode (prefill included) per path, medians of ``rounds`` taken in turns, ``tokens_per_s``,
+    decode (prefill included) per path, medians of ``rounds`` taken in turns (every timed call's
+    tokens are checked too), ``tokens_per_s``,
     ``speedup`` of each speculative path over its base, and the drafts' ``acceptance_rate``,
     ``tokens_per_verify``, ``verify_steps``, ``drafted`` and ``accepted`` (one set for every
     speculative path: the drafts follow the tokens, which are exact)."""
@@ -124,19 +133,23 @@ def speculation_runs(model, prompts: dict[str, torch.Tensor], new_tokens: int, *
              for name in [*pairs.values(), *pairs]}  # the bases, then the speculative paths
     runs = []
     for prompt, ids in prompts.items():
-        paths = {name: (lambda name=name, ids=ids: decode(model, ids, new_tokens, strategy=name,
-                                                          **built[name]))
+        made = {name: [] for name in built}  # every call's tokens, the timed ones too: all checked
+        paths = {name: _kept(made[name], lambda name=name, ids=ids: decode(
+                     model, ids, new_tokens, strategy=name, **built[name]))
                  for name in built}
         naive = decode(model, ids, check_tokens, strategy="naive")
-        tokens = {name: run() for name, run in paths.items()}
+        first = paths[next(iter(pairs))]()
         stats = built[next(iter(pairs))]["decoder"].last_stats
+        for name in built:
+            if not made[name]:
+                paths[name]()
         seconds = time_interleaved(paths, rounds=rounds, device=device, collect_garbage=True)
-        first = tokens[next(iter(pairs))]
         runs.append({
             "prompt": prompt, "prompt_len": ids.shape[1], "new_tokens": new_tokens,
             "check_tokens": check_tokens,
-            "exact": {name: torch.equal(t[:, :check_tokens], naive) and torch.equal(t, first)
-                      for name, t in tokens.items()},
+            "exact": {name: all(torch.equal(t[:, :check_tokens], naive) and torch.equal(t, first)
+                                for t in made[name])
+                      for name in built},
             "acceptance_rate": stats.acceptance_rate, "tokens_per_verify": stats.tokens_per_verify,
             "verify_steps": stats.verify_steps, "drafted": stats.drafted,
             "accepted": stats.accepted, "seconds": seconds,
@@ -168,7 +181,7 @@ def k_sweep(model, ids: torch.Tensor, new_tokens: int, ks=(1, 2, 4, 8), *, round
             device=None) -> dict:
     """Speculative decoding of one prompt with each draft length of ``ks``, beside
     ``"graph-safe"`` (k = 0): tokens per verify and seconds of a whole decode (medians of
-    ``rounds`` in turns), every output equal to graph-safe's."""
+    ``rounds`` in turns), every output, the timed ones included, equal to graph-safe's first."""
     device = model_device(model, device)
     new_tokens = whole_number("new_tokens", new_tokens, 1)
     _one_prompt(model, ids, new_tokens)
@@ -184,17 +197,19 @@ def k_sweep(model, ids: torch.Tensor, new_tokens: int, ks=(1, 2, 4, 8), *, round
     decoders = {0: GraphSafeDecoder(model, cache_len)} | {
         k: STRATEGIES[SPECULATIVE].build(model, ids, new_tokens, k=k, max_cache_len=cache_len)
         for k in ks}
-    paths = {k: (lambda d=d: d.generate(ids, new_tokens)) for k, d in decoders.items()}
+    made = {k: [] for k in decoders}  # every call's tokens, the timed ones too: all checked
+    paths = {k: _kept(made[k], lambda d=d: d.generate(ids, new_tokens))
+             for k, d in decoders.items()}
     want = paths[0]()
     rows = []
     for k in ks:
-        got = paths[k]()
+        paths[k]()
         stats = decoders[k].last_stats
-        rows.append({"k": k, "exact": torch.equal(got, want),
-                     "tokens_per_verify": stats.tokens_per_verify,
+        rows.append({"k": k, "tokens_per_verify": stats.tokens_per_verify,
                      "acceptance_rate": stats.acceptance_rate})
     seconds = time_interleaved(paths, rounds=rounds, device=device, collect_garbage=True)
     for row in rows:
+        row["exact"] = all(torch.equal(got, want) for got in made[0] + made[row["k"]])
         row["seconds"] = seconds[row["k"]]
         row["speedup"] = seconds[0] / seconds[row["k"]]
     return {"new_tokens": new_tokens, "prompt_len": ids.shape[1], "graph_safe_seconds": seconds[0],
