@@ -59,11 +59,25 @@ class ModelSizes:
     vocab: int
 
 
+def _positive(cfg, name: str, default=None) -> int:
+    """The config's ``name``, a positive int; ``default`` where it is absent or None."""
+    value = getattr(cfg, name, None)
+    if value is None and default is not None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"the config's {name} must be a positive int, got {value!r}")
+    return value
+
+
 def model_sizes(config) -> ModelSizes:
     """The sizes of a (text) model config; ``head_dim`` and ``kv_heads`` get transformers' defaults
-    when absent."""
+    when absent. Rule: every function here that takes a config reads it through this, the one
+    door that refuses a model given for its config."""
+    if isinstance(config, torch.nn.Module) or (hasattr(config, "config")
+                                               and not hasattr(config, "num_attention_heads")):
+        raise ValueError(f"config is a {type(config).__name__}, a model, not its config: pass "
+                         "model.config")
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = cfg.num_attention_heads
     for name in (
         "num_hidden_layers",
         "hidden_size",
@@ -71,12 +85,12 @@ def model_sizes(config) -> ModelSizes:
         "intermediate_size",
         "vocab_size",
     ):
-        value = getattr(cfg, name, None)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"the config's {name} must be a positive int, got {value!r}")
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    if not getattr(cfg, "head_dim", None) and cfg.hidden_size % heads:
+        _positive(cfg, name)
+    heads = cfg.num_attention_heads
+    # absent or None: transformers' defaults; 0 is no head count
+    head_dim = _positive(cfg, "head_dim", cfg.hidden_size // heads)
+    kv_heads = _positive(cfg, "num_key_value_heads", heads)
+    if getattr(cfg, "head_dim", None) is None and cfg.hidden_size % heads:
         raise ValueError(
             f"hidden_size {cfg.hidden_size} is not a multiple of {heads} heads and the config "
             "gives no head_dim: the head size is undefined"
@@ -90,6 +104,14 @@ def model_sizes(config) -> ModelSizes:
         layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, heads=heads, kv_heads=kv_heads,
         head_dim=head_dim, intermediate=cfg.intermediate_size, vocab=cfg.vocab_size
     )
+
+
+def _check_flags(**flags) -> None:
+    """Refuse a switch that is not True or False (``kvlab.strategies.check_flags``, imported here:
+    it imports this module's users)."""
+    from .strategies import check_flags
+
+    check_flags(flags, flags)
 
 
 def _check_int(name: str, value, least: int) -> int:
@@ -108,6 +130,7 @@ def flops_breakdown(config, new_tokens: int, past: int = 0, *, batch: int = 1, l
     """
     new_tokens, past, batch = (_check_int("new_tokens", new_tokens, 1),
                                _check_int("past", past, 0), _check_int("batch", batch, 1))
+    _check_flags(causal=causal)
     if logits not in ("all", "last"):
         raise ValueError(f"logits must be 'all' or 'last', got {logits!r}")
     s = model_sizes(config)
@@ -141,6 +164,7 @@ def decode_step_flops(
     """
     prompt_len = _check_int("prompt_len", prompt_len, 1)
     new_tokens = _check_int("new_tokens", new_tokens, 1)
+    _check_flags(cached=cached)
     if not cached:
         return [forward_flops(config, prompt_len + i, 0, batch=batch) for i in range(new_tokens)]
     return [forward_flops(config, prompt_len, 0, batch=batch)] + [

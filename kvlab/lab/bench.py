@@ -590,9 +590,56 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
-# the settings that make two parts' rows one table
-MERGED_ALIKE = ("prompt_len", "new_tokens", "dtype", "check_dtype", "check_tokens", "repeats",
-                "seed", "reduce_overhead_dynamic")
+def _warm_full(row: dict) -> bool:
+    strategy = STRATEGIES.get(row["strategy"])
+    return strategy is None or strategy.warm_full  # an unknown name: counted as one
+
+
+# the settings that make two parts' rows one table, each with the rows it matters to: two parts
+# that both hold such rows must agree on it
+MERGED_ALIKE = {"prompt_len": None, "new_tokens": None, "dtype": None, "seed": None,
+                "check_dtype": lambda row: row.get("exact") is not None,
+                "check_tokens": lambda row: row.get("exact") is not None,
+                "repeats": _warm_full}  # the timed repeats of warm_full strategies only
+# how a user sets each: run_bench's argument of its name, and the command line's flag
+MERGED_SET_BY = {"prompt_len": "--prompt-len", "new_tokens": "--new-tokens", "dtype": "--dtype",
+                 "seed": "--seed", "check_tokens": "--check-tokens", "repeats": "--repeats"}
+# settings of one strategy's rows only, which parts may differ in: kept on each such row
+MERGED_PER_ROW = {"reduce_overhead_dynamic": "reduce-overhead"}
+
+
+def merged_settings(records: list[dict], rows: dict) -> dict:
+    """The settings of the merged table's ``rows`` (``{(strategy, batch): row with part}``) that
+    ``MERGED_ALIKE`` and ``MERGED_PER_ROW`` name, each from the parts holding rows it matters to
+    (the first part's where none does). Two such parts that differ on an alike one are a
+    ValueError; a per-row one goes onto its rows, and is ``"per row"`` where parts differ."""
+    def value(part: int, key: str):
+        return records[part]["settings"].get(key)
+
+    holders = {key: sorted({row["part"] for row in rows.values() if matters is None
+                            or matters(row)}) for key, matters in MERGED_ALIKE.items()}
+    differ = [k for k, parts in holders.items() if len({value(i, k) for i in parts}) > 1]
+    if differ:  # rows measured otherwise are not one table: x_naive would compare them
+        a = holders[differ[0]][0]
+        b = next(i for i in holders[differ[0]] if value(i, differ[0]) != value(a, differ[0]))
+        differ = [k for k in differ if value(a, k) != value(b, k)]
+        was, now = (", ".join(f"{k}={value(i, k)!r}" for k in differ) for i in (a, b))
+        how = [f"{k} ({MERGED_SET_BY[k]})" for k in differ if k in MERGED_SET_BY]
+        fix = [f"rerun the part measured otherwise (part {b}) with part {a}'s {', '.join(how)}"
+               ] if how else []
+        if "check_dtype" in differ:
+            fix.append("check_dtype is kvlab's own: rerun every part with one version of kvlab")
+        raise ValueError(f"merge records measured alike: {', '.join(differ)} differ ({was} in "
+                         f"part {a}, {now} in part {b}); {'; '.join(fix)}")
+    settings = {k: value(parts[0] if parts else 0, k) for k, parts in holders.items()}
+    for key, strategy in MERGED_PER_ROW.items():
+        held = [row for row in rows.values() if row["strategy"] == strategy]
+        for row in held:
+            row[key] = value(row["part"], key)
+        values = {row[key] for row in held}
+        settings[key] = (value(0, key) if not values
+                         else values.pop() if len(values) == 1 else "per row")
+    return settings
 
 
 # what merge reads of each part
@@ -654,16 +701,11 @@ def merge(*records) -> dict:
         if (r["env"].get("hardware") != first["env"].get("hardware")
                 or r["settings"]["model"] != first["settings"]["model"]):
             raise ValueError("merge records of one model on one machine: hardware or model differ")
-        differ = [k for k in MERGED_ALIKE if r["settings"].get(k) != first["settings"].get(k)]
-        if differ:  # rows measured otherwise are not one table: x_naive would compare them
-            was, now = (", ".join(f"{k}={part['settings'].get(k)!r}" for k in differ)
-                        for part in (first, r))
-            raise ValueError(f"merge records measured alike: {', '.join(differ)} differ ({was} "
-                             f"first, {now} later); rerun the part with the first one's settings")
     rows: dict = {}
     for i, r in enumerate(records):
         for row in r["results"]:
             rows[(row["strategy"], row["batch"])] = row | {"part": i}
+    settings = merged_settings(records, rows)
     wanted = {(name, b) for r in records for name in r["settings"]["strategies"]
               for b in r["settings"]["batches"]}
     merged = dict(first) | {
@@ -680,7 +722,7 @@ def merge(*records) -> dict:
         "seconds": sum(r["seconds"] for r in records),
         "complete": wanted <= set(rows),
     }
-    merged["settings"] = dict(first["settings"]) | {
+    merged["settings"] = dict(first["settings"]) | settings | {
         "batches": sorted({b for r in records for b in r["settings"]["batches"]}),
         "strategies": list(dict.fromkeys(n for r in records for n in r["settings"]["strategies"]))}
     add_ratios(merged["results"])

@@ -19,6 +19,7 @@ nothing: ``time_strategy`` refuses ``per_step`` for strategies declared with
 from __future__ import annotations
 
 import gc
+import inspect
 import resource
 import statistics
 import sys
@@ -39,13 +40,24 @@ from ..sizes import tensor_bytes
 from ..strategies import STATE_KEYS, check_flags, check_options, decode, strategy_named
 
 
-def check_function(fn, name: str, called: str) -> None:
+def check_function(fn, name: str, called: str, takes: int = 0) -> None:
     """Refuse an ``fn`` that cannot be called (None, or a call's result given for the function),
-    before any work: ``called`` is how it is called."""
+    or whose signature cannot take the ``takes`` positional arguments it is called with, before
+    any work: ``called`` is how it is called. A signature that cannot be read is let through."""
     if not callable(fn):
         raise TypeError(f"{name} must be a function, called as {called}; got "
                         f"{type(fn).__name__} {fn!r:.60}: pass the function itself (a def or a "
                         "lambda), not what it returns")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins and C callables have none
+        return
+    try:
+        signature.bind(*range(takes))
+    except TypeError:
+        raise TypeError(f"{name} is called as {called}, but its signature {signature} cannot take "
+                        f"{takes} positional argument(s): give a function with those parameters "
+                        "(more may have defaults)") from None
 
 
 def _check_runs(runs) -> None:
@@ -54,7 +66,7 @@ def _check_runs(runs) -> None:
         raise ValueError("runs must be a non-empty dict of label -> run(n, on_token) (give at "
                          f"least one run to time), got {runs!r:.80}")
     for label, run in runs.items():
-        check_function(run, f"runs[{label!r}]", "run(n, on_token) -> tokens [batch, n]")
+        check_function(run, f"runs[{label!r}]", "run(n, on_token) -> tokens [batch, n]", 2)
 
 
 def wall(fn: Callable[[], object], device) -> float:
@@ -147,7 +159,7 @@ def time_decode(run: Callable[[int, OnToken], torch.Tensor], new_tokens: int, de
     ``warmup_tokens``: the length of the untimed first call (default ``new_tokens``; a compiled or
     captured path needs the full length to compile or capture everything the timed runs use).
     """
-    check_function(run, "run", "run(n, on_token) -> tokens [batch, n]")
+    check_function(run, "run", "run(n, on_token) -> tokens [batch, n]", 2)
     check_flags({"per_step": per_step}, ("per_step",))
     if not per_step:
         return time_decodes({label: run}, new_tokens, device, repeats=repeats,

@@ -5,6 +5,9 @@ tokens/s against batch size, peak memory per strategy, the tile sweep of the mat
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
@@ -137,7 +140,28 @@ def as_record(given, what: str = "record", needs: tuple = ()) -> dict:
     results; imported at the first plot of a record)."""
     from .bench import as_record as record
 
-    return record(given, what, needs=("env", "settings", "results", *needs))
+    given = record(given, what, needs=("env", "settings", "results", *needs))
+    for i, row in enumerate(given["results"]):
+        name = (f" ({row.get('strategy')} at batch {row.get('batch')})" if isinstance(row, dict)
+                else "")
+        finite(row, f"{what}'s results[{i}]{name}")
+    return given
+
+
+def finite(value, where: str) -> None:
+    """A ValueError naming ``where`` (and the key in it) where ``value`` holds a NaN or infinite
+    number. Rule: every plot reads its record's rows through this (matplotlib refuses NaN axis
+    limits, and a NaN bar is no measurement)."""
+    if isinstance(value, dict):
+        for key, v in value.items():
+            finite(v, f"{where}[{key!r}]")
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            finite(v, f"{where}[{i}]")
+    elif (isinstance(value, numbers.Real) and not isinstance(value, bool)
+          and not math.isfinite(value)):
+        raise ValueError(f"{where} is {value!r}: a plot draws finite numbers only; rerun the run "
+                         "that measured it, or leave that row out of the record")
 
 
 def strategies_of(record: dict, strategies=None, what: str = "strategies") -> list[str]:
@@ -237,6 +261,27 @@ def _marked(bars, exacts) -> None:
 def _names(data: list[dict]) -> list[str]:
     """Bar labels of bench rows: each strategy with its ``token_note``."""
     return [r["strategy"] + token_note(r.get("exact")) for r in data]
+
+
+def _noted(label: str, exacts, at: str) -> str:
+    """``label`` with each ``token_note`` of ``exacts`` (``[(where, exact)]``) and where it holds,
+    e.g. "static (not checked at batch 1, 2)"."""
+    notes = [(where, token_note(exact)) for where, exact in exacts]
+    return label + "".join(f"{note[:-1]} {at} {', '.join(str(w) for w, n in notes if n == note)})"
+                           for note in sorted({n for _, n in notes if n}))
+
+
+def _checked_line(ax, label: str, points, at: str) -> None:
+    """A line through ``points`` (``[(x, y, exact)]``, sorted by x) marking those not shown
+    token-exact (``token_note``): an X each, the line dashed, and ``_noted``'s label (``at``: what
+    x is, e.g. "at batch")."""
+    points = sorted(points, key=lambda p: p[0])
+    marked = [(x, y) for x, y, exact in points if token_note(exact)]
+    ax.plot([x for x, _, _ in points], [y for _, y, _ in points], marker="o",
+            label=_noted(label, [(x, exact) for x, _, exact in points], at),
+            linestyle="--" if marked else "-")
+    if marked:
+        ax.plot(*zip(*marked, strict=True), linestyle="", marker="X", markersize=11, color="0.3")
 
 
 def _label(record: dict) -> str:
@@ -343,19 +388,10 @@ def plot_batch_sweep(record: dict, strategies=None):
     fig, ax = figure("Tokens/s against batch size", "batch size", "tokens / s (log scale)",
                      env=record["env"])
     for name in strategies:
-        data = sorted(((r["batch"], r["tokens_per_s"]), token_note(r.get("exact")))
-                      for r in record["results"] if r["strategy"] == name)
-        if data:
-            # a point not shown token-exact: an x, its batch and why in the line's label
-            notes = {note for _, note in data if note}
-            marked = [point for point, note in data if note]
-            label = name + "".join(note[:-1] + " at batch " + ", ".join(
-                str(b) for (b, _), n in data if n == note) + ")" for note in sorted(notes))
-            ax.plot(*zip(*(point for point, _ in data), strict=True), marker="o",
-                    label=label, linestyle="--" if marked else "-")
-            if marked:
-                ax.plot(*zip(*marked, strict=True), linestyle="", marker="X", markersize=11,
-                        color="0.3")
+        points = [(r["batch"], r["tokens_per_s"], r.get("exact")) for r in record["results"]
+                  if r["strategy"] == name]
+        if points:
+            _checked_line(ax, name, points, "at batch")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.legend()
@@ -433,9 +469,13 @@ def _serving(records: tuple, made_by: str, needs: tuple) -> list[dict]:
     if not records:
         raise ValueError(f"give one or more kvlab.lab.serving.{made_by} records to plot")
     made = f"kvlab.lab.serving.{made_by}"
-    return [record_of(loaded(r, f"record {i}", f"give what {made} returned"), made,
-                      ("env", *needs), f"record {i}", " or the path of its .json")
-            for i, r in enumerate(records)]
+    records = [record_of(loaded(r, f"record {i}", f"give what {made} returned"), made,
+                         ("env", *needs), f"record {i}", " or the path of its .json")
+               for i, r in enumerate(records)]
+    for i, record in enumerate(records):
+        for key in needs:
+            finite(record[key], f"record {i}'s {key}")
+    return records
 
 
 def _where(record: dict) -> str:
@@ -458,7 +498,10 @@ def plot_speculation(*records, titles=None):
         width = 0.8 / len(paths)
         for j, path in enumerate(paths):
             xs = [x + (j - (len(paths) - 1) / 2) * width for x in range(len(runs))]
-            ax.bar(xs, [r["tokens_per_s"][path] for r in runs], width, label=path)
+            exacts = [(r.get("exact") or {}).get(path) for r in runs]  # older records: none
+            _marked(ax.bar(xs, [r["tokens_per_s"][path] for r in runs], width,
+                           label=_noted(path, zip([r["prompt"] for r in runs], exacts,
+                                                  strict=True), "on")), exacts)
             if path == "graph-safe-speculative":
                 for x, r in zip(xs, runs, strict=True):
                     ax.text(x, r["tokens_per_s"][path],
@@ -484,8 +527,9 @@ def plot_k_sweep(*records, titles=None):
     for i, record in enumerate(records):
         ks = [r["k"] for r in record["rows"]]
         label = titles[i] or _where(record)
-        left.plot(ks, [r["tokens_per_verify"] for r in record["rows"]], marker="o", label=label)
-        right.plot(ks, [r["speedup"] for r in record["rows"]], marker="o", label=label)
+        for ax, key in ((left, "tokens_per_verify"), (right, "speedup")):
+            _checked_line(ax, label, [(r["k"], r[key], r.get("exact")) for r in record["rows"]],
+                          "at k")
     left.plot(ks, [k + 1 for k in ks], linestyle=":", color="0.5", label="every draft kept (k + 1)")
     right.axhline(1, color="0.5", linestyle=":")
     right.set_ylabel("speedup over graph-safe (x)")
