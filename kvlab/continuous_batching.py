@@ -282,7 +282,8 @@ class ContinuousBatcher:
 
     @torch.inference_mode()
     def _serve(self, requests: list[Request], *, on_token=None) -> Served:
-        arrivals = self.check(requests)
+        requests = self.check(requests)  # read once: on_token may change the caller's
+        arrivals = [r.arrival for r in requests]
         waiting = deque(sorted(range(len(requests)), key=lambda i: (arrivals[i], i)))
         running: list[_Running] = []
         made: list[list[torch.Tensor]] = [[] for _ in requests]
@@ -373,17 +374,19 @@ class ContinuousBatcher:
             left.append(run.index)
 
     # ---- the door --------------------------------------------------------------------------------
-    def check(self, requests: list[Request]) -> list[int]:
+    def check(self, requests: list[Request]) -> list[Request]:
         """Refuse, before anything runs: requests that are not ``Request``s, prompts that are not
         1-D token ids of the model's vocabulary on its device, a request longer than a block-table
         row or the whole pool, a pool that was reallocated or weights that moved since the graphs
-        were captured. Returns each request's arrival step as a Python int."""
+        were captured. Returns the requests as read here (prompts copied, counts and arrival steps
+        as Python ints): serve uses only these, so a request changed while it waits changes
+        nothing."""
         if (not isinstance(requests, list | tuple) or not requests
                 or not all(isinstance(r, Request) for r in requests)):
             raise TypeError("serve takes a non-empty list of "
                             "kvlab.continuous_batching.Request(prompt, max_new_tokens, arrival), "
                             f"got {requests!r:.80}")
-        arrivals = []
+        read = []
         for i, r in enumerate(requests):
             prompt = r.prompt
             if (not isinstance(prompt, torch.Tensor) or prompt.dim() != 1
@@ -404,7 +407,7 @@ class ContinuousBatcher:
                     or arrival < 0):
                 raise ValueError(f"request {i}: arrival must be a scheduler step number >= 0 (an "
                                  f"int), got {r.arrival!r:.80}")
-            arrivals.append(int(arrival))
+            read.append(Request(prompt.clone(), int(r.max_new_tokens), int(arrival)))
             # the last token is never written to the cache
             length = prompt.shape[0] + r.max_new_tokens - 1
             need = blocks_for(length, self.block_size)
@@ -421,7 +424,7 @@ class ContinuousBatcher:
                                   "replay would read the old memory. Build a new ContinuousBatcher")
         if self._frozen is not None:
             check_unchanged(self._frozen, self.model, "this ContinuousBatcher")
-        return arrivals
+        return read
 
 
 def serve(model, requests: list[Request], *, on_token=None, **settings) -> Served:

@@ -86,7 +86,7 @@ def _sliding_windows(config, layers: int) -> list[int | None]:
 def _check_cache_for(model, cache, kind=None, *, batch: int | None = None) -> None:
     """Refuse a cache that cannot belong to ``model`` before anything is written: another class than
     ``kind``, other layer counts, (layers already allocated) other kv heads, head_dim, dtype or
-    device, or one bound to a GraphSafeDecoder's captured graphs."""
+    device, or one held by a live GraphSafeDecoder (or bound to captured graphs)."""
     from transformers.cache_utils import Cache
 
     kind = kind or Cache
@@ -96,6 +96,12 @@ def _check_cache_for(model, cache, kind=None, *, batch: int | None = None) -> No
         raise ValueError("this cache is bound to a GraphSafeDecoder's captured graphs: a decode "
                          "here would change the sequence its next replay continues. Pass a fresh "
                          "cache (or decode with that decoder)")
+    owner = getattr(cache, "owner", None)  # a live GraphSafeDecoder's cache, captured or not yet
+    if owner is not None and owner() is not None:
+        raise ValueError(f"this cache belongs to a live {type(owner()).__name__}: a decode here "
+                         "would write into the sequence that decoder continues (its next "
+                         "decode_steps would go on from this one's tokens). Pass a fresh cache, "
+                         "or decode with that decoder (decoder=...)")
     sizes = model_sizes(model.config)
     name = type(cache).__name__
     if cache.layers and len(cache.layers) != sizes.layers:

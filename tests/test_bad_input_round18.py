@@ -56,3 +56,58 @@ def test_k_sweep_checks_the_timed_calls_tokens(model, ids, wrong_after_first_cal
 def test_k_sweep_calls_steady_decoders_exact(model, ids):
     rows = serving.k_sweep(model, ids, 6, ks=(1, 2), rounds=2)["rows"]
     assert [row["exact"] for row in rows] == [True, True]
+
+
+class Stop(Exception):
+    pass
+
+
+def stop(step, token):
+    raise Stop
+
+
+@pytest.mark.parametrize("strategy", ["static", "graph-safe", "graph-safe-speculative"])
+@pytest.mark.parametrize("how", ["stopped before capture", "graph=False"])
+def test_a_live_decoders_cache_is_refused_to_another_decode(model, strategy, how):
+    """static took the cache of a live GraphSafeDecoder that had not captured yet (graph=False,
+    or stopped before its first capture): it wrote another prompt there, and the decoder's next
+    decode_steps continued that prompt's sequence without an error."""
+    from kvlab.graph_decoder import GraphSafeDecoder
+    from kvlab.graph_safe_cache import GraphSafeStaticCache
+
+    gen = torch.Generator().manual_seed(17)
+    p = torch.randint(0, 256, (1, 9), generator=gen)
+    q = torch.randint(0, 256, (1, 5), generator=gen)
+    cache = GraphSafeStaticCache(config=model.config, max_cache_len=30)
+    decoder = GraphSafeDecoder(model, cache, 1, graph=how != "graph=False")
+    with pytest.raises(Stop):
+        decoder.generate(p, 6, on_token=stop)
+    with pytest.raises((ValueError, RuntimeError), match="belongs to"):
+        kvlab.decode(model, q, 4, strategy=strategy, cache=cache)
+    assert torch.equal(decoder.generate(p, 6), kvlab.decode(model, p, 6))
+
+
+@pytest.mark.parametrize("edit", ["prompt out of the vocabulary", "prompt in place",
+                                  "more tokens"])
+def test_a_request_changed_while_it_waits_changes_nothing(model, edit):
+    """serve checked its requests once, then read them again when each joined: an on_token that
+    changed a waiting request gave a raw IndexError from torch's embedding, or an
+    OutOfBlocksError blaming blocks "taken outside serve"."""
+    from kvlab.continuous_batching import ContinuousBatcher, Request
+
+    batcher = ContinuousBatcher(model, num_blocks=8, block_size=4, max_batch=1)
+    requests = [Request(torch.tensor([1, 2, 3, 4, 5]), 3), Request(torch.tensor([6, 7, 8, 9]), 3)]
+    want = [kvlab.decode(model, r.prompt[None], 3)[0] for r in requests]
+
+    def on_token(i, k, token):
+        if (i, k) == (0, 0):
+            if edit == "prompt out of the vocabulary":
+                requests[1].prompt = torch.tensor([999, 1000])
+            elif edit == "prompt in place":
+                requests[1].prompt.fill_(255)
+            else:
+                requests[1].max_new_tokens = 500
+
+    served = batcher.serve(requests, on_token=on_token)
+    assert all(torch.equal(got, w) for got, w in zip(served.tokens, want, strict=True))
+    assert batcher.allocator.num_used == 0
