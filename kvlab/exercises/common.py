@@ -125,22 +125,85 @@ def as_number(answer):
         return answer
 
 
-def check_number(answer, expected: float, *, what: str, hint: str, rel_tol: float = 0.0) -> str:
-    """Compare a numeric ``answer`` with ``expected`` (exactly, or within ``rel_tol``); return the
-    verdict. Any one real number is accepted (``real_number``: a tensor or array of one element
-    too); NaN and infinity are wrong."""
+def given_step(answer: numbers.Real) -> float:
+    """Half a unit of the last digit ``answer`` gives, where it gives 3 significant digits or more
+    (``1660.5``: 0.05; ``0.0123``: 0.00005), else 0. A float is read as its shortest spelling
+    (``repr``), a whole float as the int it is (``1660.0``: 0.5): how far a right value may lie
+    from an answer rounded to the digits it shows."""
+    if isinstance(answer, float) and answer.is_integer():
+        answer = int(answer)
+    if not isinstance(answer, int | float) or isinstance(answer, bool):
+        return 0.0
+    digits = decimal.Decimal(repr(answer)).as_tuple()
+    if len(digits.digits) < 3 or not isinstance(digits.exponent, int):
+        return 0.0
+    return 0.5 * 10.0 ** digits.exponent
+
+
+def is_right(answer: numbers.Real, expected: numbers.Real, *, rel_tol: float = 0.0,
+             mistakes=()) -> bool:
+    """True where ``answer`` (a real number) is ``expected``: equal, within ``rel_tol``, or equal
+    at the precision it is given in (:func:`given_step`); and nearer ``expected`` than the value
+    of every named mistake (``(value, hint)``, None values skipped): an answer as near a mistake
+    as the right value, or nearer, is that mistake, whatever the tolerance."""
+    try:
+        error = abs(answer - expected)
+    except OverflowError:  # an int past a float's range against a float: far from it
+        return False
+    if error == 0:
+        return True
+    if not (error <= rel_tol * abs(expected) or error <= given_step(answer) * (1 + 1e-12)):
+        return False
+    return nearest_mistake(answer, expected, mistakes, rel_tol=math.inf) is None
+
+
+def nearest_mistake(answer: numbers.Real, expected: numbers.Real, mistakes, *,
+                    rel_tol: float = 0.0) -> str | None:
+    """The hint of the named mistake (``(value, hint)`` of ``mistakes``) that ``answer`` is at least
+    as near as it is to ``expected`` and within ``rel_tol`` of it (or equal at the precision the
+    answer is given in), the nearest first; else None. A mistake equal to ``expected`` (a slip
+    that changes nothing for these settings) or of no number is skipped."""
+    try:
+        error = abs(answer - expected)
+    except OverflowError:
+        error = math.inf
+    near = []
+    for value, hint in mistakes:
+        if value is None or isinstance(value, bool) or not isinstance(value, numbers.Real):
+            continue
+        try:
+            gap = abs(answer - value)
+            if value == expected or gap > error:
+                continue
+        except OverflowError:
+            continue
+        if (rel_tol == math.inf or gap <= rel_tol * abs(value)
+                or gap <= given_step(answer) * (1 + 1e-12)):
+            near.append((gap, hint))
+    return min(near, key=lambda item: item[0])[1] if near else None
+
+
+def check_number(answer, expected: float, *, what: str, hint: str, rel_tol: float = 0.0,
+                 mistakes=()) -> str:
+    """Compare a numeric ``answer`` with ``expected`` (:func:`is_right`: exactly, within
+    ``rel_tol``, or at the precision the answer is given in, and nearer it than every named
+    mistake of ``mistakes``, ``(value, hint)``); return the verdict. Any one real number is
+    accepted (``real_number``: a tensor or array of one element too); NaN and infinity are wrong.
+    A wrong answer near a named mistake (:func:`nearest_mistake`, within ``rel_tol``) gets that
+    mistake's hint, else ``hint``."""
     if answer is None:
         return NOT_ANSWERED
     try:
         answer = real_number(answer)
     except NotANumber as e:
         return f"not quite: {what} is a number, but you gave {e}"
+    if is_right(answer, expected, rel_tol=rel_tol, mistakes=mistakes):
+        return f"correct: {what} = {number_text(expected)}"
+    hint = nearest_mistake(answer, expected, mistakes, rel_tol=rel_tol) or hint
     try:
         error = abs(answer - expected)
     except OverflowError:  # an int past a float's range against a float: far from it
         error = math.inf
-    if error <= rel_tol * abs(expected) or error == 0:
-        return f"correct: {what} = {number_text(expected)}"
     try:
         share = float(error / abs(expected)) if expected else None
     except OverflowError:  # an int past a float's range over a small one

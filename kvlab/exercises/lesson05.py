@@ -34,7 +34,6 @@ from .common import (
     real_number,
     settings_read,
 )
-from .mistakes import same
 
 
 @functools.cache
@@ -746,16 +745,18 @@ def check_launch_cost_us(answer, *, record: dict) -> str:
                 f"launches per step, eager {launches['eager']}: the replay removed none, so there "
                 f"is no cost per launch to find; {fix}")
     expected = 1e3 * (eager - replay) / (launches["eager"] - launches["replay"])
+    # an answer nearer one of these than the right value is that mistake (check_number)
+    mistakes = [
+        # eager > replay >= 0: at least one launch
+        (1e3 * eager / launches["eager"],
+         "that is the whole eager step over its launches; only the time replay saves is host work: "
+         "(eager ms - replay ms) per token over the launches replay removed, times 1000."),
+        (expected / 1e3, "that is milliseconds: the question asks microseconds (times 1000)."),
+    ]
     verdict = check_number(
         answer, expected, what="host microseconds per removed kernel launch", rel_tol=0.1,
+        mistakes=mistakes,
         hint="(eager ms per token - replay ms per token) / (kernel launches per eager step - per "
              "replay), times 1000.",
     )
-    whole_step = 1e3 * eager / launches["eager"]  # eager > replay >= 0: at least one launch
-    if (verdict.startswith("not quite: you gave")
-        and same(answer, whole_step, rtol=0.05)):
-        verdict = verdict.split(" Hint:")[0] + (
-            " Hint: that is the whole eager step over its launches; only the time replay saves is "
-            "host work: (eager ms - replay ms) per token over the launches replay removed, times "
-            "1000.")
     return verdict
