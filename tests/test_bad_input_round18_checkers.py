@@ -61,3 +61,69 @@ def test_rounded_answer_nearer_a_mistake_is_the_mistake():
     assert check_number(100.0, 100.04, what="x", hint="h").startswith("correct")
     verdict = check_number(100.0, 100.04, what="x", hint="h", mistakes=[(100.02, "the slip")])
     assert verdict.startswith("not quite") and "the slip" in verdict
+
+
+def test_graph_decode_with_first_ids_as_token_buffer_is_right():
+    """check_graph_decode refused a right loop that used first_ids as its static token buffer: it
+    read first_ids after the loop had overwritten it, as the prefill's token."""
+    from kvlab.decoding import greedy
+    from kvlab.exercises import lesson04
+    from kvlab.graphs import capture
+
+    def graph_decode(model, cache, first_ids, prompt_len, n):
+        out = [first_ids.clone()]
+        pos = torch.full_like(first_ids, prompt_len)
+
+        def step(ids, p):
+            return greedy(model(ids, cache=cache, position_ids=p).logits)
+
+        graph = capture(step, first_ids, pos, warmup=0)  # first_ids: the static token buffer
+        for _ in range(1, n):
+            nxt = graph.replay().clone()
+            out.append(nxt)
+            first_ids.copy_(nxt)
+            pos.add_(1)
+        return torch.cat(out, 1)
+
+    verdict = lesson04.check_graph_decode(graph_decode)
+    assert verdict.startswith("correct"), verdict
+
+
+def _graph_loop(order: str):
+    from kvlab.graphs import capture
+
+    def graph_loop(model, cache, prompts, n):
+        token, pos, graph, outs = None, None, None, []
+        for prompt in prompts:
+            cache.reset()
+            first = model(prompt, cache=cache).logits[:, -1:].argmax(-1)
+            if graph is None:
+                token, pos = first.clone(), torch.tensor([[prompt.shape[1]]])
+
+                def step(a, b):
+                    p, ids = (a, b) if order == "position first" else (b, a)
+                    return model(ids, cache=cache, position_ids=p).logits[:, -1:].argmax(-1)
+
+                inputs = (pos, token) if order == "position first" else (token, pos)
+                graph = capture(step, *inputs, warmup=3)
+                for layer in cache.layers:
+                    layer.cumulative_length.sub_(3)
+            token.copy_(first)
+            pos.fill_(prompt.shape[1])
+            out = [first]
+            for _ in range(n - 1):
+                token.copy_(graph.replay())
+                pos.add_(1)
+                out.append(token.clone())
+            outs.append(torch.cat(out, 1))
+        return outs
+
+    return graph_loop
+
+
+@pytest.mark.parametrize("order", ["position first", "token first"])
+def test_graph_loop_with_position_captured_first_is_right(order):
+    """check_graph_loop took the first static input as the token, so a right loop that captured
+    (position, token) in that order was refused with a false hint."""
+    verdict = lesson05.check_graph_loop(_graph_loop(order))
+    assert verdict.startswith("correct"), verdict
