@@ -127,3 +127,41 @@ def test_graph_loop_with_position_captured_first_is_right(order):
     (position, token) in that order was refused with a false hint."""
     verdict = lesson05.check_graph_loop(_graph_loop(order))
     assert verdict.startswith("correct"), verdict
+
+
+def test_decode_step_with_a_python_counter_is_refused():
+    """check_decode_step called right a step that read position once (int() on its first call) and
+    then counted in Python: under a graph its positions would freeze."""
+    from kvlab.decoding import greedy
+    from kvlab.exercises import lesson03
+
+    def decode_step(model, cache, ids, position):
+        if not hasattr(decode_step, "p"):
+            decode_step.p = int(position)  # read once, then a Python counter
+        logits = model(ids, cache=cache, position_ids=torch.tensor([[decode_step.p]])).logits
+        decode_step.p += 1
+        position.add_(1)
+        return greedy(logits)
+
+    verdict = lesson03.check_decode_step(decode_step)
+    assert verdict.startswith("not quite"), verdict
+    assert "handed position" in verdict and "position.reshape(1, 1)" in verdict
+    assert lesson03.check_decode_step(lesson03.decode_step).startswith("correct")
+
+
+def test_no_position_ids_message_says_what_the_model_used():
+    """The verdict "you passed no position_ids, so the model took the positions from the cache's
+    counter" did not say a cache_position= was given instead, nor what the model used."""
+    from kvlab.decoding import greedy
+    from kvlab.exercises import lesson03
+
+    def decode_step(model, cache, ids, position):
+        logits = model(ids, cache=cache, cache_position=position.reshape(1) + 5).logits
+        position.add_(1)
+        return greedy(logits)
+
+    prompt_len = 7  # the first step's counter: the prompt's tokens
+    verdict = lesson03.check_decode_step(decode_step, prompt_len=prompt_len)
+    assert verdict.startswith("not quite: you passed no position_ids"), verdict
+    assert "cache_position= given instead" in verdict
+    assert f"from the cache's counter ({prompt_len})" in verdict
