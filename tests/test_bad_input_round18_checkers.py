@@ -165,3 +165,45 @@ def test_no_position_ids_message_says_what_the_model_used():
     assert verdict.startswith("not quite: you passed no position_ids"), verdict
     assert "cache_position= given instead" in verdict
     assert f"from the cache's counter ({prompt_len})" in verdict
+
+
+def _spelling_cases():
+    from kvlab.exercises.lesson00 import GQA_CHOICES
+    from kvlab.exercises.lesson01 import DOUBLING_CHOICES
+    from kvlab.exercises.lesson02 import CACHE_VS_WEIGHTS_CHOICES
+    from kvlab.exercises.lesson05 import COUNTER_CHOICES
+
+    return [
+        (GQA_CHOICES, "~10%", "10%"), (GQA_CHOICES, "+10%", "10%"),
+        (GQA_CHOICES, "about 10%", "10%"), (DOUBLING_CHOICES, "2\u00d7", "2x"),
+        (DOUBLING_CHOICES, "2 to 4x", "2x-4x"), (DOUBLING_CHOICES, "~2x", "2x"),
+        (CACHE_VS_WEIGHTS_CHOICES, "1000 tokens", 1000), (CACHE_VS_WEIGHTS_CHOICES, "10^3", 1000),
+        (COUNTER_CHOICES, "option B", "B"), (COUNTER_CHOICES, "B,", "B"),
+        (COUNTER_CHOICES, "\uff22", "B"),  # full-width B
+        (CACHE_VS_WEIGHTS_CHOICES, CACHE_VS_WEIGHTS_CHOICES[1000], 1000),
+    ]
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_clear_spellings_name_their_choice(case):
+    """Clear spellings of a choice ("~10%", "about 10%", "2×", "2 to 4x", "1000 tokens", "10^3",
+    "option B", "B,", a full-width "Ｂ", a choice's own description) were refused as "is one of"."""
+    from kvlab.exercises.common import choice_of
+
+    choices, text, key = _spelling_cases()[case]
+    assert choice_of(text, choices) == key
+
+
+def test_wrong_or_unclear_spellings_still_name_nothing():
+    """A spelling that names another value, or several choices, names none: a minus sign is kept
+    ("-10%" was read as "10%"), words from no choice's description are refused."""
+    from kvlab.exercises.common import choice_of
+    from kvlab.exercises.lesson00 import GQA_CHOICES
+    from kvlab.exercises.lesson02 import CACHE_VS_WEIGHTS_CHOICES
+    from kvlab.exercises.lesson06 import TILE_PATHS
+
+    for text in ("-10%", "about 20%", "about", "option"):
+        assert choice_of(text, GQA_CHOICES) is None, text
+    assert choice_of("1000 parameters", CACHE_VS_WEIGHTS_CHOICES) is None
+    assert choice_of("about a", CACHE_VS_WEIGHTS_CHOICES) is None  # the start of all four
+    assert choice_of("the", TILE_PATHS) is None
