@@ -207,3 +207,17 @@ def test_wrong_or_unclear_spellings_still_name_nothing():
     assert choice_of("1000 parameters", CACHE_VS_WEIGHTS_CHOICES) is None
     assert choice_of("about a", CACHE_VS_WEIGHTS_CHOICES) is None  # the start of all four
     assert choice_of("the", TILE_PATHS) is None
+
+
+@pytest.mark.parametrize("lower", [torch.bfloat16, torch.float16])
+def test_attend_computed_at_lower_precision_is_named(lower):
+    """check_attend gave an attention computed in bfloat16 and returned as float64 a generic hint
+    ("row 0 is the first that differs"): the error size says it was computed at lower precision."""
+    from kvlab.exercises import lesson02
+
+    def attend(q, keys, values):
+        return lesson02.attend(q.to(lower), keys.to(lower), values.to(lower)).to(q.dtype)
+
+    verdict = lesson02.check_attend(attend)
+    assert verdict.startswith("not quite"), verdict
+    assert f"right only to {lower}'s rounding" in verdict and "lower precision" in verdict
