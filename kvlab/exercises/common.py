@@ -14,6 +14,7 @@ import math
 import numbers
 import os
 import re
+import unicodedata
 
 import torch
 import transformers
@@ -125,22 +126,85 @@ def as_number(answer):
         return answer
 
 
-def check_number(answer, expected: float, *, what: str, hint: str, rel_tol: float = 0.0) -> str:
-    """Compare a numeric ``answer`` with ``expected`` (exactly, or within ``rel_tol``); return the
-    verdict. Any one real number is accepted (``real_number``: a tensor or array of one element
-    too); NaN and infinity are wrong."""
+def given_step(answer: numbers.Real) -> float:
+    """Half a unit of the last digit ``answer`` gives, where it gives 3 significant digits or more
+    (``1660.5``: 0.05; ``0.0123``: 0.00005), else 0. A float is read as its shortest spelling
+    (``repr``), a whole float as the int it is (``1660.0``: 0.5): how far a right value may lie
+    from an answer rounded to the digits it shows."""
+    if isinstance(answer, float) and answer.is_integer():
+        answer = int(answer)
+    if not isinstance(answer, int | float) or isinstance(answer, bool):
+        return 0.0
+    digits = decimal.Decimal(repr(answer)).as_tuple()
+    if len(digits.digits) < 3 or not isinstance(digits.exponent, int):
+        return 0.0
+    return 0.5 * 10.0 ** digits.exponent
+
+
+def is_right(answer: numbers.Real, expected: numbers.Real, *, rel_tol: float = 0.0,
+             mistakes=()) -> bool:
+    """True where ``answer`` (a real number) is ``expected``: equal, within ``rel_tol``, or equal
+    at the precision it is given in (:func:`given_step`); and nearer ``expected`` than the value
+    of every named mistake (``(value, hint)``, None values skipped): an answer as near a mistake
+    as the right value, or nearer, is that mistake, whatever the tolerance."""
+    try:
+        error = abs(answer - expected)
+    except OverflowError:  # an int past a float's range against a float: far from it
+        return False
+    if error == 0:
+        return True
+    if not (error <= rel_tol * abs(expected) or error <= given_step(answer) * (1 + 1e-12)):
+        return False
+    return nearest_mistake(answer, expected, mistakes, rel_tol=math.inf) is None
+
+
+def nearest_mistake(answer: numbers.Real, expected: numbers.Real, mistakes, *,
+                    rel_tol: float = 0.0) -> str | None:
+    """The hint of the named mistake (``(value, hint)`` of ``mistakes``) that ``answer`` is at least
+    as near as it is to ``expected`` and within ``rel_tol`` of it (or equal at the precision the
+    answer is given in), the nearest first; else None. A mistake equal to ``expected`` (a slip
+    that changes nothing for these settings) or of no number is skipped."""
+    try:
+        error = abs(answer - expected)
+    except OverflowError:
+        error = math.inf
+    near = []
+    for value, hint in mistakes:
+        if value is None or isinstance(value, bool) or not isinstance(value, numbers.Real):
+            continue
+        try:
+            gap = abs(answer - value)
+            if value == expected or gap > error:
+                continue
+        except OverflowError:
+            continue
+        if (rel_tol == math.inf or gap <= rel_tol * abs(value)
+                or gap <= given_step(answer) * (1 + 1e-12)):
+            near.append((gap, hint))
+    return min(near, key=lambda item: item[0])[1] if near else None
+
+
+def check_number(answer, expected: float, *, what: str, hint: str, rel_tol: float = 0.0,
+                 mistakes=()) -> str:
+    """Compare a numeric ``answer`` with ``expected`` (:func:`is_right`: exactly, within
+    ``rel_tol``, or at the precision the answer is given in, and nearer it than every named
+    mistake of ``mistakes``, ``(value, hint)``); return the verdict. Any one real number is
+    accepted (``real_number``: a tensor or array of one element too); NaN and infinity are wrong.
+    A wrong answer near a named mistake (:func:`nearest_mistake`, within ``rel_tol``) gets that
+    mistake's hint, else ``hint``."""
     if answer is None:
         return NOT_ANSWERED
     try:
         answer = real_number(answer)
     except NotANumber as e:
         return f"not quite: {what} is a number, but you gave {e}"
+    if is_right(answer, expected, rel_tol=rel_tol, mistakes=mistakes):
+        return f"correct: {what} = {number_text(expected)}"
+    hint = nearest_mistake(answer, expected, mistakes, rel_tol=rel_tol) or hint
     try:
         error = abs(answer - expected)
     except OverflowError:  # an int past a float's range against a float: far from it
         error = math.inf
-    if error <= rel_tol * abs(expected) or error == 0:
-        return f"correct: {what} = {number_text(expected)}"
     try:
         share = float(error / abs(expected)) if expected else None
     except OverflowError:  # an int past a float's range over a small one
@@ -856,9 +920,12 @@ def code_checker(solution, *, read: dict | None = None):
 
 
 def _loosely(text: str) -> str:
-    """``text`` cased down, without spaces, hyphens, dashes or underscores, and without an ``x``
-    between two numbers (``"2x-4x"`` and ``"2-4x"`` both read ``"24x"``)."""
-    bare = re.sub(r"[\s\-_\u2010-\u2015]", "", text).casefold()
+    """``text`` cased down, without spaces, hyphens, dashes or underscores (but a leading minus sign
+    of a number), and without an ``x`` between two numbers (``"2x-4x"`` and ``"2-4x"`` both read
+    ``"24x"``)."""
+    # a minus sign in front of the first number is a sign, not a separator: "-10%" is not "10%"
+    sign = "-" if re.match(r"\s*[\-\u2010-\u2015\u2212]\s*\d", text) else ""
+    bare = sign + re.sub(r"[\s\-_\u2010-\u2015]", "", text).casefold()
     return re.sub(r"(?<=\d)x(?=\d)", "", bare)
 
 
@@ -885,17 +952,50 @@ def _described(text: str, choices) -> object | None:
     return None
 
 
+# words before a choice that change nothing: "~10%", "+10%", "about 10%", "option B"
+_HEDGE = re.compile(r"^(?:~|\u2248|\+|about|approx(?:imately|\.)?|around|roughly|circa|"
+                    r"option|choice|answer)\s*(?<=[~\u2248+.]|\s)", re.IGNORECASE)
+_SUPERSCRIPT = str.maketrans("\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079",
+                             "0123456789")
+
+
+def _plain_text(text: str) -> str:
+    """``text`` in plain characters (NFKC: full-width ``"Ｂ"`` is ``"B"``; ``"×"`` is ``"x"``; a
+    superscript power ``"10³"`` is ``"10^3"``), without spaces, quotes, brackets or a full stop,
+    comma, semicolon or colon around."""
+    text = re.sub("[\u2070\u00b9\u00b2\u00b3\u2074-\u2079]+",
+                  lambda m: "^" + m[0].translate(_SUPERSCRIPT), text)
+    text = unicodedata.normalize("NFKC", text).replace("\u00d7", "x")
+    return text.strip().strip("'\"()[].,;:!").strip()
+
+
+def _description_alone(text: str, choices) -> object | None:
+    """The one key of ``choices`` (a dict: key -> its description) whose description ``text`` is,
+    whole or up to its first ``:``, ``;``, ``,`` or ``(`` (``"about a thousand tokens"``), spelled
+    loosely (:func:`_loosely`); else None (two keys alike: neither)."""
+    if not isinstance(choices, dict) or not _loosely(text):
+        return None
+    fits = [key for key, description in choices.items() if isinstance(description, str)
+            and _loosely(text) in (_loosely(description).rstrip("."),
+                                   _loosely(re.split(r"[:;,(]", description)[0]))]
+    return fits[0] if len(fits) == 1 else None
+
+
 def choice_of(prediction, choices):
     """The key of ``choices`` that ``prediction`` names, else None. Any reasonable spelling of a key
     names it: a list or tuple of one element, text in any case with spaces, quotes, brackets or a
-    full stop around (``" b "``, ``"'B'"``, ``"(B)"``, ``"B."``), with spaces, hyphens or
-    underscores for one another (``"kept hidden"`` for ``"kept-hidden"``, :func:`_loosely`, the
-    numbers kept: ``"24x"`` is not ``"2x-4x"``), a key followed by its own description
-    (:func:`_described`, where ``choices`` is a dict of descriptions), a number key as text
-    (``"1000"``, ``"1,000"``, ``"1e3"``, ``"1k"``), a NumPy scalar or array of one element or a
-    one-element tensor, a number for a ratio or percentage key (:func:`_by_number`:
+    full stop or comma around (``" b "``, ``"'B'"``, ``"(B)"``, ``"B."``, ``"B,"``), in full-width
+    or other compatibility characters (NFKC: ``"Ｂ"``, ``"2×"``), after a word that changes nothing
+    (``"option B"``, ``"~10%"``, ``"+10%"``, ``"about 10%"``), with spaces, hyphens or underscores
+    for one another (``"kept hidden"`` for ``"kept-hidden"``, :func:`_loosely`, the numbers kept:
+    ``"24x"`` is not ``"2x-4x"``), a key followed by its own description (:func:`_described`) or
+    its description alone (:func:`_description_alone`), where ``choices`` is a dict of
+    descriptions, a number key as text (``"1000"``, ``"1,000"``, ``"1e3"``, ``"1k"``, ``"10^3"``),
+    followed by words of its own description (``"1000 tokens"``), a NumPy scalar or array of one
+    element or a one-element tensor, a number for a ratio or percentage key (:func:`_by_number`:
     4, ``"4"`` or ``"x4"`` for ``"4x"``; 10 or 0.1 for ``"10%"`` where no other key fits), a range
-    in words (``"between 2x and 4x"``). Never hashes ``prediction`` (a list is not an error)."""
+    in words (``"between 2x and 4x"``, ``"2 to 4x"``). Never hashes ``prediction`` (a list is not
+    an error)."""
     if isinstance(prediction, list | tuple) and len(prediction) == 1:
         prediction = prediction[0]
     if isinstance(prediction, list | tuple):  # several elements, or a list in a list
@@ -903,10 +1003,15 @@ def choice_of(prediction, choices):
     if getattr(getattr(prediction, "dtype", None), "kind", "") == "U" and prediction.size == 1:
         prediction = prediction.item()  # a NumPy array of one string
     if isinstance(prediction, str):
-        # quotes, brackets or a full stop around: "'B'", "(B)", "B."
-        text = prediction.strip().strip("'\"()[].").strip()
-        # a range in words: "between 2x and 4x" for "2x-4x"
-        text = re.sub(r"^between\s+(\S+)\s+and\s+(\S+)$", r"\1-\2", text, flags=re.IGNORECASE)
+        text = _plain_text(prediction)
+        alone = _description_alone(text, choices)  # before the hedges go: "about a thousand ..."
+        if alone is not None:
+            return alone
+        while (bare := _plain_text(_HEDGE.sub("", text, count=1))) != text:
+            text = bare
+        # a range in words: "between 2x and 4x", "from 2x to 4x", "2 to 4x" for "2x-4x"
+        text = re.sub(r"^(?:between\s+(\S+)\s+and|(?:from\s+)?(\S+)\s+to)\s+(\S+)$",
+                      lambda m: f"{m[1] or m[2]}-{m[3]}", text, flags=re.IGNORECASE)
         spelled = {"".join(str(k).split()).casefold(): k for k in choices if isinstance(k, str)}
         if "".join(text.split()).casefold() in spelled:
             return spelled["".join(text.split()).casefold()]
@@ -922,11 +1027,7 @@ def choice_of(prediction, choices):
         described = _described(text, choices)
         if described is not None:
             return described
-        try:  # a number spelled: "4", "x4" (a ratio), "10k"
-            value = _spelled_number(re.sub(r"^x\s*(?=\d)", "", text, flags=re.IGNORECASE))
-        except NotANumber:
-            return None
-        return _by_number(value, choices)
+        return _number_named(text, choices)
     try:
         value = real_number(prediction)
     except NotANumber:
@@ -934,9 +1035,38 @@ def choice_of(prediction, choices):
     return _by_number(value, choices)
 
 
+def _number_named(text: str, choices):
+    """The key of ``choices`` that the number ``text`` spells names (:func:`_by_number`: ``"4"``,
+    ``"x4"`` for a ratio, ``"10k"``), or that a key or number followed by words of that key's own
+    description names (``"1000 tokens"`` where 1000's description says tokens); else None."""
+    key = _by_spelled_number(text, choices)
+    worded = re.fullmatch(r"(\S+?)\s+([^\d\s].*)", text)
+    if key is not None or not worded or not isinstance(choices, dict):
+        return key
+    head, words = worded[1], worded[2]
+    keys = [k for k in choices if isinstance(k, str) and k.casefold() == head.casefold()]
+    key = keys[0] if len(keys) == 1 else _by_spelled_number(head, choices)
+    description = choices.get(key) if key is not None else None
+    named = isinstance(description, str) and _loosely(words) in _loosely(description)
+    return key if named else None
+
+
+def _by_spelled_number(text: str, choices):
+    """:func:`_by_number` of the number ``text`` spells (``"x4"`` for a ratio too), else None."""
+    try:
+        value = _spelled_number(re.sub(r"^x\s*(?=\d)", "", text, flags=re.IGNORECASE))
+    except NotANumber:
+        return None
+    return _by_number(value, choices)
+
+
 def _spelled_number(text: str) -> numbers.Real:
-    """The number ``text`` spells (:func:`number_in_text`), or with a thousands or millions suffix
-    (``"10k"``, ``"1.5M"``); else :class:`NotANumber`."""
+    """The number ``text`` spells (:func:`number_in_text`), with a thousands or millions suffix
+    (``"10k"``, ``"1.5M"``) or as a power of a whole number (``"10^3"``, ``"10**3"``); else
+    :class:`NotANumber`."""
+    power = re.fullmatch(r"(\d+)\s*(?:\^|\*\*)\s*(\d{1,2})", text.strip())
+    if power:
+        return int(power[1]) ** int(power[2])
     suffixed = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([km])", text.strip(), re.IGNORECASE)
     if not suffixed:
         return number_in_text(text)

@@ -67,6 +67,19 @@ def attend_tolerance(dtype: torch.dtype) -> float:
     return max(1e-5, 1.5 * eps)
 
 
+def _computed_in(got: torch.Tensor, right: torch.Tensor, returned: torch.dtype):
+    """The lower-precision dtype (float16, then bfloat16) that ``got`` (returned in ``returned``)
+    was computed in: every value of it exact in that dtype, and no farther from ``right`` than its
+    rounding; else None (an error of that size from a slip, an offset, is not exact in it)."""
+    for lower in (torch.float16, torch.bfloat16):
+        tol = attend_tolerance(lower)
+        if (torch.finfo(lower).bits < torch.finfo(returned).bits
+                and torch.equal(got.to(lower).to(got.dtype), got)
+                and torch.allclose(got, right, rtol=tol, atol=tol)):
+            return lower
+    return None
+
+
 # (T queries, S cached keys): a decode step, a chunk after a cache, a prefill
 ATTEND_CASES = ((1, 6), (3, 8), (4, 4))
 HEAD_DIM = 8
@@ -148,7 +161,7 @@ def check_attend(student) -> str:
             return (f"not quite: for {where}, you returned {got.dtype}, too coarse to tell a right "
                     f"attention from a wrong one: return the inputs' dtype ({q.dtype}), or at "
                     "least 16 bits (float16, bfloat16).")
-        tol = attend_tolerance(got.dtype)
+        tol, returned = attend_tolerance(got.dtype), got.dtype
         got = got.to(right.dtype)
         if torch.allclose(got, right, rtol=tol, atol=tol):
             continue
@@ -160,6 +173,11 @@ def check_attend(student) -> str:
                     "softmax over scores that are all -inf (every key masked) is NaN, and so is "
                     "everything computed from a NaN. Each query "
                     "sees at least its own key: query i sees keys 0 .. S - T + i.")
+        elif hint is None and (lower := _computed_in(got, right, returned)) is not None:
+            hint = (f"your output is right only to {lower}'s rounding, though returned in "
+                    f"{returned}: it was computed at lower precision (a cast to {lower} on the "
+                    f"way?). Compute in the inputs' dtype ({q.dtype}), or return the {lower} "
+                    "result as it is (its own rounding is allowed then).")
         elif hint is None:
             bad = int((~torch.isclose(got, right, rtol=tol, atol=tol)).any(dim=-1).nonzero()[0])
             hint = (f"row {bad} (the query at position {S - T + bad}) is the first that differs: "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import torch
 
@@ -236,24 +237,45 @@ def decode_step(model, cache, ids, position):
 
 
 @contextmanager
-def watch_positions(model, held: torch.Tensor | None = None, read: list | None = None):
+def watch_positions(model, held: torch.Tensor | None = None, read: list | None = None,
+                    used: list | None = None):
     """Inside: every forward of ``model`` appends the ``position_ids`` it was given (a list of ints,
-    or None); and to ``read``, whether they were ``held`` itself or a view of it (its storage)."""
+    or None); and to ``read``, whether they were ``held`` itself or a view of it (its storage); and
+    to ``used`` a namespace of what the model did with them: ``positions`` its rotary embedding
+    took (a list of ints, None where the model has no ``rotary_emb``), ``counter`` the cache's
+    counter before the call (None without a cache), ``others`` the other keywords given."""
     signature = inspect.signature(model.forward)
     seen: list = []
+    rotary = next((m for name, m in model.named_modules() if name.endswith("rotary_emb")), None)
 
     def spy(module, args, kwargs):
-        given = signature.bind_partial(*args, **kwargs).arguments.get("position_ids")
+        bound = signature.bind_partial(*args, **kwargs).arguments
+        given = bound.get("position_ids")
         seen.append(given.reshape(-1).tolist() if isinstance(given, torch.Tensor) else given)
         if read is not None and held is not None:
             read.append(isinstance(given, torch.Tensor) and given.untyped_storage().data_ptr()
                         == held.untyped_storage().data_ptr())
+        if used is not None:
+            cache = bound.get("cache", bound.get("past_key_values"))
+            extra = {**bound.get("kwargs", {}), **{k: v for k, v in bound.items() if k != "kwargs"}}
+            used.append(SimpleNamespace(
+                positions=None, counter=int(cache.get_seq_length()) if cache is not None else None,
+                others=[k for k, v in extra.items() if v is not None and k not in (
+                    "input_ids", "cache", "past_key_values", "position_ids")]))
 
-    handle = model.register_forward_pre_hook(spy, with_kwargs=True)
+    def took(module, args, kwargs):
+        positions = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+        if used and isinstance(positions, torch.Tensor):
+            used[-1].positions = positions.reshape(-1).tolist()
+
+    handles = [model.register_forward_pre_hook(spy, with_kwargs=True)]
+    if used is not None and rotary is not None:
+        handles.append(rotary.register_forward_pre_hook(took, with_kwargs=True))
     try:
         yield seen
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
 
 
 def host_read_in(step) -> str | None:
@@ -289,8 +311,8 @@ def decode_step_verdict(step, model, prompt_len: int, new_tokens: int) -> str:
     with torch.inference_mode():
         ids = greedy(model(prompt, cache=cache).logits)  # the prefill: [1, 1]
         position = torch.tensor(prompt_len)  # 0-dim: the position of ids
-        out, calls, from_held = [ids], [], []
-        with watch_positions(model, position, from_held) as seen:
+        out, calls, from_held, used = [ids], [], [], []
+        with watch_positions(model, position, from_held, used) as seen:
             for i in range(1, new_tokens):
                 start = len(seen)
                 # the step advances position in place: its contract
@@ -316,9 +338,15 @@ def decode_step_verdict(step, model, prompt_len: int, new_tokens: int) -> str:
     note = first_token_note(tokens, expected)
     note = f" ({note})" if note else " (the tokens happen to agree here, the positions do not)"
     if any(f is None for f in fed):
-        return ("not quite: you passed no position_ids, so the model took the positions from the "
-                "cache's counter. Hint: pass your own: model(ids, cache=cache, "
-                "position_ids=position.reshape(1, 1)).")
+        # say what the model did instead, as it did it
+        did = used[next(i for i, f in enumerate(fed) if f is None)]
+        instead = f" ({', '.join(k + '=' for k in did.others)} given instead)" if did.others else ""
+        source = ("" if did.positions is None else
+                  f", so the model took its position from the cache's counter ({did.counter})"
+                  if did.positions == [did.counter] * len(did.positions) else
+                  f"; the model used position {did.positions}")
+        return (f"not quite: you passed no position_ids{instead}{source}. Hint: pass your own: "
+                "model(ids, cache=cache, position_ids=position.reshape(1, 1)).")
     got = [f[0] for f in fed]
     if got != want:
         if len(set(got)) == 1:
@@ -345,6 +373,22 @@ def decode_step_verdict(step, model, prompt_len: int, new_tokens: int) -> str:
     if not torch.equal(tokens, expected):
         return (f"not quite: {first_token_note(tokens, expected)}. Hint: feed ids at position, "
                 "then greedy(logits).")
+    # a position out of the order the loop fed (one skipped), on another cache whose counter says
+    # the same: a step that counts on its own (a Python counter, or the position read once) feeds
+    # its own number, which a graph would freeze at capture
+    out_of_order = prompt_len + new_tokens + 1
+    probe = make_static_cache(model, out_of_order + 2)
+    with torch.inference_mode(), watch_positions(model) as fed_then:
+        model(check_prompt(out_of_order, seed=2), cache=probe)
+        call_student(step, model, probe, ids.clone(), torch.tensor(out_of_order),
+                     writes_inputs=True)
+    if fed_then[1:] != [[out_of_order]]:
+        return (f"not quite: the tokens are right, but handed position {out_of_order} out of "
+                f"order (the loop had reached {prompt_len + new_tokens - 1}), your step fed "
+                f"{fed_then[1] if len(fed_then) == 2 else fed_then[1:]}. Hint: it keeps its own "
+                "count (a Python counter, or position read once): a graph freezes such a number at "
+                "capture. Build position_ids from the tensor you are handed at every call: "
+                "position.reshape(1, 1).")
     # the same step, recorded by kvlab's capture (emulated): a read of position on the host is
     # refused there
     spare = make_static_cache(model, prompt_len + 4)

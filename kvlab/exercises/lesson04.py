@@ -223,6 +223,8 @@ def graph_decode_verdict(student, model, prompt_len: int, n: int) -> str:
     cache = make_static_cache(model, prompt_len + n + 8)
     with torch.inference_mode():
         first = greedy(model(prompt, cache=cache).logits)  # [1, 1]
+        # its value as given: a loop may write into first_ids (its token buffer)
+        given = first.clone()
         with watch_replays(cache) as seen:
             # a graph loop may use first as its static input buffer
             tokens = call_student(student, model, cache, first, prompt_len, n,
@@ -256,7 +258,7 @@ def graph_decode_verdict(student, model, prompt_len: int, n: int) -> str:
         return (f"not quite: the first replay found the counters at {found}, not {prompt_len} "
                 f"({note}). Hint: between the prefill and the first replay nothing may write the "
                 "cache.")
-    problem = refill_problem(seen, first, prompt_len, note)
+    problem = refill_problem(seen, given, prompt_len, note)
     if problem:
         return problem
     outputs = [r.outputs[0] for r in seen]

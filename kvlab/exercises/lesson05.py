@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import torch
 
@@ -34,7 +35,7 @@ from .common import (
     real_number,
     settings_read,
 )
-from .mistakes import same
+from .lesson04 import buffer_roles
 
 
 @functools.cache
@@ -475,11 +476,14 @@ def _watch(model, cache, want: list[torch.Tensor], keys: list[torch.Tensor], n: 
     seen: list = []
     # the cache's addresses at the first replay: what the graph reads
     captured_reading: list[int] = []
+    read: list[SimpleNamespace] = []
 
     def replay(self):
         if not seen:
             captured_reading[:] = _addresses(cache)
-        mistake = _before_replay(self, seen, captured_reading, cache, want, n)
+        # what every replay read, for buffer_roles: which static input is the token
+        read.append(SimpleNamespace(inputs=[t.detach().clone() for t in self.static_inputs]))
+        mistake = _before_replay(self, seen, captured_reading, cache, want, n, read)
         if mistake:
             raise _RuleBroken(mistake)
         k, step = divmod(len(seen), n - 1)
@@ -540,8 +544,10 @@ def _addresses(cache) -> list[int]:
             for t in (layer.cumulative_length, layer.keys, layer.values)]
 
 
-def _before_replay(graph, seen, reading, cache, want, n) -> str | None:
-    """What is wrong just before the next replay (``len(seen)`` replays so far), if anything."""
+def _before_replay(graph, seen, reading, cache, want, n, read) -> str | None:
+    """What is wrong just before the next replay (``len(seen)`` replays so far), if anything.
+    ``read``: the static inputs of every replay so far and this one, whose token input is found by
+    what it holds (lesson 04's :func:`buffer_roles`), in any order of capture."""
     if seen and graph is not seen[0]:
         return ("not quite: you captured a second graph. Hint: capture once, for the first prompt; "
                 "every later prompt replays the same graph after cache.reset() and its own eager "
@@ -590,7 +596,9 @@ def _before_replay(graph, seen, reading, cache, want, n) -> str | None:
                 f"should hold {expected} tokens (the prompt and the tokens decoded). Hint: only "
                 "the prefill and the replays may move a counter; "
                 "put back what capture's warm-up moved")
-    token, right = graph.static_inputs[0].reshape(-1)[0].item(), want[k][0, step].item()
+    fed = [want[i // (n - 1)][0, i % (n - 1)].item() for i in range(len(read))]
+    token_at = buffer_roles(read, fed, 0)[0]
+    token, right = graph.static_inputs[token_at].reshape(-1)[0].item(), want[k][0, step].item()
     if token != right:
         return (f"not quite: {where} read token {token}, but the token before it was {right}. "
                 "Hint: the graph reads its input tensor by address: write each new token (and "
@@ -746,16 +754,18 @@ def check_launch_cost_us(answer, *, record: dict) -> str:
                 f"launches per step, eager {launches['eager']}: the replay removed none, so there "
                 f"is no cost per launch to find; {fix}")
     expected = 1e3 * (eager - replay) / (launches["eager"] - launches["replay"])
+    # an answer nearer one of these than the right value is that mistake (check_number)
+    mistakes = [
+        # eager > replay >= 0: at least one launch
+        (1e3 * eager / launches["eager"],
+         "that is the whole eager step over its launches; only the time replay saves is host work: "
+         "(eager ms - replay ms) per token over the launches replay removed, times 1000."),
+        (expected / 1e3, "that is milliseconds: the question asks microseconds (times 1000)."),
+    ]
     verdict = check_number(
         answer, expected, what="host microseconds per removed kernel launch", rel_tol=0.1,
+        mistakes=mistakes,
         hint="(eager ms per token - replay ms per token) / (kernel launches per eager step - per "
              "replay), times 1000.",
     )
-    whole_step = 1e3 * eager / launches["eager"]  # eager > replay >= 0: at least one launch
-    if (verdict.startswith("not quite: you gave")
-        and same(answer, whole_step, rtol=0.05)):
-        verdict = verdict.split(" Hint:")[0] + (
-            " Hint: that is the whole eager step over its launches; only the time replay saves is "
-            "host work: (eager ms - replay ms) per token over the launches replay removed, times "
-            "1000.")
     return verdict

@@ -8,7 +8,6 @@ looking at (recorded or live), never typed in.
 
 from __future__ import annotations
 
-import math
 import random
 import statistics
 
@@ -30,6 +29,8 @@ from .common import (
     checker,
     choice_of,
     code_checker,
+    is_right,
+    nearest_mistake,
     read_record,
     real_number,
     record_rows,
@@ -38,13 +39,15 @@ from .common import (
 )
 
 
-def _close(a: float, b: float, rel: float = 1e-6) -> bool:
-    return math.isclose(a, b, rel_tol=rel)
+def _right(got: float, want: float, variants: dict[str, float]) -> bool:
+    """``got`` is ``want`` (within float rounding, or at the precision it is given in) and nearer it
+    than every named wrong variant (:func:`is_right`)."""
+    return is_right(got, want, rel_tol=1e-6, mistakes=[(v, h) for h, v in variants.items()])
 
 
-def _first_match(got: float, variants: dict[str, float], rel: float = 1e-6) -> str | None:
-    """The hint of the first wrong variant that ``got`` equals, else None."""
-    return next((hint for hint, value in variants.items() if _close(got, value, rel)), None)
+def _first_match(got: float, want: float, variants: dict[str, float]) -> str | None:
+    """The hint of the wrong variant that ``got`` is (:func:`nearest_mistake`), else None."""
+    return nearest_mistake(got, want, [(v, h) for h, v in variants.items()], rel_tol=1e-6)
 
 
 # ---- 1 · tokens per second by the course's rule --------------------------------------------------
@@ -121,8 +124,9 @@ def check_tokens_per_s(fn) -> str:
         except NotANumber as e:
             return (f"not quite: for {case} your function returned no number ({e}); return tokens "
                     "per second as a float")
-        if not _close(got, want):
-            hint = _first_match(got, _rate_variants(t1, tn, n, batch))
+        variants = _rate_variants(t1, tn, n, batch)
+        if not _right(got, want, variants):
+            hint = _first_match(got, want, variants)
             return (f"not quite: for {case} you gave {got:,.6g} tokens/s, the rule gives "
                     f"{want:,.6g}. Hint: "
                     + (hint or "medians of T(1) and of T(n) over the repeats, then batch * (n - 1) "
@@ -210,9 +214,9 @@ def check_step_floor_ms(fn) -> str:
         except NotANumber as e:
             return (f"not quite: for {label} your function returned no number ({e}); return the "
                     "floor in milliseconds")
-        if not _close(got, want):
-            hint = _first_match(got,
-                                _floor_variants(config, weight_bytes, dtype, batch, context, gbps))
+        variants = _floor_variants(config, weight_bytes, dtype, batch, context, gbps)
+        if not _right(got, want, variants):
+            hint = _first_match(got, want, variants)
             return (f"not quite: for {label}, context {context}, {gbps:g} GB/s you gave {got:.6g} "
                     f"ms, expected {want:.6g} ms. Hint: "
                     + (hint or "KV bytes per token = 2 x layers x kv_heads x head_dim x bytes "
