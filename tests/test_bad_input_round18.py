@@ -111,3 +111,20 @@ def test_a_request_changed_while_it_waits_changes_nothing(model, edit):
     served = batcher.serve(requests, on_token=on_token)
     assert all(torch.equal(got, w) for got, w in zip(served.tokens, want, strict=True))
     assert batcher.allocator.num_used == 0
+
+
+def test_kept_drafts_that_reads_the_first_row_only_is_told_so():
+    """A kept_drafts reading row 0 only was told "you counted every right draft", a mistake it
+    did not make (the two counts coincide on one of the checker's batches)."""
+    from kvlab.exercises import lesson07
+
+    def first_row(rows, verified):
+        return (rows[:1, 1:] == verified[:1, :-1]).long().cumprod(-1).sum(-1).min()
+
+    def every_right(rows, verified):
+        return (rows[:, 1:] == verified[:, :-1]).long().sum(-1).min()
+
+    verdict = lesson07.check_kept_drafts(first_row)
+    assert verdict.startswith("not quite") and "first row's" in verdict, verdict
+    verdict = lesson07.check_kept_drafts(every_right)
+    assert verdict.startswith("not quite") and "every right draft" in verdict, verdict

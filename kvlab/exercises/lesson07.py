@@ -142,6 +142,20 @@ def _kept_shape_mistake(got, rows, verified, case: str) -> str | None:
     return None
 
 
+def _first_row_only(fn, rows: torch.Tensor, verified: torch.Tensor) -> str | None:
+    """A hint where ``fn``'s count is the rule's for whichever row comes first (each row in turn
+    put first, batch > 1), else None."""
+    if rows.shape[0] == 1:
+        return None
+    for shift in range(rows.shape[0]):
+        rolled, checked = rows.roll(shift, 0), verified.roll(shift, 0)
+        got = _kept_value(call_student(fn, rolled.clone(), checked.clone()))
+        if got != int(kept_drafts_solution(rolled[:1], checked[:1])):
+            return None
+    return ("your count is the first row's, whichever row comes first: every row of the batch "
+            "counts; each keeps its right prefix and the batch keeps the fewest (.min() over rows)")
+
+
 @code_checker(kept_drafts_solution)
 def check_kept_drafts(fn) -> str:
     """Exercise: kept_drafts(rows, verified) = min over rows of the longest prefix of i with rows[:,
@@ -159,8 +173,9 @@ def check_kept_drafts(fn) -> str:
         if refused:
             return refused
         if _kept_value(got) != want:
-            hint = first_match(got if isinstance(got, torch.Tensor) else torch.tensor(got),
-                               kept_mistakes(rows, verified))
+            hint = _first_row_only(fn, rows, verified) or first_match(
+                got if isinstance(got, torch.Tensor) else torch.tensor(got),
+                kept_mistakes(rows, verified))
             return (f"not quite: for {label} you kept {_kept_value(got)} draft(s), the rule keeps "
                     f"{want}. Hint: "
                     + (hint or "draft i is right if rows[:, i] == verified[:, i - 1]; each row "
