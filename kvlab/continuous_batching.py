@@ -381,35 +381,10 @@ class ContinuousBatcher:
         were captured. Returns the requests as read here (prompts copied, counts and arrival steps
         as Python ints): serve uses only these, so a request changed while it waits changes
         nothing."""
-        if (not isinstance(requests, list | tuple) or not requests
-                or not all(isinstance(r, Request) for r in requests)):
-            raise TypeError("serve takes a non-empty list of "
-                            "kvlab.continuous_batching.Request(prompt, max_new_tokens, arrival), "
-                            f"got {requests!r:.80}")
-        read = []
-        for i, r in enumerate(requests):
-            prompt = r.prompt
-            if (not isinstance(prompt, torch.Tensor) or prompt.dim() != 1
-                    or prompt.dtype != torch.long):
-                cast = (f"{prompt.dtype} (token ids held as another dtype: convert them with "
-                        "prompt.long())" if isinstance(prompt, torch.Tensor) and prompt.dim() == 1
-                        else tuple(getattr(prompt, 'shape', ())) or type(prompt).__name__)
-                raise ValueError(f"request {i}: prompt must be a 1-D LongTensor [prompt_len], got "
-                                 f"{cast}")
-            try:
-                check_inputs(self.model, prompt[None], r.max_new_tokens, name="prompt")
-            except ValueError as e:
-                raise ValueError(f"request {i}: {e}") from None
-            arrival = (r.arrival.item()
-                       if isinstance(r.arrival, torch.Tensor) and r.arrival.numel() == 1
-                       else r.arrival)
-            if (not isinstance(arrival, numbers.Integral) or isinstance(arrival, bool)
-                    or arrival < 0):
-                raise ValueError(f"request {i}: arrival must be a scheduler step number >= 0 (an "
-                                 f"int), got {r.arrival!r:.80}")
-            read.append(Request(prompt.clone(), int(r.max_new_tokens), int(arrival)))
+        read = read_requests(self.model, requests)
+        for i, r in enumerate(read):
             # the last token is never written to the cache
-            length = prompt.shape[0] + r.max_new_tokens - 1
+            length = r.prompt.shape[0] + r.max_new_tokens - 1
             need = blocks_for(length, self.block_size)
             if length > self.cache.max_len or need > self.allocator.num_blocks:
                 fix = (f"build the state with max_cache_len >= {length} (STRATEGIES['paged']"
@@ -425,6 +400,41 @@ class ContinuousBatcher:
         if self._frozen is not None:
             check_unchanged(self._frozen, self.model, "this ContinuousBatcher")
         return read
+
+
+def read_requests(model, requests: list[Request]) -> list[Request]:
+    """``requests`` as serve reads them, once: a non-empty list of ``Request``s whose prompts are
+    1-D token ids of ``model``'s vocabulary on its device, with whole counts and arrival steps.
+    Returns copies (prompts cloned, Python ints), so that a request changed later changes
+    nothing; else a TypeError or ValueError naming the request."""
+    if (not isinstance(requests, list | tuple) or not requests
+            or not all(isinstance(r, Request) for r in requests)):
+        raise TypeError("serve takes a non-empty list of "
+                        "kvlab.continuous_batching.Request(prompt, max_new_tokens, arrival), "
+                        f"got {requests!r:.80}")
+    read = []
+    for i, r in enumerate(requests):
+        prompt = r.prompt
+        if (not isinstance(prompt, torch.Tensor) or prompt.dim() != 1
+                or prompt.dtype != torch.long):
+            cast = (f"{prompt.dtype} (token ids held as another dtype: convert them with "
+                    "prompt.long())" if isinstance(prompt, torch.Tensor) and prompt.dim() == 1
+                    else tuple(getattr(prompt, 'shape', ())) or type(prompt).__name__)
+            raise ValueError(f"request {i}: prompt must be a 1-D LongTensor [prompt_len], got "
+                             f"{cast}")
+        try:
+            check_inputs(model, prompt[None], r.max_new_tokens, name="prompt")
+        except ValueError as e:
+            raise ValueError(f"request {i}: {e}") from None
+        arrival = (r.arrival.item()
+                   if isinstance(r.arrival, torch.Tensor) and r.arrival.numel() == 1
+                   else r.arrival)
+        if (not isinstance(arrival, numbers.Integral) or isinstance(arrival, bool)
+                or arrival < 0):
+            raise ValueError(f"request {i}: arrival must be a scheduler step number >= 0 (an "
+                             f"int), got {r.arrival!r:.80}")
+        read.append(Request(prompt.clone(), int(r.max_new_tokens), int(arrival)))
+    return read
 
 
 def serve(model, requests: list[Request], *, on_token=None, **settings) -> Served:

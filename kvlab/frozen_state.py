@@ -422,4 +422,6 @@ def check_unchanged(before: FrozenState, model, what: str) -> None:
     shown = "; ".join(found[:5]) + (f"; and {len(found) - 5} more" if len(found) > 5 else "")
     raise GraphSafeError(f"the model changed after {what} was built: {shown}. {what} would decode "
                          "the model as it was (its graphs or copy froze it). Build a new one from "
-                         "the model as it is now, or undo the change")
+                         "the model as it is now, or put back what was replaced or removed (an "
+                         "edit in place cannot be undone: the check follows each tensor's version, "
+                         "not its values)")

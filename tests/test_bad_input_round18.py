@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import kvlab
+from kvlab.graph_safe_cache import GraphSafeError
 from kvlab.lab import serving
 from kvlab.speculative import SpeculativeDecoder
 
@@ -128,3 +129,44 @@ def test_kept_drafts_that_reads_the_first_row_only_is_told_so():
     assert verdict.startswith("not quite") and "first row's" in verdict, verdict
     verdict = lesson07.check_kept_drafts(every_right)
     assert verdict.startswith("not quite") and "every right draft" in verdict, verdict
+
+
+# ------------------------------------------------------------------ round 19, the decoding side
+@pytest.mark.parametrize("request_, match", [
+    (lambda: [1, 2, 3], r"^request 0: prompt must be a 1-D LongTensor \[prompt_len\], got list"),
+    (lambda: torch.tensor([1, 2, 3]),
+     r"^request 0: max_new_tokens must be a positive int, got 4.0"),
+])
+def test_paged_runs_reads_its_requests_as_serve_does(model, request_, match):
+    """paged_runs measured its requests' lengths before serve checked them: a list prompt raised
+    AttributeError ('list' object has no attribute 'shape'), max_new_tokens=4.0 a message about
+    a "length" the caller never gave."""
+    from kvlab.continuous_batching import Request
+
+    count = 4.0 if isinstance(request_(), torch.Tensor) else 4
+    with pytest.raises(ValueError, match=match):
+        serving.paged_runs(model, [Request(request_(), count)])
+
+
+def test_an_edit_in_place_is_not_offered_an_undo(model, ids):
+    """A held decoder refused after an edit in place said "or undo the change"; putting the values
+    back does not help (the check follows versions), so the message must not offer it."""
+    fresh = kvlab.tiny_model("tiny-llama")
+    state = kvlab.STRATEGIES["graph-safe-compiled"].state(fresh, ids, 4)
+    kvlab.decode(fresh, ids, 4, strategy="graph-safe-compiled", **state)
+    weight = fresh.model.layers[0].mlp.down_proj.weight
+    with torch.no_grad():
+        weight.mul_(2).div_(2)
+    with pytest.raises(GraphSafeError, match="an edit in place cannot be undone") as refused:
+        kvlab.decode(fresh, ids, 4, strategy="graph-safe-compiled", **state)
+    assert "or undo the change" not in str(refused.value)
+
+
+def test_speculation_runs_and_k_sweep_take_a_tokenizers_output(model):
+    """kvlab.decode takes a tokenizer's output; speculation_runs and k_sweep refused it."""
+    ids = torch.tensor([[5, 6, 7, 5, 6, 7]])
+    encoded = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    run = serving.speculation_runs(model, {"a": encoded}, 4, rounds=1, k=2, pairs=PAIR)
+    assert run["runs"][0]["prompt_len"] == 6 and all(run["runs"][0]["exact"].values())
+    rows = serving.k_sweep(model, encoded, 4, ks=(2,), rounds=1)["rows"]
+    assert rows[0]["exact"]

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from ..continuous_batching import ContinuousBatcher, Request
-from ..decoding import check_inputs, check_model
+from ..continuous_batching import ContinuousBatcher, Request, read_requests
+from ..decoding import check_inputs, check_model, unpadded_ids
 from ..graph_decoder import GraphSafeDecoder
 from ..paged_cache import blocks_for, bytes_per_token, memory_accounting
 from ..runtime import environment, pick_device
@@ -78,14 +78,17 @@ def _checked_pairs(pairs) -> dict[str, str]:
             for fast, base in pairs.items()}
 
 
-def _one_prompt(model, ids, new_tokens, name: str = "ids") -> None:
-    """Refuse ids that are not one prompt ``[1, prompt_len]`` of the model's token ids (as
-    ``kvlab.decode`` checks them): a run records one row's tokens and drafts."""
-    check_inputs(model, ids, new_tokens, tokenizer_output=False, name=name)
+def _one_prompt(model, ids, new_tokens, name: str = "ids") -> torch.Tensor:
+    """``ids`` (a tensor or a tokenizer's output) as one prompt ``[1, prompt_len]`` of the model's
+    token ids, checked as ``kvlab.decode`` checks them: a run records one row's tokens and
+    drafts."""
+    ids = unpadded_ids(ids)
+    check_inputs(model, ids, new_tokens, name=name)
     if ids.shape[0] != 1:
         raise ValueError(f"{name} must be one prompt's ids [1, prompt_len], got batch "
                          f"{ids.shape[0]}: a run records one row's tokens and drafts; pass each "
                          f"prompt alone, e.g. {name}[i:i + 1]")
+    return ids
 
 
 def _kept(outputs: list, run):
@@ -117,8 +120,8 @@ def speculation_runs(model, prompts: dict[str, torch.Tensor], new_tokens: int, *
                          f"{prompts!r:.80}")
     pairs = _checked_pairs(pairs)
     new_tokens, k = whole_number("new_tokens", new_tokens, 1), whole_number("k", k, 1)
-    for prompt, ids in prompts.items():
-        _one_prompt(model, ids, new_tokens, f"prompts[{prompt!r}]")
+    prompts = {prompt: _one_prompt(model, ids, new_tokens, f"prompts[{prompt!r}]")
+               for prompt, ids in prompts.items()}
     # the check compares each path's first check_tokens tokens: at most the tokens it made
     check_tokens = new_tokens if check_tokens is None else whole_number(
         "check_tokens", check_tokens, 1, f" and at most new_tokens ({new_tokens}), or None for all")
@@ -184,7 +187,7 @@ def k_sweep(model, ids: torch.Tensor, new_tokens: int, ks=(1, 2, 4, 8), *, round
     ``rounds`` in turns), every output, the timed ones included, equal to graph-safe's first."""
     device = model_device(model, device)
     new_tokens = whole_number("new_tokens", new_tokens, 1)
-    _one_prompt(model, ids, new_tokens)
+    ids = _one_prompt(model, ids, new_tokens)
     asked = ks
     try:  # a NumPy or 0-dim tensor int reads as an int
         ks = [whole_number("k", k, 1) for k in ks]
@@ -250,14 +253,15 @@ def arriving_requests(count: int, vocab_size: int, *, prompt_lens=(8, 96), new_t
     return requests
 
 
-def _paged_runs_inputs(requests, max_batch, block_size) -> tuple[int, int]:
-    """``paged_runs``' door: a non-empty list of Requests, and whole numbers of rows and block
-    slots."""
+def _paged_runs_inputs(model, requests, max_batch, block_size) -> tuple[list[Request], int, int]:
+    """``paged_runs``' door: a non-empty list of Requests, read as serve reads them, and whole
+    numbers of rows and block slots."""
     if (not isinstance(requests, list | tuple) or not requests
             or not all(isinstance(r, Request) for r in requests)):
         raise TypeError("paged_runs takes a non-empty list of Requests "
                         f"(arriving_requests(...)), got {requests!r:.80}")
-    return whole_number("max_batch", max_batch, 1), whole_number("block_size", block_size, 1)
+    return (read_requests(model, requests), whole_number("max_batch", max_batch, 1),
+            whole_number("block_size", block_size, 1))
 
 
 GRAPHS, ONE_AT_A_TIME = "paged, graphs", "one at a time (graph-safe)"
@@ -283,7 +287,7 @@ def paged_runs(model, requests: list[Request], *, max_batch: int = 8, block_size
     with ``static_bytes`` (a static cache of ``max_batch`` rows sized for the longest request),
     and ``per_request`` memory (``kvlab.paged_cache.memory_accounting``)."""
     device = model_device(model, device)
-    max_batch, block_size = _paged_runs_inputs(requests, max_batch, block_size)
+    requests, max_batch, block_size = _paged_runs_inputs(model, requests, max_batch, block_size)
     lengths = [r.prompt.shape[0] + r.max_new_tokens - 1 for r in requests]  # slots each writes
     width = blocks_for(max(lengths), block_size)  # a block-table row: the longest request
     num_blocks = max_batch * width
