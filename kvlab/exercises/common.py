@@ -141,17 +141,43 @@ def given_step(answer: numbers.Real) -> float:
     return 0.5 * 10.0 ** digits.exponent
 
 
+# relative gap of two float computations of one value (another order of the same operations)
+NOISE = 1e-9
+
+
+def _whole(x: numbers.Real) -> bool:
+    try:
+        return x == int(x)
+    except (OverflowError, ValueError, TypeError):
+        return False
+
+
+def within_noise(a: numbers.Real, b: numbers.Real) -> bool:
+    """True where ``a`` and ``b`` are one value up to floating-point rounding (``math.isclose``,
+    ``NOISE`` relative): two orderings of one formula. Two whole numbers are counts: equal only
+    when equal."""
+    try:
+        if a == b:
+            return True
+        if _whole(a) and _whole(b):
+            return False
+        return math.isclose(a, b, rel_tol=NOISE)
+    except (OverflowError, TypeError, ValueError):
+        return False
+
+
 def is_right(answer: numbers.Real, expected: numbers.Real, *, rel_tol: float = 0.0,
              mistakes=()) -> bool:
-    """True where ``answer`` (a real number) is ``expected``: equal, within ``rel_tol``, or equal
-    at the precision it is given in (:func:`given_step`); and nearer ``expected`` than the value
-    of every named mistake (``(value, hint)``, None values skipped): an answer as near a mistake
-    as the right value, or nearer, is that mistake, whatever the tolerance."""
+    """True where ``answer`` (a real number) is ``expected``: equal up to float rounding
+    (:func:`within_noise`), whatever the mistakes; or within ``rel_tol``, or equal at the precision
+    it is given in (:func:`given_step`), and nearer ``expected`` than the value of every named
+    mistake (``(value, hint)``, None values skipped): an answer as near a mistake as the right
+    value, or nearer, is that mistake, whatever the tolerance."""
     try:
         error = abs(answer - expected)
     except OverflowError:  # an int past a float's range against a float: far from it
         return False
-    if error == 0:
+    if within_noise(answer, expected):
         return True
     if not (error <= rel_tol * abs(expected) or error <= given_step(answer) * (1 + 1e-12)):
         return False
@@ -162,8 +188,9 @@ def nearest_mistake(answer: numbers.Real, expected: numbers.Real, mistakes, *,
                     rel_tol: float = 0.0) -> str | None:
     """The hint of the named mistake (``(value, hint)`` of ``mistakes``) that ``answer`` is at least
     as near as it is to ``expected`` and within ``rel_tol`` of it (or equal at the precision the
-    answer is given in), the nearest first; else None. A mistake equal to ``expected`` (a slip
-    that changes nothing for these settings) or of no number is skipped."""
+    answer is given in), the nearest first; else None. A mistake equal to ``expected`` up to float
+    rounding (:func:`within_noise`: a slip that changes nothing for these settings) or of no
+    number is skipped."""
     try:
         error = abs(answer - expected)
     except OverflowError:
@@ -174,7 +201,7 @@ def nearest_mistake(answer: numbers.Real, expected: numbers.Real, mistakes, *,
             continue
         try:
             gap = abs(answer - value)
-            if value == expected or gap > error:
+            if within_noise(value, expected) or gap > error:
                 continue
         except OverflowError:
             continue
