@@ -59,3 +59,37 @@ def test_a_mistake_a_rounding_away_is_skipped():
     assert common.nearest_mistake(1500.0, right, mistakes) == "far"
     # counts stay exact
     assert not common.is_right(10**10 + 1, 10**10)
+
+
+# ---- 2 · kept drafts: the fewest at every row position -----------------------------------------
+
+def _prefix(rows, verified):
+    return (rows[:, 1:] == verified[:, :-1]).long().cumprod(-1).sum(-1)
+
+
+@pytest.mark.parametrize("rows_read", [
+    slice(1, None), slice(None, -1), slice(None, 2), slice(1, None, 2), slice(None, None, 2)],
+    ids=["[1:]", "[:-1]", "[:2]", "[1::2]", "[::2]"])
+def test_kept_drafts_that_skips_rows_is_refused(rows_read):
+    """check_kept_drafts called right a count over a fixed subset of rows (pre[1:].min()): in every
+    case of batch > 1 the fewest sat at row 1 or was a tie."""
+    from kvlab.exercises import lesson07
+
+    def some_rows(rows, verified):
+        pre = _prefix(rows, verified)
+        return pre[rows_read].min() if rows.shape[0] > 1 else pre.min()
+
+    assert lesson07.check_kept_drafts(some_rows).startswith("not quite")
+
+
+def test_kept_cases_put_the_fewest_at_first_middle_and_last_row():
+    """The cases' minima sat at row 1 or tied; each position alone must be the fewest somewhere."""
+    from kvlab.exercises import lesson07
+
+    where = set()
+    for _, rows, verified in lesson07.kept_cases():
+        pre = _prefix(rows, verified)
+        at = (pre == pre.min()).nonzero().flatten().tolist()
+        if rows.shape[0] > 2 and len(at) == 1:
+            where.add("first" if at[0] == 0 else "last" if at[0] == rows.shape[0] - 1 else "middle")
+    assert where == {"first", "middle", "last"}
