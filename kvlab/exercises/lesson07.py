@@ -159,6 +159,20 @@ def _first_row_only(fn, rows: torch.Tensor, verified: torch.Tensor) -> str | Non
             "counts; each keeps its right prefix and the batch keeps the fewest (.min() over rows)")
 
 
+def _some_rows_only(fn, rows: torch.Tensor, verified: torch.Tensor) -> str | None:
+    """A hint where ``fn``'s count changes when the rows are put in another order (the rule's
+    does not: it reads every row), else None."""
+    counts = set()
+    for shift in range(rows.shape[0]):
+        rolled, checked = rows.roll(shift, 0), verified.roll(shift, 0)
+        counts.add(_kept_value(call_student(fn, rolled.clone(), checked.clone())))
+    if len(counts) < 2:
+        return None
+    return (f"your count changes with the order of the rows ({', '.join(map(str, sorted(counts)))} "
+            "for the same rows rolled): it reads some rows only; every row of the batch counts, "
+            "each keeps its right prefix and the batch keeps the fewest (.min() over all rows)")
+
+
 @code_checker(kept_drafts_solution)
 def check_kept_drafts(fn) -> str:
     """Exercise: kept_drafts(rows, verified) = min over rows of the longest prefix of i with rows[:,
@@ -176,9 +190,9 @@ def check_kept_drafts(fn) -> str:
         if refused:
             return refused
         if _kept_value(got) != want:
-            hint = _first_row_only(fn, rows, verified) or first_match(
-                got if isinstance(got, torch.Tensor) else torch.tensor(got),
-                kept_mistakes(rows, verified))
+            hint = (_first_row_only(fn, rows, verified) or _some_rows_only(fn, rows, verified)
+                    or first_match(got if isinstance(got, torch.Tensor) else torch.tensor(got),
+                                   kept_mistakes(rows, verified)))
             return (f"not quite: for {label} you kept {_kept_value(got)} draft(s), the rule keeps "
                     f"{want}. Hint: "
                     + (hint or "draft i is right if rows[:, i] == verified[:, i - 1]; each row "
