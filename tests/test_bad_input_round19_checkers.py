@@ -95,3 +95,83 @@ def test_kept_cases_put_the_fewest_at_first_middle_and_last_row():
         if rows.shape[0] > 2 and len(at) == 1:
             where.add("first" if at[0] == 0 else "last" if at[0] == rows.shape[0] - 1 else "middle")
     assert where == {"first", "middle", "last"}
+
+
+# ---- 3 · lesson 03/04: a batch of 2 -------------------------------------------------------------
+
+def _row0_step(model, cache, ids, position):
+    logits = model(ids, cache=cache, position_ids=position.reshape(1, 1)).logits
+    position.add_(1)
+    return logits[0, -1].argmax().view(1, 1)  # row 0 only
+
+
+def _row0_broadcast_step(model, cache, ids, position):
+    logits = model(ids, cache=cache, position_ids=position.reshape(1, 1)).logits
+    position.add_(1)
+    return logits[0, -1].argmax().expand(ids.shape[0], 1)  # row 0's token for every row
+
+
+@pytest.mark.parametrize("step", [_row0_step, _row0_broadcast_step], ids=["shape", "broadcast"])
+def test_decode_step_of_row_0_only_is_refused(step):
+    """check_decode_step tested batch 1 only: a step returning row 0's token was correct."""
+    from kvlab.exercises import lesson03
+
+    verdict = lesson03.check_decode_step(step)
+    assert verdict.startswith("not quite") and "batch of 2" in verdict, verdict
+
+
+def test_graph_decode_with_batch_1_hard_coded_is_refused():
+    """check_graph_decode tested batch 1 only: positions [[prompt_len]] and logits[0, -1]
+    hard-coded were correct."""
+    from kvlab.exercises import lesson04
+    from kvlab.graphs import capture
+
+    def graph_decode(model, cache, first_ids, prompt_len, n):
+        ids, pos = first_ids.clone(), torch.tensor([[prompt_len]])
+        graph = capture(lambda i, p: model(i, cache=cache, position_ids=p).logits[0, -1].argmax()
+                        .view(1, 1), ids, pos, warmup=0)
+        out = [first_ids]
+        for _ in range(1, n):
+            t = graph.replay().clone()
+            out.append(t)
+            ids.copy_(t)
+            pos.add_(1)
+        return torch.cat(out, 1)
+
+    verdict = lesson04.check_graph_decode(graph_decode)
+    assert verdict.startswith("not quite") and "batch of 2" in verdict, verdict
+
+
+def test_reset_of_row_0_only_is_refused():
+    """check_reset_in_place used a batch-1 cache: l.keys[0].zero_() emptied all of it."""
+    from kvlab.exercises import lesson03
+
+    def reset(cache):
+        for layer in cache.layers:
+            layer.keys[0].zero_()
+            layer.values[0].zero_()
+            layer.cumulative_length.zero_()
+
+    verdict = lesson03.check_reset_in_place(reset)
+    assert verdict.startswith("not quite") and "row(s) [1] of the batch" in verdict, verdict
+
+
+@pytest.mark.parametrize("counter", [
+    lambda c: c.fill_(1), lambda c: c.sub_(1), lambda c: c.fill_(-1)], ids=["1", "-1 off", "-1"])
+def test_reset_to_a_wrong_counter_says_where_the_write_lands(counter):
+    """check_reset_in_place said "the next write would land at slot 14 (the old position)" for
+    counters set to another wrong value."""
+    from kvlab.exercises import lesson03
+
+    def reset(cache):
+        for layer in cache.layers:
+            layer.keys.zero_()
+            layer.values.zero_()
+            counter(layer.cumulative_length)
+
+    verdict = lesson03.check_reset_in_place(reset)
+    model = lesson03.check_model()
+    cache = lesson03.filled_cache(model)
+    landing = int(counter(cache.layers[0].cumulative_length.clone()))
+    assert verdict.startswith("not quite") and "old position" not in verdict, verdict
+    assert f"land at slot {landing}" in verdict, verdict
