@@ -175,3 +175,35 @@ def test_reset_to_a_wrong_counter_says_where_the_write_lands(counter):
     landing = int(counter(cache.layers[0].cumulative_length.clone()))
     assert verdict.startswith("not quite") and "old position" not in verdict, verdict
     assert f"land at slot {landing}" in verdict, verdict
+
+
+# ---- 4 · lesson 05: valid rows past the end, no valid row ---------------------------------------
+
+def test_write_valid_with_no_end_check_is_refused():
+    """check_write_valid never had valid rows running past the end of the cache: a write sending
+    valid row i to counter + i with no end check was correct."""
+    from kvlab.exercises import lesson05
+
+    def write_valid(keys, values, new_k, new_v, counter, valid):
+        rows, trash = torch.arange(new_k.shape[2]), keys.shape[2] - 1
+        at = torch.where(rows < valid, counter + rows, trash)  # no end-of-cache check
+        keys.index_copy_(2, at, new_k)
+        values.index_copy_(2, at, new_v)
+        return counter.add_(valid)
+
+    verdict = lesson05.check_write_valid(write_valid)
+    assert verdict.startswith("not quite") and "past max_cache_len" in verdict, verdict
+    assert lesson05.check_write_valid(lesson05.write_valid_solution).startswith("correct")
+
+
+def test_write_positions_with_valid_clamped_to_1_is_refused():
+    """check_write_positions had no case with valid = 0: valid.clamp(min=1) was correct."""
+    from kvlab.exercises import lesson05
+
+    def positions(counter, valid, bucket, max_cache_len):
+        rows, valid = torch.arange(bucket), valid.clamp(min=1)
+        return torch.where((rows < valid) & (counter + rows < max_cache_len), counter + rows,
+                           max_cache_len)
+
+    verdict = lesson05.check_write_positions(positions)
+    assert verdict.startswith("not quite") and "valid=0" in verdict, verdict
