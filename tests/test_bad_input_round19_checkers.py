@@ -207,3 +207,26 @@ def test_write_positions_with_valid_clamped_to_1_is_refused():
 
     verdict = lesson05.check_write_positions(positions)
     assert verdict.startswith("not quite") and "valid=0" in verdict, verdict
+
+
+# ---- 5 · lesson 00: a Llama-style count on a Qwen2 / Qwen3 config --------------------------------
+
+def _llama_style_count(c):
+    h, heads, kv, inter, vocab, layers = (c.hidden_size, c.num_attention_heads,
+                                          c.num_key_value_heads, c.intermediate_size,
+                                          c.vocab_size, c.num_hidden_layers)
+    d = getattr(c, "head_dim", None) or h // heads
+    return (layers * (2 * h * heads * d + 2 * h * kv * d + 3 * h * inter + 2 * h) + vocab * h + h
+            + (0 if c.tie_word_embeddings else vocab * h))
+
+
+@pytest.mark.parametrize("name, part", [("tiny-qwen2", "biases"), ("tiny-qwen3", "q_norm")])
+def test_llama_style_count_on_qwen_names_the_part_it_leaves_out(name, part):
+    """check_parameter_count blamed RMSNorm weights or the final norm for a Llama-style count on a
+    Qwen2 (q/k/v biases) or Qwen3 (q_norm/k_norm) config, which its own message suggests."""
+    from kvlab.exercises import lesson00
+    from kvlab.lab.models import tiny_model
+
+    verdict = lesson00.check_parameter_count(_llama_style_count, config=tiny_model(name).config)
+    assert verdict.startswith("not quite") and part in verdict and "norm" not in verdict.split(
+        "Hint:")[1].replace("q_norm", "").replace("k_norm", "").replace("normalizes", ""), verdict
