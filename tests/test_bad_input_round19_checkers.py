@@ -230,3 +230,85 @@ def test_llama_style_count_on_qwen_names_the_part_it_leaves_out(name, part):
     verdict = lesson00.check_parameter_count(_llama_style_count, config=tiny_model(name).config)
     assert verdict.startswith("not quite") and part in verdict and "norm" not in verdict.split(
         "Hint:")[1].replace("q_norm", "").replace("k_norm", "").replace("normalizes", ""), verdict
+
+
+# ---- 6 · minor: spellings, units, row 0, a graph kept across calls ------------------------------
+
+def test_numbers_spelled_with_what_they_count_or_in_words_are_read():
+    """" 13 blocks" and "three" were refused as not numbers; a scale or unit after a number stays
+    refused."""
+    from kvlab.exercises import lesson06, lesson07
+
+    assert lesson07.check_blocks_held(" 13 blocks").startswith("correct")
+    assert lesson06.check_padding_rows("three").startswith("correct")
+    for text in ("13 thousand", "13 MiB", "13 seconds"):
+        with pytest.raises(common.NotANumber):
+            common.number_in_text(text)
+
+
+def test_choices_spelled_with_answer_colon_percent_or_a_ratio_are_read():
+    """"answer: B", "10 percent" and "1.1x" (for "10%") named no choice."""
+    from kvlab.exercises import lesson00
+
+    assert common.choice_of("answer: B", {"A": "a", "B": "b"}) == "B"
+    for text in ("10 percent", "about 10 percent", "1.1x"):
+        assert common.choice_of(text, lesson00.GQA_CHOICES) == "10%", text
+    assert common.choice_of(1.1, lesson00.GQA_CHOICES) is None  # 1.1x or 1.1%: neither
+
+
+def test_static_cache_bytes_in_mib_is_told_to_give_bytes():
+    """check_static_cache_bytes(1.125), the size in MiB, got the generic formula hint."""
+    from kvlab.exercises import lesson00, lesson03
+    from kvlab.sizes import kv_cache_bytes
+
+    cfg = lesson00.small_gqa_config()
+    mib = kv_cache_bytes(cfg, 1024, torch.bfloat16, batch=4) / 2**20
+    verdict = lesson03.check_static_cache_bytes(mib, config=cfg, max_cache_len=1024,
+                                                dtype=torch.bfloat16, batch=4)
+    assert verdict.startswith("not quite") and "give bytes" in verdict, verdict
+
+
+def test_naive_decode_with_row_0_for_every_row_is_named():
+    """check_naive_decode did not name a loop that appends row 0's token to every row."""
+    from kvlab.exercises import lesson01
+
+    def row0(model, prompt, n):
+        seq = prompt
+        for _ in range(n):
+            nxt = model(seq).logits[:, -1].argmax(-1, keepdim=True)[:1].expand(seq.shape[0], 1)
+            seq = torch.cat([seq, nxt], 1)
+        return seq[:, prompt.shape[1]:]
+
+    verdict = lesson01.check_naive_decode(row0)
+    assert verdict.startswith("not quite") and "row 0's tokens" in verdict, verdict
+
+
+def test_graph_loop_with_a_graph_kept_across_calls_is_named():
+    """check_graph_loop blamed a frozen Python position for a graph kept in a global, captured over
+    an earlier call's cache."""
+    from kvlab.exercises import lesson05
+    from kvlab.graphs import capture
+
+    kept = {}
+
+    def loop(model, cache, prompts, n):
+        outs = []
+        for prompt in prompts:
+            cache.reset()
+            first = model(prompt, cache=cache).logits[:, -1:].argmax(-1)
+            if "graph" not in kept:
+                kept["token"] = first.clone()
+                kept["graph"] = capture(lambda ids: model(ids, cache=cache).logits[:, -1:]
+                                        .argmax(-1), kept["token"], warmup=3)
+                for layer in cache.layers:
+                    layer.cumulative_length.sub_(3)
+            kept["token"].copy_(first)
+            out = [first]
+            for _ in range(n - 1):
+                kept["token"].copy_(kept["graph"].replay())
+                out.append(kept["token"].clone())
+            outs.append(torch.cat(out, 1))
+        return outs
+
+    verdict = lesson05.check_graph_loop(loop)
+    assert verdict.startswith("not quite") and "earlier call" in verdict, verdict

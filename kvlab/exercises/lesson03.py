@@ -10,6 +10,7 @@ kvlab's own loops.
 from __future__ import annotations
 
 import inspect
+import math
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -127,10 +128,16 @@ def check_static_cache_bytes(answer, *, config, max_cache_len: int, dtype, batch
         if other.itemsize != dtype.itemsize:  # dtype: a torch.dtype (the door reads a name)
             slips.append((kv_cache_bytes(config, max_cache_len, other, batch=batch),
                           f"{other.itemsize} bytes per element: {dtype} has {dtype.itemsize}"))
+    # another unit, as check_cache_bytes names it; read to 3 digits (1.13 for 1.125 MiB)
+    units = [(expected / 2**10, "KiB, not bytes: give bytes"),
+             (expected / 2**20, "MiB, not bytes: give bytes"),
+             (expected / 2**30, "GiB, not bytes: give bytes")]
     what = f"StaticCache bytes for max_cache_len={max_cache_len}, batch {batch}, in {dtype}"
     if isinstance(answer, int | float) and not isinstance(answer, bool) and answer != expected:
         # several slips can agree
-        matched = list(dict.fromkeys(why for value, why in slips if value == answer))
+        matched = list(dict.fromkeys(
+            [why for value, why in slips if value == answer]
+            + [why for value, why in units if math.isclose(answer, value, rel_tol=5e-3)]))
         if matched:
             return (f"not quite: you gave {number_text(answer)} for {what}. Hint: that is "
                     f"{' or '.join(matched)}.")

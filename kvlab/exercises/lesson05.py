@@ -9,6 +9,7 @@ values are measured live on a tiny model or read from the recorded GPU file.
 from __future__ import annotations
 
 import functools
+import weakref
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -547,10 +548,22 @@ def _addresses(cache) -> list[int]:
             for t in (layer.cumulative_length, layer.keys, layer.values)]
 
 
+# every graph a check of the loop has replayed: one replayed again in a later call was captured
+# over that call's cache (kept in a global)
+_REPLAYED: weakref.WeakSet = weakref.WeakSet()
+
+
 def _before_replay(graph, seen, reading, cache, want, n, read) -> str | None:
     """What is wrong just before the next replay (``len(seen)`` replays so far), if anything.
     ``read``: the static inputs of every replay so far and this one, whose token input is found by
     what it holds (lesson 04's :func:`buffer_roles`), in any order of capture."""
+    if not seen and graph in _REPLAYED:
+        return ("not quite: your first replay ran a graph captured in an earlier call of your "
+                "function, over that call's cache (a graph kept in a global or a default "
+                "argument). Hint: a captured graph reads and writes the cache it was captured on, "
+                "by address: capture inside the function, over the cache it is given, once per "
+                "call")
+    _REPLAYED.add(graph)
     if seen and graph is not seen[0]:
         return ("not quite: you captured a second graph. Hint: capture once, for the first prompt; "
                 "every later prompt replays the same graph after cache.reset() and its own eager "
