@@ -38,6 +38,17 @@ def test_tokens_per_s_right_forms_are_right(rate):
         rate)
 
 
+def test_tokens_per_s_to_3_significant_digits_is_right():
+    """A rate rounded to 3 significant digits (1,280 for 1,282.12) was read to its last zero and
+    refused; a count (no tolerance) is still read to its last digit."""
+    rate = lambda t1, tn, n, b: float(  # noqa: E731
+        f"{b * (n - 1) / (MEDIAN(tn) - MEDIAN(t1)):.3g}")
+    assert lesson06.check_tokens_per_s(rate).startswith("correct"), lesson06.check_tokens_per_s(
+        rate)
+    assert not common.is_right(134515000, 134515008)
+    assert common.is_right(1000, 1000.3, rel_tol=1e-6)
+
+
 def test_tokens_per_s_cases_tell_rounded_answers_apart():
     """A rate rounded to a whole number was nearer the paired-repeats variant than the right value:
     every wrong variant must lie over 1% from the right value, or be it up to float rounding."""

@@ -148,16 +148,20 @@ def as_number(answer):
         return answer
 
 
-def given_step(answer: numbers.Real) -> float:
+def given_step(answer: numbers.Real, *, rounded_whole: bool = False) -> float:
     """Half a unit of the last digit ``answer`` gives, where it gives 3 significant digits or more
     (``1660.5``: 0.05; ``0.0123``: 0.00005), else 0. A float is read as its shortest spelling
     (``repr``), a whole float as the int it is (``1660.0``: 0.5): how far a right value may lie
-    from an answer rounded to the digits it shows."""
+    from an answer rounded to the digits it shows. ``rounded_whole``: a whole number's trailing
+    zeros are not digits it gives (``1280``: 5), for a measured or computed quantity; a count
+    (the default) is read to its last digit."""
     if isinstance(answer, float) and answer.is_integer():
         answer = int(answer)
     if not isinstance(answer, int | float) or isinstance(answer, bool):
         return 0.0
-    digits = decimal.Decimal(repr(answer)).as_tuple()
+    spelled = decimal.Decimal(repr(answer))
+    digits = (spelled.normalize() if rounded_whole and isinstance(answer, int)
+              else spelled).as_tuple()
     if len(digits.digits) < 3 or not isinstance(digits.exponent, int):
         return 0.0
     return 0.5 * 10.0 ** digits.exponent
@@ -201,7 +205,9 @@ def is_right(answer: numbers.Real, expected: numbers.Real, *, rel_tol: float = 0
         return False
     if within_noise(answer, expected):
         return True
-    if not (error <= rel_tol * abs(expected) or error <= given_step(answer) * (1 + 1e-12)):
+    # a quantity with a tolerance (rel_tol > 0) is not a count: "1280" may be 3 digits of it
+    step = max(given_step(answer), given_step(answer, rounded_whole=rel_tol > 0))
+    if not (error <= rel_tol * abs(expected) or error <= step * (1 + 1e-12)):
         return False
     return nearest_mistake(answer, expected, mistakes, rel_tol=math.inf) is None
 
