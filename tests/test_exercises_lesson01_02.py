@@ -379,7 +379,7 @@ def test_cached_positions():
     assert lesson02.check_cached_positions(None, prompt_len=10, new_tokens=3) == NOT_ANSWERED
 
 
-@pytest.mark.parametrize("bad", ["twelve", [12, 12], {"a": 1}, {12}])
+@pytest.mark.parametrize("bad", ["a dozen", [12, 12], {"a": 1}, {12}])
 def test_ill_typed_answers_get_a_verdict_not_an_exception(bad):
     assert lesson02.check_cached_positions(bad, prompt_len=10, new_tokens=3).startswith("not quite")
 

@@ -31,19 +31,20 @@ class NotANumber(ValueError):
     """An answer that is not one finite real number; the message says what it is instead."""
 
 
-def real_number(answer, *, spelled: bool = True) -> numbers.Real:
+def real_number(answer, *, spelled: bool = True, counted: str = "") -> numbers.Real:
     """The one finite real number ``answer`` holds, as a Python int or float (or another
     ``numbers.Real``): a number, a NumPy scalar, a tensor or array of one element (0-d, ``[1]``,
     ``[1, 1]``, ...), a list or tuple of one number, or text that spells one (``"5120"``,
     ``" 5,120 "``, ``"5_120"``, ``"5.1e3"``). Raises :class:`NotANumber` for anything else (a bool,
     a complex number, several elements, other text, NaN or infinity), with what it is and the form
     to give. ``spelled=False`` for a value the student's code returns: text and lists are refused
-    there (code that uses the value needs a number)."""
+    there (code that uses the value needs a number). ``counted``: what the question counts, whose
+    words may follow the number (:func:`number_in_text`)."""
     if (spelled and isinstance(answer, list | tuple) and len(answer) == 1
         and not isinstance(answer[0], list | tuple)):
         answer = answer[0]  # [5120] or (5120,): the one number inside
     if spelled and isinstance(answer, str):
-        answer = number_in_text(answer)
+        answer = number_in_text(answer, counted=counted)
     elif hasattr(answer, "item") and not isinstance(answer, numbers.Number):
         # a tensor, an array, a NumPy scalar
         size = (answer.numel() if callable(getattr(answer, "numel", None))
@@ -55,7 +56,7 @@ def real_number(answer, *, spelled: bool = True) -> numbers.Real:
                              "array)")
         answer = answer.item()
         if spelled and isinstance(answer, str):  # a NumPy array of one string: choice_of's rule
-            answer = number_in_text(answer)
+            answer = number_in_text(answer, counted=counted)
     elif hasattr(answer, "item") and not isinstance(answer, int | float):
         # numpy's float64, int64, bool_, ...
         answer = answer.item()
@@ -75,11 +76,32 @@ NUMBER_FORMS = "give one number, e.g. 5120, 5120.0, \"5,120\" or a one-element t
 _THOUSANDS = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d*)?([eE][+-]?\d+)?")
 
 
-def number_in_text(text: str) -> numbers.Real:
+_NUMBER_WORDS = {word: i for i, word in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+    "sixteen seventeen eighteen nineteen twenty".split())}
+
+
+def _names_counted(words: str, counted: str) -> bool:
+    """Every word of ``words`` (letters only, singular or plural) is a word of ``counted``, the
+    question's own description of what it counts: "13 blocks" for "the blocks held", never a
+    unit the question does not count in ("13 MiB", "13 bits" for bytes)."""
+    said = set(re.findall(r"[a-z]+", counted.casefold()))
+    return all(re.fullmatch(r"[a-z]+", w) and ({w, w + "s", w.removesuffix("s")} & said)
+               for w in words.casefold().split())
+
+
+def number_in_text(text: str, *, counted: str = "") -> numbers.Real:
     """The number ``text`` spells (``"5120"``, ``"5,120"`` with commas between thousands,
-    ``"5_120"``, ``"5.1e3"``, spaces or quotes around), as an int where it is one; else
+    ``"5_120"``, ``"5.1e3"``, ``"three"``, spaces or quotes around), as an int where it is one,
+    followed or not by words that name what the question counts (``"13 blocks"`` where
+    ``counted``, the question's description, says blocks: :func:`_names_counted`); else
     :class:`NotANumber`."""
     spelled = text.strip().strip("'\"").strip()
+    worded = re.fullmatch(r"(\S+)\s+([^\d\s].*?)\.?", spelled)
+    if worded and counted and _names_counted(worded[2], counted):
+        spelled = worded[1]
+    if spelled.casefold() in _NUMBER_WORDS:
+        return _NUMBER_WORDS[spelled.casefold()]
     digits = spelled.replace(",", "") if _THOUSANDS.fullmatch(spelled) else spelled
     for parse in (int, float):
         try:
@@ -126,34 +148,66 @@ def as_number(answer):
         return answer
 
 
-def given_step(answer: numbers.Real) -> float:
+def given_step(answer: numbers.Real, *, rounded_whole: bool = False) -> float:
     """Half a unit of the last digit ``answer`` gives, where it gives 3 significant digits or more
     (``1660.5``: 0.05; ``0.0123``: 0.00005), else 0. A float is read as its shortest spelling
     (``repr``), a whole float as the int it is (``1660.0``: 0.5): how far a right value may lie
-    from an answer rounded to the digits it shows."""
+    from an answer rounded to the digits it shows. ``rounded_whole``: a whole number's trailing
+    zeros are not digits it gives (``1280``: 5), for a measured or computed quantity; a count
+    (the default) is read to its last digit."""
     if isinstance(answer, float) and answer.is_integer():
         answer = int(answer)
     if not isinstance(answer, int | float) or isinstance(answer, bool):
         return 0.0
-    digits = decimal.Decimal(repr(answer)).as_tuple()
+    spelled = decimal.Decimal(repr(answer))
+    digits = (spelled.normalize() if rounded_whole and isinstance(answer, int)
+              else spelled).as_tuple()
     if len(digits.digits) < 3 or not isinstance(digits.exponent, int):
         return 0.0
     return 0.5 * 10.0 ** digits.exponent
 
 
+# relative gap of two float computations of one value (another order of the same operations)
+NOISE = 1e-9
+
+
+def _whole(x: numbers.Real) -> bool:
+    try:
+        return x == int(x)
+    except (OverflowError, ValueError, TypeError):
+        return False
+
+
+def within_noise(a: numbers.Real, b: numbers.Real) -> bool:
+    """True where ``a`` and ``b`` are one value up to floating-point rounding (``math.isclose``,
+    ``NOISE`` relative): two orderings of one formula. Two whole numbers are counts: equal only
+    when equal."""
+    try:
+        if a == b:
+            return True
+        if _whole(a) and _whole(b):
+            return False
+        return math.isclose(a, b, rel_tol=NOISE)
+    except (OverflowError, TypeError, ValueError):
+        return False
+
+
 def is_right(answer: numbers.Real, expected: numbers.Real, *, rel_tol: float = 0.0,
              mistakes=()) -> bool:
-    """True where ``answer`` (a real number) is ``expected``: equal, within ``rel_tol``, or equal
-    at the precision it is given in (:func:`given_step`); and nearer ``expected`` than the value
-    of every named mistake (``(value, hint)``, None values skipped): an answer as near a mistake
-    as the right value, or nearer, is that mistake, whatever the tolerance."""
+    """True where ``answer`` (a real number) is ``expected``: equal up to float rounding
+    (:func:`within_noise`), whatever the mistakes; or within ``rel_tol``, or equal at the precision
+    it is given in (:func:`given_step`), and nearer ``expected`` than the value of every named
+    mistake (``(value, hint)``, None values skipped): an answer as near a mistake as the right
+    value, or nearer, is that mistake, whatever the tolerance."""
     try:
         error = abs(answer - expected)
     except OverflowError:  # an int past a float's range against a float: far from it
         return False
-    if error == 0:
+    if within_noise(answer, expected):
         return True
-    if not (error <= rel_tol * abs(expected) or error <= given_step(answer) * (1 + 1e-12)):
+    # a quantity with a tolerance (rel_tol > 0) is not a count: "1280" may be 3 digits of it
+    step = max(given_step(answer), given_step(answer, rounded_whole=rel_tol > 0))
+    if not (error <= rel_tol * abs(expected) or error <= step * (1 + 1e-12)):
         return False
     return nearest_mistake(answer, expected, mistakes, rel_tol=math.inf) is None
 
@@ -162,8 +216,9 @@ def nearest_mistake(answer: numbers.Real, expected: numbers.Real, mistakes, *,
                     rel_tol: float = 0.0) -> str | None:
     """The hint of the named mistake (``(value, hint)`` of ``mistakes``) that ``answer`` is at least
     as near as it is to ``expected`` and within ``rel_tol`` of it (or equal at the precision the
-    answer is given in), the nearest first; else None. A mistake equal to ``expected`` (a slip
-    that changes nothing for these settings) or of no number is skipped."""
+    answer is given in), the nearest first; else None. A mistake equal to ``expected`` up to float
+    rounding (:func:`within_noise`: a slip that changes nothing for these settings) or of no
+    number is skipped."""
     try:
         error = abs(answer - expected)
     except OverflowError:
@@ -174,7 +229,7 @@ def nearest_mistake(answer: numbers.Real, expected: numbers.Real, mistakes, *,
             continue
         try:
             gap = abs(answer - value)
-            if value == expected or gap > error:
+            if within_noise(value, expected) or gap > error:
                 continue
         except OverflowError:
             continue
@@ -195,7 +250,7 @@ def check_number(answer, expected: float, *, what: str, hint: str, rel_tol: floa
     if answer is None:
         return NOT_ANSWERED
     try:
-        answer = real_number(answer)
+        answer = real_number(answer, counted=what)
     except NotANumber as e:
         return f"not quite: {what} is a number, but you gave {e}"
     if is_right(answer, expected, rel_tol=rel_tol, mistakes=mistakes):
@@ -954,7 +1009,7 @@ def _described(text: str, choices) -> object | None:
 
 # words before a choice that change nothing: "~10%", "+10%", "about 10%", "option B"
 _HEDGE = re.compile(r"^(?:~|\u2248|\+|about|approx(?:imately|\.)?|around|roughly|circa|"
-                    r"option|choice|answer)\s*(?<=[~\u2248+.]|\s)", re.IGNORECASE)
+                    r"option|choice|answer)(?:\s*:)?\s*(?<=[~\u2248+.:]|\s)", re.IGNORECASE)
 _SUPERSCRIPT = str.maketrans("\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079",
                              "0123456789")
 
@@ -1009,6 +1064,7 @@ def choice_of(prediction, choices):
             return alone
         while (bare := _plain_text(_HEDGE.sub("", text, count=1))) != text:
             text = bare
+        text = re.sub(r"(?<=\d)\s*(?:percent|per\s+cent|pct)$", "%", text, flags=re.IGNORECASE)
         # a range in words: "between 2x and 4x", "from 2x to 4x", "2 to 4x" for "2x-4x"
         text = re.sub(r"^(?:between\s+(\S+)\s+and|(?:from\s+)?(\S+)\s+to)\s+(\S+)$",
                       lambda m: f"{m[1] or m[2]}-{m[3]}", text, flags=re.IGNORECASE)
@@ -1040,6 +1096,12 @@ def _number_named(text: str, choices):
     ``"x4"`` for a ratio, ``"10k"``), or that a key or number followed by words of that key's own
     description names (``"1000 tokens"`` where 1000's description says tokens); else None."""
     key = _by_spelled_number(text, choices)
+    ratio = re.fullmatch(r"(\d+(?:\.\d+)?)\s*x", text, re.IGNORECASE)
+    if key is None and ratio and float(ratio[1]) > 1:
+        # "1.1x" for "10%": a growth spelled as a ratio, where no ratio key fits
+        key = _by_number(round((float(ratio[1]) - 1) * 100, 9), {
+            k: v for k, v in choices.items() if isinstance(k, str) and k.strip().endswith("%")}
+            if isinstance(choices, dict) else ())
     worded = re.fullmatch(r"(\S+?)\s+([^\d\s].*)", text)
     if key is not None or not worded or not isinstance(choices, dict):
         return key
@@ -1069,7 +1131,7 @@ def _spelled_number(text: str) -> numbers.Real:
         return int(power[1]) ** int(power[2])
     suffixed = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([km])", text.strip(), re.IGNORECASE)
     if not suffixed:
-        return number_in_text(text)
+        return number_in_text(text)  # words after it: _number_named reads them
     value = float(suffixed[1]) * (1e3 if suffixed[2] in "kK" else 1e6)
     return int(value) if value.is_integer() else value
 

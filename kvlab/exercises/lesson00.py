@@ -79,7 +79,7 @@ def parameter_mistakes(config) -> list[tuple[int | None, str]]:
     right = llama_parameter_count(config)
     tied = bool(getattr(config, "tie_word_embeddings", False))
     per_layer = llama_parameter_count(with_changes(config, num_hidden_layers=s.layers + 1)) - right
-    return [
+    return [*family_mistakes(config), *[
         head_dim_mistake(config, llama_parameter_count),
         (llama_parameter_count(with_changes(config, num_key_value_heads=s.heads))
          if s.kv_heads != s.heads else None,
@@ -103,7 +103,28 @@ def parameter_mistakes(config) -> list[tuple[int | None, str]]:
                                                              "x head_dim) x hidden."),
         (right - (s.layers - 1) * per_layer, "every layer has its own weights: multiply one "
                                              "layer's count by num_hidden_layers."),
-    ]
+    ]]
+
+
+def family_mistakes(config) -> list[tuple[int, str]]:
+    """``(count, hint)`` of a Llama-style count (the exercise's: no biases, no q/k norms) on a
+    Qwen2 or Qwen3 config, whose layers hold more; first, as its gap can equal a norm's."""
+    s = model_sizes(config)
+    right = llama_parameter_count(config)
+    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    model_type = getattr(cfg, "model_type", "")
+    if model_type == "qwen2":
+        bias = s.heads * s.head_dim + 2 * s.kv_heads * s.head_dim
+        return [(right - s.layers * bias,
+                 f"a Qwen2 layer's q_proj, k_proj and v_proj carry biases ({bias:,} per layer: "
+                 "heads x head_dim + 2 x kv_heads x head_dim), which the exercise's Llama-style "
+                 "count (no biases) leaves out; add them, or check with a Llama config.")]
+    if model_type == "qwen3":
+        return [(right - s.layers * 2 * s.head_dim,
+                 f"a Qwen3 layer normalizes queries and keys per head (q_norm and k_norm, one "
+                 f"head_dim vector each: {2 * s.head_dim} per layer), which the exercise's "
+                 "Llama-style count leaves out; add them, or check with a Llama config.")]
+    return []
 
 
 def formula_covers(config) -> None:

@@ -105,8 +105,11 @@ def decode_problem(model, prompt: torch.Tensor, got, right: torch.Tensor) -> str
     k = first_mismatch(got, right)
     if k is None:
         return None
-    if (k > 0 and torch.equal(got, got[:, :1].expand_as(got))
-        and torch.equal(got[:, 0], right[:, 0])):
+    if batch > 1 and torch.equal(got[0], right[0]) and torch.equal(got, got[:1].expand_as(got)):
+        why = ("every row got row 0's tokens: take the argmax of every row's last logits, "
+               "logits[:, -1].argmax(-1, keepdim=True) ([batch, 1]), not row 0's.")
+    elif (k > 0 and torch.equal(got, got[:, :1].expand_as(got))
+          and torch.equal(got[:, 0], right[:, 0])):
         why = ("every step made the same token: append each new token to the sequence "
                "(torch.cat([seq, next_id], dim=1)) and feed the grown sequence at the next step.")
     else:

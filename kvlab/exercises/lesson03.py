@@ -10,6 +10,7 @@ kvlab's own loops.
 from __future__ import annotations
 
 import inspect
+import math
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -51,6 +52,44 @@ def check_prompt(length: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(1, 256, (1, length), generator=torch.Generator().manual_seed(seed))
 
 
+def batch_prompt(length: int) -> torch.Tensor:
+    """Prompt ids ``[2, length]`` whose rows differ (row 0 is ``check_prompt(length)``): code that
+    reads row 0 only, or a batch of 1 hard-coded, goes wrong on row 1."""
+    return torch.cat([check_prompt(length), check_prompt(length, seed=5)])
+
+
+def batch_problem(got, want: torch.Tensor, what: str) -> str | None:
+    """What is wrong with ``got`` against ``want`` (``[2, n]`` tokens of :func:`batch_prompt`), in
+    words after "for a batch of 2 different prompts", else None. ``what`` names ``got``."""
+    if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        return (f"{what} {shape}, not {tuple(want.shape)}. Hint: ids are [batch, 1]: keep the "
+                "batch of the ids you are handed (a batch of 1 hard-coded drops the other rows)")
+    if torch.equal(got, want):
+        return None
+    if torch.equal(got[0], want[0]) and torch.equal(got[:, 1:], got[:1, 1:].expand_as(got[:, 1:])):
+        return ("every row got row 0's tokens. Hint: take the greedy token of every row "
+                "(logits[:, -1:].argmax(-1), [batch, 1]), not logits[0, -1]")
+    row = int((got != want).any(-1).nonzero()[0])
+    i = first_mismatch(got[row:row + 1], want[row:row + 1])
+    return (f"row {row}'s token {i} is {got[row, i].item()}, not {want[row, i].item()}. Hint: "
+            "every row of ids [batch, 1] is its own sequence: keep the batch in every tensor "
+            "(position_ids broadcast over it) and take every row's greedy token")
+
+
+# the student's code failing on a batch of 2 only: said with the batch (other errors go to the door)
+BATCH_ERRORS = (RuntimeError, IndexError, TypeError)
+
+
+def batch_error(e: Exception) -> str:
+    """The verdict for code right on batch 1 that raised ``e`` on a batch of 2."""
+    said = str(e).splitlines()[0][:160] if str(e) else ""
+    return ("not quite: right for batch 1, but for a batch of 2 different prompts (ids [2, 1]) "
+            f"your code raised {type(e).__name__}: {said}. "
+            "Hint: ids are [batch, 1]: take the batch from the ids you are handed (no batch of 1 "
+            "hard-coded: torch.full_like(ids, position) for [batch, 1] positions)")
+
+
 def first_token_note(got: torch.Tensor, want: torch.Tensor) -> str:
     """Where two ``[batch, n]`` token runs first differ, in words (empty if they do not)."""
     i = first_mismatch(got, want)
@@ -89,10 +128,16 @@ def check_static_cache_bytes(answer, *, config, max_cache_len: int, dtype, batch
         if other.itemsize != dtype.itemsize:  # dtype: a torch.dtype (the door reads a name)
             slips.append((kv_cache_bytes(config, max_cache_len, other, batch=batch),
                           f"{other.itemsize} bytes per element: {dtype} has {dtype.itemsize}"))
+    # another unit, as check_cache_bytes names it; read to 3 digits (1.13 for 1.125 MiB)
+    units = [(expected / 2**10, "KiB, not bytes: give bytes"),
+             (expected / 2**20, "MiB, not bytes: give bytes"),
+             (expected / 2**30, "GiB, not bytes: give bytes")]
     what = f"StaticCache bytes for max_cache_len={max_cache_len}, batch {batch}, in {dtype}"
     if isinstance(answer, int | float) and not isinstance(answer, bool) and answer != expected:
         # several slips can agree
-        matched = list(dict.fromkeys(why for value, why in slips if value == answer))
+        matched = list(dict.fromkeys(
+            [why for value, why in slips if value == answer]
+            + [why for value, why in units if math.isclose(answer, value, rel_tol=5e-3)]))
         if matched:
             return (f"not quite: you gave {number_text(answer)} for {what}. Hint: that is "
                     f"{' or '.join(matched)}.")
@@ -150,7 +195,8 @@ def filled_cache(model, prompt_len: int = 9, new_tokens: int = 6):
     too), keys and values written in slots ``0 .. prompt_len + new_tokens - 2``, every counter
     there."""
     cache = make_static_cache(model, prompt_len + 2 * new_tokens)
-    decode_static(model, check_prompt(prompt_len), new_tokens, cache=cache)
+    # a batch of 2: a reset of row 0 alone (layer.keys[0].zero_()) leaves row 1
+    decode_static(model, batch_prompt(prompt_len), new_tokens, cache=cache)
     return cache
 
 
@@ -190,10 +236,22 @@ def check_reset_in_place(reset) -> str:
     counters = [int(layer.cumulative_length) for layer in cache.layers]
     left = {name: [i for i, layer in enumerate(cache.layers) if bool(getattr(layer, name).any())]
             for name in ("keys", "values")}
-    if all(counters):
+    # rows of the batch ([batch, kv_heads, slots, head_dim]) a reset left holding the old sequence
+    rows = sorted({b for layer in cache.layers for name in ("keys", "values")
+                   for b in getattr(layer, name).flatten(1).any(-1).nonzero().flatten().tolist()})
+    if all(c == old_position for c in counters):
         return (f"not quite: the counters still say {counters}. Hint: counters not reset: the next "
                 f"write would land at slot {old_position} (the old position), and the mask would "
                 "open the old tokens' slots: "
+                "layer.cumulative_length.zero_().")
+    if all(counters):
+        lands = ", ".join(f"{c} (no slot: a position before the first)" if c < 0 else
+                          f"{c} (the old position)" if c == old_position else str(c)
+                          for c in sorted(set(counters)))
+        opened = (", and the mask would open the slots before it as if they held tokens"
+                  if max(counters) > 0 else "")
+        return (f"not quite: the counters say {counters}, not 0. Hint: the next write would land "
+                f"at slot {lands} instead of slot 0{opened}: reset to zero, "
                 "layer.cumulative_length.zero_().")
     if any(counters):
         stale = [i for i, c in enumerate(counters) if c]
@@ -205,12 +263,15 @@ def check_reset_in_place(reset) -> str:
             slip = "values forgotten (K without V)"
         elif left["keys"] and not left["values"]:
             slip = "keys forgotten (V without K)"
+        elif len(rows) < cache.layers[0].keys.shape[0]:
+            slip = (f"row(s) {rows} of the batch of {cache.layers[0].keys.shape[0]} were not "
+                    "emptied (keys[0] is the first sequence only)")
         else:
             slip = "the buffers were not emptied"
         return (f"not quite: layers {sorted(set(left['keys']) | set(left['values']))} still hold "
                 f"the old sequence. Hint: {slip}: a reset empties both buffers of every layer "
                 "(layer.keys.zero_(), layer.values.zero_()).")
-    prompt = check_prompt(7, seed=1)
+    prompt = torch.cat([check_prompt(7, seed=1), check_prompt(7, seed=6)])  # the cache's batch
     tokens = decode_static(model, prompt, 5, cache=cache)
     expected = decode_static(model, prompt, 5)
     if not torch.equal(tokens, expected):
@@ -406,8 +467,37 @@ def decode_step_verdict(step, model, prompt_len: int, new_tokens: int) -> str:
     source = ("came from one 0-dim tensor advanced in place" if all(from_held) else
               "were right, though not read from the position tensor you were handed (fed from "
               "another tensor: position.reshape(1, 1) is the exercise's way)")
+    problem = batch_two_steps(step, model, prompt_len)
+    if problem:
+        return problem
     return (f"correct: {new_tokens} tokens, token-exact against kvlab's own StaticCache loop; "
-            f"positions {want[0]}..{want[-1]} {source}, and the step captures as a graph.")
+            f"positions {want[0]}..{want[-1]} {source}, and the step captures as a graph; "
+            "a batch of 2 different prompts decodes row by row.")
+
+
+def batch_two_steps(step, model, prompt_len: int, new_tokens: int = 4) -> str | None:
+    """A verdict where ``step``, right on batch 1, goes wrong on a batch of 2 different prompts
+    (ids ``[batch, 1]``), else None."""
+    prompt = batch_prompt(prompt_len)
+    expected = decode_static(model, prompt, new_tokens)
+    cache = make_static_cache(model, prompt_len + new_tokens)
+    with torch.inference_mode():
+        ids = greedy(model(prompt, cache=cache).logits)  # [2, 1]
+        position, out = torch.tensor(prompt_len), [ids]
+        for _ in range(1, new_tokens):
+            try:
+                ids = call_student(step, model, cache, ids, position, writes_inputs=True)
+            except BATCH_ERRORS as e:
+                return batch_error(e)
+            if not isinstance(ids, torch.Tensor) or tuple(ids.shape) != (2, 1):
+                shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+                return (f"not quite: right for batch 1, but for a batch of 2 different prompts a "
+                        f"step returned {shape}, not (2, 1). Hint: ids are [batch, 1]: return "
+                        "every row's greedy token, logits[:, -1:].argmax(-1)")
+            out.append(ids)
+    problem = batch_problem(torch.cat(out, dim=1), expected, "the steps made")
+    return (f"not quite: right for batch 1, but for a batch of 2 different prompts {problem}"
+            if problem else None)
 
 
 # ---------------------------------------------------------------- predict, then run: what crop does

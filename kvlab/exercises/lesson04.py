@@ -37,7 +37,15 @@ from .common import (
     settings_read,
     solutions_filled_in,
 )
-from .lesson03 import check_model, check_prompt, first_token_note
+from .lesson03 import (
+    BATCH_ERRORS,
+    batch_error,
+    batch_problem,
+    batch_prompt,
+    check_model,
+    check_prompt,
+    first_token_note,
+)
 
 # -------------------------------------------------------------- predict, then run: no warm-up calls
 
@@ -210,9 +218,31 @@ def check_graph_decode(student, *, prompt_len: int = 9, n: int = 12) -> str:
         if not again.startswith("correct"):
             return again.replace("not quite: ", f"not quite: for a {prompt_len + 2}-token prompt "
                                  f"and n = {n + 1} (right for {prompt_len} and {n}): ", 1)
-        return f"{first} Also right for a {prompt_len + 2}-token prompt and n = {n + 1}."
+        batch = graph_decode_batch_two(student, model, prompt_len, n)
+        if batch:
+            return batch
+        return (f"{first} Also right for a {prompt_len + 2}-token prompt and n = {n + 1}, and "
+                "for a batch of 2 different prompts.")
 
     return kept(model, run)
+
+
+def graph_decode_batch_two(student, model, prompt_len: int, n: int) -> str | None:
+    """A verdict where ``student``, right on batch 1, goes wrong on a batch of 2 different prompts
+    (``first_ids`` ``[2, 1]``), else None."""
+    prompt = batch_prompt(prompt_len)
+    expected = decode_static(model, prompt, n)
+    cache = make_static_cache(model, prompt_len + n + 8)
+    with torch.inference_mode():
+        first = greedy(model(prompt, cache=cache).logits)  # [2, 1]
+        try:
+            tokens = call_student(student, model, cache, first, prompt_len, n,
+                                  writes_inputs=True)
+        except BATCH_ERRORS as e:
+            return batch_error(e)
+    problem = batch_problem(tokens, expected, "you returned")
+    return (f"not quite: right for batch 1, but for a batch of 2 different prompts {problem}"
+            if problem else None)
 
 
 def graph_decode_verdict(student, model, prompt_len: int, n: int) -> str:

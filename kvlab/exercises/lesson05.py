@@ -9,6 +9,7 @@ values are measured live on a tiny model or read from the recorded GPU file.
 from __future__ import annotations
 
 import functools
+import weakref
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -167,6 +168,7 @@ def write_positions_solution(counter, valid, bucket: int, max_cache_len: int) ->
 # (counter, valid, bucket, max_cache_len); the last two have another max_cache_len: a function
 # that hard-codes 16 fails them
 POSITION_CASES = [(0, 5, 8, 16), (10, 3, 4, 16), (0, 8, 8, 16), (14, 4, 4, 16), (7, 1, 1, 16),
+                  (5, 0, 4, 16),  # no valid row: every row to the trash slot
                   (3, 2, 4, 8), (6, 4, 4, 8)]
 
 
@@ -250,7 +252,8 @@ def package_write(keys, values, new_k, new_v, counter: int, valid: int):
     layer.keys.copy_(keys)
     layer.values.copy_(values)
     cache.set_position(counter)
-    with cache.valid_window(torch.tensor(valid)):
+    # as in a captured graph, no room check: rows past the end go to the trash slot
+    with cache.valid_window(torch.tensor(valid)), cache.unchecked():
         cache.update(new_k, new_v, 0)
     return layer.keys.clone(), layer.values.clone(), int(cache.cache_position)
 
@@ -270,6 +273,7 @@ WRITE_CASES = [  # (batch, kv_heads, max_cache_len, head_dim, T, counter, valid)
     (2, 2, 16, 4, 4, 9, 3),  # batch 2, a later chunk
     (1, 2, 16, 4, 1, 7, 1),  # one decode step
     (1, 2, 16, 4, 4, 14, 2),  # near the end: the padded rows would land past the buffer
+    (1, 2, 16, 4, 4, 14, 4),  # valid rows past the end too: a write with no end check fails
     (1, 2, 12, 4, 4, 10, 2),  # another max_cache_len, near its end: 16 hard-coded fails here
 ]
 
@@ -544,10 +548,22 @@ def _addresses(cache) -> list[int]:
             for t in (layer.cumulative_length, layer.keys, layer.values)]
 
 
+# every graph a check of the loop has replayed: one replayed again in a later call was captured
+# over that call's cache (kept in a global)
+_REPLAYED: weakref.WeakSet = weakref.WeakSet()
+
+
 def _before_replay(graph, seen, reading, cache, want, n, read) -> str | None:
     """What is wrong just before the next replay (``len(seen)`` replays so far), if anything.
     ``read``: the static inputs of every replay so far and this one, whose token input is found by
     what it holds (lesson 04's :func:`buffer_roles`), in any order of capture."""
+    if not seen and graph in _REPLAYED:
+        return ("not quite: your first replay ran a graph captured in an earlier call of your "
+                "function, over that call's cache (a graph kept in a global or a default "
+                "argument). Hint: a captured graph reads and writes the cache it was captured on, "
+                "by address: capture inside the function, over the cache it is given, once per "
+                "call")
+    _REPLAYED.add(graph)
     if seen and graph is not seen[0]:
         return ("not quite: you captured a second graph. Hint: capture once, for the first prompt; "
                 "every later prompt replays the same graph after cache.reset() and its own eager "

@@ -64,12 +64,15 @@ def drafts_case(prefixes: list[int], k: int, extra: list[list[int]] | None = Non
 # mistake gives another count: the rule 1, no stop at the first wrong draft 3, tokens made (+1) 2,
 # verified[:, 1:] (off by one) 4.
 REPEATS = (torch.tensor([[7, 3, 9, 9, 9, 8]]), torch.tensor([[3, 3, 9, 9, 9, 2]]))
+# The fewest sits at a middle row alone, at the first alone and at the last alone: a count that
+# reads a fixed subset of the rows (pre[1:], pre[:-1], pre[::2]) misses one of them.
 KEPT_CASES = [  # (label, prefixes per row, k, extra right drafts after the first wrong one)
     ("batch 1, k=1, the draft right", [1], 1, None),
     ("batch 1, k=3, no draft right", [0], 3, [[2, 3]]),
     ("batch 3, k=4, rows keep 3, 1 and 4", [3, 1, 4], 4, [[], [3, 4], []]),
     ("batch 2, k=6, every draft right", [6, 6], 6, None),
-    ("batch 4, k=2, one row keeps none", [2, 0, 1, 2], 2, None),
+    ("batch 4, k=2, the first row keeps none", [0, 2, 1, 2], 2, None),
+    ("batch 3, k=5, rows keep 4, 5 and 2", [4, 5, 2], 5, [[], [], [4, 5]]),
 ]
 
 
@@ -156,6 +159,20 @@ def _first_row_only(fn, rows: torch.Tensor, verified: torch.Tensor) -> str | Non
             "counts; each keeps its right prefix and the batch keeps the fewest (.min() over rows)")
 
 
+def _some_rows_only(fn, rows: torch.Tensor, verified: torch.Tensor) -> str | None:
+    """A hint where ``fn``'s count changes when the rows are put in another order (the rule's
+    does not: it reads every row), else None."""
+    counts = set()
+    for shift in range(rows.shape[0]):
+        rolled, checked = rows.roll(shift, 0), verified.roll(shift, 0)
+        counts.add(_kept_value(call_student(fn, rolled.clone(), checked.clone())))
+    if len(counts) < 2:
+        return None
+    return (f"your count changes with the order of the rows ({', '.join(map(str, sorted(counts)))} "
+            "for the same rows rolled): it reads some rows only; every row of the batch counts, "
+            "each keeps its right prefix and the batch keeps the fewest (.min() over all rows)")
+
+
 @code_checker(kept_drafts_solution)
 def check_kept_drafts(fn) -> str:
     """Exercise: kept_drafts(rows, verified) = min over rows of the longest prefix of i with rows[:,
@@ -173,9 +190,9 @@ def check_kept_drafts(fn) -> str:
         if refused:
             return refused
         if _kept_value(got) != want:
-            hint = _first_row_only(fn, rows, verified) or first_match(
-                got if isinstance(got, torch.Tensor) else torch.tensor(got),
-                kept_mistakes(rows, verified))
+            hint = (_first_row_only(fn, rows, verified) or _some_rows_only(fn, rows, verified)
+                    or first_match(got if isinstance(got, torch.Tensor) else torch.tensor(got),
+                                   kept_mistakes(rows, verified)))
             return (f"not quite: for {label} you kept {_kept_value(got)} draft(s), the rule keeps "
                     f"{want}. Hint: "
                     + (hint or "draft i is right if rows[:, i] == verified[:, i - 1]; each row "
@@ -199,7 +216,7 @@ def _kept_replayed(fn) -> str:
     from ..graphs import CaptureError, capture
 
     rows, verified = drafts_case([3, 2, 4], 4, seed=11)
-    again_rows, again_verified = drafts_case([4, 3, 4], 4, seed=12)
+    again_rows, again_verified = drafts_case([4, 4, 3], 4, seed=12)  # the last row the fewest
     try:
         # inside a capture: no host compare (the eager call checked the inputs)
         graph = capture(lambda r, v: call_student(fn, r, v, writes_inputs=True), rows, verified,
