@@ -77,6 +77,26 @@ def batch_problem(got, want: torch.Tensor, what: str) -> str | None:
             "(position_ids broadcast over it) and take every row's greedy token")
 
 
+def batch_positions_problem(cache, model, prompt: torch.Tensor, written: int) -> str | None:
+    """Where a row's keys in ``cache``'s first ``written`` slots differ from those kvlab's own
+    StaticCache loop writes for ``prompt`` (a row fed at another position writes keys rotated by
+    another angle, though its tokens may agree), in words after "for a batch of 2 different
+    prompts", else None."""
+    reference = make_static_cache(model, cache.get_max_length())
+    decode_static(model, prompt, written - prompt.shape[1] + 1, cache=reference)
+    for layer, (got, want) in enumerate(zip(cache.layers, reference.layers, strict=True)):
+        far = ~torch.isclose(got.keys[:, :, :written], want.keys[:, :, :written], rtol=1e-4,
+                             atol=1e-5).all(dim=1).all(dim=-1)  # [batch, slots]
+        if bool(far.any()):
+            row, slot = (int(i) for i in far.nonzero()[0])
+            return (f"row {row}'s keys at slot {slot} (layer {layer}) are not those kvlab's loop "
+                    "writes, though the tokens agree here: that row was fed another position. "
+                    "Hint: every row of this batch sits at the same position: position_ids "
+                    "[batch, 1] all equal to position (position.expand(batch, 1) or a [1, 1] that "
+                    "broadcasts), not position plus the row's index")
+    return None
+
+
 # the student's code failing on a batch of 2 only: said with the batch (other errors go to the door)
 BATCH_ERRORS = (RuntimeError, IndexError, TypeError)
 
@@ -495,7 +515,8 @@ def batch_two_steps(step, model, prompt_len: int, new_tokens: int = 4) -> str | 
                         f"step returned {shape}, not (2, 1). Hint: ids are [batch, 1]: return "
                         "every row's greedy token, logits[:, -1:].argmax(-1)")
             out.append(ids)
-    problem = batch_problem(torch.cat(out, dim=1), expected, "the steps made")
+    problem = (batch_problem(torch.cat(out, dim=1), expected, "the steps made")
+               or batch_positions_problem(cache, model, prompt, prompt_len + new_tokens - 1))
     return (f"not quite: right for batch 1, but for a batch of 2 different prompts {problem}"
             if problem else None)
 

@@ -40,6 +40,7 @@ from .common import (
 from .lesson03 import (
     BATCH_ERRORS,
     batch_error,
+    batch_positions_problem,
     batch_problem,
     batch_prompt,
     check_model,
@@ -240,7 +241,8 @@ def graph_decode_batch_two(student, model, prompt_len: int, n: int) -> str | Non
                                   writes_inputs=True)
         except BATCH_ERRORS as e:
             return batch_error(e)
-    problem = batch_problem(tokens, expected, "you returned")
+    problem = (batch_problem(tokens, expected, "you returned")
+               or batch_positions_problem(cache, model, prompt, prompt_len + n - 1))
     return (f"not quite: right for batch 1, but for a batch of 2 different prompts {problem}"
             if problem else None)
 

@@ -8,6 +8,7 @@ looking at (recorded or live), never typed in.
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 
@@ -31,6 +32,7 @@ from .common import (
     code_checker,
     is_right,
     nearest_mistake,
+    number_text,
     read_record,
     real_number,
     record_rows,
@@ -38,16 +40,28 @@ from .common import (
     truth,
 )
 
+# a function computes its value: rounding inside it may drop digits only where 5 or more are left
+# (3 digits would hide a slip of a few tenths of a percent, e.g. int(context) in the floor)
+COMPUTED_DIGITS = 5
+
 
 def _right(got: float, want: float, variants: dict[str, float]) -> bool:
-    """``got`` is ``want`` (within float rounding, or at the precision it is given in) and nearer it
-    than every named wrong variant (:func:`is_right`)."""
-    return is_right(got, want, rel_tol=1e-6, mistakes=[(v, h) for h, v in variants.items()])
+    """``got`` is ``want`` (within float rounding, or at the precision it is given in, 5
+    significant digits or more) and nearer it than every named wrong variant
+    (:func:`is_right`)."""
+    return is_right(got, want, rel_tol=1e-6, mistakes=[(v, h) for h, v in variants.items()],
+                    digits=COMPUTED_DIGITS)
 
 
 def _first_match(got: float, want: float, variants: dict[str, float]) -> str | None:
-    """The hint of the wrong variant that ``got`` is (:func:`nearest_mistake`), else None."""
-    return nearest_mistake(got, want, [(v, h) for h, v in variants.items()], rel_tol=1e-6)
+    """The hint of the wrong variant that ``got`` is (:func:`nearest_mistake`), or of a value
+    rounded to fewer than ``COMPUTED_DIGITS`` significant digits, else None."""
+    mistakes = [(v, h) for h, v in variants.items()]
+    if nearest_mistake(got, want, mistakes, rel_tol=math.inf) is None and is_right(got, want):
+        return (f"your value is rounded ({number_text(got)}): return it as computed; rounding to "
+                f"fewer than {COMPUTED_DIGITS} significant digits can hide a slip of a few tenths "
+                "of a percent")
+    return nearest_mistake(got, want, mistakes, rel_tol=1e-6)
 
 
 # ---- 1 · tokens per second by the course's rule --------------------------------------------------

@@ -173,6 +173,14 @@ def _some_rows_only(fn, rows: torch.Tensor, verified: torch.Tensor) -> str | Non
             "each keeps its right prefix and the batch keeps the fewest (.min() over all rows)")
 
 
+def _every_row_order(cases: list[tuple]) -> list[tuple]:
+    """``cases``, then each batch of several rows rolled by every shift: the batch keeps the
+    fewest whichever row holds it, so a count over a fixed subset of rows fails one of them."""
+    return cases + [(f"{label}, its rows rolled by {shift}", rows.roll(shift, 0),
+                     verified.roll(shift, 0))
+                    for label, rows, verified in cases for shift in range(1, rows.shape[0])]
+
+
 @code_checker(kept_drafts_solution)
 def check_kept_drafts(fn) -> str:
     """Exercise: kept_drafts(rows, verified) = min over rows of the longest prefix of i with rows[:,
@@ -183,7 +191,7 @@ def check_kept_drafts(fn) -> str:
     (emulated) and replayed on other drafts: a Python int is right in value but cannot come out of
     the captured verify graph."""
     ints = []
-    for label, rows, verified in kept_cases():
+    for label, rows, verified in _every_row_order(kept_cases()):
         want = int(kept_drafts_solution(rows, verified))
         got = call_student(fn, rows.clone(), verified.clone())
         refused = _kept_shape_mistake(got, rows, verified, label)
@@ -237,7 +245,8 @@ def _kept_replayed(fn) -> str:
                 f"{want}, your graph gave {_kept_value(out)}. Hint: a Python value taken from the "
                 "tensors (a loop bound, a break) is frozen at "
                 "capture; compute the count with tensor operations only: cumprod, sum, min")
-    return (f"correct: {len(KEPT_CASES) + 1} cases (batch 1 to 4, k 1 to 6) match "
+    return (f"correct: {len(KEPT_CASES) + 1} cases (batch 1 to 4, k 1 to 6, each batch in every "
+            "rolled row order) match "
             "kvlab.speculative.kept_drafts, and a captured graph of your function follows new "
             "drafts: the count stays on the device, so the verify step "
             "needs one host read, after its replay")
