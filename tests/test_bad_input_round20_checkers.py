@@ -61,3 +61,34 @@ def test_a_floor_rounded_by_the_function_does_not_hide_a_slip():
 
     verdict = lesson06.check_step_floor_ms(floor)
     assert verdict.startswith("not quite"), verdict
+
+
+# ---- round 21 (a short re-probe of the changed checkers): right answers refused -----------------
+def test_a_floor_rounded_to_5_digits_ending_in_0_is_right():
+    """0.214898 to 5 significant digits is 0.21490, stored as 0.2149: read as 4 digits and refused
+    with a hint that it was rounded to fewer than 5."""
+    def floor(config, weight_bytes, dtype, batch, context, gb_per_s):
+        exact = lesson06.step_floor_ms_solution(config, weight_bytes, dtype, batch, context,
+                                                gb_per_s)
+        return float(f"{exact:.5g}")
+
+    verdict = lesson06.check_step_floor_ms(floor)
+    assert verdict.startswith("correct"), verdict
+
+
+def test_a_counter_held_at_the_cache_end_is_right():
+    """check_write_valid's case of valid rows past the end wanted the counter at counter + valid
+    (18 of 16), a position GraphSafeStaticCache.set_position refuses; holding it at
+    max_cache_len is right too."""
+    from kvlab.exercises import lesson05
+
+    def write_valid(keys, values, new_k, new_v, counter, valid):
+        slots = keys.shape[2] - 1
+        rows = torch.arange(new_k.shape[2])
+        at = torch.where((rows < valid) & (counter + rows < slots), counter + rows, slots)
+        keys.index_copy_(2, at, new_k)
+        values.index_copy_(2, at, new_v)
+        return counter.copy_((counter + valid).clamp(max=slots))
+
+    verdict = lesson05.check_write_valid(write_valid)
+    assert verdict.startswith("correct"), verdict

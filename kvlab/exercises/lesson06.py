@@ -49,8 +49,19 @@ def _right(got: float, want: float, variants: dict[str, float]) -> bool:
     """``got`` is ``want`` (within float rounding, or at the precision it is given in, 5
     significant digits or more) and nearer it than every named wrong variant
     (:func:`is_right`)."""
-    return is_right(got, want, rel_tol=1e-6, mistakes=[(v, h) for h, v in variants.items()],
-                    digits=COMPUTED_DIGITS)
+    mistakes = [(v, h) for h, v in variants.items()]
+    return (is_right(got, want, rel_tol=1e-6, mistakes=mistakes, digits=COMPUTED_DIGITS)
+            or _rounded_from(got, want) and nearest_mistake(got, want, mistakes,
+                                                            rel_tol=math.inf) is None)
+
+
+def _rounded_from(got: float, want: float) -> bool:
+    """``got`` is ``want`` rounded to ``COMPUTED_DIGITS`` significant digits or more (a float
+    drops trailing zeros: 0.21490 is stored as 0.2149, still 5 digits of 0.214898)."""
+    try:
+        return any(float(f"{want:.{d}g}") == got for d in range(COMPUTED_DIGITS, 18))
+    except (TypeError, ValueError, OverflowError):
+        return False
 
 
 def _first_match(got: float, want: float, variants: dict[str, float]) -> str | None:
