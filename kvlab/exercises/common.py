@@ -148,9 +148,9 @@ def as_number(answer):
         return answer
 
 
-def given_step(answer: numbers.Real, *, rounded_whole: bool = False, digits: int = 3) -> float:
-    """Half a unit of the last digit ``answer`` gives, where it gives ``digits`` significant digits
-    or more (``1660.5``: 0.05; ``0.0123``: 0.00005), else 0. A float is read as its shortest
+def given_step(answer: numbers.Real, *, rounded_whole: bool = False) -> float:
+    """Half a unit of the last digit ``answer`` gives, where it gives 3 significant digits or more
+    (``1660.5``: 0.05; ``0.0123``: 0.00005), else 0. A float is read as its shortest
     spelling (``repr``), a whole float as the int it is (``1660.0``: 0.5): how far a right value
     may lie from an answer rounded to the digits it shows. ``rounded_whole``: a whole number's
     trailing zeros are not digits it gives (``1280``: 5), for a measured or computed quantity; a
@@ -162,7 +162,7 @@ def given_step(answer: numbers.Real, *, rounded_whole: bool = False, digits: int
     spelled = decimal.Decimal(repr(answer))
     shown = (spelled.normalize() if rounded_whole and isinstance(answer, int)
              else spelled).as_tuple()
-    if len(shown.digits) < digits or not isinstance(shown.exponent, int):
+    if len(shown.digits) < 3 or not isinstance(shown.exponent, int):
         return 0.0
     return 0.5 * 10.0 ** shown.exponent
 
@@ -193,11 +193,10 @@ def within_noise(a: numbers.Real, b: numbers.Real) -> bool:
 
 
 def is_right(answer: numbers.Real, expected: numbers.Real, *, rel_tol: float = 0.0,
-             mistakes=(), digits: int = 3) -> bool:
+             mistakes=()) -> bool:
     """True where ``answer`` (a real number) is ``expected``: equal up to float rounding
     (:func:`within_noise`), whatever the mistakes; or within ``rel_tol``, or equal at the precision
-    it is given in (:func:`given_step`, ``digits`` significant digits or more), and nearer
-    ``expected`` than the value of every named
+    it is given in (:func:`given_step`), and nearer ``expected`` than the value of every named
     mistake (``(value, hint)``, None values skipped): an answer as near a mistake as the right
     value, or nearer, is that mistake, whatever the tolerance."""
     try:
@@ -207,8 +206,7 @@ def is_right(answer: numbers.Real, expected: numbers.Real, *, rel_tol: float = 0
     if within_noise(answer, expected):
         return True
     # a quantity with a tolerance (rel_tol > 0) is not a count: "1280" may be 3 digits of it
-    step = max(given_step(answer, digits=digits),
-               given_step(answer, rounded_whole=rel_tol > 0, digits=digits))
+    step = max(given_step(answer), given_step(answer, rounded_whole=rel_tol > 0))
     if not (error <= rel_tol * abs(expected) or error <= step * (1 + 1e-12)):
         return False
     return nearest_mistake(answer, expected, mistakes, rel_tol=math.inf) is None

@@ -38,6 +38,7 @@ from .common import (
     record_rows,
     settings_read,
     truth,
+    within_noise,
 )
 
 # a function computes its value: rounding inside it may drop digits only where 5 or more are left
@@ -46,13 +47,14 @@ COMPUTED_DIGITS = 5
 
 
 def _right(got: float, want: float, variants: dict[str, float]) -> bool:
-    """``got`` is ``want`` (within float rounding, or at the precision it is given in, 5
-    significant digits or more) and nearer it than every named wrong variant
-    (:func:`is_right`)."""
+    """``got`` is ``want`` up to float rounding; or within 1e-6 of it, or it rounded to
+    ``COMPUTED_DIGITS`` significant digits or more, and nearer it than every named wrong
+    variant."""
+    if within_noise(got, want):
+        return True
+    near = abs(got - want) <= 1e-6 * abs(want) or _rounded_from(got, want)
     mistakes = [(v, h) for h, v in variants.items()]
-    return (is_right(got, want, rel_tol=1e-6, mistakes=mistakes, digits=COMPUTED_DIGITS)
-            or _rounded_from(got, want) and nearest_mistake(got, want, mistakes,
-                                                            rel_tol=math.inf) is None)
+    return near and nearest_mistake(got, want, mistakes, rel_tol=math.inf) is None
 
 
 def _rounded_from(got: float, want: float) -> bool:

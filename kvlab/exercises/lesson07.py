@@ -145,30 +145,31 @@ def _kept_shape_mistake(got, rows, verified, case: str) -> str | None:
     return None
 
 
-def _first_row_only(fn, rows: torch.Tensor, verified: torch.Tensor) -> str | None:
-    """A hint where ``fn``'s count is the rule's for whichever row comes first (each row in turn
-    put first, batch > 1), else None."""
+def _rolled_counts(fn, rows: torch.Tensor, verified: torch.Tensor) -> list[tuple[int, int]]:
+    """(``fn``'s count, the rule's count of the first row alone) for the rows rolled by each
+    shift."""
+    counts = []
+    for shift in range(rows.shape[0]):
+        rolled, checked = rows.roll(shift, 0), verified.roll(shift, 0)
+        counts.append((_kept_value(call_student(fn, rolled.clone(), checked.clone())),
+                       int(kept_drafts_solution(rolled[:1], checked[:1]))))
+    return counts
+
+
+def _row_order_hint(fn, rows: torch.Tensor, verified: torch.Tensor) -> str | None:
+    """A hint where ``fn``'s count is the first row's whichever row comes first, or changes when
+    the rows are put in another order (the rule's does not: it reads every row), else None."""
     if rows.shape[0] == 1:
         return None
-    for shift in range(rows.shape[0]):
-        rolled, checked = rows.roll(shift, 0), verified.roll(shift, 0)
-        got = _kept_value(call_student(fn, rolled.clone(), checked.clone()))
-        if got != int(kept_drafts_solution(rolled[:1], checked[:1])):
-            return None
-    return ("your count is the first row's, whichever row comes first: every row of the batch "
-            "counts; each keeps its right prefix and the batch keeps the fewest (.min() over rows)")
-
-
-def _some_rows_only(fn, rows: torch.Tensor, verified: torch.Tensor) -> str | None:
-    """A hint where ``fn``'s count changes when the rows are put in another order (the rule's
-    does not: it reads every row), else None."""
-    counts = set()
-    for shift in range(rows.shape[0]):
-        rolled, checked = rows.roll(shift, 0), verified.roll(shift, 0)
-        counts.add(_kept_value(call_student(fn, rolled.clone(), checked.clone())))
-    if len(counts) < 2:
+    counts = _rolled_counts(fn, rows, verified)
+    if all(got == first for got, first in counts):
+        return ("your count is the first row's, whichever row comes first: every row of the "
+                "batch counts; each keeps its right prefix and the batch keeps the fewest (.min() "
+                "over rows)")
+    seen = sorted({got for got, _ in counts}, key=lambda c: -1 if c is None else c)
+    if len(seen) < 2:
         return None
-    return (f"your count changes with the order of the rows ({', '.join(map(str, sorted(counts)))} "
+    return (f"your count changes with the order of the rows ({', '.join(map(str, seen))} "
             "for the same rows rolled): it reads some rows only; every row of the batch counts, "
             "each keeps its right prefix and the batch keeps the fewest (.min() over all rows)")
 
@@ -198,7 +199,7 @@ def check_kept_drafts(fn) -> str:
         if refused:
             return refused
         if _kept_value(got) != want:
-            hint = (_first_row_only(fn, rows, verified) or _some_rows_only(fn, rows, verified)
+            hint = (_row_order_hint(fn, rows, verified)
                     or first_match(got if isinstance(got, torch.Tensor) else torch.tensor(got),
                                    kept_mistakes(rows, verified)))
             return (f"not quite: for {label} you kept {_kept_value(got)} draft(s), the rule keeps "
