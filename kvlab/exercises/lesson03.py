@@ -77,13 +77,11 @@ def batch_problem(got, want: torch.Tensor, what: str) -> str | None:
             "(position_ids broadcast over it) and take every row's greedy token")
 
 
-def batch_positions_problem(cache, model, prompt: torch.Tensor, written: int) -> str | None:
-    """Where a row's keys in ``cache``'s first ``written`` slots differ from those kvlab's own
-    StaticCache loop writes for ``prompt`` (a row fed at another position writes keys rotated by
-    another angle, though its tokens may agree), in words after "for a batch of 2 different
-    prompts", else None."""
-    reference = make_static_cache(model, cache.get_max_length())
-    decode_static(model, prompt, written - prompt.shape[1] + 1, cache=reference)
+def batch_positions_problem(cache, reference, written: int) -> str | None:
+    """Where a row's keys in ``cache``'s first ``written`` slots differ from those of
+    ``reference``, the cache kvlab's own StaticCache loop filled for the same prompt (a row fed at
+    another position writes keys rotated by another angle, though its tokens may agree), in words
+    after "for a batch of 2 different prompts", else None."""
     for layer, (got, want) in enumerate(zip(cache.layers, reference.layers, strict=True)):
         far = ~torch.isclose(got.keys[:, :, :written], want.keys[:, :, :written], rtol=1e-4,
                              atol=1e-5).all(dim=1).all(dim=-1)  # [batch, slots]
@@ -499,7 +497,8 @@ def batch_two_steps(step, model, prompt_len: int, new_tokens: int = 4) -> str | 
     """A verdict where ``step``, right on batch 1, goes wrong on a batch of 2 different prompts
     (ids ``[batch, 1]``), else None."""
     prompt = batch_prompt(prompt_len)
-    expected = decode_static(model, prompt, new_tokens)
+    reference = make_static_cache(model, prompt_len + new_tokens)
+    expected = decode_static(model, prompt, new_tokens, cache=reference)
     cache = make_static_cache(model, prompt_len + new_tokens)
     with torch.inference_mode():
         ids = greedy(model(prompt, cache=cache).logits)  # [2, 1]
@@ -516,7 +515,7 @@ def batch_two_steps(step, model, prompt_len: int, new_tokens: int = 4) -> str | 
                         "every row's greedy token, logits[:, -1:].argmax(-1)")
             out.append(ids)
     problem = (batch_problem(torch.cat(out, dim=1), expected, "the steps made")
-               or batch_positions_problem(cache, model, prompt, prompt_len + new_tokens - 1))
+               or batch_positions_problem(cache, reference, prompt_len + new_tokens - 1))
     return (f"not quite: right for batch 1, but for a batch of 2 different prompts {problem}"
             if problem else None)
 

@@ -232,7 +232,8 @@ def graph_decode_batch_two(student, model, prompt_len: int, n: int) -> str | Non
     """A verdict where ``student``, right on batch 1, goes wrong on a batch of 2 different prompts
     (``first_ids`` ``[2, 1]``), else None."""
     prompt = batch_prompt(prompt_len)
-    expected = decode_static(model, prompt, n)
+    reference = make_static_cache(model, prompt_len + n)
+    expected = decode_static(model, prompt, n, cache=reference)
     cache = make_static_cache(model, prompt_len + n + 8)
     with torch.inference_mode():
         first = greedy(model(prompt, cache=cache).logits)  # [2, 1]
@@ -242,7 +243,7 @@ def graph_decode_batch_two(student, model, prompt_len: int, n: int) -> str | Non
         except BATCH_ERRORS as e:
             return batch_error(e)
     problem = (batch_problem(tokens, expected, "you returned")
-               or batch_positions_problem(cache, model, prompt, prompt_len + n - 1))
+               or batch_positions_problem(cache, reference, prompt_len + n - 1))
     return (f"not quite: right for batch 1, but for a batch of 2 different prompts {problem}"
             if problem else None)
 
