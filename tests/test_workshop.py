@@ -700,3 +700,44 @@ def test_an_alias_of_a_package_name_is_followed():
     }
     lines = nonblank(inspect.getsource(handwritten.HandwrittenCache.get_seq_length))
     assert workshop.printed_source(nb) == {1: lines}
+
+
+def test_printed_source_is_kept_on_disk_and_read_back_instead_of_imported(tmp_path, monkeypatch):
+    """Counting printed source imports kvlab and transformers (~10 s a call); the checks that run
+    this tool in a subprocess read the count back from $KVLAB_CACHE instead."""
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    notebook = {"cells": [code("import kvlab\nfrom kvlab.lab.notebook import show_source"),
+                          code("show_source(kvlab.decode)")]}
+    (folder / "00_x.ipynb").write_text(json.dumps(notebook), encoding="utf-8")
+    monkeypatch.setenv("KVLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(workshop, "_TEXTS", {})
+    counted = workshop.lesson_texts(folder)["00"][1]
+    assert len(list((tmp_path / "cache" / "printed_source").glob("*.json"))) == 1
+    assert workshop.printed_source(notebook)[1] > 0
+
+    def never(*args, **kwargs):
+        raise AssertionError("counted again")
+
+    monkeypatch.setattr(workshop, "_TEXTS", {})
+    monkeypatch.setattr(workshop, "printed_source", never)
+    assert workshop.lesson_texts(folder)["00"][1] == counted
+
+
+def test_the_printed_source_kept_on_disk_is_keyed_by_what_it_depends_on(tmp_path, monkeypatch):
+    package = tmp_path / "kvlab"
+    package.mkdir()
+    (package / "__init__.py").write_text("def decode(): pass\n")
+    spec = type("Spec", (), {"submodule_search_locations": [str(package)]})()
+    monkeypatch.setattr(workshop.importlib.util, "find_spec", lambda name: spec)
+    keys = [workshop._printed_source_key("notebook")]
+    (package / "__init__.py").write_text("def decode():\n    return 1\n")
+    keys.append(workshop._printed_source_key("notebook"))
+    keys.append(workshop._printed_source_key("another notebook"))
+    version = workshop.importlib.metadata.version
+    monkeypatch.setattr(workshop.importlib.metadata, "version",
+                        lambda name: "0.0" if name == "transformers" else version(name))
+    keys.append(workshop._printed_source_key("another notebook"))
+    assert len(set(keys)) == 4, keys
+    monkeypatch.setattr(workshop.importlib.util, "find_spec", lambda name: None)
+    assert workshop._printed_source_key("notebook") is None

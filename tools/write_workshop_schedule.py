@@ -37,8 +37,9 @@ Per lesson (a notebook of notebooks/, named by its two-digit prefix):
   that names the function's own local values is looked up in ``RUNTIME_SHOWN`` (lesson 04's
   ``show(result)``, which displays the source of the scenario that made ``result``). Anything still
   unresolved is an error: the tool names the lesson, the cell (its 0-based index in the notebook)
-  and the expression, and exits 1, rather than counting 0. The counts are cached per notebook (by
-  its text) within a run.
+  and the expression, and exits 1, rather than counting 0. The counts are kept on disk
+  (``_counted_printed_source``) by what they depend on: the notebook's text, this tool, kvlab's
+  source and the installed transformers and torch.
 - **exercises**: each at its own estimate (``Exercise.estimate``): a "(N min)" note in its heading
   or bold line, else ``EXERCISE_ESTIMATES`` keyed by the checker its code cell calls
   (``lessonNN.check_NAME``: robust to renumbered lessons and exercises), else ``WRITE_MINUTES`` for
@@ -87,9 +88,12 @@ import argparse
 import ast
 import difflib
 import hashlib
+import importlib.metadata
+import importlib.util
 import inspect
 import json
 import math
+import os
 import re
 import sys
 import textwrap
@@ -616,11 +620,13 @@ def part(optional_level: int | None, exercises_level: int | None) -> str:
     )
 
 
-def analyse(notebook: dict, name: str = "the notebook") -> Text:
+def analyse(
+    notebook: dict, name: str = "the notebook", shown: dict[int, int] | None = None
+) -> Text:
     """Words, code lines, printed source and exercises of a notebook (its JSON as a dict), homework
     and optional sections apart. Raises UnresolvedSource (``name`` and the cell in each problem)
-    when a display is not found."""
-    shown = printed_source(notebook, name)
+    when a display is not found. ``shown``: the notebook's printed source if already counted."""
+    shown = printed_source(notebook, name) if shown is None else shown
     text = Text()
     optional_level = None  # the heading level of the optional section we are in, or None
     previous_counted = (
@@ -736,6 +742,49 @@ _TEXTS: dict[
 ] = {}  # (notebook name, sha256 of its text) -> its Text: one analysis per run
 
 
+def _printed_source_key(raw: str) -> str | None:
+    """What a notebook's printed source depends on: its text, this tool, the kvlab that its imports
+    would load (found, not imported), the installed transformers and torch. None without kvlab."""
+    spec = importlib.util.find_spec("kvlab")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    package = Path(list(spec.submodule_search_locations)[0])
+    digest = hashlib.sha256(raw.encode())
+    digest.update(Path(__file__).read_bytes())
+    digest.update(code_hash.folder_hash(package, package.parent).encode())
+    for name in ("transformers", "torch"):
+        try:
+            digest.update(f"{name}={importlib.metadata.version(name)}".encode())
+        except importlib.metadata.PackageNotFoundError:
+            digest.update(f"{name}=none".encode())
+    return digest.hexdigest()
+
+
+def _counted_printed_source(raw: str, notebook: dict, name: str) -> dict[int, int]:
+    """printed_source, kept on disk under ``$KVLAB_CACHE`` (else ~/.cache/kvlab) by
+    ``_printed_source_key``: counting it imports kvlab and transformers (~10 s), and the checks that
+    run this tool in a subprocess would pay that on every call. A cache that cannot be read or
+    written is counted again."""
+    key = _printed_source_key(raw)
+    cache = Path(os.environ.get("KVLAB_CACHE") or Path.home() / ".cache" / "kvlab")
+    path = cache / "printed_source" / f"{key}.json"
+    if key is not None:
+        try:
+            return {int(cell): lines for cell, lines in json.loads(path.read_text()).items()}
+        except (OSError, ValueError, AttributeError):
+            pass
+    shown = printed_source(notebook, name)
+    if key is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            scratch = path.with_suffix(f".{os.getpid()}.tmp")
+            scratch.write_text(json.dumps(shown))
+            scratch.replace(path)
+        except OSError:
+            pass
+    return shown
+
+
 def lesson_texts(folder: Path) -> dict[str, tuple[str, Text]]:
     """Lesson id ("00".."07") -> (notebook file name, its Text), for every notebook of ``folder``.
     Raises UnresolvedSource listing the displays of every lesson whose source is not found."""
@@ -746,8 +795,10 @@ def lesson_texts(folder: Path) -> dict[str, tuple[str, Text]]:
             raw = path.read_text(encoding="utf-8")
             key = (path.name, hashlib.sha256(raw.encode()).hexdigest())
             if key not in _TEXTS:
+                notebook = json.loads(raw)
                 try:
-                    _TEXTS[key] = analyse(json.loads(raw), path.stem)
+                    shown = _counted_printed_source(raw, notebook, path.stem)
+                    _TEXTS[key] = analyse(notebook, path.stem, shown)
                 except UnresolvedSource as e:
                     problems += e.problems
                     continue
