@@ -15,6 +15,7 @@ import numbers
 import os
 import re
 import unicodedata
+from types import SimpleNamespace
 
 import torch
 import transformers
@@ -151,12 +152,15 @@ def as_number(answer):
 def given_step(answer: numbers.Real, *, rounded_whole: bool = False) -> float:
     """Half a unit of the last digit ``answer`` gives, where it gives 3 significant digits or more
     (``1660.5``: 0.05; ``0.0123``: 0.00005), else 0. A float is read as its shortest
-    spelling (``repr``), a whole float as the int it is (``1660.0``: 0.5): how far a right value
-    may lie from an answer rounded to the digits it shows. ``rounded_whole``: a whole number's
-    trailing zeros are not digits it gives (``1280``: 5), for a measured or computed quantity; a
-    count (the default) is read to its last digit."""
+    spelling (``repr``): how far a right value may lie from an answer rounded to the digits it
+    shows. ``rounded_whole``: a whole number's trailing zeros are not digits it gives (``1280``:
+    5), for a measured or computed quantity; a count (the default) given as an int is read to its
+    last digit; a whole float to its last digit or to its last nonzero digit, the larger step
+    (``100.0``: 0.5; ``1.879e9``: 5e5, how a count rounded to 4 digits is written)."""
     if isinstance(answer, float) and answer.is_integer():
-        answer = int(answer)
+        whole = int(answer)  # "100.0" gives 3 digits, "1.879e9" 4: the larger reading
+        return max(given_step(whole, rounded_whole=rounded_whole),
+                   given_step(whole, rounded_whole=True))
     if not isinstance(answer, int | float) or isinstance(answer, bool):
         return 0.0
     spelled = decimal.Decimal(repr(answer))
@@ -927,6 +931,20 @@ def mode_note(changed: list[str]) -> str:
             "model.eval() or requires_grad_().)")
 
 
+def _not_callable(name: str, solution, student) -> str:
+    """The verdict for a checker of code handed something it cannot call: the instance of a class
+    (where a class is asked for) or what a function returned."""
+    if inspect.isclass(solution):
+        given = type(student)
+        made = given.__module__ not in ("builtins", "torch", "numpy")
+        what = f"an instance of {given.__name__}" if made else f"{student!r:.60}"
+        return (f"not quite: you passed {what}. Hint: pass the class itself, {name}(YourClass), "
+                "not YourClass(): the checker makes its own instances")
+    return (f"not quite: you passed a {type(student).__name__} ({student!r:.60}), which cannot "
+            f"be called. Hint: pass the function itself, {name}(your_function), not what it "
+            f"returns, {name}(your_function(...)): the checker calls it on its own inputs")
+
+
 def code_checker(solution, *, read: dict | None = None):
     """Make ``check(student_fn, **settings) -> verdict`` a checker of code written against
     ``solution``.
@@ -949,6 +967,8 @@ def code_checker(solution, *, read: dict | None = None):
                     return NOT_ATTEMPTED
                 student, filled = solution, ("(the reference solution, filled in by "
                                              f"{SOLUTIONS_ENV}=1) ")
+            if not callable(student):
+                return _not_callable(check.__name__, solution, student)
             token = _ANSWERED.set(set())
             try:
                 return filled + check(student, *args, **kwargs)
@@ -1017,11 +1037,11 @@ _SUPERSCRIPT = str.maketrans("\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u
 def _plain_text(text: str) -> str:
     """``text`` in plain characters (NFKC: full-width ``"Ｂ"`` is ``"B"``; ``"×"`` is ``"x"``; a
     superscript power ``"10³"`` is ``"10^3"``), without spaces, quotes, brackets or a full stop,
-    comma, semicolon or colon around."""
+    comma, semicolon, colon, question or exclamation mark around."""
     text = re.sub("[\u2070\u00b9\u00b2\u00b3\u2074-\u2079]+",
                   lambda m: "^" + m[0].translate(_SUPERSCRIPT), text)
     text = unicodedata.normalize("NFKC", text).replace("\u00d7", "x")
-    return text.strip().strip("'\"()[].,;:!").strip()
+    return text.strip().strip("'\"()[].,;:!?").strip()
 
 
 def _description_alone(text: str, choices) -> object | None:
@@ -1203,3 +1223,49 @@ def check_prediction(prediction, *, measured, choices: dict, what: str) -> str:
         return f"{filled}correct: {what} is {measured!r}: {choices[measured]}"
     return (f"not quite: you predicted {prediction!r} ({choices[prediction]}), but the run shows "
             f"{measured!r}: {choices[measured]}")
+
+
+@contextlib.contextmanager
+def watch_positions(model, held: torch.Tensor | None = None, read: list | None = None,
+                    used: list | None = None):
+    """Inside: every forward of ``model`` appends the ``position_ids`` it was given (a list of ints,
+    or None); and to ``read``, whether they were ``held`` itself or a view of it (its storage); and
+    to ``used`` a namespace of what the model did with them: ``positions`` its rotary embedding
+    took (a list of ints, None where the model has no ``rotary_emb``), ``counter`` the cache's
+    counter before the call (None without a cache), ``shape`` (rows, tokens per row) fed,
+    ``others`` the other keywords given."""
+    signature = inspect.signature(model.forward)
+    seen: list = []
+    rotary = next((m for name, m in model.named_modules() if name.endswith("rotary_emb")), None)
+
+    def spy(module, args, kwargs):
+        bound = signature.bind_partial(*args, **kwargs).arguments
+        given = bound.get("position_ids")
+        seen.append(given.reshape(-1).tolist() if isinstance(given, torch.Tensor) else given)
+        if read is not None and held is not None:
+            read.append(isinstance(given, torch.Tensor) and given.untyped_storage().data_ptr()
+                        == held.untyped_storage().data_ptr())
+        if used is not None:
+            cache = bound.get("cache", bound.get("past_key_values"))
+            extra = {**bound.get("kwargs", {}), **{k: v for k, v in bound.items() if k != "kwargs"}}
+            fed = bound.get("input_ids")
+            fed = fed if isinstance(fed, torch.Tensor) else bound.get("inputs_embeds")
+            used.append(SimpleNamespace(
+                positions=None, counter=int(cache.get_seq_length()) if cache is not None else None,
+                shape=tuple(fed.shape[:2]) if isinstance(fed, torch.Tensor) else None,
+                others=[k for k, v in extra.items() if v is not None and k not in (
+                    "input_ids", "cache", "past_key_values", "position_ids")]))
+
+    def took(module, args, kwargs):
+        positions = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+        if used and isinstance(positions, torch.Tensor):
+            used[-1].positions = positions.reshape(-1).tolist()
+
+    handles = [model.register_forward_pre_hook(spy, with_kwargs=True)]
+    if used is not None and rotary is not None:
+        handles.append(rotary.register_forward_pre_hook(took, with_kwargs=True))
+    try:
+        yield seen
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -31,6 +31,7 @@ from .common import (
     number_text,
     real_number,
     settings_read,
+    watch_positions,
 )
 from .lesson00 import describe, head_dim_mistake, small_gqa_config
 from .mistakes import first_match, show_sources
@@ -137,14 +138,38 @@ def check_naive_decode(student, *, model=None, new_tokens: int = 6) -> str:
     return kept(model, lambda: naive_decode_verdict(student, model, new_tokens))
 
 
+def positions_problem(used: list) -> str | None:
+    """The first model call (``watch_positions``' ``used``) whose rotary embedding took positions
+    other than the ones after what its cache held (0 without a cache), row by row; None if none.
+    A random tiny model's tokens hardly move with positions, so they are read, not inferred."""
+    for call, did in enumerate(used, 1):
+        if did.positions is None or did.shape is None:
+            continue
+        rows, length = did.shape
+        start = did.counter or 0
+        row = list(range(start, start + length))
+        # one row of positions, broadcast over the batch, or one per row
+        if did.positions not in (row, row * rows):
+            took = did.positions[:length]
+            shown = took if length <= 6 else [*took[:3], "...", *took[-2:]]
+            return (f"the tokens are right here, but model call {call} fed {length} token"
+                    f"{'s' if length > 1 else ''} per row at positions {shown} with {start} "
+                    f"cached, not {start if length == 1 else f'{start}..{start + length - 1}'}. "
+                    "Hint: a token's position is its "
+                    "index in the sequence: pass no position_ids (the model numbers the tokens "
+                    "fed after what its cache holds), or exactly those.")
+    return None
+
+
 def naive_decode_verdict(student, model, new_tokens: int) -> str:
     """``check_naive_decode``'s cases on ``model``."""
     for batch, length, seed, extra in DECODE_CASES:
         prompt, n = case_prompt(model, batch, length, seed), new_tokens + extra
         right = decode_naive(model, prompt, n)
-        with torch.inference_mode():
+        used: list = []
+        with torch.inference_mode(), watch_positions(model, used=used):
             got = call_student(student, model, prompt.clone(), n)
-        problem = decode_problem(model, prompt, got, right)
+        problem = decode_problem(model, prompt, got, right) or positions_problem(used)
         if problem:
             return (f"not quite: for {batch} prompt{'s' if batch > 1 else ''} of {length} tokens "
                     f"and n = {n}, {problem}")

@@ -9,10 +9,8 @@ kvlab's own loops.
 
 from __future__ import annotations
 
-import inspect
 import math
 from contextlib import contextmanager
-from types import SimpleNamespace
 
 import torch
 
@@ -34,6 +32,7 @@ from .common import (
     number_text,
     settings_read,
     solutions_filled_in,
+    watch_positions,
 )
 
 # The checkers' model: tiny and random, and (with its q/k norms and this seed) sensitive enough to
@@ -313,48 +312,6 @@ def decode_step(model, cache, ids, position):
     logits = model(ids, cache=cache, position_ids=positions).logits  # [batch, 1, vocab]
     position.add_(1)  # in place: the caller (and a captured graph) holds this very tensor
     return greedy(logits)  # [batch, 1]
-
-
-@contextmanager
-def watch_positions(model, held: torch.Tensor | None = None, read: list | None = None,
-                    used: list | None = None):
-    """Inside: every forward of ``model`` appends the ``position_ids`` it was given (a list of ints,
-    or None); and to ``read``, whether they were ``held`` itself or a view of it (its storage); and
-    to ``used`` a namespace of what the model did with them: ``positions`` its rotary embedding
-    took (a list of ints, None where the model has no ``rotary_emb``), ``counter`` the cache's
-    counter before the call (None without a cache), ``others`` the other keywords given."""
-    signature = inspect.signature(model.forward)
-    seen: list = []
-    rotary = next((m for name, m in model.named_modules() if name.endswith("rotary_emb")), None)
-
-    def spy(module, args, kwargs):
-        bound = signature.bind_partial(*args, **kwargs).arguments
-        given = bound.get("position_ids")
-        seen.append(given.reshape(-1).tolist() if isinstance(given, torch.Tensor) else given)
-        if read is not None and held is not None:
-            read.append(isinstance(given, torch.Tensor) and given.untyped_storage().data_ptr()
-                        == held.untyped_storage().data_ptr())
-        if used is not None:
-            cache = bound.get("cache", bound.get("past_key_values"))
-            extra = {**bound.get("kwargs", {}), **{k: v for k, v in bound.items() if k != "kwargs"}}
-            used.append(SimpleNamespace(
-                positions=None, counter=int(cache.get_seq_length()) if cache is not None else None,
-                others=[k for k, v in extra.items() if v is not None and k not in (
-                    "input_ids", "cache", "past_key_values", "position_ids")]))
-
-    def took(module, args, kwargs):
-        positions = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
-        if used and isinstance(positions, torch.Tensor):
-            used[-1].positions = positions.reshape(-1).tolist()
-
-    handles = [model.register_forward_pre_hook(spy, with_kwargs=True)]
-    if used is not None and rotary is not None:
-        handles.append(rotary.register_forward_pre_hook(took, with_kwargs=True))
-    try:
-        yield seen
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def host_read_in(step) -> str | None:

@@ -494,6 +494,15 @@ def _watch(model, cache, want: list[torch.Tensor], keys: list[torch.Tensor], n: 
         if mistake:
             raise _RuleBroken(mistake)
         k, step = divmod(len(seen), n - 1)
+        prompt_len = LOOP_PROMPTS[k]
+        if step == 0 and not torch.allclose(cache.layers[0].keys[:, :, :prompt_len],
+                                            keys[k][:, :, :prompt_len], atol=1e-5):
+            raise _RuleBroken(
+                f"not quite: prompt {k + 1}'s eager prefill wrote its {prompt_len} keys rotated "
+                "for other positions than 0.."
+                f"{prompt_len - 1}. Hint: after cache.reset() the prefill is an ordinary forward "
+                "over the whole prompt: pass no position_ids (the model numbers the prompt from "
+                "the cache's counter, 0 after the reset)")
         seen.append(self)
         out = original(self)
         slot, made, right = (LOOP_PROMPTS[k] + step, self.static_outputs[0].reshape(-1)[0].item(),
@@ -507,10 +516,10 @@ def _watch(model, cache, want: list[torch.Tensor], keys: list[torch.Tensor], n: 
                 f"not quite: replay {step + 1} of prompt {k + 1} read the right token and found "
                 "the right counters, yet "
                 f"{wrong}. "
-                "Hint: something the step reads was frozen at capture: a position from a Python "
-                "value (position_ids built from an int) stays what it was then. Pass no "
-                "position_ids: the model reads positions from the "
-                "cache's counters (rule 2)")
+                "Hint: the step read a position other than the cache's counter: one frozen at "
+                "capture (position_ids built from a Python int stay what they were then), or a "
+                "position buffer of yours not refilled for this prompt. Pass no position_ids: "
+                "the model reads positions from the cache's counters (rule 2)")
         return out
 
     def other_cache(module, args, kwargs):

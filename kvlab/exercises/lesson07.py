@@ -279,6 +279,8 @@ DRAFT_CASES = [  # (label, tokens, k, max_ngram)
     ("max_ngram 1", [6, 1, 2, 6, 3, 4, 6], 2, 1),
     # the 3-gram suffix (1, 2, 3) occurs earlier, but max_ngram is 2: (2, 3) first occurs at 0
     ("an n-gram longer than max_ngram seen before", [2, 3, 7, 1, 2, 3, 9, 2, 3, 8, 1, 2, 3], 2, 2),
+    # the suffix's digits begin an earlier id (2 in 21): a search of the ids as text finds it
+    ("ids whose digits occur in others", [21, 7, 2, 9, 2], 2, 1),
 ]
 
 
@@ -295,6 +297,19 @@ def _lookup(tokens, k, max_ngram, *, ngrams=None, latest=False, itself=False, ca
             if tokens[start : start + n] == suffix:
                 after = tokens[start + (n if skip else 0):]
                 return after[:k] if cap else after
+    return []
+
+
+def _text_lookup(tokens, k, max_ngram) -> list[int]:
+    """The lookup done on the ids written out as text (" ".join): a suffix's digits match inside
+    a longer id."""
+    text = " ".join(map(str, tokens))
+    for n in range(min(max_ngram, len(tokens) - 1), 0, -1):
+        suffix = " ".join(map(str, tokens[-n:]))
+        at = text.find(suffix)
+        if 0 <= at < len(text) - len(suffix):
+            start = len(text[:at].split())
+            return tokens[start + n : start + n + k]
     return []
 
 
@@ -321,6 +336,9 @@ def draft_mistakes(tokens, k, max_ngram) -> list[tuple]:
                                                    "start + n + k])"),
         (_lookup(tokens, k, max_ngram, skip=False), "the draft starts AFTER the matched n-gram: "
          "tokens[start + n : start + n + k], not tokens[start : ...]"),
+        (_text_lookup(tokens, k, max_ngram), "you searched the ids as text, where one id's digits "
+         "occur inside another (2 in 21): compare lists of ids, tokens[start:start + n] == "
+         "tokens[-n:]"),
     ]
 
 
