@@ -360,11 +360,40 @@ def decode_compiled(
     # Module hooks among the compile's guards: torch skips them by default, and a step compiled
     # before a hook was added (by this or an earlier state: one compile cache per process) would
     # run without it
-    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False):
+    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False, **compile_limits()):
         cache.reset()
         check_room(cache, input_ids.shape[1], max_new_tokens, config=model.config)
         step = compiled_step or compile_step(model, cache, mode=mode)
-        return cached_loop(model, input_ids, max_new_tokens, cache, step=step, on_token=on_token)
+        try:
+            return cached_loop(model, input_ids, max_new_tokens, cache, step=step,
+                               on_token=on_token)
+        except _limit_hit() as e:
+            raise RuntimeError(
+                f"torch.compile has compiled this decode step {RECOMPILE_LIMIT} times in this "
+                "process (one per model, dtype and shape), its limit: call "
+                "torch.compiler.reset() (or restart the kernel), then decode again") from e
+
+
+# torch's default is 8 compiles of one function per process; one per model, dtype and batch
+# size in a notebook or a benchmark needs more
+RECOMPILE_LIMIT = 64
+
+
+def compile_limits() -> dict:
+    """``torch._dynamo.config`` settings that allow ``RECOMPILE_LIMIT`` compiles of one function
+    (the knob's name depends on torch's version)."""
+    import torch._dynamo
+
+    return {knob: RECOMPILE_LIMIT for knob in ("recompile_limit", "cache_size_limit")
+            if hasattr(torch._dynamo.config, knob)}
+
+
+def _limit_hit() -> tuple[type[BaseException], ...]:
+    """The error classes torch raises when a ``fullgraph`` compile passes its limit."""
+    import torch._dynamo.exc
+
+    return tuple(getattr(torch._dynamo.exc, name) for name in (
+        "FailOnRecompileLimitHit", "FailOnCacheLimitHit") if hasattr(torch._dynamo.exc, name))
 
 
 def check_compiled_over(compiled_step, model, cache) -> None:

@@ -63,6 +63,9 @@ class Strategy:
     steps_per_replay: int = 1
     # build(model, ids, n, **options): what function builds per call
     builds: str | Callable | None = None
+    # the cache class a cache= must be, checked at the door (hf_caches._check_cache_for): for a
+    # function that a lesson shows bare, as written first, and checks nothing itself
+    cache_kind: str | None = None
 
     @property
     def function(self) -> Callable:
@@ -143,6 +146,11 @@ class Strategy:
                                  f"would decode as {built_for!r} under the name {self.name!r}. "
                                  f"Pass strategy={built_for!r}, or build a state for "
                                  f"{self.name!r}: STRATEGIES[{self.name!r}].state(model, ...)")
+        if self.cache_kind is not None and kwargs.get("cache") is not None:
+            from . import hf_caches
+
+            kind = getattr(import_module("transformers"), self.cache_kind)
+            hf_caches._check_cache_for(model, kwargs["cache"], kind, batch=input_ids.shape[0])
         if kwargs.get("max_cache_len") is not None:  # once here, before a builder computes with it
             kwargs["max_cache_len"] = count(kwargs["max_cache_len"], "max_cache_len")
         return input_ids, max_new_tokens
@@ -256,7 +264,7 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in [
              builds=_GQA_FN[1]),
     Strategy("static-graph", "vanilla StaticCache, decode step captured once and replayed: lesson "
              "04's first attempt, wrong by design", "kvlab.failures:decode_static_graph", 4,
-             "graph", sized=True, exact=False),
+             "graph", sized=True, exact=False, cache_kind="StaticCache"),
     Strategy("graph-safe", "GraphSafeStaticCache, eager kernels captured in one graph by kvlab",
              _GRAPH_SAFE_FN[0], 5, "graph", sized=True, warm_full=True, builds=_GRAPH_SAFE_FN[1]),
     Strategy("graph-safe-compiled", "graph-safe + fused projections, GEMV reductions, split-K "

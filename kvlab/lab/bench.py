@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 from ..decoding import decode_naive, first_mismatch
+from ..hf_caches import compile_limits
 from ..runtime import as_dtype, count, cpu_name, environment, pick_device, pick_dtype, quick_mode
 from ..sizes import floor_ms, model_facts
 from ..strategies import (
@@ -337,10 +338,9 @@ def run_bench(model: str = RANDOM_SMOLLM2, *, prompt_len: int = 64, new_tokens: 
         dtype = pick_dtype(device, None if dtype is None else timed_dtype(dtype))
     except (ValueError, RuntimeError) as e:
         raise BenchArgumentError(str(e)) from None
-    # fp32 + bf16 + batch sizes: more than the default 8
-    for knob in ("recompile_limit", "cache_size_limit"):
-        if hasattr(torch._dynamo.config, knob):
-            setattr(torch._dynamo.config, knob, 64)
+    # fp32 + bf16 + batch sizes: more than the default 8, for every compiled path of the run
+    for knob, limit in compile_limits().items():
+        setattr(torch._dynamo.config, knob, limit)
     env = environment(device) | {
         "cpu": cpu_name(),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,

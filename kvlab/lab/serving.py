@@ -57,7 +57,7 @@ BASE_NAMES = [name for name, s in STRATEGIES.items()
 
 
 def _checked_pairs(pairs) -> dict[str, str]:
-    """``pairs`` (speculative strategy -> its base, names or ``kvlab.STRATEGIES`` entries) as
+    """``pairs`` (speculative strategy name -> its base, a name or a ``kvlab.STRATEGIES`` entry) as
     names, else a ValueError listing the names each side takes."""
     if not isinstance(pairs, dict) or not pairs:
         raise ValueError(f"pairs must be a non-empty dict of speculative strategy -> its base, "
@@ -184,7 +184,7 @@ def k_sweep(model, ids: torch.Tensor, new_tokens: int, ks=(1, 2, 4, 8), *, round
             device=None) -> dict:
     """Speculative decoding of one prompt with each draft length of ``ks``, beside
     ``"graph-safe"`` (k = 0): tokens per verify and seconds of a whole decode (medians of
-    ``rounds`` in turns), every output, the timed ones included, equal to graph-safe's first."""
+    ``rounds`` in turns), every output, the timed ones included, equal to the naive loop's."""
     device = model_device(model, device)
     new_tokens = whole_number("new_tokens", new_tokens, 1)
     ids = _one_prompt(model, ids, new_tokens)
@@ -203,7 +203,8 @@ def k_sweep(model, ids: torch.Tensor, new_tokens: int, ks=(1, 2, 4, 8), *, round
     made = {k: [] for k in decoders}  # every call's tokens, the timed ones too: all checked
     paths = {k: _kept(made[k], lambda d=d: d.generate(ids, new_tokens))
              for k, d in decoders.items()}
-    want = paths[0]()
+    want = decode(model, ids, new_tokens, strategy="naive")
+    paths[0]()  # captures
     rows = []
     for k in ks:
         paths[k]()
@@ -311,13 +312,15 @@ def paged_runs(model, requests: list[Request], *, max_batch: int = 8, block_size
                                for r in requests]
 
     one_at_a_time()  # captures
+    first_runs = {GRAPHS: served.tokens, ONE_AT_A_TIME: made[ONE_AT_A_TIME]}
     seconds = {GRAPHS: wall(serve(GRAPHS, True), device),
                "paged, eager": wall(serve("paged, eager", False), device),
                ONE_AT_A_TIME: wall(one_at_a_time, device)}
     exact_by_way = {way: _same_tokens(made[way], naive) for way in seconds}
-    # the capturing serve's tokens too: the graphs way is exact only where both runs were
-    captured = _same_tokens(served.tokens, naive)
-    exact_by_way[GRAPHS] = [a and b for a, b in zip(exact_by_way[GRAPHS], captured, strict=True)]
+    # the capturing runs' tokens too: a way that captures is exact only where both runs were
+    for way, tokens in first_runs.items():
+        exact_by_way[way] = [a and b for a, b in zip(exact_by_way[way], _same_tokens(tokens, naive),
+                                                      strict=True)]
     exact = [all(way[i] for way in exact_by_way.values()) for i in range(len(requests))]
     total = sum(r.max_new_tokens for r in requests)
     token_bytes = bytes_per_token(model.config, next(model.parameters()).dtype)
