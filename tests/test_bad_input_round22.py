@@ -93,7 +93,8 @@ def first_call_wrong(monkeypatch):
 
 
 def test_paged_runs_checks_the_one_at_a_time_decoders_capturing_call(model, first_call_wrong):
-    requests = serving.arriving_requests(3, 256, prompt_lens=(1, 8), new_tokens=(2, 6), seed=3)
+    requests = serving.arriving_requests(3, 256, prompt_lens=(1, 8), new_tokens=(2, 6), seed=3,
+                                         device=model.device)
     record = serving.paged_runs(model, requests, max_batch=2, block_size=4)
     assert record["exact_by_way"][serving.ONE_AT_A_TIME] == [False, True, True]
 

@@ -80,7 +80,7 @@ def test_arriving_requests_and_paged_runs_check_their_settings_at_the_door():
         with pytest.raises(ValueError, match=says):
             serving.arriving_requests(**{"count": 2, "vocab_size": 50, **kwargs})
     made = serving.arriving_requests(np.int64(2), np.int64(50), prompt_lens=(3, 4),
-                                     new_tokens=(2, 3), every=1)
+                                     new_tokens=(2, 3), every=1, device="cpu")  # the model's
     assert [r.arrival for r in made] == [0, 1]
     model = tiny_model("tiny-llama")
     with pytest.raises(TypeError, match="paged_runs takes a non-empty list of Requests"):
