@@ -1230,13 +1230,29 @@ def watch_positions(model, held: torch.Tensor | None = None, read: list | None =
                     used: list | None = None):
     """Inside: every forward of ``model`` appends the ``position_ids`` it was given (a list of ints,
     or None); and to ``read``, whether they were ``held`` itself or a view of it (its storage); and
-    to ``used`` a namespace of what the model did with them: ``positions`` its rotary embedding
-    took (a list of ints, None where the model has no ``rotary_emb``), ``counter`` the cache's
-    counter before the call (None without a cache), ``shape`` (rows, tokens per row) fed,
-    ``others`` the other keywords given."""
+    to ``used`` a namespace per run of its decoder stack (``model.base_model``: called by ``model``
+    or directly) of what it did: ``positions`` its rotary embedding took (a list of ints, None
+    where the model has no ``rotary_emb``), ``counter`` the cache's counter before the call (None
+    without a cache, given as ``cache=`` or ``past_key_values=``), ``shape`` (rows, tokens per
+    row) fed, ``others`` the other keywords given to ``model`` (none for a direct call)."""
     signature = inspect.signature(model.forward)
+    base = getattr(model, "base_model", model)
     seen: list = []
+    calling: list = []  # the other keywords of the call of model under way
     rotary = next((m for name, m in model.named_modules() if name.endswith("rotary_emb")), None)
+
+    def record(bound: dict) -> None:
+        given = bound.get("kwargs", {})
+        cache = next((c for c in (bound.get("cache"), bound.get("past_key_values"),
+                                  given.get("cache"), given.get("past_key_values"))
+                      if c is not None), None)
+        fed = bound.get("input_ids")
+        fed = fed if isinstance(fed, torch.Tensor) else bound.get("inputs_embeds")
+        used.append(SimpleNamespace(
+            positions=None, counter=int(cache.get_seq_length()) if cache is not None else None,
+            shape=tuple(fed.shape[:2]) if isinstance(fed, torch.Tensor) else None,
+            others=list(calling)))
+        calling.clear()
 
     def spy(module, args, kwargs):
         bound = signature.bind_partial(*args, **kwargs).arguments
@@ -1246,15 +1262,14 @@ def watch_positions(model, held: torch.Tensor | None = None, read: list | None =
             read.append(isinstance(given, torch.Tensor) and given.untyped_storage().data_ptr()
                         == held.untyped_storage().data_ptr())
         if used is not None:
-            cache = bound.get("cache", bound.get("past_key_values"))
             extra = {**bound.get("kwargs", {}), **{k: v for k, v in bound.items() if k != "kwargs"}}
-            fed = bound.get("input_ids")
-            fed = fed if isinstance(fed, torch.Tensor) else bound.get("inputs_embeds")
-            used.append(SimpleNamespace(
-                positions=None, counter=int(cache.get_seq_length()) if cache is not None else None,
-                shape=tuple(fed.shape[:2]) if isinstance(fed, torch.Tensor) else None,
-                others=[k for k, v in extra.items() if v is not None and k not in (
-                    "input_ids", "cache", "past_key_values", "position_ids")]))
+            calling[:] = [k for k, v in extra.items() if v is not None and k not in (
+                "input_ids", "cache", "past_key_values", "position_ids")]
+            if base is model:
+                record(bound)
+
+    def base_spy(module, args, kwargs):
+        record(inspect.signature(base.forward).bind_partial(*args, **kwargs).arguments)
 
     def took(module, args, kwargs):
         positions = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
@@ -1262,6 +1277,8 @@ def watch_positions(model, held: torch.Tensor | None = None, read: list | None =
             used[-1].positions = positions.reshape(-1).tolist()
 
     handles = [model.register_forward_pre_hook(spy, with_kwargs=True)]
+    if used is not None and base is not model:
+        handles.append(base.register_forward_pre_hook(base_spy, with_kwargs=True))
     if used is not None and rotary is not None:
         handles.append(rotary.register_forward_pre_hook(took, with_kwargs=True))
     try:

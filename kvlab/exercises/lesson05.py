@@ -523,7 +523,13 @@ def _watch(model, cache, want: list[torch.Tensor], keys: list[torch.Tensor], n: 
         return out
 
     def other_cache(module, args, kwargs):
-        if kwargs.get("cache") is not cache:
+        given = kwargs.get("cache", kwargs.get("past_key_values"))  # either name, 5.24 takes both
+        if given is None:
+            raise _RuleBroken(
+                "not quite: a forward ran without a cache (no cache=, or use_cache=False). Hint: "
+                "the prefill fills the cache you were given, model(prompt, cache=cache), and "
+                "every token after it comes from a replay of the step captured on that cache")
+        if given is not cache:
             raise _RuleBroken(
                 "not quite: a forward ran on a cache other than the one you were given (a new "
                 "StaticCache?). Hint: the captured graph reads and writes the cache it was "
