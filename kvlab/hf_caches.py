@@ -230,14 +230,19 @@ def decode_static(model, input_ids, max_new_tokens, *, on_token: OnToken = None,
     _check_cache_for(model, cache, StaticCache, batch=input_ids.shape[0])
     require_empty(cache)
     check_room(cache, input_ids.shape[1], max_new_tokens, config=model.config)
-    # allocate the buffers outside inference mode: then cache.reset() works anywhere
+    allocate_outside_inference(model, cache, input_ids.shape[0])
+    return cached_loop(model, input_ids, max_new_tokens, cache, on_token=on_token)
+
+
+def allocate_outside_inference(model, cache: StaticCache, batch: int) -> None:
+    """Allocate an unallocated StaticCache's buffers for ``model`` outside inference mode: made on
+    first use inside it, they would be inference tensors, which ``cache.reset()`` cannot write
+    outside it. Then ``cache.reset()`` works anywhere."""
     if not cache.is_initialized:
         sizes, param = model_sizes(model.config), next(model.parameters())
         with torch.inference_mode(False):
-            cache.early_initialization(
-                input_ids.shape[0], sizes.kv_heads, sizes.head_dim, param.dtype, param.device
-            )
-    return cached_loop(model, input_ids, max_new_tokens, cache, on_token=on_token)
+            cache.early_initialization(batch, sizes.kv_heads, sizes.head_dim, param.dtype,
+                                       param.device)
 
 
 def decode_step_fn(model, cache):
@@ -363,6 +368,7 @@ def decode_compiled(
     with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False, **compile_limits()):
         cache.reset()
         check_room(cache, input_ids.shape[1], max_new_tokens, config=model.config)
+        allocate_outside_inference(model, cache, input_ids.shape[0])
         step = compiled_step or compile_step(model, cache, mode=mode)
         try:
             return cached_loop(model, input_ids, max_new_tokens, cache, step=step,

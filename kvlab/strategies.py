@@ -63,8 +63,8 @@ class Strategy:
     steps_per_replay: int = 1
     # build(model, ids, n, **options): what function builds per call
     builds: str | Callable | None = None
-    # the cache class a cache= must be, checked at the door (hf_caches._check_cache_for): for a
-    # function that a lesson shows bare, as written first, and checks nothing itself
+    # the cache class a cache= must be, checked (hf_caches._check_cache_for) and allocated outside
+    # inference mode at the door: for a function a lesson shows bare, as written first
     cache_kind: str | None = None
 
     @property
@@ -151,6 +151,8 @@ class Strategy:
 
             kind = getattr(import_module("transformers"), self.cache_kind)
             hf_caches._check_cache_for(model, kwargs["cache"], kind, batch=input_ids.shape[0])
+            # the caller's cache: cache.reset() must work on it afterwards, outside inference mode
+            hf_caches.allocate_outside_inference(model, kwargs["cache"], input_ids.shape[0])
         if kwargs.get("max_cache_len") is not None:  # once here, before a builder computes with it
             kwargs["max_cache_len"] = count(kwargs["max_cache_len"], "max_cache_len")
         return input_ids, max_new_tokens
