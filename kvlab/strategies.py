@@ -150,9 +150,14 @@ class Strategy:
             from . import hf_caches
 
             kind = getattr(import_module("transformers"), self.cache_kind)
-            hf_caches._check_cache_for(model, kwargs["cache"], kind, batch=input_ids.shape[0])
-            # the caller's cache: cache.reset() must work on it afterwards, outside inference mode
-            hf_caches.allocate_outside_inference(model, kwargs["cache"], input_ids.shape[0])
+            cache = kwargs["cache"]
+            hf_caches._check_cache_for(model, cache, kind, batch=input_ids.shape[0])
+            # the function's own checks first (as it makes them): a call refused leaves the cache
+            # unallocated; one that runs finds it allocated outside inference mode, so that
+            # cache.reset() works on it afterwards anywhere
+            hf_caches.require_empty(cache)
+            hf_caches.check_room(cache, input_ids.shape[1], max_new_tokens)
+            hf_caches.allocate_outside_inference(model, cache, input_ids.shape[0])
         if kwargs.get("max_cache_len") is not None:  # once here, before a builder computes with it
             kwargs["max_cache_len"] = count(kwargs["max_cache_len"], "max_cache_len")
         return input_ids, max_new_tokens

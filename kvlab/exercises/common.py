@@ -155,12 +155,14 @@ def given_step(answer: numbers.Real, *, rounded_whole: bool = False) -> float:
     spelling (``repr``): how far a right value may lie from an answer rounded to the digits it
     shows. ``rounded_whole``: a whole number's trailing zeros are not digits it gives (``1280``:
     5), for a measured or computed quantity; a count (the default) given as an int is read to its
-    last digit; a whole float to its last digit or to its last nonzero digit, the larger step
-    (``100.0``: 0.5; ``1.879e9``: 5e5, how a count rounded to 4 digits is written)."""
+    last digit; a whole float to its last digit, or, ending in 3 zeros or more, to its last
+    nonzero digit (``1020.0``: 0.5; ``1.879e9``: 5e5, how a count rounded to 4 digits is
+    written)."""
     if isinstance(answer, float) and answer.is_integer():
         whole = int(answer)  # "100.0" gives 3 digits, "1.879e9" 4: the larger reading
+        written_rounded = whole % 1000 == 0  # 1020.0 is a count to its last digit, 1.879e9 is not
         return max(given_step(whole, rounded_whole=rounded_whole),
-                   given_step(whole, rounded_whole=True))
+                   given_step(whole, rounded_whole=written_rounded))
     if not isinstance(answer, int | float) or isinstance(answer, bool):
         return 0.0
     spelled = decimal.Decimal(repr(answer))
@@ -1228,23 +1230,40 @@ def check_prediction(prediction, *, measured, choices: dict, what: str) -> str:
 @contextlib.contextmanager
 def watch_positions(model, held: torch.Tensor | None = None, read: list | None = None,
                     used: list | None = None):
-    """Inside: every forward of ``model`` appends the ``position_ids`` it was given (a list of ints,
-    or None); and to ``read``, whether they were ``held`` itself or a view of it (its storage); and
-    to ``used`` a namespace per run of its decoder stack (``model.base_model``: called by ``model``
-    or directly) of what it did: ``positions`` its rotary embedding took (a list of ints, None
-    where the model has no ``rotary_emb``), ``counter`` the cache's counter before the call (None
-    without a cache, given as ``cache=`` or ``past_key_values=``), ``shape`` (rows, tokens per
-    row) fed, ``others`` the other keywords given to ``model`` (none for a direct call)."""
-    signature = inspect.signature(model.forward)
+    """Inside: every run of ``model``'s decoder stack (``model.base_model``, whether ``model``
+    calls it or the caller does, through ``__call__`` or ``.forward``) appends the
+    ``position_ids`` it was given (a list of ints, or None); and to ``read``, whether they were
+    ``held`` itself or a view of it (its storage); and to ``used`` a namespace of what it did:
+    ``positions`` its rotary embedding took (a list of ints, None where the model has no
+    ``rotary_emb``), ``counter`` the cache's counter before the run (None without a cache, given
+    as ``cache=`` or ``past_key_values=``), ``shape`` (rows, tokens per row) fed, ``others`` the
+    other keywords given to ``model`` (none where it was not called)."""
     base = getattr(model, "base_model", model)
+    forward, signature = base.forward, inspect.signature(base.forward)
+    outer = inspect.signature(model.forward)
     seen: list = []
     calling: list = []  # the other keywords of the call of model under way
+    running: list = []  # the records of the stack's runs under way (the rotary fills the last)
     rotary = next((m for name, m in model.named_modules() if name.endswith("rotary_emb")), None)
 
-    def record(bound: dict) -> None:
-        given = bound.get("kwargs", {})
+    def outer_spy(module, args, kwargs):
+        bound = outer.bind_partial(*args, **kwargs).arguments
+        extra = {**bound.get("kwargs", {}), **{k: v for k, v in bound.items() if k != "kwargs"}}
+        calling[:] = [k for k, v in extra.items() if v is not None and k not in (
+            "input_ids", "cache", "past_key_values", "position_ids")]
+
+    def watched(*args, **kwargs):
+        bound = signature.bind_partial(*args, **kwargs).arguments
+        given = bound.get("position_ids")
+        seen.append(given.reshape(-1).tolist() if isinstance(given, torch.Tensor) else given)
+        if read is not None and held is not None:
+            read.append(isinstance(given, torch.Tensor) and given.untyped_storage().data_ptr()
+                        == held.untyped_storage().data_ptr())
+        if used is None:
+            return forward(*args, **kwargs)
+        named = bound.get("kwargs", {})
         cache = next((c for c in (bound.get("cache"), bound.get("past_key_values"),
-                                  given.get("cache"), given.get("past_key_values"))
+                                  named.get("cache"), named.get("past_key_values"))
                       if c is not None), None)
         fed = bound.get("input_ids")
         fed = fed if isinstance(fed, torch.Tensor) else bound.get("inputs_embeds")
@@ -1253,32 +1272,21 @@ def watch_positions(model, held: torch.Tensor | None = None, read: list | None =
             shape=tuple(fed.shape[:2]) if isinstance(fed, torch.Tensor) else None,
             others=list(calling)))
         calling.clear()
-
-    def spy(module, args, kwargs):
-        bound = signature.bind_partial(*args, **kwargs).arguments
-        given = bound.get("position_ids")
-        seen.append(given.reshape(-1).tolist() if isinstance(given, torch.Tensor) else given)
-        if read is not None and held is not None:
-            read.append(isinstance(given, torch.Tensor) and given.untyped_storage().data_ptr()
-                        == held.untyped_storage().data_ptr())
-        if used is not None:
-            extra = {**bound.get("kwargs", {}), **{k: v for k, v in bound.items() if k != "kwargs"}}
-            calling[:] = [k for k, v in extra.items() if v is not None and k not in (
-                "input_ids", "cache", "past_key_values", "position_ids")]
-            if base is model:
-                record(bound)
-
-    def base_spy(module, args, kwargs):
-        record(inspect.signature(base.forward).bind_partial(*args, **kwargs).arguments)
+        running.append(used[-1])
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            running.pop()
 
     def took(module, args, kwargs):
         positions = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
-        if used and isinstance(positions, torch.Tensor):
-            used[-1].positions = positions.reshape(-1).tolist()
+        if running and isinstance(positions, torch.Tensor):
+            running[-1].positions = positions.reshape(-1).tolist()
 
-    handles = [model.register_forward_pre_hook(spy, with_kwargs=True)]
-    if used is not None and base is not model:
-        handles.append(base.register_forward_pre_hook(base_spy, with_kwargs=True))
+    had_own = "forward" in vars(base)
+    base.forward = watched  # an instance attribute: __call__ and .forward both reach it
+    handles = [model.register_forward_pre_hook(outer_spy, with_kwargs=True)] if (
+        used is not None and base is not model) else []
     if used is not None and rotary is not None:
         handles.append(rotary.register_forward_pre_hook(took, with_kwargs=True))
     try:
@@ -1286,3 +1294,7 @@ def watch_positions(model, held: torch.Tensor | None = None, read: list | None =
     finally:
         for handle in handles:
             handle.remove()
+        if had_own:
+            base.forward = forward
+        else:
+            del base.forward
