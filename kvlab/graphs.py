@@ -803,6 +803,9 @@ class CompiledStep(EagerStep):
                 f"{self.compiles} graph(s) compiled); {self.warmup} warm-up call(s)")
 
 
+RUNNERS = ("graph", "emulated", "eager", "compiled")  # the kinds step_runner makes
+
+
 def step_runner(kind: str, fn: Callable, *static_inputs: torch.Tensor, warmup: int = 3,
                 before_replay=None):
     """``kind``: ``"graph"`` (real CUDA graph where possible, else emulated), ``"emulated"`` (always
@@ -814,7 +817,6 @@ def step_runner(kind: str, fn: Callable, *static_inputs: torch.Tensor, warmup: i
     if kind == "compiled":
         return CompiledStep(fn, *static_inputs, warmup=warmup, before_replay=before_replay)
     if kind not in ("graph", "emulated"):
-        raise ValueError(f"unknown runner {kind!r}: choose 'graph', 'emulated', 'eager' or "
-                         "'compiled'")
+        raise ValueError(f"unknown runner {kind!r}: choose one of {', '.join(map(repr, RUNNERS))}")
     return capture(fn, *static_inputs, warmup=warmup, emulate=True if kind == "emulated" else None,
                    before_replay=before_replay)

@@ -23,6 +23,7 @@ import torch
 
 from .decoding import check_inputs, unpadded_ids
 from .graph_decoder import GraphSafeDecoder
+from .graphs import RUNNERS
 from .runtime import count, one_call
 
 # what a state hands over that decodes one strategy's way (a cache is any strategy's)
@@ -396,6 +397,15 @@ def check_options(options: dict) -> None:
     cache, cache length and settings, and a ``cache`` its own length; and a switch (``FLAGS``) that
     is not a bool."""
     check_flags(options)
+    # a capture's settings, before anything is written (lesson 04's first attempt takes them)
+    if "warmup" in options:
+        options["warmup"] = count(options["warmup"], "warmup", minimum=0)
+    if "runner" in options and options["runner"] not in RUNNERS:
+        raise ValueError(f"unknown runner {options['runner']!r}: choose one of "
+                         f"{', '.join(map(repr, RUNNERS))}")
+    if options.get("keep") is not None and not isinstance(options["keep"], dict):
+        raise TypeError(f"keep must be a dict (it receives the cache and the graph), got "
+                        f"{type(options['keep']).__name__}: pass keep={{}} and read it after")
     given = [name for name in ("decoder", "cache", "max_cache_len")
              if options.get(name) is not None]
     settings = [name for name in DECODER_SETTINGS if name in options]

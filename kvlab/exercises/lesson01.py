@@ -150,7 +150,11 @@ def positions_problem(used: list) -> str | None:
         row = list(range(start, start + length))
         # one row of positions, broadcast over the batch, or one per row
         if did.positions not in (row, row * rows):
-            took = did.positions[:length]
+            # the first row fed other positions (one row broadcast over the batch, or one per row)
+            took = next((did.positions[r * length:(r + 1) * length]
+                         for r in range(len(did.positions) // length)
+                         if did.positions[r * length:(r + 1) * length] != row),
+                        did.positions[:length])
             shown = took if length <= 6 else [*took[:3], "...", *took[-2:]]
             return (f"the tokens are right here, but model call {call} fed {length} token"
                     f"{'s' if length > 1 else ''} per row at positions {shown} with {start} "

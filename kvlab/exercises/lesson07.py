@@ -481,11 +481,28 @@ def check_blocks_held(answer, *, lengths=(5, 40, 130), block_size: int = 16) -> 
     lengths = [int(n) for n in lengths]
     want = blocks_held(lengths, block_size)
     longest = max(lengths)
+    mistakes = [
+        (sum(n // block_size for n in lengths), "you rounded down: a request of 5 tokens still "
+                                                "needs a whole "
+         "block, so ceil(length / block_size), -(-length // block_size)"),
+        (paged_cache.blocks_for(sum(lengths), block_size), "the requests do not share blocks: "
+                                                           "round up each "
+         "request's blocks, then add them"),
+        (len(lengths) * paged_cache.blocks_for(longest, block_size),
+         "that is a static cache's reservation (every "
+         "row sized for the longest request): a paged request holds only the blocks its own "
+         "tokens fill"),
+        (paged_cache.blocks_for(longest, block_size), "that is the longest request's blocks "
+                                                      "alone: add every "
+         "request's"),
+        (sum(lengths), "that is tokens, not blocks: ceil(length / block_size) per request"),
+    ]
     verdict = check_number(answer, want, what="the blocks held by requests of "
                                               f"{', '.join(map(str, lengths))} tokens "
                            f"(blocks of {block_size})",
                            hint="each request holds ceil(length / block_size) blocks of its own (a "
-                                "block is never shared by two requests); add them up.")
+                                "block is never shared by two requests); add them up.",
+                           mistakes=mistakes)
     if verdict.startswith("correct"):
         slots = want * block_size
         memory = paged_cache.memory_accounting(lengths, block_size, 1)
@@ -496,22 +513,6 @@ def check_blocks_held(answer, *, lengths=(5, 40, 130), block_size: int = 16) -> 
                     f"{memory['paged_fraction']:.0%} of it. Paged memory follows each request's "
                     "length; a static cache reserves the longest for every row")
     elif verdict.startswith("not quite: you gave"):
-        mistakes = [
-            (sum(n // block_size for n in lengths), "you rounded down: a request of 5 tokens still "
-                                                    "needs a whole "
-             "block, so ceil(length / block_size), -(-length // block_size)"),
-            (paged_cache.blocks_for(sum(lengths), block_size), "the requests do not share blocks: "
-                                                               "round up each "
-             "request's blocks, then add them"),
-            (len(lengths) * paged_cache.blocks_for(longest, block_size),
-             "that is a static cache's reservation (every "
-             "row sized for the longest request): a paged request holds only the blocks its own "
-             "tokens fill"),
-            (paged_cache.blocks_for(longest, block_size), "that is the longest request's blocks "
-                                                          "alone: add every "
-             "request's"),
-            (sum(lengths), "that is tokens, not blocks: ceil(length / block_size) per request"),
-        ]
         hint = first_match(answer, mistakes)
         if hint:
             verdict = verdict.split(" Hint:")[0] + " Hint: " + hint
