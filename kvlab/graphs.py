@@ -806,6 +806,12 @@ class CompiledStep(EagerStep):
 RUNNERS = ("graph", "emulated", "eager", "compiled")  # the kinds step_runner makes
 
 
+def check_runner(kind) -> None:
+    """Refuse a runner kind ``step_runner`` does not make."""
+    if kind not in RUNNERS:
+        raise ValueError(f"unknown runner {kind!r}: choose one of {', '.join(map(repr, RUNNERS))}")
+
+
 def step_runner(kind: str, fn: Callable, *static_inputs: torch.Tensor, warmup: int = 3,
                 before_replay=None):
     """``kind``: ``"graph"`` (real CUDA graph where possible, else emulated), ``"emulated"`` (always
@@ -816,7 +822,6 @@ def step_runner(kind: str, fn: Callable, *static_inputs: torch.Tensor, warmup: i
         return EagerStep(fn, *static_inputs, warmup=warmup, before_replay=before_replay)
     if kind == "compiled":
         return CompiledStep(fn, *static_inputs, warmup=warmup, before_replay=before_replay)
-    if kind not in ("graph", "emulated"):
-        raise ValueError(f"unknown runner {kind!r}: choose one of {', '.join(map(repr, RUNNERS))}")
+    check_runner(kind)
     return capture(fn, *static_inputs, warmup=warmup, emulate=True if kind == "emulated" else None,
                    before_replay=before_replay)

@@ -23,7 +23,7 @@ import torch
 
 from .decoding import check_inputs, unpadded_ids
 from .graph_decoder import GraphSafeDecoder
-from .graphs import RUNNERS
+from .graphs import check_runner
 from .runtime import count, one_call
 
 # what a state hands over that decodes one strategy's way (a cache is any strategy's)
@@ -400,9 +400,8 @@ def check_options(options: dict) -> None:
     # a capture's settings, before anything is written (lesson 04's first attempt takes them)
     if "warmup" in options:
         options["warmup"] = count(options["warmup"], "warmup", minimum=0)
-    if "runner" in options and options["runner"] not in RUNNERS:
-        raise ValueError(f"unknown runner {options['runner']!r}: choose one of "
-                         f"{', '.join(map(repr, RUNNERS))}")
+    if "runner" in options:
+        check_runner(options["runner"])
     if options.get("keep") is not None and not isinstance(options["keep"], dict):
         raise TypeError(f"keep must be a dict (it receives the cache and the graph), got "
                         f"{type(options['keep']).__name__}: pass keep={{}} and read it after")

@@ -145,23 +145,20 @@ def positions_problem(used: list) -> str | None:
     for call, did in enumerate(used, 1):
         if did.positions is None or did.shape is None:
             continue
-        rows, length = did.shape
+        length = did.shape[1]
         start = did.counter or 0
         row = list(range(start, start + length))
-        # one row of positions, broadcast over the batch, or one per row
-        if did.positions not in (row, row * rows):
-            # the first row fed other positions (one row broadcast over the batch, or one per row)
-            took = next((did.positions[r * length:(r + 1) * length]
-                         for r in range(len(did.positions) // length)
-                         if did.positions[r * length:(r + 1) * length] != row),
-                        did.positions[:length])
-            shown = took if length <= 6 else [*took[:3], "...", *took[-2:]]
+        # one row of positions broadcast over the batch, or one per row
+        fed = [did.positions[i:i + length] for i in range(0, len(did.positions), length)]
+        wrong = next((r for r in fed if r != row), None)
+        if wrong is not None:
+            shown = wrong if length <= 6 else [*wrong[:3], "...", *wrong[-2:]]
+            right = start if length == 1 else f"{start}..{start + length - 1}"
             return (f"the tokens are right here, but model call {call} fed {length} token"
                     f"{'s' if length > 1 else ''} per row at positions {shown} with {start} "
-                    f"cached, not {start if length == 1 else f'{start}..{start + length - 1}'}. "
-                    "Hint: a token's position is its "
-                    "index in the sequence: pass no position_ids (the model numbers the tokens "
-                    "fed after what its cache holds), or exactly those.")
+                    f"cached, not {right}. Hint: a token's position is its index in the sequence: "
+                    "pass no position_ids (the model numbers the tokens fed after what its cache "
+                    "holds), or exactly those.")
     return None
 
 

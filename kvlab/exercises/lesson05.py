@@ -499,8 +499,8 @@ def _watch(model, cache, want: list[torch.Tensor], keys: list[torch.Tensor], n: 
                                             keys[k][:, :, :prompt_len], atol=1e-5):
             raise _RuleBroken(
                 f"not quite: prompt {k + 1}'s eager prefill wrote its {prompt_len} keys rotated "
-                "for other positions than 0.."
-                f"{prompt_len - 1}. Hint: after cache.reset() the prefill is an ordinary forward "
+                f"for other positions than 0..{prompt_len - 1}. Hint: after cache.reset() the "
+                "prefill is an ordinary forward "
                 "over the whole prompt: pass no position_ids (the model numbers the prompt from "
                 "the cache's counter, 0 after the reset)")
         seen.append(self)

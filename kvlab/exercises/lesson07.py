@@ -512,10 +512,6 @@ def check_blocks_held(answer, *, lengths=(5, 40, 130), block_size: int = 16) -> 
                     f"{len(lengths) * longest} in all: the paged pool holds "
                     f"{memory['paged_fraction']:.0%} of it. Paged memory follows each request's "
                     "length; a static cache reserves the longest for every row")
-    elif verdict.startswith("not quite: you gave"):
-        hint = first_match(answer, mistakes)
-        if hint:
-            verdict = verdict.split(" Hint:")[0] + " Hint: " + hint
     return verdict
 
 
